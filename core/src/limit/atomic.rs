@@ -1,0 +1,94 @@
+//! A token bucket shared through `&self`: its state is one atomic word.
+
+use super::gcra::BucketState;
+use super::{Decision, TokenBucket};
+use crate::sync::{AtomicU64, Ordering};
+use crate::time::Instant;
+
+/// A lock-free token bucket for one key, usable from several threads or
+/// from interrupt handlers through `&self`.
+///
+/// The whole bucket is one `u64` (the GCRA settle instant) updated by a
+/// compare-and-swap loop around the same decision function as
+/// [`TokenBucket`] in a [`super::Limiter`], so both decide identically for
+/// the same sequence of calls. Concurrent callers at one instant can never
+/// take more tokens than the bucket holds: every admission moves the word
+/// forward by one refill interval, and only a caller whose CAS succeeded
+/// was admitted.
+///
+/// Available where the target has compare-and-swap, or with the crate
+/// feature `critical-section` (required on Cortex-M0, recommended on other
+/// 32-bit Cortex-M when shared with interrupt handlers: see [`crate::sync`]).
+///
+/// ```
+/// use guard_core::limit::{AtomicTokenBucket, Rate, TokenBucket};
+/// use guard_core::time::Instant;
+///
+/// static BUCKET: AtomicTokenBucket = AtomicTokenBucket::new(
+///     match TokenBucket::new(3, Rate::per_second(3)) {
+///         Ok(bucket) => bucket,
+///         Err(_) => panic!("invalid bucket parameters"),
+///     },
+/// );
+/// let now = Instant::from_secs(1);
+/// let admitted = (0..5).filter(|_| BUCKET.check(now).is_allowed()).count();
+/// assert_eq!(admitted, 3);
+/// ```
+#[derive(Debug)]
+pub struct AtomicTokenBucket {
+    bucket: TokenBucket,
+    settles_at: AtomicU64,
+}
+
+impl AtomicTokenBucket {
+    /// A full bucket.
+    pub const fn new(bucket: TokenBucket) -> Self {
+        AtomicTokenBucket {
+            bucket,
+            settles_at: AtomicU64::new(0),
+        }
+    }
+
+    /// Decides one request at `now`.
+    pub fn check(&self, now: Instant) -> Decision {
+        // Relaxed is enough: the decision depends on this one word only and
+        // publishes no other memory; the CAS alone makes admissions unique.
+        let mut current = self.settles_at.load(Ordering::Relaxed);
+        loop {
+            match self.bucket.gcra().decide(current, now.as_nanos()) {
+                Err(admit_from) => {
+                    return Decision::denied_until(Instant::from_nanos(admit_from), now);
+                }
+                Ok(next) => match self.settles_at.compare_exchange_weak(
+                    current,
+                    next,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                ) {
+                    Ok(_) => return Decision::Allowed,
+                    Err(actual) => current = actual,
+                },
+            }
+        }
+    }
+
+    /// Whole tokens available at `now` (a snapshot; others may take them).
+    pub fn available(&self, now: Instant) -> u32 {
+        self.bucket.available(&self.state(), now)
+    }
+
+    /// A snapshot of the state.
+    pub fn state(&self) -> BucketState {
+        BucketState::settling_at(Instant::from_nanos(self.settles_at.load(Ordering::Relaxed)))
+    }
+
+    /// The parameters.
+    pub const fn bucket(&self) -> &TokenBucket {
+        &self.bucket
+    }
+
+    /// Refills the bucket completely.
+    pub fn reset(&self) {
+        self.settles_at.store(0, Ordering::Relaxed);
+    }
+}

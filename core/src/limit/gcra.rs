@@ -1,0 +1,265 @@
+//! Token bucket and meter-style leaky bucket, both computed by GCRA.
+//!
+//! A meter-style leaky bucket is the mirror image of a token bucket:
+//! `water = capacity - tokens`. "A new token key starts full" and "a new
+//! leaky key starts empty" are the same state, and "a whole token is left"
+//! is "water + 1 <= capacity". Both are therefore decided by one piece of
+//! arithmetic, the generic cell rate algorithm (GCRA), which keeps a whole
+//! bucket in one number: the instant at which the bucket has settled
+//! (token view: full again; water view: empty again). One `u64` is what
+//! lets [`super::AtomicTokenBucket`] update the state with a single
+//! compare-and-swap, and the same function decides for every storage.
+
+use core::time::Duration;
+
+use super::{Algorithm, Decision, LimiterError, Rate};
+use crate::time::Instant;
+
+/// The GCRA parameters shared by both buckets, in nanoseconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub(crate) struct Gcra {
+    /// Time one unit takes to refill (or drain): `period / amount`, rounded up.
+    interval: u64,
+    /// How far the settle instant may run ahead of `now` and still admit:
+    /// `(capacity - 1) * interval`.
+    tolerance: u64,
+}
+
+impl Gcra {
+    const fn new(capacity: u32, rate: Rate) -> Result<Self, LimiterError> {
+        if capacity == 0 {
+            return Err(LimiterError::ZeroCapacity);
+        }
+        let interval = match rate.interval_nanos() {
+            Ok(interval) => interval,
+            Err(e) => return Err(e),
+        };
+        Ok(Gcra {
+            interval,
+            // capacity >= 1 was checked above, so the subtraction cannot wrap.
+            tolerance: (capacity as u64).saturating_sub(1).saturating_mul(interval),
+        })
+    }
+
+    /// Decides one unit at `now` given the settle instant `tat`.
+    ///
+    /// `Ok(new_tat)` admits; `Err(t)` refuses until `t`. A `now` earlier
+    /// than a previous one (a clock read out of order) only finds less room:
+    /// it never refills and never moves the state backwards, because the new
+    /// settle instant is `max(tat, now) + interval`.
+    #[inline]
+    pub(crate) const fn decide(&self, tat: u64, now: u64) -> Result<u64, u64> {
+        let admit_from = tat.saturating_sub(self.tolerance);
+        if now >= admit_from {
+            let base = if tat > now { tat } else { now };
+            Ok(base.saturating_add(self.interval))
+        } else {
+            Err(admit_from)
+        }
+    }
+
+    /// Whole units that could be admitted at `now`.
+    const fn room(&self, tat: u64, now: u64, capacity: u32) -> u32 {
+        let Some(ahead) = tat.checked_sub(now) else {
+            return capacity; // settled before now: full
+        };
+        let Some(slack) = self.tolerance.checked_sub(ahead) else {
+            return 0;
+        };
+        // interval >= 1 by construction (Rate::interval_nanos rounds up).
+        let room = match slack.checked_div(self.interval) {
+            Some(units) => units.saturating_add(1),
+            None => 0,
+        };
+        if room < capacity as u64 {
+            #[allow(
+                clippy::cast_possible_truncation,
+                reason = "room < capacity <= u32::MAX"
+            )]
+            let room = room as u32;
+            room
+        } else {
+            capacity
+        }
+    }
+}
+
+/// The whole state of one bucket: the instant at which it has settled
+/// (a token bucket is full again, a leaky bucket empty again).
+///
+/// The zero value is a new key. Eight bytes per key.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct BucketState {
+    settles_at: Instant,
+}
+
+impl BucketState {
+    /// A state that settles at `at` (for storage layers that persist it).
+    pub const fn settling_at(at: Instant) -> Self {
+        BucketState { settles_at: at }
+    }
+
+    /// When the bucket is back to the state of a new key.
+    pub const fn settles_at(&self) -> Instant {
+        self.settles_at
+    }
+}
+
+/// A token bucket: `capacity` tokens, refilled at `rate`; a new key starts
+/// full, so it admits an initial burst of `capacity`.
+///
+/// ```
+/// use core::time::Duration;
+/// use guard_core::limit::{Limiter, Rate, TokenBucket};
+/// use guard_core::time::Instant;
+///
+/// let mut l = Limiter::new(TokenBucket::new(2, Rate::per_second(1))?);
+/// let t = Instant::from_secs(10);
+/// assert!(l.check(t).is_allowed());
+/// assert!(l.check(t).is_allowed());
+/// assert!(l.check(t).is_denied());
+/// assert!(l.check(t + Duration::from_secs(1)).is_allowed());
+/// # Ok::<(), guard_core::limit::LimiterError>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct TokenBucket {
+    capacity: u32,
+    rate: Rate,
+    gcra: Gcra,
+}
+
+impl TokenBucket {
+    /// A bucket of `capacity` tokens refilled at `refill`.
+    ///
+    /// Errors on a zero capacity, a zero amount or a zero period.
+    pub const fn new(capacity: u32, refill: Rate) -> Result<Self, LimiterError> {
+        match Gcra::new(capacity, refill) {
+            Ok(gcra) => Ok(TokenBucket {
+                capacity,
+                rate: refill,
+                gcra,
+            }),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The burst size.
+    pub const fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    /// The refill rate.
+    pub const fn rate(&self) -> Rate {
+        self.rate
+    }
+
+    /// Time to refill one token.
+    pub const fn refill_interval(&self) -> Duration {
+        Duration::from_nanos(self.gcra.interval)
+    }
+
+    /// Whole tokens available at `now`.
+    pub const fn available(&self, state: &BucketState, now: Instant) -> u32 {
+        self.gcra
+            .room(state.settles_at.as_nanos(), now.as_nanos(), self.capacity)
+    }
+
+    #[cfg_attr(
+        not(any(target_has_atomic = "ptr", feature = "critical-section")),
+        allow(dead_code, reason = "only the atomic bucket uses it")
+    )]
+    pub(crate) const fn gcra(&self) -> &Gcra {
+        &self.gcra
+    }
+}
+
+/// A meter-style leaky bucket: each admission adds one unit of water, the
+/// bucket drains at `leak`, and a request is admitted if `water + 1 <=
+/// capacity`. A new key starts empty.
+///
+/// It decides exactly as a [`TokenBucket`] of the same capacity and rate
+/// (see the module notes); it reports its state as water instead of tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct LeakyBucket {
+    capacity: u32,
+    leak: Rate,
+    gcra: Gcra,
+}
+
+impl LeakyBucket {
+    /// A bucket holding `capacity` units that drains at `leak`.
+    ///
+    /// Errors on a zero capacity, a zero amount or a zero period.
+    pub const fn new(capacity: u32, leak: Rate) -> Result<Self, LimiterError> {
+        match Gcra::new(capacity, leak) {
+            Ok(gcra) => Ok(LeakyBucket {
+                capacity,
+                leak,
+                gcra,
+            }),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The most water the bucket holds.
+    pub const fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    /// The drain rate.
+    pub const fn leak_rate(&self) -> Rate {
+        self.leak
+    }
+
+    /// Water in the bucket at `now`, rounded up to whole units.
+    pub const fn water(&self, state: &BucketState, now: Instant) -> u32 {
+        let free = self
+            .gcra
+            .room(state.settles_at.as_nanos(), now.as_nanos(), self.capacity);
+        self.capacity.saturating_sub(free)
+    }
+}
+
+fn check_gcra(gcra: &Gcra, state: &mut BucketState, now: Instant) -> Decision {
+    match gcra.decide(state.settles_at.as_nanos(), now.as_nanos()) {
+        Ok(next) => {
+            state.settles_at = Instant::from_nanos(next);
+            Decision::Allowed
+        }
+        Err(admit_from) => Decision::denied_until(Instant::from_nanos(admit_from), now),
+    }
+}
+
+impl Algorithm for TokenBucket {
+    type State = BucketState;
+    const NEW_STATE: BucketState = BucketState {
+        settles_at: Instant::ZERO,
+    };
+
+    fn check(&self, state: &mut BucketState, now: Instant) -> Decision {
+        check_gcra(&self.gcra, state, now)
+    }
+
+    fn fresh_at(&self, state: &BucketState) -> Instant {
+        state.settles_at
+    }
+}
+
+impl Algorithm for LeakyBucket {
+    type State = BucketState;
+    const NEW_STATE: BucketState = BucketState {
+        settles_at: Instant::ZERO,
+    };
+
+    fn check(&self, state: &mut BucketState, now: Instant) -> Decision {
+        check_gcra(&self.gcra, state, now)
+    }
+
+    fn fresh_at(&self, state: &BucketState) -> Instant {
+        state.settles_at
+    }
+}

@@ -1,0 +1,247 @@
+//! Many keys, bounded memory: a fixed table of per-key limiter states.
+
+use core::cell::RefCell;
+use core::hash::{BuildHasher, Hash};
+
+use embassy_sync::blocking_mutex::Mutex;
+use embassy_sync::blocking_mutex::raw::RawMutex;
+
+use super::{Algorithm, Decision};
+use crate::table::{Placed, SetTable, hash_of};
+use crate::time::Instant;
+
+/// The default key hasher: foldhash with a fixed seed.
+///
+/// Deterministic across runs. When keys come from untrusted input (client
+/// addresses, user ids), build the table with [`Keyed::with_hasher`] and a
+/// seed chosen at start-up, so that nobody can aim many keys at one set.
+pub type DefaultHashState = foldhash::quality::FixedState;
+
+const DEFAULT_SEED: u64 = 0x6775_6172_645f_6b65; // "guard_ke"
+
+/// What a [`Keyed`] table does with a new key when the key's slots are all
+/// taken by keys that are still limited.
+///
+/// Only entries whose state is indistinguishable from a new key are ever
+/// replaced, so eviction never hands a busy key a fresh bucket. When none
+/// is, one of these applies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum FullPolicy {
+    /// Refuse the new key until a slot can be freed; the denial says when
+    /// the earliest candidate slot becomes forgettable.
+    DenyNewKeys,
+    /// Decide the new key against one shared overflow state that every
+    /// untracked key draws from: the new key is limited, never unlimited,
+    /// and crowded-out keys together get at most one key's allowance.
+    SharedOverflow,
+}
+
+/// Counters of a [`Keyed`] table's bounded-memory behaviour.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct KeyedStats {
+    /// New keys stored over an entry that had returned to the new state.
+    pub replaced: u64,
+    /// New keys refused under [`FullPolicy::DenyNewKeys`].
+    pub denied_no_room: u64,
+    /// Requests decided by the overflow state under
+    /// [`FullPolicy::SharedOverflow`].
+    pub overflowed: u64,
+}
+
+/// A rate limiter for many keys in a table of at most `N` keys.
+///
+/// Each key is limited independently by `A`. A key whose state has returned
+/// to that of a new key (a bucket refilled, a window emptied) may be
+/// forgotten to make room; a busy key never is. When a new key finds no
+/// room, the [`FullPolicy`] decides. Lookups and inserts touch a bounded
+/// number of slots (two sets of eight), whatever the load.
+///
+/// `N` must be positive and, above 8, a multiple of 8.
+///
+/// ```
+/// use guard_core::limit::{FullPolicy, Keyed, Rate, TokenBucket};
+/// use guard_core::time::Instant;
+///
+/// let bucket = TokenBucket::new(1, Rate::per_second(1))?;
+/// let mut per_client: Keyed<u32, TokenBucket, 64> = Keyed::new(bucket, FullPolicy::DenyNewKeys);
+/// let now = Instant::from_secs(1);
+/// assert!(per_client.check(&7, now).is_allowed());
+/// assert!(per_client.check(&7, now).is_denied());
+/// assert!(per_client.check(&8, now).is_allowed()); // keys are independent
+/// # Ok::<(), guard_core::limit::LimiterError>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct Keyed<K, A: Algorithm, const N: usize, S = DefaultHashState> {
+    algorithm: A,
+    policy: FullPolicy,
+    hasher: S,
+    table: SetTable<K, A::State, N>,
+    overflow: A::State,
+    stats: KeyedStats,
+}
+
+impl<K: Hash + Eq + Clone, A: Algorithm, const N: usize> Keyed<K, A, N, DefaultHashState> {
+    /// An empty table with the default hasher.
+    pub const fn new(algorithm: A, policy: FullPolicy) -> Self {
+        Self::with_hasher(algorithm, policy, DefaultHashState::with_seed(DEFAULT_SEED))
+    }
+}
+
+impl<K: Hash + Eq + Clone, A: Algorithm, const N: usize, S: BuildHasher> Keyed<K, A, N, S> {
+    /// An empty table that hashes keys with `hasher`.
+    pub const fn with_hasher(algorithm: A, policy: FullPolicy, hasher: S) -> Self {
+        Keyed {
+            algorithm,
+            policy,
+            hasher,
+            table: SetTable::new(),
+            overflow: A::NEW_STATE,
+            stats: KeyedStats {
+                replaced: 0,
+                denied_no_room: 0,
+                overflowed: 0,
+            },
+        }
+    }
+
+    /// Decides one request for `key` at `now`.
+    pub fn check(&mut self, key: &K, now: Instant) -> Decision {
+        let hash = hash_of(&self.hasher, key);
+        if let Some((_, state)) = self
+            .table
+            .find(hash, key)
+            .and_then(|index| self.table.entry_mut(index))
+        {
+            return self.algorithm.check(state, now);
+        }
+        let mut state = A::NEW_STATE;
+        let decision = self.algorithm.check(&mut state, now);
+        let algorithm = &self.algorithm;
+        match self
+            .table
+            .insert(hash, key.clone(), state, |s| algorithm.is_fresh(s, now))
+        {
+            Ok(Placed::Free) => decision,
+            Ok(Placed::Replaced) => {
+                self.stats.replaced = self.stats.replaced.saturating_add(1);
+                decision
+            }
+            Err(_) => match self.policy {
+                FullPolicy::DenyNewKeys => {
+                    self.stats.denied_no_room = self.stats.denied_no_room.saturating_add(1);
+                    let earliest = self
+                        .table
+                        .min_in_candidates(hash, |s| algorithm.fresh_at(s))
+                        .unwrap_or(now);
+                    Decision::denied_until(earliest, now)
+                }
+                FullPolicy::SharedOverflow => {
+                    self.stats.overflowed = self.stats.overflowed.saturating_add(1);
+                    self.algorithm.check(&mut self.overflow, now)
+                }
+            },
+        }
+    }
+
+    /// The state stored for `key`, if it is tracked.
+    pub fn state(&self, key: &K) -> Option<&A::State> {
+        let hash = hash_of(&self.hasher, key);
+        let index = self.table.find(hash, key)?;
+        self.table.entry(index).map(|(_, state)| state)
+    }
+
+    /// Forgets every key whose state equals a new key's at `now`; returns
+    /// how many. Never needed for correctness (full sets reuse such slots on
+    /// their own); useful to report an accurate [`Self::len`].
+    pub fn purge(&mut self, now: Instant) -> usize {
+        let algorithm = &self.algorithm;
+        self.table.remove_where(|_, s| algorithm.is_fresh(s, now))
+    }
+
+    /// Keys currently tracked.
+    pub const fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    /// Whether no key is tracked.
+    pub const fn is_empty(&self) -> bool {
+        self.table.len() == 0
+    }
+
+    /// The most keys the table can track.
+    pub const fn capacity(&self) -> usize {
+        N
+    }
+
+    /// Bounded-memory counters.
+    pub const fn stats(&self) -> KeyedStats {
+        self.stats
+    }
+
+    /// The parameters.
+    pub const fn algorithm(&self) -> &A {
+        &self.algorithm
+    }
+
+    /// The policy for new keys when there is no room.
+    pub const fn policy(&self) -> FullPolicy {
+        self.policy
+    }
+
+    /// Forgets every key and the overflow state.
+    pub fn clear(&mut self) {
+        self.table.clear();
+        self.overflow = A::NEW_STATE;
+    }
+}
+
+/// A [`Keyed`] table shared through `&self`, behind an
+/// `embassy_sync` blocking mutex: a critical section on a microcontroller
+/// (`CriticalSectionRawMutex`), a thread mutex on a server.
+///
+/// Every method holds the lock for one bounded table operation.
+pub struct SharedKeyed<M: RawMutex, K, A: Algorithm, const N: usize, S = DefaultHashState> {
+    inner: Mutex<M, RefCell<Keyed<K, A, N, S>>>,
+}
+
+impl<M, K, A, const N: usize, S> SharedKeyed<M, K, A, N, S>
+where
+    M: RawMutex,
+    K: Hash + Eq + Clone,
+    A: Algorithm,
+    S: BuildHasher,
+{
+    /// Shares `keyed` (usable in a `static`).
+    pub const fn new(keyed: Keyed<K, A, N, S>) -> Self {
+        SharedKeyed {
+            inner: Mutex::new(RefCell::new(keyed)),
+        }
+    }
+
+    /// Decides one request for `key` at `now`.
+    pub fn check(&self, key: &K, now: Instant) -> Decision {
+        self.inner.lock(|k| k.borrow_mut().check(key, now))
+    }
+
+    /// Forgets keys that are back to the new state; see [`Keyed::purge`].
+    pub fn purge(&self, now: Instant) -> usize {
+        self.inner.lock(|k| k.borrow_mut().purge(now))
+    }
+
+    /// Keys currently tracked.
+    pub fn len(&self) -> usize {
+        self.inner.lock(|k| k.borrow().len())
+    }
+
+    /// Whether no key is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bounded-memory counters.
+    pub fn stats(&self) -> KeyedStats {
+        self.inner.lock(|k| k.borrow().stats())
+    }
+}

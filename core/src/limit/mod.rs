@@ -1,0 +1,239 @@
+//! Rate limiters: decide `check(now)` for one key or many, allocation-free.
+//!
+//! Every algorithm is split into its parameters (an [`Algorithm`], validated
+//! once) and a small per-key state. [`Limiter`] pairs them for one key,
+//! [`Keyed`] keeps a bounded table of states for many keys, and
+//! [`AtomicTokenBucket`] keeps the token bucket's state in one atomic word
+//! so it can be shared through `&self` between threads or with interrupts.
+//!
+//! | algorithm | a new key | admits when |
+//! |---|---|---|
+//! | [`TokenBucket`] | starts full (an initial burst of `capacity`) | a whole token is available |
+//! | [`LeakyBucket`] | starts empty | `water + 1 <= capacity` |
+//! | [`SlidingWindow`] | has no timestamps | fewer than `limit` timestamps are newer than `now - window` |
+//!
+//! A denial is an outcome, not an error: [`Decision::Denied`] carries the
+//! time until the next admission can succeed. Only impossible parameters are
+//! errors ([`LimiterError`]).
+
+#[cfg(any(target_has_atomic = "ptr", feature = "critical-section"))]
+mod atomic;
+mod gcra;
+mod keyed;
+mod sliding_window;
+
+#[cfg(any(target_has_atomic = "ptr", feature = "critical-section"))]
+pub use atomic::AtomicTokenBucket;
+pub use gcra::{BucketState, LeakyBucket, TokenBucket};
+pub use keyed::{DefaultHashState, FullPolicy, Keyed, KeyedStats, SharedKeyed};
+pub use sliding_window::{SlidingWindow, WindowLog};
+
+use core::fmt;
+use core::time::Duration;
+
+use crate::time::{Instant, nanos_saturating};
+
+/// The answer of a limiter to one request.
+#[must_use = "a rate-limit decision that is not looked at limits nothing"]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum Decision {
+    /// The request is admitted and has been counted.
+    Allowed,
+    /// The request is refused and was not counted.
+    Denied {
+        /// How long until a request can next be admitted (never zero).
+        retry_after: Duration,
+    },
+}
+
+impl Decision {
+    /// `true` for [`Decision::Allowed`].
+    pub const fn is_allowed(&self) -> bool {
+        matches!(self, Decision::Allowed)
+    }
+
+    /// `true` for [`Decision::Denied`].
+    pub const fn is_denied(&self) -> bool {
+        !self.is_allowed()
+    }
+
+    /// The wait a denial asks for, `None` when allowed.
+    pub const fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Decision::Allowed => None,
+            Decision::Denied { retry_after } => Some(*retry_after),
+        }
+    }
+
+    /// A denial that asks to wait until `at` (at least one nanosecond).
+    pub(crate) fn denied_until(at: Instant, now: Instant) -> Decision {
+        let wait = at.saturating_duration_since(now);
+        Decision::Denied {
+            retry_after: if wait.is_zero() {
+                Duration::from_nanos(1)
+            } else {
+                wait
+            },
+        }
+    }
+}
+
+/// Parameters that no limiter can honour.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum LimiterError {
+    /// A bucket capacity of zero admits nothing.
+    ZeroCapacity,
+    /// A rate must add or drain at least one unit per period.
+    ZeroRateAmount,
+    /// A rate's period must be at least one nanosecond.
+    ZeroRatePeriod,
+    /// A sliding window must be at least one nanosecond wide.
+    ZeroWindow,
+    /// A sliding-window limit of zero admits nothing.
+    ZeroLimit,
+    /// The sliding-window limit exceeds the log's const capacity.
+    LimitAboveMaximum {
+        /// The limit asked for.
+        limit: u32,
+        /// The largest limit this type can store (its const parameter).
+        maximum: usize,
+    },
+}
+
+impl fmt::Display for LimiterError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LimiterError::ZeroCapacity => f.write_str("capacity must be positive (got 0)"),
+            LimiterError::ZeroRateAmount => {
+                f.write_str("rate amount must be positive (got 0 per period)")
+            }
+            LimiterError::ZeroRatePeriod => {
+                f.write_str("rate period must be at least 1 ns (got 0)")
+            }
+            LimiterError::ZeroWindow => f.write_str("window must be at least 1 ns (got 0)"),
+            LimiterError::ZeroLimit => f.write_str("limit must be positive (got 0)"),
+            LimiterError::LimitAboveMaximum { limit, maximum } => write!(
+                f,
+                "limit {limit} exceeds the maximum {maximum} this sliding window can store"
+            ),
+        }
+    }
+}
+
+impl core::error::Error for LimiterError {}
+
+/// A rate: `amount` units per `period`, in integer arithmetic.
+///
+/// `Rate::per(5, Duration::from_secs(1))` is five per second. The interval
+/// between two units is `period / amount` rounded **up** to a whole
+/// nanosecond, so a limiter never runs faster than asked (the error is below
+/// one nanosecond per unit).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct Rate {
+    amount: u32,
+    period: Duration,
+}
+
+impl Rate {
+    /// `amount` per `period`; validated by the limiter that uses it.
+    pub const fn per(amount: u32, period: Duration) -> Rate {
+        Rate { amount, period }
+    }
+
+    /// `amount` per second.
+    pub const fn per_second(amount: u32) -> Rate {
+        Rate::per(amount, Duration::from_secs(1))
+    }
+
+    /// The units added (or drained) per period.
+    pub const fn amount(&self) -> u32 {
+        self.amount
+    }
+
+    /// The period.
+    pub const fn period(&self) -> Duration {
+        self.period
+    }
+
+    /// Nanoseconds between two units, rounded up; validates the rate.
+    pub const fn interval_nanos(&self) -> Result<u64, LimiterError> {
+        if self.amount == 0 {
+            return Err(LimiterError::ZeroRateAmount);
+        }
+        let period = nanos_saturating(self.period);
+        if period == 0 {
+            return Err(LimiterError::ZeroRatePeriod);
+        }
+        Ok(period.div_ceil(self.amount as u64))
+    }
+}
+
+/// A rate-limiting algorithm: validated parameters plus the rules that move
+/// one key's state.
+///
+/// Implementations are pure: the same state, parameters and `now` always
+/// give the same decision. Storage (a field, a table slot, an atomic word,
+/// a Redis hash) belongs to the caller.
+pub trait Algorithm {
+    /// One key's state.
+    type State;
+
+    /// The state of a key that has never been seen.
+    const NEW_STATE: Self::State;
+
+    /// Decides one request at `now`, counting it in `state` if admitted.
+    fn check(&self, state: &mut Self::State, now: Instant) -> Decision;
+
+    /// From this instant on, `state` decides exactly as [`Self::NEW_STATE`]
+    /// would, so a table may forget the key without changing any decision.
+    fn fresh_at(&self, state: &Self::State) -> Instant;
+
+    /// Whether `state` is indistinguishable from a new key at `now`.
+    fn is_fresh(&self, state: &Self::State, now: Instant) -> bool {
+        now >= self.fresh_at(state)
+    }
+}
+
+/// One key's limiter: an [`Algorithm`] and its state, driven through
+/// `&mut self`.
+///
+/// `const fn new` lets it live in a `static` (inside a mutex) on a
+/// microcontroller.
+#[derive(Clone, Debug)]
+pub struct Limiter<A: Algorithm> {
+    algorithm: A,
+    state: A::State,
+}
+
+impl<A: Algorithm> Limiter<A> {
+    /// A limiter whose key starts as new.
+    pub const fn new(algorithm: A) -> Self {
+        Limiter {
+            algorithm,
+            state: A::NEW_STATE,
+        }
+    }
+
+    /// Decides one request at `now`.
+    pub fn check(&mut self, now: Instant) -> Decision {
+        self.algorithm.check(&mut self.state, now)
+    }
+
+    /// The parameters.
+    pub const fn algorithm(&self) -> &A {
+        &self.algorithm
+    }
+
+    /// The current state.
+    pub const fn state(&self) -> &A::State {
+        &self.state
+    }
+
+    /// Forgets all history: the key behaves as new.
+    pub fn reset(&mut self) {
+        self.state = A::NEW_STATE;
+    }
+}
