@@ -1,0 +1,178 @@
+//! The bounded keyed table: memory stays fixed, and eviction never lets a
+//! key through more often than its limit allows.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use guard_core::limit::{Decision, FullPolicy, Keyed, Limiter, Rate, SlidingWindow, TokenBucket};
+use guard_core::time::Instant;
+
+const CAPACITY: usize = 1024;
+
+/// Checks that the admissions of each key, taken alone, are a schedule the
+/// limiter itself would admit from a new key: if a key ever got a fresh
+/// bucket while busy, some admission would fail this check.
+struct PerKeyAudit<A: guard_core::limit::Algorithm + Clone> {
+    algorithm: A,
+    per_key: HashMap<u64, Limiter<A>>,
+}
+
+impl<A: guard_core::limit::Algorithm + Clone> PerKeyAudit<A> {
+    fn admitted(&mut self, key: u64, now: Instant) {
+        let limiter = self
+            .per_key
+            .entry(key)
+            .or_insert_with(|| Limiter::new(self.algorithm.clone()));
+        assert!(
+            limiter.check(now).is_allowed(),
+            "key {key} admitted at {now:?} beyond its own limit"
+        );
+    }
+}
+
+/// Runs `requests` through a fresh table: half go to 200 hot keys that come
+/// back while still limited, half churn through 100,000 distinct keys.
+fn churn(
+    bucket: TokenBucket,
+    requests: u64,
+    step: Duration,
+) -> (guard_core::limit::KeyedStats, usize) {
+    let mut table: Keyed<u64, TokenBucket, CAPACITY> = Keyed::new(bucket, FullPolicy::DenyNewKeys);
+    let mut audit = PerKeyAudit {
+        algorithm: bucket,
+        per_key: HashMap::new(),
+    };
+    let size = std::mem::size_of_val(&table);
+    let mut now = Instant::from_secs(1);
+    for i in 0..requests {
+        let key = if i % 2 == 0 {
+            1_000_000 + (i / 2) % 200
+        } else {
+            ((i / 2) * 7_919) % 100_000
+        };
+        now = now + step;
+        match table.check(&key, now) {
+            Decision::Allowed => audit.admitted(key, now),
+            Decision::Denied { retry_after } => assert!(retry_after > Duration::ZERO),
+        }
+        assert!(table.len() <= CAPACITY);
+    }
+    assert_eq!(std::mem::size_of_val(&table), size, "memory is fixed");
+    let distinct_admitted = audit.per_key.keys().filter(|k| **k < 1_000_000).count();
+    (table.stats(), distinct_admitted)
+}
+
+#[test]
+fn churning_100k_keys_through_1024_slots_never_over_admits() {
+    // Keys busy for 200 ms after a burst of 2: slots turn over constantly.
+    let short = TokenBucket::new(2, Rate::per(1, Duration::from_millis(100))).unwrap();
+    let (stats, distinct) = churn(short, 300_000, Duration::from_micros(200));
+    assert!(stats.replaced > 100_000, "slots were reused: {stats:?}");
+    // A key is refused only for lack of room, never because another key's
+    // eviction left it with a used-up state.
+    assert!(
+        distinct as u64 + stats.denied_no_room >= 100_000,
+        "{distinct} keys admitted: {stats:?}"
+    );
+    assert!(distinct >= 99_000, "{distinct} keys admitted: {stats:?}");
+
+    // Keys busy for 20 s: the table fills and new keys wait for room.
+    let long = TokenBucket::new(2, Rate::per(1, Duration::from_secs(10))).unwrap();
+    let (stats, _) = churn(long, 1_000_000, Duration::from_micros(200));
+    assert!(stats.denied_no_room > 0, "the table filled up: {stats:?}");
+    assert!(
+        stats.replaced > 0,
+        "and reused slots once keys settled: {stats:?}"
+    );
+}
+
+#[test]
+fn churn_with_sliding_windows_never_over_admits() {
+    let window = SlidingWindow::<3>::new(Duration::from_secs(5), 3).unwrap();
+    let mut table: Keyed<u64, SlidingWindow<3>, 256> = Keyed::new(window, FullPolicy::DenyNewKeys);
+    let mut audit = PerKeyAudit {
+        algorithm: window,
+        per_key: HashMap::new(),
+    };
+    let mut now = Instant::from_secs(1);
+    for i in 0..100_000u64 {
+        let key = (i * 104_729) % 20_000;
+        now = now + Duration::from_micros(500);
+        if table.check(&key, now).is_allowed() {
+            audit.admitted(key, now);
+        }
+    }
+    assert!(table.stats().replaced > 0);
+}
+
+#[test]
+fn a_full_table_denies_new_keys_until_a_slot_can_be_forgotten() {
+    let bucket = TokenBucket::new(1, Rate::per_second(1)).unwrap();
+    let mut table: Keyed<u64, TokenBucket, 8> = Keyed::new(bucket, FullPolicy::DenyNewKeys);
+    let t = Instant::from_secs(10);
+    for key in 0..8 {
+        assert!(table.check(&key, t).is_allowed());
+    }
+    // Every slot is busy for one more second.
+    assert_eq!(
+        table.check(&100, t + Duration::from_millis(400)),
+        Decision::Denied {
+            retry_after: Duration::from_millis(600)
+        }
+    );
+    assert_eq!(table.stats().denied_no_room, 1);
+    // Tracked keys are still decided normally.
+    assert!(table.check(&3, t + Duration::from_millis(400)).is_denied());
+    // Once the buckets have refilled, a slot is reused and the new key is in.
+    assert!(table.check(&100, t + Duration::from_secs(1)).is_allowed());
+    assert_eq!(table.stats().replaced, 1);
+    assert_eq!(table.len(), 8);
+}
+
+#[test]
+fn an_evicted_key_behaves_like_a_new_one_and_busy_keys_are_never_evicted() {
+    let bucket = TokenBucket::new(2, Rate::per_second(1)).unwrap();
+    let mut table: Keyed<u64, TokenBucket, 8> = Keyed::new(bucket, FullPolicy::DenyNewKeys);
+    let t = Instant::from_secs(10);
+    for key in 0..8 {
+        assert!(table.check(&key, t).is_allowed());
+    }
+    // Key 0 uses its second token; the others refill after 1 s, key 0 after 2 s.
+    assert!(table.check(&0, t).is_allowed());
+    let later = t + Duration::from_millis(1500);
+    for key in 100..107 {
+        assert!(table.check(&key, later).is_allowed(), "key {key}");
+    }
+    assert!(table.state(&0).is_some(), "key 0 is still busy and kept");
+    for key in 1..8 {
+        assert!(table.state(&key).is_none(), "settled key {key} made room");
+    }
+    // Key 0 kept its history: 1.5 tokens, so one admission, not two.
+    assert!(table.check(&0, later).is_allowed());
+    assert!(table.check(&0, later).is_denied());
+    let much_later = t + Duration::from_secs(60);
+    assert_eq!(table.purge(much_later), 8);
+    assert!(table.is_empty());
+    assert!(table.check(&1, much_later).is_allowed());
+    assert!(table.check(&1, much_later).is_allowed());
+    assert!(table.check(&1, much_later).is_denied());
+}
+
+#[test]
+fn shared_overflow_limits_crowded_out_keys_together() {
+    let bucket = TokenBucket::new(2, Rate::per(1, Duration::from_secs(60))).unwrap();
+    let mut table: Keyed<u64, TokenBucket, 8> = Keyed::new(bucket, FullPolicy::SharedOverflow);
+    let t = Instant::from_secs(10);
+    for key in 0..8 {
+        assert!(table.check(&key, t).is_allowed());
+    }
+    // 100 crowded-out keys share one bucket of 2.
+    let admitted = (100..200)
+        .filter(|key| table.check(key, t).is_allowed())
+        .count();
+    assert_eq!(admitted, 2);
+    assert_eq!(table.stats().overflowed, 100);
+    table.clear();
+    assert!(table.is_empty());
+    assert!(table.check(&100, t).is_allowed());
+}
