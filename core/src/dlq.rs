@@ -145,6 +145,13 @@ impl<T, E, S: DeadLetterSink<T, E> + ?Sized> DeadLetterSink<T, E> for &mut S {
 /// assert_eq!(*back.element(), "b");
 /// assert_eq!(dlq.poll().map(|f| f.into_element()), Some("a"));
 /// ```
+///
+/// A zero capacity does not compile (the original rejected `maxSize <= 0`
+/// at run time):
+///
+/// ```compile_fail
+/// let q: guard_core::dlq::DeadLetterQueue<u8, (), 0> = guard_core::dlq::DeadLetterQueue::new();
+/// ```
 #[derive(Clone, Debug)]
 pub struct DeadLetterQueue<T, E, const N: usize> {
     queue: Deque<FailedElement<T, E>, N>,

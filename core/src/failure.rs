@@ -259,7 +259,7 @@ pub enum Handled<R, T, E> {
 /// let out: Handled<(), u32, &str> =
 ///     handler.process(7, now, |_| Ok(()), |_, _attempt| Err("down"));
 /// assert_eq!(out, Handled::DeadLettered { attempts: 2 });
-/// drop(handler);
+/// // The handler borrowed the queue; it is free again.
 /// assert_eq!(dlq.poll().map(|f| f.into_element()), Some(7));
 /// # Ok::<(), guard_core::failure::ConfigError>(())
 /// ```

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use guard_core::limit::{
-    Algorithm, AtomicTokenBucket, LeakyBucket, Limiter, Rate, SlidingWindow, TokenBucket,
+    AtomicTokenBucket, LeakyBucket, Limiter, Rate, SlidingWindow, TokenBucket,
 };
 use guard_core::time::Instant;
 use proptest::prelude::*;

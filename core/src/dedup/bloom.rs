@@ -72,6 +72,9 @@ pub struct BloomParams {
 }
 
 impl BloomParams {
+    /// The original's default false-positive rate.
+    pub const DEFAULT_FALSE_POSITIVE_RATE: f64 = 0.03;
+
     /// The classic sizing for `expected` insertions at false-positive rate
     /// `fp_rate` (the original's default rate was 0.03).
     ///
@@ -209,6 +212,18 @@ impl<const WORDS: usize, S: BuildHasher> BloomFilter<WORDS, S> {
         })
     }
 
+    /// Marks that set at least one new bit: an estimate of distinct items
+    /// (it undercounts only by false positives).
+    pub const fn unique_count(&self) -> usize {
+        self.marked
+    }
+
+    /// Forgets everything.
+    pub fn clear(&mut self) {
+        self.bits = [0; WORDS];
+        self.marked = 0;
+    }
+
     fn contains_hash(&self, hash: u64) -> bool {
         self.positions(hash)
             .all(|(word, mask)| self.bits.get(word).is_some_and(|w| w & mask != 0))
@@ -247,11 +262,10 @@ impl<T: Hash + ?Sized, const WORDS: usize, S: BuildHasher> Deduplicator<T>
     }
 
     fn clear(&mut self) {
-        self.bits = [0; WORDS];
-        self.marked = 0;
+        BloomFilter::clear(self);
     }
 
     fn unique_count(&self, _now: Instant) -> usize {
-        self.marked
+        BloomFilter::unique_count(self)
     }
 }

@@ -31,6 +31,19 @@ impl fmt::Display for CapacityExceeded {
 
 impl core::error::Error for CapacityExceeded {}
 
+/// A time window of zero remembers nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct ZeroWindow;
+
+impl fmt::Display for ZeroWindow {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("deduplication window must be positive (got 0)")
+    }
+}
+
+impl core::error::Error for ZeroWindow {}
+
 /// The deduplication contract.
 pub trait Deduplicator<T: ?Sized> {
     /// Whether `item` counts as seen at `now`; changes nothing.

@@ -3,7 +3,7 @@
 use core::hash::{BuildHasher, Hash};
 use core::time::Duration;
 
-use super::{CapacityExceeded, Deduplicator};
+use super::{CapacityExceeded, Deduplicator, ZeroWindow};
 use crate::limit::DefaultHashState;
 use crate::table::{SetTable, hash_of};
 use crate::time::Instant;
@@ -28,12 +28,13 @@ const DEFAULT_SEED: u64 = 0x6775_6172_645f_6464; // "guard_dd"
 /// use guard_core::time::Instant;
 ///
 /// let mut seen: WindowedDeduplicator<u64, 64> =
-///     WindowedDeduplicator::new(Duration::from_secs(60));
+///     WindowedDeduplicator::new(Duration::from_secs(60))?;
 /// let t = Instant::from_secs(100);
 /// assert_eq!(seen.check_and_mark(&42, t), Ok(false)); // new
 /// assert_eq!(seen.check_and_mark(&42, t + Duration::from_secs(59)), Ok(true));
 /// // Last seen at t + 59 s: the window now ends at t + 119 s.
 /// assert_eq!(seen.check_and_mark(&42, t + Duration::from_secs(119)), Ok(false));
+/// # Ok::<(), guard_core::dedup::ZeroWindow>(())
 /// ```
 #[derive(Clone, Debug)]
 pub struct WindowedDeduplicator<K, const N: usize, S = DefaultHashState> {
@@ -43,20 +44,31 @@ pub struct WindowedDeduplicator<K, const N: usize, S = DefaultHashState> {
 }
 
 impl<K: Hash + Eq + Clone, const N: usize> WindowedDeduplicator<K, N, DefaultHashState> {
-    /// Remembers each item for `window` after it was last seen.
-    pub const fn new(window: Duration) -> Self {
-        Self::with_hasher(window, DefaultHashState::with_seed(DEFAULT_SEED))
+    /// Remembers each item for `window` after it was last seen; a zero
+    /// window would remember nothing and is refused.
+    pub const fn new(window: Duration) -> Result<Self, ZeroWindow> {
+        if window.is_zero() {
+            return Err(ZeroWindow);
+        }
+        Ok(WindowedDeduplicator {
+            window,
+            hasher: DefaultHashState::with_seed(DEFAULT_SEED),
+            last_seen: SetTable::new(),
+        })
     }
 }
 
 impl<K: Hash + Eq + Clone, const N: usize, S: BuildHasher> WindowedDeduplicator<K, N, S> {
     /// As [`WindowedDeduplicator::new`], hashing items with `hasher`.
-    pub const fn with_hasher(window: Duration, hasher: S) -> Self {
-        WindowedDeduplicator {
+    pub fn with_hasher(window: Duration, hasher: S) -> Result<Self, ZeroWindow> {
+        if window.is_zero() {
+            return Err(ZeroWindow);
+        }
+        Ok(WindowedDeduplicator {
             window,
             hasher,
             last_seen: SetTable::new(),
-        }
+        })
     }
 
     /// The window.
