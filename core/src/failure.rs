@@ -210,6 +210,7 @@ impl<D> ReliabilityConfig<D> {
 
 /// What became of one element.
 #[derive(Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum Handled<R, T, E> {
     /// The operation succeeded after `attempts` calls.
     Succeeded {

@@ -301,3 +301,19 @@ fn extreme_instants_do_not_panic() {
         let _ = k.check(now);
     }
 }
+
+#[test]
+fn per_key_state_sizes() {
+    use guard_core::limit::{BucketState, WindowLog};
+    use std::mem::size_of;
+    // The numbers quoted in the README: a bucket is one u64, a window log
+    // N instants plus its ring indices, a keyed u64 slot 24 bytes.
+    assert_eq!(size_of::<BucketState>(), 8);
+    assert_eq!(size_of::<AtomicTokenBucket>(), size_of::<TokenBucket>() + 8);
+    assert!(size_of::<WindowLog<16>>() <= 16 * 8 + 3 * size_of::<usize>());
+    assert_eq!(size_of::<Option<(u64, BucketState)>>(), 24);
+    assert_eq!(
+        size_of::<Keyed<u64, TokenBucket, 1024>>(),
+        1024 * 24 + size_of::<Keyed<u64, TokenBucket, 8>>() - 8 * 24
+    );
+}

@@ -92,3 +92,15 @@ impl AtomicTokenBucket {
         self.settles_at.store(0, Ordering::Relaxed);
     }
 }
+
+#[cfg(feature = "defmt")]
+impl defmt::Format for AtomicTokenBucket {
+    fn format(&self, f: defmt::Formatter<'_>) {
+        defmt::write!(
+            f,
+            "AtomicTokenBucket {{ bucket: {}, state: {} }}",
+            self.bucket,
+            self.state()
+        )
+    }
+}

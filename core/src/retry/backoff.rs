@@ -58,6 +58,7 @@ impl RandomSource for WithoutRandom {
 /// Call [`Backoff::next_delay`] after each failed call: it returns the wait
 /// before the next call, or `None` once the policy's calls are used up.
 #[derive(Clone, Copy, Debug)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub struct Backoff {
     policy: RetryPolicy,
     failures: u32,

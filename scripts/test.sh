@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Runs every check of guard: formatting, lints, tests, and the no_std builds
+# for Cortex-M. Installs what is missing on a fresh Debian machine with a
+# Rust toolchain (rustup). CI runs exactly this script.
+#
+#   scripts/test.sh            the full run (what CI runs)
+#   GUARD_BENCH=1 scripts/test.sh   also runs the benchmarks for real
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==> %s\n' "$*"; }
+
+if ! command -v cargo >/dev/null 2>&1 && [ -f "$HOME/.cargo/env" ]; then
+    # shellcheck disable=SC1091
+    . "$HOME/.cargo/env"
+fi
+command -v rustup >/dev/null 2>&1 || {
+    echo "rustup is required (https://rustup.rs); cargo alone cannot add the Cortex-M targets" >&2
+    exit 1
+}
+
+step "toolchain: components and Cortex-M targets"
+for component in rustfmt clippy; do
+    rustup component list --installed | grep -q "^${component}" || rustup component add "$component"
+done
+targets=(thumbv7em-none-eabihf thumbv6m-none-eabi)
+installed=$(rustup target list --installed)
+for target in "${targets[@]}"; do
+    grep -qx "$target" <<<"$installed" || rustup target add "$target"
+done
+
+step "format"
+cargo fmt --all -- --check
+
+step "clippy (all targets, warnings are errors)"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "tests"
+test_log=$(mktemp)
+trap 'rm -f "$test_log"' EXIT
+cargo test --workspace --locked 2>&1 | tee "$test_log"
+
+step "guard-core builds for Cortex-M with no allocator"
+# thumbv7em: Cortex-M4F; thumbv6m: Cortex-M0, which has no compare-and-swap.
+for target in "${targets[@]}"; do
+    for features in "" "critical-section" "defmt,critical-section"; do
+        echo "-- $target ${features:+(features: $features)}"
+        cargo build -p guard-core --target "$target" --locked ${features:+--features "$features"}
+    done
+done
+
+step "benchmarks run"
+if [ "${GUARD_BENCH:-0}" = "1" ]; then
+    cargo bench -p guard-benches --locked --bench limiters
+else
+    # Each benchmark once, as a test: proves they run without timing them.
+    cargo bench -p guard-benches --locked --bench limiters -- --test
+fi
+
+step "all checks passed"
+# One closing line for the whole run, summed over every test binary.
+awk '/^test result:/ { p += $4; f += $6 } END { printf "%d passed, %d failed\n", p, f }' "$test_log"
