@@ -146,7 +146,7 @@ proptest! {
         steps in forward_steps(),
     ) {
         let bucket = TokenBucket::new(capacity, Rate::per(amount, Duration::from_millis(period_ms))).unwrap();
-        let interval = bucket.refill_interval().as_nanos() as u64;
+        let interval = bucket.interval().as_nanos() as u64;
         let mut real = Limiter::new(bucket);
         let shared = AtomicTokenBucket::new(bucket);
         let mut model = TokenModel::new(capacity, interval);
@@ -175,7 +175,7 @@ proptest! {
         steps in forward_steps(),
     ) {
         let bucket = LeakyBucket::new(capacity, Rate::per(amount, Duration::from_millis(period_ms))).unwrap();
-        let interval = Rate::per(amount, Duration::from_millis(period_ms)).interval_nanos().unwrap();
+        let interval = bucket.interval().as_nanos() as u64;
         let mut real = Limiter::new(bucket);
         let mut model = LeakyModel::new(capacity, interval);
         for now in forward_trace(start, &steps) {

@@ -10,6 +10,7 @@
 //! lets [`super::AtomicTokenBucket`] update the state with a single
 //! compare-and-swap, and the same function decides for every storage.
 
+use core::marker::PhantomData;
 use core::time::Duration;
 
 use super::{Algorithm, Decision, LimiterError, Rate};
@@ -107,7 +108,30 @@ impl BucketState {
     }
 }
 
-/// A token bucket: `capacity` tokens, refilled at `rate`; a new key starts
+/// A GCRA bucket of `capacity` units at a `rate`, seen through `V`:
+/// [`TokenBucket`] (tokens, a new key starts full) or [`LeakyBucket`]
+/// (water, a new key starts empty). Both decide identically; see the
+/// module notes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct Bucket<V> {
+    capacity: u32,
+    rate: Rate,
+    gcra: Gcra,
+    view: PhantomData<V>,
+}
+
+/// The token view of a [`Bucket`]: tokens available, refilled at the rate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct Tokens;
+
+/// The water view of a [`Bucket`]: water held, drained at the rate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct Water;
+
+/// A token bucket: `capacity` tokens, refilled at a rate; a new key starts
 /// full, so it admits an initial burst of `capacity`.
 ///
 /// ```
@@ -123,46 +147,50 @@ impl BucketState {
 /// assert!(l.check(t + Duration::from_secs(1)).is_allowed());
 /// # Ok::<(), guard_core::limit::LimiterError>(())
 /// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
-pub struct TokenBucket {
-    capacity: u32,
-    rate: Rate,
-    gcra: Gcra,
-}
+pub type TokenBucket = Bucket<Tokens>;
 
-impl TokenBucket {
-    /// A bucket of `capacity` tokens refilled at `refill`.
+/// A meter-style leaky bucket: each admission adds one unit of water, the
+/// bucket drains at a rate, and a request is admitted if `water + 1 <=
+/// capacity`. A new key starts empty.
+///
+/// It decides exactly as a [`TokenBucket`] of the same capacity and rate;
+/// it reports its state as water instead of tokens.
+pub type LeakyBucket = Bucket<Water>;
+
+impl<V> Bucket<V> {
+    /// A bucket of `capacity` units that refills (token view) or drains
+    /// (water view) at `rate`.
     ///
     /// Errors on a zero capacity, a zero amount or a zero period.
-    pub const fn new(capacity: u32, refill: Rate) -> Result<Self, LimiterError> {
-        match Gcra::new(capacity, refill) {
-            Ok(gcra) => Ok(TokenBucket {
+    pub const fn new(capacity: u32, rate: Rate) -> Result<Self, LimiterError> {
+        match Gcra::new(capacity, rate) {
+            Ok(gcra) => Ok(Bucket {
                 capacity,
-                rate: refill,
+                rate,
                 gcra,
+                view: PhantomData,
             }),
             Err(e) => Err(e),
         }
     }
 
-    /// The burst size.
+    /// The burst size (token view) or the most water held (water view).
     pub const fn capacity(&self) -> u32 {
         self.capacity
     }
 
-    /// The refill rate.
+    /// The refill (token view) or drain (water view) rate.
     pub const fn rate(&self) -> Rate {
         self.rate
     }
 
-    /// Time to refill one token.
-    pub const fn refill_interval(&self) -> Duration {
+    /// Time for one unit to refill or drain.
+    pub const fn interval(&self) -> Duration {
         Duration::from_nanos(self.gcra.interval)
     }
 
-    /// Whole tokens available at `now`.
-    pub const fn available(&self, state: &BucketState, now: Instant) -> u32 {
+    /// Units that could be admitted at `now`.
+    const fn room(&self, state: &BucketState, now: Instant) -> u32 {
         self.gcra
             .room(state.settles_at.as_nanos(), now.as_nanos(), self.capacity)
     }
@@ -176,87 +204,37 @@ impl TokenBucket {
     }
 }
 
-/// A meter-style leaky bucket: each admission adds one unit of water, the
-/// bucket drains at `leak`, and a request is admitted if `water + 1 <=
-/// capacity`. A new key starts empty.
-///
-/// It decides exactly as a [`TokenBucket`] of the same capacity and rate
-/// (see the module notes); it reports its state as water instead of tokens.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
-pub struct LeakyBucket {
-    capacity: u32,
-    leak: Rate,
-    gcra: Gcra,
+impl Bucket<Tokens> {
+    /// Whole tokens available at `now`.
+    pub const fn available(&self, state: &BucketState, now: Instant) -> u32 {
+        self.room(state, now)
+    }
 }
 
-impl LeakyBucket {
-    /// A bucket holding `capacity` units that drains at `leak`.
-    ///
-    /// Errors on a zero capacity, a zero amount or a zero period.
-    pub const fn new(capacity: u32, leak: Rate) -> Result<Self, LimiterError> {
-        match Gcra::new(capacity, leak) {
-            Ok(gcra) => Ok(LeakyBucket {
-                capacity,
-                leak,
-                gcra,
-            }),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// The most water the bucket holds.
-    pub const fn capacity(&self) -> u32 {
-        self.capacity
-    }
-
-    /// The drain rate.
-    pub const fn leak_rate(&self) -> Rate {
-        self.leak
-    }
-
+impl Bucket<Water> {
     /// Water in the bucket at `now`, rounded up to whole units.
     pub const fn water(&self, state: &BucketState, now: Instant) -> u32 {
-        let free = self
+        self.capacity.saturating_sub(self.room(state, now))
+    }
+}
+
+impl<V> Algorithm for Bucket<V> {
+    type State = BucketState;
+    const NEW_STATE: BucketState = BucketState {
+        settles_at: Instant::ZERO,
+    };
+
+    fn check(&self, state: &mut BucketState, now: Instant) -> Decision {
+        match self
             .gcra
-            .room(state.settles_at.as_nanos(), now.as_nanos(), self.capacity);
-        self.capacity.saturating_sub(free)
-    }
-}
-
-fn check_gcra(gcra: &Gcra, state: &mut BucketState, now: Instant) -> Decision {
-    match gcra.decide(state.settles_at.as_nanos(), now.as_nanos()) {
-        Ok(next) => {
-            state.settles_at = Instant::from_nanos(next);
-            Decision::Allowed
+            .decide(state.settles_at.as_nanos(), now.as_nanos())
+        {
+            Ok(next) => {
+                state.settles_at = Instant::from_nanos(next);
+                Decision::Allowed
+            }
+            Err(admit_from) => Decision::denied_until(Instant::from_nanos(admit_from), now),
         }
-        Err(admit_from) => Decision::denied_until(Instant::from_nanos(admit_from), now),
-    }
-}
-
-impl Algorithm for TokenBucket {
-    type State = BucketState;
-    const NEW_STATE: BucketState = BucketState {
-        settles_at: Instant::ZERO,
-    };
-
-    fn check(&self, state: &mut BucketState, now: Instant) -> Decision {
-        check_gcra(&self.gcra, state, now)
-    }
-
-    fn fresh_at(&self, state: &BucketState) -> Instant {
-        state.settles_at
-    }
-}
-
-impl Algorithm for LeakyBucket {
-    type State = BucketState;
-    const NEW_STATE: BucketState = BucketState {
-        settles_at: Instant::ZERO,
-    };
-
-    fn check(&self, state: &mut BucketState, now: Instant) -> Decision {
-        check_gcra(&self.gcra, state, now)
     }
 
     fn fresh_at(&self, state: &BucketState) -> Instant {

@@ -24,7 +24,7 @@ mod sliding_window;
 
 #[cfg(any(target_has_atomic = "ptr", feature = "critical-section"))]
 pub use atomic::AtomicTokenBucket;
-pub use gcra::{BucketState, LeakyBucket, TokenBucket};
+pub use gcra::{Bucket, BucketState, LeakyBucket, TokenBucket, Tokens, Water};
 pub use keyed::{DefaultHashState, FullPolicy, Keyed, KeyedStats, SharedKeyed};
 pub use sliding_window::{SlidingWindow, WindowLog};
 
