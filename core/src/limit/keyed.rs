@@ -33,7 +33,10 @@ pub enum FullPolicy {
     DenyNewKeys,
     /// Decide the new key against one shared overflow state that every
     /// untracked key draws from: the new key is limited, never unlimited,
-    /// and crowded-out keys together get at most one key's allowance.
+    /// and crowded-out keys together get at most one key's allowance. What
+    /// a key drew from the overflow is not charged to it if it later gets
+    /// a slot, so the most any key can exceed its own limit by is that one
+    /// shared allowance.
     SharedOverflow,
 }
 
@@ -201,7 +204,9 @@ impl<K: Hash + Eq + Clone, A: Algorithm, const N: usize, S: BuildHasher> Keyed<K
 /// `embassy_sync` blocking mutex: a critical section on a microcontroller
 /// (`CriticalSectionRawMutex`), a thread mutex on a server.
 ///
-/// Every method holds the lock for one bounded table operation.
+/// Every method holds the lock for one bounded table operation. Should an
+/// [`Algorithm`] ever call back into the same table from `check`, the inner
+/// call is refused (denied for 1 ns) rather than deadlocking or panicking.
 pub struct SharedKeyed<M: RawMutex, K, A: Algorithm, const N: usize, S = DefaultHashState> {
     inner: Mutex<M, RefCell<Keyed<K, A, N, S>>>,
 }
@@ -222,17 +227,22 @@ where
 
     /// Decides one request for `key` at `now`.
     pub fn check(&self, key: &K, now: Instant) -> Decision {
-        self.inner.lock(|k| k.borrow_mut().check(key, now))
+        self.inner.lock(|k| match k.try_borrow_mut() {
+            Ok(mut keyed) => keyed.check(key, now),
+            Err(_) => Decision::denied_until(now, now),
+        })
     }
 
     /// Forgets keys that are back to the new state; see [`Keyed::purge`].
     pub fn purge(&self, now: Instant) -> usize {
-        self.inner.lock(|k| k.borrow_mut().purge(now))
+        self.inner
+            .lock(|k| k.try_borrow_mut().map_or(0, |mut keyed| keyed.purge(now)))
     }
 
     /// Keys currently tracked.
     pub fn len(&self) -> usize {
-        self.inner.lock(|k| k.borrow().len())
+        self.inner
+            .lock(|k| k.try_borrow().map_or(0, |keyed| keyed.len()))
     }
 
     /// Whether no key is tracked.
@@ -242,6 +252,10 @@ where
 
     /// Bounded-memory counters.
     pub fn stats(&self) -> KeyedStats {
-        self.inner.lock(|k| k.borrow().stats())
+        self.inner.lock(|k| {
+            k.try_borrow()
+                .map(|keyed| keyed.stats())
+                .unwrap_or_default()
+        })
     }
 }
