@@ -117,6 +117,18 @@ impl fmt::Debug for Instant {
     }
 }
 
+/// Waits `d` on an `embedded_hal_async` delay, whose calls take `u32`
+/// microseconds: long waits are split, and a partial microsecond rounds up
+/// so that no wait is cut short.
+pub async fn delay_for<D: embedded_hal_async::delay::DelayNs>(delay: &mut D, d: Duration) {
+    let mut micros = d.as_nanos().div_ceil(1_000);
+    while micros > 0 {
+        let chunk = u32::try_from(micros).unwrap_or(u32::MAX);
+        delay.delay_us(chunk).await;
+        micros = micros.saturating_sub(u128::from(chunk));
+    }
+}
+
 /// A duration in whole nanoseconds, saturating at `u64::MAX` (584 years).
 pub const fn nanos_saturating(d: Duration) -> u64 {
     let n = d.as_nanos();

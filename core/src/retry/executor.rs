@@ -8,6 +8,7 @@ use embedded_hal_async::delay::DelayNs;
 
 use super::{Backoff, Classifier, RandomSource, RetryPolicy, WithoutRandom};
 use crate::retry::Jitter;
+use crate::time::delay_for;
 
 /// Returned by a sleep function to stop retrying (shutdown, cancellation).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -171,7 +172,7 @@ impl<E, R: RandomSource> RetryExecutor<E, R> {
             };
             // The error is kept only to be returned if this was the last call.
             let (wait, _error) = self.after_failure(&mut backoff, error, attempt)?;
-            wait_for(delay, wait).await;
+            delay_for(delay, wait).await;
             attempt = attempt.saturating_add(1);
         }
     }
@@ -199,17 +200,5 @@ impl<E, R: RandomSource> RetryExecutor<E, R> {
                 reason: GiveUpReason::Exhausted,
             }),
         }
-    }
-}
-
-/// Waits `d` on a `DelayNs`, whose calls take `u32` microseconds: long
-/// waits are split, and a partial microsecond rounds up so no wait is cut
-/// short.
-async fn wait_for<D: DelayNs>(delay: &mut D, d: Duration) {
-    let mut micros = d.as_nanos().div_ceil(1_000);
-    while micros > 0 {
-        let chunk = u32::try_from(micros).unwrap_or(u32::MAX);
-        delay.delay_us(chunk).await;
-        micros = micros.saturating_sub(u128::from(chunk));
     }
 }

@@ -1,0 +1,611 @@
+//! Single active consumer by lease: a sans-IO state machine.
+//!
+//! The machine never performs IO and never reads a clock. A runtime drives
+//! it in a loop:
+//!
+//! 1. wait until [`ActiveGuard::poll_timeout`] (or a result, or a stop);
+//! 2. call [`ActiveGuard::handle_timeout`] / a `handle_*` result method;
+//! 3. execute every [`Action`] from [`ActiveGuard::poll_action`] in order.
+//!
+//! At most one backend operation is in flight at a time; a spurious timeout
+//! is a no-op.
+//!
+//! Guarantees:
+//! - **Renew deadline.** A leader demotes itself once no acquire or renew
+//!   sent at `t` has succeeded by `t + ttl - drift`, even if the backend
+//!   never answers: it stops acting before the server can have expired its
+//!   lease (with clocks that drift by less than `drift` per `ttl`).
+//! - **Callbacks pair up.** Every `Promote` is followed by at most one
+//!   `Demote`; no `Demote` without a `Promote`.
+//! - **Demote before release.** On stop, explicit demotion and a failed
+//!   promotion, `Demote` comes before the `Release`, so the old leader has
+//!   stopped consuming when a standby can take over.
+//! - **No leaked lease.** A grant or renewal that arrives after the machine
+//!   no longer wants it is released; the renew-less fallback (release, then
+//!   acquire again) replaces its token rather than keeping two.
+
+use core::fmt;
+use core::time::Duration;
+
+use heapless::Deque;
+
+use crate::lock::{Token, Ttl};
+use crate::time::Instant;
+
+/// Why the leader stops acting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum DemoteReason {
+    /// A renewal said the lease is gone or failed; the lease is not
+    /// released (it may belong to someone else now).
+    LeaseLost,
+    /// No renewal succeeded before the renew deadline.
+    RenewDeadline,
+    /// The promotion callback failed.
+    PromoteFailed,
+    /// The consumer asked to step down ([`ActiveGuard::demote`]).
+    Requested,
+    /// The guard is stopping.
+    Stopping,
+}
+
+/// What the runtime must do next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum Action {
+    /// `try_lock(key, ttl)`; report with [`ActiveGuard::handle_acquired`].
+    Acquire,
+    /// `renew(key, token, ttl)`; report with [`ActiveGuard::handle_renewed`].
+    Renew(Token),
+    /// `unlock(key, token)`; report with [`ActiveGuard::handle_released`].
+    Release(Token),
+    /// Start consuming: this replica leads with this fence. Report a
+    /// failure to start with [`ActiveGuard::handle_promote_failed`].
+    Promote {
+        /// The fencing number of the lease.
+        fence: u64,
+    },
+    /// Stop consuming.
+    Demote(DemoteReason),
+}
+
+/// The coarse state, for logs and gauges.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum Phase {
+    /// Not leading; trying to acquire every interval.
+    Standby,
+    /// Promoted and holding the lease.
+    Leader,
+    /// Stop requested; finishing the hand-over.
+    Stopping,
+    /// Done: nothing more will be emitted.
+    Stopped,
+}
+
+/// Parameters of an [`ActiveGuard`].
+///
+/// Defaults follow the original: a 15 s lease and an interval of ttl / 3
+/// (5 s) for both renewing and standby polls. Setting the TTL lowers the
+/// interval to ttl / 3 if it was larger (it is not raised); setting the
+/// interval clamps it to ttl / 3. The result does not depend on the order
+/// of the calls. The drift margin defaults to ttl / 10.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct ActiveConfig {
+    ttl: Ttl,
+    interval: Duration,
+    drift: Option<Duration>,
+}
+
+impl Default for ActiveConfig {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The original's lease length.
+pub const DEFAULT_ACTIVE_TTL: Duration = Duration::from_secs(15);
+
+impl ActiveConfig {
+    /// A 15 s lease renewed every 5 s.
+    pub const fn new() -> Self {
+        ActiveConfig {
+            ttl: Ttl::from_valid(DEFAULT_ACTIVE_TTL),
+            interval: Duration::from_secs(5),
+            drift: None,
+        }
+    }
+
+    /// The lease length; lowers the interval to ttl / 3 if it was larger.
+    pub const fn with_ttl(mut self, ttl: Ttl) -> Self {
+        self.ttl = ttl;
+        let cap = third(ttl);
+        if self.interval.is_zero() || self.interval.as_nanos() > cap.as_nanos() {
+            self.interval = cap;
+        }
+        self
+    }
+
+    /// The renew and standby poll interval, clamped to ttl / 3; zero is
+    /// ignored.
+    pub const fn with_interval(mut self, interval: Duration) -> Self {
+        if interval.is_zero() {
+            return self;
+        }
+        let cap = third(self.ttl);
+        self.interval = if interval.as_nanos() > cap.as_nanos() {
+            cap
+        } else {
+            interval
+        };
+        self
+    }
+
+    /// How much earlier than `ttl` after sending a renewal the leader gives
+    /// up: the most the clocks of the replica and the lock service may
+    /// drift apart over one lease, plus scheduling slack.
+    pub const fn with_drift(mut self, drift: Duration) -> Self {
+        self.drift = Some(drift);
+        self
+    }
+
+    /// The lease length.
+    pub const fn ttl(&self) -> Ttl {
+        self.ttl
+    }
+
+    /// The renew and poll interval.
+    pub const fn interval(&self) -> Duration {
+        self.interval
+    }
+
+    /// The drift margin.
+    pub const fn drift(&self) -> Duration {
+        match self.drift {
+            Some(d) => d,
+            None => {
+                Duration::from_nanos(crate::time::nanos_saturating(self.ttl.as_duration()) / 10)
+            }
+        }
+    }
+
+    /// How long after sending a successful acquire or renew the leader may
+    /// act: `ttl - drift`.
+    pub const fn renew_deadline(&self) -> Duration {
+        self.ttl.as_duration().saturating_sub(self.drift())
+    }
+
+    /// Checks that a renewal can happen before the deadline:
+    /// `interval < ttl - drift`.
+    pub const fn validate(&self) -> Result<(), ActiveConfigError> {
+        if self.drift().as_nanos() >= self.ttl.as_duration().as_nanos() {
+            return Err(ActiveConfigError::DriftNotBelowTtl);
+        }
+        if self.interval.as_nanos() >= self.renew_deadline().as_nanos() {
+            return Err(ActiveConfigError::IntervalNotBelowDeadline);
+        }
+        Ok(())
+    }
+}
+
+const fn third(ttl: Ttl) -> Duration {
+    Duration::from_nanos(crate::time::nanos_saturating(ttl.as_duration()) / 3)
+}
+
+/// An [`ActiveConfig`] whose timing cannot work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum ActiveConfigError {
+    /// The drift margin must be shorter than the TTL.
+    DriftNotBelowTtl,
+    /// The interval must be shorter than `ttl - drift`, or the leader would
+    /// demote before its first renewal.
+    IntervalNotBelowDeadline,
+}
+
+impl fmt::Display for ActiveConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ActiveConfigError::DriftNotBelowTtl => {
+                "active guard drift must be shorter than its ttl"
+            }
+            ActiveConfigError::IntervalNotBelowDeadline => {
+                "active guard interval must be shorter than ttl - drift"
+            }
+        })
+    }
+}
+
+impl core::error::Error for ActiveConfigError {}
+
+/// What a release is for, which decides what follows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+enum ReleaseFor {
+    /// Stop, explicit demotion, failed promotion: then standby (or stopped).
+    Handover,
+    /// The renew-less fallback: then acquire again.
+    Cycle,
+    /// A grant nobody wants any more: nothing follows.
+    Unwanted,
+}
+
+/// The one backend operation in flight.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+enum InFlight {
+    Acquire { sent_at: Instant, reacquire: bool },
+    Renew { sent_at: Instant, token: Token },
+    Release { purpose: ReleaseFor },
+}
+
+/// The lease this replica believes it holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+struct Lease {
+    token: Token,
+    /// Act no later than this: send time of the last success + ttl - drift.
+    deadline: Instant,
+}
+
+/// Outcome of an acquisition, as the runtime reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum Acquired {
+    /// Granted with this token.
+    Granted(Token),
+    /// Held by another replica.
+    Held,
+    /// The backend failed (the runtime logs the error).
+    Failed,
+}
+
+/// Outcome of a renewal, as the runtime reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum Renewed {
+    /// Still ours.
+    Held,
+    /// Gone or held by another token.
+    Lost,
+    /// The backend failed: treated as lost, as in the original.
+    Failed,
+}
+
+/// One replica's side of single-active election; see the module notes.
+#[derive(Clone, Debug)]
+pub struct ActiveGuard {
+    config: ActiveConfig,
+    renewable: bool,
+    lease: Option<Lease>,
+    promoted: bool,
+    in_flight: Option<InFlight>,
+    /// A release of the lease to send as soon as nothing is in flight.
+    release_when_idle: bool,
+    next_attempt: Instant,
+    stopping: bool,
+    stopped: bool,
+    /// At most: one backend operation, one Promote or Demote, and one more
+    /// Demote + Release pair from a stop; eight is ample.
+    actions: Deque<Action, 8>,
+}
+
+impl ActiveGuard {
+    /// A standby that tries to acquire at once (at `now`). `renewable`
+    /// says whether the locker can renew in place; without it the leader
+    /// releases and re-acquires each interval (a takeover window, as in the
+    /// original).
+    pub fn new(
+        config: ActiveConfig,
+        renewable: bool,
+        now: Instant,
+    ) -> Result<Self, ActiveConfigError> {
+        config.validate()?;
+        Ok(ActiveGuard {
+            config,
+            renewable,
+            lease: None,
+            promoted: false,
+            in_flight: None,
+            release_when_idle: false,
+            next_attempt: now,
+            stopping: false,
+            stopped: false,
+            actions: Deque::new(),
+        })
+    }
+
+    /// The parameters.
+    pub const fn config(&self) -> &ActiveConfig {
+        &self.config
+    }
+
+    /// Whether this replica should be consuming (promoted, not demoted).
+    pub const fn is_active(&self) -> bool {
+        self.promoted
+    }
+
+    /// The fence of the lease held, if any.
+    pub fn fence(&self) -> Option<u64> {
+        self.lease.map(|l| l.token.fence())
+    }
+
+    /// The coarse state.
+    pub const fn phase(&self) -> Phase {
+        if self.stopped {
+            Phase::Stopped
+        } else if self.stopping {
+            Phase::Stopping
+        } else if self.promoted {
+            Phase::Leader
+        } else {
+            Phase::Standby
+        }
+    }
+
+    /// The next action to execute, in order.
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    /// When to call [`Self::handle_timeout`] next; `None` when only a
+    /// result (or nothing, once stopped) can move the machine.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        if self.stopped {
+            return None;
+        }
+        let attempt = (self.in_flight.is_none() && !self.stopping).then_some(self.next_attempt);
+        let deadline = self.lease.filter(|_| self.promoted).map(|l| l.deadline);
+        match (attempt, deadline) {
+            (Some(a), Some(d)) => Some(a.min(d)),
+            (a, d) => a.or(d),
+        }
+    }
+
+    /// Time has reached `now`: enforce the renew deadline, then start the
+    /// next acquire or renew if one is due. Early calls do nothing.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if self.stopped {
+            return;
+        }
+        if self.promoted && self.lease.is_some_and(|l| now >= l.deadline) {
+            // Stop acting before the server-side lease can have expired:
+            // deadline = send time of the last success + ttl - drift. The
+            // token is dropped, not released: the backend is not answering,
+            // and the lease expires on the server within `drift`.
+            self.lease = None;
+            self.release_when_idle = false;
+            self.demote_with(DemoteReason::RenewDeadline);
+            self.next_attempt = now.saturating_add(self.config.interval);
+        }
+        if self.in_flight.is_some() || self.stopping || now < self.next_attempt {
+            return;
+        }
+        match self.lease {
+            Some(lease) if self.renewable => {
+                self.in_flight = Some(InFlight::Renew {
+                    sent_at: now,
+                    token: lease.token,
+                });
+                self.push(Action::Renew(lease.token));
+            }
+            Some(lease) => {
+                self.in_flight = Some(InFlight::Release {
+                    purpose: ReleaseFor::Cycle,
+                });
+                self.push(Action::Release(lease.token));
+            }
+            None => {
+                self.in_flight = Some(InFlight::Acquire {
+                    sent_at: now,
+                    reacquire: false,
+                });
+                self.push(Action::Acquire);
+            }
+        }
+    }
+
+    /// Reports the result of an [`Action::Acquire`].
+    pub fn handle_acquired(&mut self, now: Instant, result: Acquired) {
+        let Some(InFlight::Acquire { sent_at, reacquire }) = self.in_flight else {
+            // Not asked for: never keep a grant nobody is waiting for.
+            if let Acquired::Granted(token) = result {
+                self.release_unwanted(token);
+            }
+            return;
+        };
+        self.in_flight = None;
+        match result {
+            Acquired::Granted(token) if self.stopping || (reacquire && !self.promoted) => {
+                // Stopping, or the leader already gave up during the cycle.
+                self.lease = None;
+                self.start_release(token, ReleaseFor::Handover);
+            }
+            Acquired::Granted(token) => {
+                self.lease = Some(Lease {
+                    token,
+                    deadline: sent_at.saturating_add(self.config.renew_deadline()),
+                });
+                self.next_attempt = sent_at.saturating_add(self.config.interval);
+                if !reacquire {
+                    self.promoted = true;
+                    self.push(Action::Promote {
+                        fence: token.fence(),
+                    });
+                }
+            }
+            Acquired::Held | Acquired::Failed => {
+                if reacquire {
+                    // Another replica took the key in the renew-less window.
+                    self.lease = None;
+                    self.demote_with(DemoteReason::LeaseLost);
+                }
+                self.next_attempt = now.saturating_add(self.config.interval);
+                self.finish_stop_if_idle();
+            }
+        }
+        self.flush_pending_release();
+    }
+
+    /// Reports the result of an [`Action::Renew`].
+    pub fn handle_renewed(&mut self, now: Instant, result: Renewed) {
+        let Some(InFlight::Renew { sent_at, token }) = self.in_flight else {
+            return;
+        };
+        self.in_flight = None;
+        let still_ours = self.lease.is_some_and(|l| l.token == token);
+        match result {
+            Renewed::Held if still_ours => {
+                self.lease = Some(Lease {
+                    token,
+                    deadline: sent_at.saturating_add(self.config.renew_deadline()),
+                });
+                self.next_attempt = sent_at.saturating_add(self.config.interval);
+            }
+            // Renewed after the deadline demoted us: give it back.
+            Renewed::Held => self.release_unwanted(token),
+            Renewed::Lost | Renewed::Failed => {
+                if still_ours {
+                    // Lost: demote without releasing, the key may be
+                    // someone else's now.
+                    self.lease = None;
+                    self.release_when_idle = false;
+                    self.demote_with(DemoteReason::LeaseLost);
+                }
+                self.next_attempt = now.saturating_add(self.config.interval);
+                self.finish_stop_if_idle();
+            }
+        }
+        self.flush_pending_release();
+    }
+
+    /// Reports the result of an [`Action::Release`] (`released` is false
+    /// when the unlock failed or found another holder).
+    pub fn handle_released(&mut self, now: Instant, released: bool) {
+        let Some(InFlight::Release { purpose }) = self.in_flight else {
+            return;
+        };
+        self.in_flight = None;
+        match purpose {
+            ReleaseFor::Cycle if released && !self.stopping && self.promoted => {
+                // Renew-less fallback: the old token is gone; take a new one.
+                self.lease = None;
+                self.in_flight = Some(InFlight::Acquire {
+                    sent_at: now,
+                    reacquire: true,
+                });
+                self.push(Action::Acquire);
+            }
+            ReleaseFor::Cycle => {
+                self.lease = None;
+                if !released {
+                    self.demote_with(DemoteReason::LeaseLost);
+                }
+                self.next_attempt = now.saturating_add(self.config.interval);
+            }
+            ReleaseFor::Handover => {
+                self.lease = None;
+                // Wait one interval so that a standby, not this replica, is
+                // the next to acquire.
+                self.next_attempt = now.saturating_add(self.config.interval);
+            }
+            ReleaseFor::Unwanted => {}
+        }
+        self.flush_pending_release();
+        self.finish_stop_if_idle();
+    }
+
+    /// Reports that the consumer failed to start after
+    /// [`Action::Promote`]: demote, then release the lease.
+    pub fn handle_promote_failed(&mut self, _now: Instant) {
+        self.step_down(DemoteReason::PromoteFailed);
+    }
+
+    /// The consumer asks to step down (its subscription died while the
+    /// lease was still renewing): demote first, then release, so a standby
+    /// takes over at once. A no-op unless leading.
+    pub fn demote(&mut self, _now: Instant) {
+        self.step_down(DemoteReason::Requested);
+    }
+
+    /// Stops the guard: demote if leading, release the lease, then
+    /// [`Phase::Stopped`].
+    pub fn stop(&mut self, _now: Instant) {
+        if self.stopping || self.stopped {
+            return;
+        }
+        self.stopping = true;
+        self.step_down(DemoteReason::Stopping);
+        self.finish_stop_if_idle();
+    }
+
+    fn step_down(&mut self, reason: DemoteReason) {
+        if !self.promoted {
+            return;
+        }
+        self.demote_with(reason);
+        if self.lease.is_some() {
+            self.release_when_idle = true;
+            self.flush_pending_release();
+        }
+    }
+
+    /// Emits `Demote` once per promotion.
+    fn demote_with(&mut self, reason: DemoteReason) {
+        if self.promoted {
+            self.promoted = false;
+            self.push(Action::Demote(reason));
+        }
+    }
+
+    fn flush_pending_release(&mut self) {
+        if self.release_when_idle && self.in_flight.is_none() {
+            self.release_when_idle = false;
+            if let Some(lease) = self.lease.take() {
+                self.start_release(lease.token, ReleaseFor::Handover);
+            }
+        }
+    }
+
+    fn start_release(&mut self, token: Token, purpose: ReleaseFor) {
+        self.in_flight = Some(InFlight::Release { purpose });
+        self.push(Action::Release(token));
+    }
+
+    fn release_unwanted(&mut self, token: Token) {
+        if self.in_flight.is_none() {
+            self.start_release(token, ReleaseFor::Unwanted);
+        }
+        // Otherwise the grant is left to expire: one operation at a time.
+    }
+
+    fn finish_stop_if_idle(&mut self) {
+        if self.stopping
+            && self.in_flight.is_none()
+            && self.lease.is_none()
+            && !self.release_when_idle
+        {
+            self.stopped = true;
+        }
+    }
+
+    fn push(&mut self, action: Action) {
+        // Bounded by construction (see the field); a refused push would
+        // mean a runtime that never polls, and the state stays consistent.
+        let _ = self.actions.push_back(action);
+    }
+}
+
+#[cfg(feature = "defmt")]
+impl defmt::Format for ActiveGuard {
+    fn format(&self, f: defmt::Formatter<'_>) {
+        defmt::write!(
+            f,
+            "ActiveGuard {{ phase: {}, fence: {}, next_attempt: {} }}",
+            self.phase(),
+            self.fence(),
+            self.next_attempt
+        )
+    }
+}

@@ -1,0 +1,21 @@
+//! At-most-once execution across replicas.
+//!
+//! - [`OnceGuard`]: one winner per delivery key (a message id, a planned
+//!   schedule slot): the first replica to claim the key runs the action,
+//!   the others skip, for as long as the key is retained.
+//! - [`ActiveGuard`]: one active consumer per scope by lease, with
+//!   automatic takeover; a sans-IO state machine that a runtime drives.
+//!
+//! Rule of thumb (from the original): if the source already delivers each
+//! message to one replica (Kafka or Redis Streams consumer groups, MQTT
+//! shared subscriptions, load-balanced requests), add no guard: it would
+//! turn legitimate redeliveries into losses.
+
+mod active;
+mod once;
+
+pub use active::{
+    Acquired, Action, ActiveConfig, ActiveConfigError, ActiveGuard, DEFAULT_ACTIVE_TTL,
+    DemoteReason, Phase, Renewed,
+};
+pub use once::{DEFAULT_ONCE_TTL, FailPolicy, OnceEvent, OnceGuard, OnceObserver, OnceOutcome};

@@ -1,0 +1,160 @@
+//! The locking contract that at-most-once execution rests on.
+//!
+//! A [`Locker`] grants a key to one holder for a time-to-live; the holder
+//! proves ownership with a [`Token`] and releases with compare-and-delete,
+//! so a stale holder never frees someone else's lock. Keys expire on their
+//! own even if never unlocked. A [`LeaseRenewer`] extends a held lock
+//! atomically.
+//!
+//! Every acquisition carries a **fencing number** that strictly increases
+//! per key: a resource that remembers the highest fence it accepted can
+//! reject a stale leader that wakes up after its lease expired.
+//!
+//! Both traits come in two variants: [`Locker`] for single-threaded
+//! executors (embassy), and [`SendLocker`] (likewise [`SendLeaseRenewer`])
+//! whose futures are `Send`, for multi-threaded servers. Implement the one
+//! that fits; every `SendLocker` is a `Locker`.
+
+mod key;
+mod token;
+mod wait;
+
+pub use key::{DEFAULT_PREFIX, KeyError, MAX_KEY_LEN, MAX_SCOPE_LEN, Scope, active_key, once_key};
+pub use token::{Token, TokenId};
+pub use wait::{DEFAULT_POLL, LockWithRetryError, LockerExt};
+
+use core::fmt;
+use core::time::Duration;
+
+/// A lock's time-to-live: at least one millisecond.
+///
+/// A zero TTL would create a lock that never expires on some backends (the
+/// original sent `SETNX` without expiry) and a sub-millisecond one would
+/// delete it on others (`PEXPIRE 0`); both are refused when built.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct Ttl(Duration);
+
+/// A TTL below one millisecond.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct InvalidTtl;
+
+impl fmt::Display for InvalidTtl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a lock TTL must be at least 1 ms")
+    }
+}
+
+impl core::error::Error for InvalidTtl {}
+
+impl Ttl {
+    /// `d`, if it is at least one millisecond.
+    pub const fn new(d: Duration) -> Result<Ttl, InvalidTtl> {
+        if d.as_millis() == 0 {
+            Err(InvalidTtl)
+        } else {
+            Ok(Ttl(d))
+        }
+    }
+
+    /// `secs` seconds (a zero is refused).
+    pub const fn from_secs(secs: u64) -> Result<Ttl, InvalidTtl> {
+        Ttl::new(Duration::from_secs(secs))
+    }
+
+    /// `millis` milliseconds (a zero is refused).
+    pub const fn from_millis(millis: u64) -> Result<Ttl, InvalidTtl> {
+        Ttl::new(Duration::from_millis(millis))
+    }
+
+    /// A TTL from a constant known to be at least one millisecond.
+    pub(crate) const fn from_valid(d: Duration) -> Ttl {
+        Ttl(d)
+    }
+
+    /// The duration.
+    pub const fn as_duration(&self) -> Duration {
+        self.0
+    }
+
+    /// Whole milliseconds, rounded up, so a backend never holds a lock for
+    /// less than asked (at least 1).
+    pub const fn as_millis_ceil(&self) -> u64 {
+        let n = self.0.as_nanos().div_ceil(1_000_000);
+        if n > u64::MAX as u128 {
+            u64::MAX
+        } else {
+            #[allow(clippy::cast_possible_truncation, reason = "checked above")]
+            let n = n as u64;
+            n
+        }
+    }
+}
+
+/// The answer to a renewal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum Renewal {
+    /// The lock is still ours, with a fresh TTL.
+    Held,
+    /// The key is gone, expired or held by another token.
+    Lost,
+}
+
+/// Why an unlock did not release.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum UnlockError<E> {
+    /// The key is missing or held by another token: nothing was released.
+    NotHeld,
+    /// The backend failed.
+    Backend(E),
+}
+
+impl<E: fmt::Display> fmt::Display for UnlockError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            UnlockError::NotHeld => f.write_str("lock not held by this token"),
+            UnlockError::Backend(e) => write!(f, "unlock failed: {e}"),
+        }
+    }
+}
+
+impl<E: fmt::Debug + fmt::Display> core::error::Error for UnlockError<E> {}
+
+/// A lock service: one holder per key at a time, with expiry.
+///
+/// Contract (every backend passes the same suite):
+/// - `try_lock` never waits; `Ok(None)` means held elsewhere, not an error;
+/// - a granted key expires after its TTL even if never unlocked;
+/// - `unlock` deletes only if the token matches ([`UnlockError::NotHeld`]
+///   otherwise);
+/// - the fence of each grant is greater than every earlier fence of the key.
+#[trait_variant::make(SendLocker: Send)]
+#[allow(
+    async_fn_in_trait,
+    reason = "SendLocker is the variant with Send futures"
+)]
+pub trait Locker {
+    /// A backend failure (connection, timeout, bad reply).
+    type Error: fmt::Debug + fmt::Display;
+
+    /// Takes `key` for `ttl` if nobody holds it.
+    async fn try_lock(&self, key: &str, ttl: Ttl) -> Result<Option<Token>, Self::Error>;
+
+    /// Releases `key` if `token` holds it.
+    async fn unlock(&self, key: &str, token: &Token) -> Result<(), UnlockError<Self::Error>>;
+}
+
+/// A locker that can extend a held lock in place, with no window in which
+/// another holder could take it.
+#[trait_variant::make(SendLeaseRenewer: Send)]
+#[allow(
+    async_fn_in_trait,
+    reason = "SendLeaseRenewer is the variant with Send futures"
+)]
+pub trait LeaseRenewer: Locker {
+    /// Resets the TTL of `key` to `ttl` if `token` still holds it.
+    async fn renew(&self, key: &str, token: &Token, ttl: Ttl) -> Result<Renewal, Self::Error>;
+}
