@@ -240,15 +240,6 @@ enum InFlight {
     Release { purpose: ReleaseFor },
 }
 
-/// The lease this replica believes it holds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
-struct Lease {
-    token: Token,
-    /// Act no later than this: send time of the last success + ttl - drift.
-    deadline: Instant,
-}
-
 /// Outcome of an acquisition, as the runtime reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
@@ -278,10 +269,17 @@ pub enum Renewed {
 pub struct ActiveGuard {
     config: ActiveConfig,
     renewable: bool,
-    lease: Option<Lease>,
+    /// The lease token held; `None` between the release and the re-acquire
+    /// of the renew-less fallback.
+    token: Option<Token>,
+    /// Promoted: `Promote` emitted and no `Demote` since.
     promoted: bool,
+    /// While promoted: the renew deadline, send time of the last successful
+    /// acquire or renew + ttl - drift. It belongs to the leadership, not to
+    /// the token, so it also bounds the renew-less fallback's window.
+    act_until: Option<Instant>,
     in_flight: Option<InFlight>,
-    /// A release of the lease to send as soon as nothing is in flight.
+    /// Release the token as soon as nothing is in flight.
     release_when_idle: bool,
     next_attempt: Instant,
     stopping: bool,
@@ -305,8 +303,9 @@ impl ActiveGuard {
         Ok(ActiveGuard {
             config,
             renewable,
-            lease: None,
+            token: None,
             promoted: false,
+            act_until: None,
             in_flight: None,
             release_when_idle: false,
             next_attempt: now,
@@ -328,7 +327,7 @@ impl ActiveGuard {
 
     /// The fence of the lease held, if any.
     pub fn fence(&self) -> Option<u64> {
-        self.lease.map(|l| l.token.fence())
+        self.token.map(|t| t.fence())
     }
 
     /// The coarse state.
@@ -356,8 +355,7 @@ impl ActiveGuard {
             return None;
         }
         let attempt = (self.in_flight.is_none() && !self.stopping).then_some(self.next_attempt);
-        let deadline = self.lease.filter(|_| self.promoted).map(|l| l.deadline);
-        match (attempt, deadline) {
+        match (attempt, self.act_until) {
             (Some(a), Some(d)) => Some(a.min(d)),
             (a, d) => a.or(d),
         }
@@ -369,32 +367,32 @@ impl ActiveGuard {
         if self.stopped {
             return;
         }
-        if self.promoted && self.lease.is_some_and(|l| now >= l.deadline) {
+        if self.act_until.is_some_and(|deadline| now >= deadline) {
             // Stop acting before the server-side lease can have expired:
             // deadline = send time of the last success + ttl - drift. The
             // token is dropped, not released: the backend is not answering,
             // and the lease expires on the server within `drift`.
-            self.lease = None;
+            self.token = None;
             self.release_when_idle = false;
             self.demote_with(DemoteReason::RenewDeadline);
             self.next_attempt = now.saturating_add(self.config.interval);
+            self.finish_stop_if_idle();
         }
         if self.in_flight.is_some() || self.stopping || now < self.next_attempt {
             return;
         }
-        match self.lease {
-            Some(lease) if self.renewable => {
+        match self.token {
+            Some(token) if self.renewable => {
                 self.in_flight = Some(InFlight::Renew {
                     sent_at: now,
-                    token: lease.token,
+                    token,
                 });
-                self.push(Action::Renew(lease.token));
+                self.push(Action::Renew(token));
             }
-            Some(lease) => {
-                self.in_flight = Some(InFlight::Release {
-                    purpose: ReleaseFor::Cycle,
-                });
-                self.push(Action::Release(lease.token));
+            Some(token) => {
+                // Renew-less fallback: release, then acquire again.
+                self.token = None;
+                self.start_release(token, ReleaseFor::Cycle);
             }
             None => {
                 self.in_flight = Some(InFlight::Acquire {
@@ -416,19 +414,25 @@ impl ActiveGuard {
             return;
         };
         self.in_flight = None;
+        let deadline = sent_at.saturating_add(self.config.renew_deadline());
+        // A re-acquire continues a leadership that may have ended meanwhile.
+        let continues = reacquire && self.promoted;
         match result {
             Acquired::Granted(token) if self.stopping || (reacquire && !self.promoted) => {
-                // Stopping, or the leader already gave up during the cycle.
-                self.lease = None;
-                self.start_release(token, ReleaseFor::Handover);
+                self.start_release(token, ReleaseFor::Unwanted);
+            }
+            Acquired::Granted(token) if now >= deadline => {
+                // Granted so late that the lease may expire on the server
+                // before anything could be done with it: never act on it.
+                self.demote_with(DemoteReason::RenewDeadline);
+                self.next_attempt = now.saturating_add(self.config.interval);
+                self.start_release(token, ReleaseFor::Unwanted);
             }
             Acquired::Granted(token) => {
-                self.lease = Some(Lease {
-                    token,
-                    deadline: sent_at.saturating_add(self.config.renew_deadline()),
-                });
+                self.token = Some(token);
+                self.act_until = Some(deadline);
                 self.next_attempt = sent_at.saturating_add(self.config.interval);
-                if !reacquire {
+                if !continues {
                     self.promoted = true;
                     self.push(Action::Promote {
                         fence: token.fence(),
@@ -436,16 +440,14 @@ impl ActiveGuard {
                 }
             }
             Acquired::Held | Acquired::Failed => {
-                if reacquire {
+                if continues {
                     // Another replica took the key in the renew-less window.
-                    self.lease = None;
                     self.demote_with(DemoteReason::LeaseLost);
                 }
                 self.next_attempt = now.saturating_add(self.config.interval);
-                self.finish_stop_if_idle();
             }
         }
-        self.flush_pending_release();
+        self.after_result();
     }
 
     /// Reports the result of an [`Action::Renew`].
@@ -454,30 +456,34 @@ impl ActiveGuard {
             return;
         };
         self.in_flight = None;
-        let still_ours = self.lease.is_some_and(|l| l.token == token);
+        let still_ours = self.token == Some(token);
+        let deadline = sent_at.saturating_add(self.config.renew_deadline());
         match result {
-            Renewed::Held if still_ours => {
-                self.lease = Some(Lease {
-                    token,
-                    deadline: sent_at.saturating_add(self.config.renew_deadline()),
-                });
+            Renewed::Held if still_ours && self.promoted && now < deadline => {
+                self.act_until = Some(deadline);
                 self.next_attempt = sent_at.saturating_add(self.config.interval);
             }
-            // Renewed after the deadline demoted us: give it back.
-            Renewed::Held => self.release_unwanted(token),
+            // Renewed for a leadership that is over (stopped, demoted, or
+            // too late to act on): stop acting and give the lease back.
+            Renewed::Held => {
+                self.demote_with(DemoteReason::RenewDeadline);
+                self.token = None;
+                self.release_when_idle = false;
+                self.next_attempt = now.saturating_add(self.config.interval);
+                self.release_unwanted(token);
+            }
             Renewed::Lost | Renewed::Failed => {
                 if still_ours {
                     // Lost: demote without releasing, the key may be
                     // someone else's now.
-                    self.lease = None;
+                    self.token = None;
                     self.release_when_idle = false;
                     self.demote_with(DemoteReason::LeaseLost);
                 }
                 self.next_attempt = now.saturating_add(self.config.interval);
-                self.finish_stop_if_idle();
             }
         }
-        self.flush_pending_release();
+        self.after_result();
     }
 
     /// Reports the result of an [`Action::Release`] (`released` is false
@@ -488,9 +494,9 @@ impl ActiveGuard {
         };
         self.in_flight = None;
         match purpose {
-            ReleaseFor::Cycle if released && !self.stopping && self.promoted => {
+            ReleaseFor::Cycle if released && self.promoted && !self.stopping => {
                 // Renew-less fallback: the old token is gone; take a new one.
-                self.lease = None;
+                // The leadership's deadline still runs from the last success.
                 self.in_flight = Some(InFlight::Acquire {
                     sent_at: now,
                     reacquire: true,
@@ -498,22 +504,19 @@ impl ActiveGuard {
                 self.push(Action::Acquire);
             }
             ReleaseFor::Cycle => {
-                self.lease = None;
                 if !released {
                     self.demote_with(DemoteReason::LeaseLost);
                 }
                 self.next_attempt = now.saturating_add(self.config.interval);
             }
             ReleaseFor::Handover => {
-                self.lease = None;
                 // Wait one interval so that a standby, not this replica, is
                 // the next to acquire.
                 self.next_attempt = now.saturating_add(self.config.interval);
             }
             ReleaseFor::Unwanted => {}
         }
-        self.flush_pending_release();
-        self.finish_stop_if_idle();
+        self.after_result();
     }
 
     /// Reports that the consumer failed to start after
@@ -545,25 +548,31 @@ impl ActiveGuard {
             return;
         }
         self.demote_with(reason);
-        if self.lease.is_some() {
+        if self.token.is_some() {
             self.release_when_idle = true;
             self.flush_pending_release();
         }
     }
 
-    /// Emits `Demote` once per promotion.
+    /// Emits `Demote` once per promotion; a demoted replica has no deadline.
     fn demote_with(&mut self, reason: DemoteReason) {
         if self.promoted {
             self.promoted = false;
+            self.act_until = None;
             self.push(Action::Demote(reason));
         }
+    }
+
+    fn after_result(&mut self) {
+        self.flush_pending_release();
+        self.finish_stop_if_idle();
     }
 
     fn flush_pending_release(&mut self) {
         if self.release_when_idle && self.in_flight.is_none() {
             self.release_when_idle = false;
-            if let Some(lease) = self.lease.take() {
-                self.start_release(lease.token, ReleaseFor::Handover);
+            if let Some(token) = self.token.take() {
+                self.start_release(token, ReleaseFor::Handover);
             }
         }
     }
@@ -583,7 +592,7 @@ impl ActiveGuard {
     fn finish_stop_if_idle(&mut self) {
         if self.stopping
             && self.in_flight.is_none()
-            && self.lease.is_none()
+            && self.token.is_none()
             && !self.release_when_idle
         {
             self.stopped = true;
