@@ -164,6 +164,9 @@ fn the_default_walk_finds_the_newest_slot_and_ends_with_the_schedule() {
     assert_eq!(timer.fire(UnixMillis(50)), None);
 }
 
+/// (component, non-empty segments, delivery key).
+type KeyInput = (String, Vec<(String, String)>, String);
+
 fn segment_value() -> impl Strategy<Value = String> {
     prop_oneof![Just(String::new()), "[a-c:%{}=]{0,4}",]
 }
@@ -178,7 +181,7 @@ proptest! {
             1..40,
         ),
     ) {
-        let mut seen: HashMap<String, (String, Vec<(String, String)>, String)> = HashMap::new();
+        let mut seen: HashMap<String, KeyInput> = HashMap::new();
         for (component, segments, key) in inputs {
             let scope = segments.iter().try_fold(Scope::new(&component).unwrap(), |s, (l, v)| s.segment(l, v)).unwrap();
             let full = once_key(DEFAULT_PREFIX, &scope, &key).unwrap().to_string();
