@@ -366,12 +366,12 @@ proptest! {
             }
             // Results for operations that were not outstanding are ignored
             // by the machine; track what it actually asked for.
-            let matched = match (&ev, outstanding) {
-                (Event::Granted | Event::Held | Event::AcquireFailed, Some(Action::Acquire)) => true,
-                (Event::RenewHeld | Event::RenewLost, Some(Action::Renew(_))) => true,
-                (Event::Released(_), Some(Action::Release(_))) => true,
-                _ => false,
-            };
+            let matched = matches!(
+                (&ev, outstanding),
+                (Event::Granted | Event::Held | Event::AcquireFailed, Some(Action::Acquire))
+                    | (Event::RenewHeld | Event::RenewLost, Some(Action::Renew(_)))
+                    | (Event::Released(_), Some(Action::Release(_)))
+            );
             if matched {
                 if matches!((&ev, outstanding), (Event::Granted, Some(Action::Acquire)) | (Event::RenewHeld, Some(Action::Renew(_)))) {
                     last_success_send = Some(sent_at);
