@@ -130,11 +130,11 @@ pub const DEFAULT_ONCE_TTL: Duration = Duration::from_secs(3600);
 /// ```
 /// # futures_lite::future::block_on(async {
 /// use guard_core::guard::{OnceGuard, OnceOutcome};
-/// use guard_core::lock::{Scope, SendLocker};
+/// use guard_core::lock::{Locker, Scope};
 ///
 /// // A single process: no locker, always allowed.
 /// # struct NoLocker;
-/// # impl SendLocker for NoLocker {
+/// # impl Locker for NoLocker {
 /// #     type Error = core::convert::Infallible;
 /// #     async fn try_lock(&self, _: &str, _: guard_core::lock::Ttl) -> Result<Option<guard_core::lock::Token>, Self::Error> { Ok(None) }
 /// #     async fn unlock(&self, _: &str, _: &guard_core::lock::Token) -> Result<(), guard_core::lock::UnlockError<Self::Error>> { Ok(()) }

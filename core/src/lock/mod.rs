@@ -10,10 +10,9 @@
 //! per key: a resource that remembers the highest fence it accepted can
 //! reject a stale leader that wakes up after its lease expired.
 //!
-//! Both traits come in two variants: [`Locker`] for single-threaded
-//! executors (embassy), and [`SendLocker`] (likewise [`SendLeaseRenewer`])
-//! whose futures are `Send`, for multi-threaded servers. Implement the one
-//! that fits; every `SendLocker` is a `Locker`.
+//! The traits use `async fn`: a concrete locker's futures are `Send` when
+//! its code is, which callers that know the type (a server's shared
+//! handle, an embassy task) see. Generic code does not need `Send`.
 
 mod key;
 mod token;
@@ -49,6 +48,9 @@ impl fmt::Display for InvalidTtl {
 impl core::error::Error for InvalidTtl {}
 
 impl Ttl {
+    /// One millisecond, the shortest TTL.
+    pub const MIN: Ttl = Ttl(Duration::from_millis(1));
+
     /// `d`, if it is at least one millisecond.
     pub const fn new(d: Duration) -> Result<Ttl, InvalidTtl> {
         if d.as_millis() == 0 {
@@ -131,11 +133,7 @@ impl<E: fmt::Debug + fmt::Display> core::error::Error for UnlockError<E> {}
 /// - `unlock` deletes only if the token matches ([`UnlockError::NotHeld`]
 ///   otherwise);
 /// - the fence of each grant is greater than every earlier fence of the key.
-#[trait_variant::make(SendLocker: Send)]
-#[allow(
-    async_fn_in_trait,
-    reason = "SendLocker is the variant with Send futures"
-)]
+#[allow(async_fn_in_trait, reason = "Send-ness follows the concrete locker")]
 pub trait Locker {
     /// A backend failure (connection, timeout, bad reply).
     type Error: fmt::Debug + fmt::Display;
@@ -149,11 +147,7 @@ pub trait Locker {
 
 /// A locker that can extend a held lock in place, with no window in which
 /// another holder could take it.
-#[trait_variant::make(SendLeaseRenewer: Send)]
-#[allow(
-    async_fn_in_trait,
-    reason = "SendLeaseRenewer is the variant with Send futures"
-)]
+#[allow(async_fn_in_trait, reason = "Send-ness follows the concrete locker")]
 pub trait LeaseRenewer: Locker {
     /// Resets the TTL of `key` to `ttl` if `token` still holds it.
     async fn renew(&self, key: &str, token: &Token, ttl: Ttl) -> Result<Renewal, Self::Error>;

@@ -1,0 +1,103 @@
+//! Clocks: where guard-core's time comes from on an operating system.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use guard_core::slot::UnixMillis;
+use guard_core::time::Instant;
+
+/// A source of monotonic and wall-clock time.
+pub trait Clock: Send + Sync {
+    /// Monotonic time (never goes backwards), for limiters, TTLs, leases.
+    fn now(&self) -> Instant;
+
+    /// Wall-clock time (UTC), for schedule slots that every replica must
+    /// compute alike.
+    fn wall(&self) -> UnixMillis;
+}
+
+/// The operating system's clocks: `std::time::Instant` since this clock
+/// was created, and `SystemTime`.
+#[derive(Clone, Copy, Debug)]
+pub struct SystemClock {
+    origin: std::time::Instant,
+}
+
+impl SystemClock {
+    /// A clock whose monotonic origin is now.
+    pub fn new() -> Self {
+        SystemClock {
+            origin: std::time::Instant::now(),
+        }
+    }
+}
+
+impl Default for SystemClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for SystemClock {
+    fn now(&self) -> Instant {
+        let nanos = self.origin.elapsed().as_nanos();
+        Instant::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+    }
+
+    fn wall(&self) -> UnixMillis {
+        // A clock set before 1970 reads as the epoch rather than failing.
+        let ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis());
+        UnixMillis(u64::try_from(ms).unwrap_or(u64::MAX))
+    }
+}
+
+/// A clock moved by hand, for tests: both readings advance together.
+#[derive(Clone, Debug, Default)]
+pub struct ManualClock {
+    nanos: Arc<AtomicU64>,
+    wall_origin_ms: u64,
+}
+
+impl ManualClock {
+    /// A clock at monotonic zero whose wall time starts at `wall`.
+    pub fn new(wall: UnixMillis) -> Self {
+        ManualClock {
+            nanos: Arc::new(AtomicU64::new(0)),
+            wall_origin_ms: wall.as_millis(),
+        }
+    }
+
+    /// Moves both readings forward by `d`.
+    pub fn advance(&self, d: std::time::Duration) {
+        let add = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        let _ = self
+            .nanos
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                Some(n.saturating_add(add))
+            });
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> Instant {
+        Instant::from_nanos(self.nanos.load(Ordering::SeqCst))
+    }
+
+    fn wall(&self) -> UnixMillis {
+        let elapsed_ms = self.nanos.load(Ordering::SeqCst) / 1_000_000;
+        UnixMillis(self.wall_origin_ms.saturating_add(elapsed_ms))
+    }
+}
+
+impl<C: Clock + ?Sized> Clock for Arc<C> {
+    fn now(&self) -> Instant {
+        (**self).now()
+    }
+
+    fn wall(&self) -> UnixMillis {
+        (**self).wall()
+    }
+}

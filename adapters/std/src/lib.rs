@@ -1,0 +1,38 @@
+//! guard-std: what guard needs on an operating system.
+//!
+//! - [`LocalLocker`]: an in-process [`Locker`](guard_core::lock::Locker) and
+//!   lease renewer with fencing, for one process or for tests;
+//! - [`SharedLocker`] and [`GuardConfig`]: one locker injected everywhere
+//!   (the original's `WithLocker` / `WithOwner`), renewal detected as a
+//!   capability rather than assumed;
+//! - [`CronSchedule`]: cron expressions with a seconds field, in UTC;
+//! - [`Clock`]: monotonic and wall-clock time for guard-core.
+//!
+//! It supplies time and storage; the algorithms are guard-core's.
+//!
+//! ```
+//! # futures_lite::future::block_on(async {
+//! use guard_core::guard::OnceGuard;
+//! use guard_core::lock::Scope;
+//! use guard_std::LocalLocker;
+//!
+//! let locker = LocalLocker::new();
+//! let scope = Scope::new("consumer")?.segment("owner", "tenant1")?;
+//! let guard = OnceGuard::new(Some(&locker), scope);
+//! assert!(guard.allow("msg-1").await?.is_allowed());
+//! assert!(!guard.allow("msg-1").await?.is_allowed(), "a second delivery is skipped");
+//! # Ok::<(), guard_core::lock::KeyError>(())
+//! # }).unwrap();
+//! ```
+
+mod clock;
+#[cfg(feature = "contract")]
+pub mod contract;
+mod cron_schedule;
+mod local_locker;
+mod shared;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use cron_schedule::{CronError, CronSchedule};
+pub use local_locker::{DEFAULT_SWEEP_INTERVAL, LocalLocker};
+pub use shared::{BoxFuture, DynLocker, GuardConfig, LockerError, SharedLocker};

@@ -1,0 +1,206 @@
+//! An in-process locker with fencing.
+
+use std::collections::HashMap;
+use std::collections::hash_map::RandomState;
+use std::convert::Infallible;
+use std::hash::BuildHasher;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use guard_core::lock::{LeaseRenewer, Locker, Renewal, Token, TokenId, Ttl, UnlockError};
+use guard_core::time::Instant;
+
+use crate::clock::{Clock, SystemClock};
+use crate::shared::{BoxFuture, DynLocker, LockerError};
+
+/// How often expired keys are swept (the original's one minute).
+pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
+
+#[derive(Debug)]
+struct Held {
+    id: TokenId,
+    expires_at: Instant,
+}
+
+#[derive(Debug)]
+struct State {
+    held: HashMap<String, Held>,
+    last_sweep: Option<Instant>,
+    /// The last fence granted. One counter for every key: it strictly
+    /// increases per key too, and survives the sweep of expired keys.
+    last_fence: u64,
+    /// Token ids: 16 bytes from a randomly seeded hasher over a counter,
+    /// unique within the process and not guessable from outside it.
+    ids: RandomState,
+}
+
+/// A [`Locker`](guard_core::lock::Locker) and lease renewer inside one
+/// process: for a single replica, for tests, and as the reference the
+/// other backends are compared with.
+///
+/// - A key is held until its TTL passes (at exactly `expires_at` it is free
+///   again) or its token unlocks it.
+/// - Every grant carries a fence greater than all earlier grants.
+/// - Expired keys are swept lazily, at most once per sweep interval, on
+///   an acquisition, so unique keys (schedule slots) do not accumulate.
+/// - Safe to share between threads and tasks; its futures never wait.
+///
+/// It never fails: its error type is [`Infallible`].
+#[derive(Debug)]
+pub struct LocalLocker<C: Clock = SystemClock> {
+    state: Mutex<State>,
+    clock: C,
+    sweep_interval: Duration,
+}
+
+impl LocalLocker<SystemClock> {
+    /// A locker on the system clock.
+    pub fn new() -> Self {
+        Self::with_clock(SystemClock::new())
+    }
+}
+
+impl Default for LocalLocker<SystemClock> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<C: Clock> LocalLocker<C> {
+    /// A locker on `clock`.
+    pub fn with_clock(clock: C) -> Self {
+        LocalLocker {
+            state: Mutex::new(State {
+                held: HashMap::new(),
+                last_sweep: None,
+                last_fence: 0,
+                ids: RandomState::new(),
+            }),
+            clock,
+            sweep_interval: DEFAULT_SWEEP_INTERVAL,
+        }
+    }
+
+    /// Sweeps expired keys at most once per `interval`.
+    pub fn with_sweep_interval(mut self, interval: Duration) -> Self {
+        self.sweep_interval = interval;
+        self
+    }
+
+    /// Keys currently stored (held or expired but not yet swept).
+    pub fn stored_keys(&self) -> usize {
+        self.lock_state().held.len()
+    }
+
+    fn lock_state(&self) -> MutexGuard<'_, State> {
+        // No code path panics while holding the lock; if one ever did, the
+        // map is still consistent (each update is one insert or remove).
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The synchronous core of `try_lock`.
+    pub fn try_lock_now(&self, key: &str, ttl: Ttl) -> Option<Token> {
+        let now = self.clock.now();
+        let mut state = self.lock_state();
+        let sweep_due = state
+            .last_sweep
+            .is_none_or(|last| now.saturating_duration_since(last) >= self.sweep_interval);
+        if sweep_due {
+            state.held.retain(|_, h| now < h.expires_at);
+            state.last_sweep = Some(now);
+        }
+        if state.held.get(key).is_some_and(|h| now < h.expires_at) {
+            return None;
+        }
+        state.last_fence = state.last_fence.saturating_add(1);
+        let fence = state.last_fence;
+        let id = token_id(&state.ids, fence);
+        let expires_at = now.saturating_add(ttl.as_duration());
+        state.held.insert(key.to_owned(), Held { id, expires_at });
+        Some(Token::new(id, fence))
+    }
+
+    /// The synchronous core of `unlock`.
+    pub fn unlock_now(&self, key: &str, token: &Token) -> Result<(), UnlockError<Infallible>> {
+        let mut state = self.lock_state();
+        match state.held.get(key) {
+            Some(h) if h.id == *token.id() => {
+                state.held.remove(key);
+                Ok(())
+            }
+            _ => Err(UnlockError::NotHeld),
+        }
+    }
+
+    /// The synchronous core of `renew`.
+    pub fn renew_now(&self, key: &str, token: &Token, ttl: Ttl) -> Renewal {
+        let now = self.clock.now();
+        let mut state = self.lock_state();
+        match state.held.get_mut(key) {
+            Some(h) if h.id == *token.id() && now < h.expires_at => {
+                h.expires_at = now.saturating_add(ttl.as_duration());
+                Renewal::Held
+            }
+            _ => Renewal::Lost,
+        }
+    }
+}
+
+fn token_id(ids: &RandomState, fence: u64) -> TokenId {
+    let hi = ids.hash_one((fence, 0u8)).to_le_bytes();
+    let lo = ids.hash_one((fence, 1u8)).to_le_bytes();
+    let mut id = [0u8; 16];
+    id[..8].copy_from_slice(&hi);
+    id[8..].copy_from_slice(&lo);
+    TokenId(id)
+}
+
+impl<C: Clock> Locker for LocalLocker<C> {
+    type Error = Infallible;
+
+    async fn try_lock(&self, key: &str, ttl: Ttl) -> Result<Option<Token>, Infallible> {
+        Ok(self.try_lock_now(key, ttl))
+    }
+
+    async fn unlock(&self, key: &str, token: &Token) -> Result<(), UnlockError<Infallible>> {
+        self.unlock_now(key, token)
+    }
+}
+
+impl<C: Clock> LeaseRenewer for LocalLocker<C> {
+    async fn renew(&self, key: &str, token: &Token, ttl: Ttl) -> Result<Renewal, Infallible> {
+        Ok(self.renew_now(key, token, ttl))
+    }
+}
+
+impl<C: Clock + 'static> DynLocker for LocalLocker<C> {
+    fn try_lock<'a>(
+        &'a self,
+        key: &'a str,
+        ttl: Ttl,
+    ) -> BoxFuture<'a, Result<Option<Token>, LockerError>> {
+        let token = self.try_lock_now(key, ttl);
+        Box::pin(std::future::ready(Ok(token)))
+    }
+
+    fn unlock<'a>(
+        &'a self,
+        key: &'a str,
+        token: &'a Token,
+    ) -> BoxFuture<'a, Result<(), UnlockError<LockerError>>> {
+        let result = self
+            .unlock_now(key, token)
+            .map_err(|_| UnlockError::NotHeld);
+        Box::pin(std::future::ready(result))
+    }
+
+    fn renew<'a>(
+        &'a self,
+        key: &'a str,
+        token: &'a Token,
+        ttl: Ttl,
+    ) -> Option<BoxFuture<'a, Result<Renewal, LockerError>>> {
+        let renewal = self.renew_now(key, token, ttl);
+        Some(Box::pin(std::future::ready(Ok(renewal))))
+    }
+}

@@ -1,0 +1,206 @@
+//! One locker, injected everywhere: a dyn-compatible handle and the guard
+//! configuration that carries it.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use guard_core::lock::{DEFAULT_PREFIX, KeyError, Locker, Renewal, Scope, Token, Ttl, UnlockError};
+
+/// A boxed, `Send` future.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A backend error behind a [`SharedLocker`], with its message kept.
+#[derive(Debug)]
+pub struct LockerError(Box<dyn std::error::Error + Send + Sync>);
+
+impl LockerError {
+    /// Wraps a backend error.
+    pub fn new(error: impl std::error::Error + Send + Sync + 'static) -> Self {
+        LockerError(Box::new(error))
+    }
+}
+
+impl fmt::Display for LockerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl std::error::Error for LockerError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.0)
+    }
+}
+
+/// A locker behind a pointer: object-safe, with `Send` futures. Each
+/// backend implements it for its concrete type (whose futures are known to
+/// be `Send`); [`SharedLocker`] is the handle servers pass around.
+///
+/// [`renew`](Self::renew) returns `None` when the backend cannot renew in
+/// place: renewal is a capability that is asked for, never assumed (the
+/// original's prefix wrapper claimed it for every locker and made leaders
+/// of renew-less lockers flap on every tick).
+pub trait DynLocker: Send + Sync {
+    /// [`Locker::try_lock`].
+    fn try_lock<'a>(
+        &'a self,
+        key: &'a str,
+        ttl: Ttl,
+    ) -> BoxFuture<'a, Result<Option<Token>, LockerError>>;
+
+    /// [`Locker::unlock`].
+    fn unlock<'a>(
+        &'a self,
+        key: &'a str,
+        token: &'a Token,
+    ) -> BoxFuture<'a, Result<(), UnlockError<LockerError>>>;
+
+    /// [`guard_core::lock::LeaseRenewer::renew`], or `None` if the backend
+    /// cannot renew.
+    fn renew<'a>(
+        &'a self,
+        key: &'a str,
+        token: &'a Token,
+        ttl: Ttl,
+    ) -> Option<BoxFuture<'a, Result<Renewal, LockerError>>>;
+}
+
+/// A cheaply cloned handle to one locker, shared by every guard of a
+/// process. It is a [`Locker`] with `Send` futures; renewal is the
+/// inherent [`SharedLocker::renew`], available when
+/// [`SharedLocker::can_renew`]. It deliberately does not implement
+/// `LeaseRenewer`, so a backend that cannot renew never looks as if it can.
+#[derive(Clone)]
+pub struct SharedLocker(Arc<dyn DynLocker>);
+
+impl fmt::Debug for SharedLocker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedLocker")
+            .field("can_renew", &self.can_renew())
+            .finish()
+    }
+}
+
+/// A renewal that is never asked of a backend that cannot do it.
+#[derive(Debug)]
+struct RenewUnsupported;
+
+impl fmt::Display for RenewUnsupported {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("this locker cannot renew a lease in place")
+    }
+}
+
+impl std::error::Error for RenewUnsupported {}
+
+impl SharedLocker {
+    /// Shares `locker`.
+    pub fn new(locker: impl DynLocker + 'static) -> Self {
+        SharedLocker(Arc::new(locker))
+    }
+
+    /// Shares any [`DynLocker`].
+    pub fn from_dyn(locker: Arc<dyn DynLocker>) -> Self {
+        SharedLocker(locker)
+    }
+
+    /// Whether the backend renews in place.
+    pub fn can_renew(&self) -> bool {
+        // Asking costs nothing: `renew` only builds a future when supported,
+        // and this one is dropped unpolled.
+        let probe = Token::new(guard_core::lock::TokenId([0; 16]), 0);
+        self.0.renew("", &probe, Ttl::MIN).is_some()
+    }
+
+    /// Renews `key` if the backend can; an error says it cannot.
+    pub async fn renew(&self, key: &str, token: &Token, ttl: Ttl) -> Result<Renewal, LockerError> {
+        match self.0.renew(key, token, ttl) {
+            Some(renewal) => renewal.await,
+            None => Err(LockerError::new(RenewUnsupported)),
+        }
+    }
+}
+
+impl Locker for SharedLocker {
+    type Error = LockerError;
+
+    async fn try_lock(&self, key: &str, ttl: Ttl) -> Result<Option<Token>, LockerError> {
+        self.0.try_lock(key, ttl).await
+    }
+
+    async fn unlock(&self, key: &str, token: &Token) -> Result<(), UnlockError<LockerError>> {
+        self.0.unlock(key, token).await
+    }
+}
+
+/// What every guard of a process shares: an optional locker, the owner
+/// (tenant) and the key prefix (the original's `WithLocker` and
+/// `WithOwner`).
+///
+/// With no locker, every guard is a no-op: a single process behaves as if
+/// guard were not there, and replicas gain deduplication by injecting one.
+#[derive(Clone, Debug)]
+pub struct GuardConfig {
+    locker: Option<SharedLocker>,
+    owner: String,
+    prefix: String,
+}
+
+impl Default for GuardConfig {
+    fn default() -> Self {
+        GuardConfig {
+            locker: None,
+            owner: String::new(),
+            prefix: DEFAULT_PREFIX.to_owned(),
+        }
+    }
+}
+
+impl GuardConfig {
+    /// No locker, no owner, the default prefix.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Injects the locker every guard uses.
+    pub fn with_locker(mut self, locker: SharedLocker) -> Self {
+        self.locker = Some(locker);
+        self
+    }
+
+    /// The tenant: a segment of every scope, isolating tenants' keys.
+    pub fn with_owner(mut self, owner: impl Into<String>) -> Self {
+        self.owner = owner.into();
+        self
+    }
+
+    /// The key prefix (an environment namespace, e.g. `prod1:guard:`).
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The locker, if one is injected.
+    pub fn locker(&self) -> Option<&SharedLocker> {
+        self.locker.as_ref()
+    }
+
+    /// The owner.
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    /// The key prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// A scope for `component`, with this config's owner as its first
+    /// segment (skipped when empty). Add chain, router or instance
+    /// segments with [`Scope::segment`].
+    pub fn scope(&self, component: &str) -> Result<Scope, KeyError> {
+        Scope::new(component)?.segment("owner", &self.owner)
+    }
+}

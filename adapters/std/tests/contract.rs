@@ -1,0 +1,6 @@
+//! LocalLocker passes the Locker contract that every backend runs.
+
+#[test]
+fn local_locker_passes_the_locker_contract() {
+    guard_std::contract::run_all(&guard_std::LocalLocker::new(), "contract", 50);
+}
