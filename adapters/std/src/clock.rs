@@ -33,6 +33,17 @@ impl SystemClock {
     }
 }
 
+impl SystemClock {
+    /// The `std::time::Instant` of a reading of this clock (for timers);
+    /// a reading too far ahead to represent maps to the farthest instant.
+    pub fn to_std(&self, at: Instant) -> std::time::Instant {
+        let offset = std::time::Duration::from_nanos(at.as_nanos());
+        self.origin
+            .checked_add(offset)
+            .unwrap_or_else(|| self.origin + std::time::Duration::from_secs(100 * 365 * 86_400))
+    }
+}
+
 impl Default for SystemClock {
     fn default() -> Self {
         Self::new()

@@ -1,0 +1,298 @@
+//! Runs guard-core's `ActiveGuard` state machine on async-io timers.
+
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+use futures_lite::future;
+use guard_core::guard::{
+    Acquired, Action, ActiveConfig, ActiveConfigError, ActiveGuard, DemoteReason, Phase, Renewed,
+};
+use guard_core::lock::{KeyError, Locker, Renewal, Scope, Token, Ttl, active_key};
+use guard_std::{BoxFuture, Clock, GuardConfig, SharedLocker, SystemClock};
+
+use crate::control::{Control, Heard};
+
+/// The original's timeout for the release of a lease.
+pub const DEFAULT_RELEASE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// An [`ActiveRunner`] that cannot be built.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunnerError {
+    /// The lease key cannot be built.
+    Key(KeyError),
+    /// The timing cannot work.
+    Timing(ActiveConfigError),
+}
+
+impl fmt::Display for RunnerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RunnerError::Key(e) => write!(f, "active guard key: {e}"),
+            RunnerError::Timing(e) => write!(f, "active guard timing: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for RunnerError {}
+
+/// The result of the one backend operation in flight.
+enum Done {
+    Acquired(Acquired),
+    Renewed(Renewed),
+    Released(bool),
+}
+
+/// What woke the runner.
+enum Wake {
+    Done(Done),
+    Timeout,
+    Heard(Heard),
+    GiveUp,
+}
+
+/// One replica's single-active consumer for a scope.
+///
+/// [`run`](Self::run) calls `on_promoted(fence)` when this replica becomes
+/// the leader (an error there demotes and releases) and
+/// `on_demoted(reason)` when it must stop consuming: lease lost, renew
+/// deadline passed, explicit demotion, or stop. Each promotion gets at most
+/// one demotion. With no locker configured, `on_promoted(0)` is called
+/// once and `on_demoted` once at stop (if the promotion succeeded).
+///
+/// It makes no at-most-once promise for messages: it keeps concurrent
+/// consumption to one replica. For sources that deliver each message to
+/// one consumer already (consumer groups, shared subscriptions) use none.
+#[derive(Clone, Debug)]
+pub struct ActiveRunner {
+    config: GuardConfig,
+    key: String,
+    settings: ActiveConfig,
+    release_timeout: Duration,
+}
+
+impl ActiveRunner {
+    /// A runner for `scope` (key `<prefix>active:<scope>`) with the
+    /// default timing (15 s lease, 5 s interval).
+    pub fn new(config: &GuardConfig, scope: &Scope) -> Result<Self, RunnerError> {
+        let key = active_key(config.prefix(), scope).map_err(RunnerError::Key)?;
+        Ok(ActiveRunner {
+            config: config.clone(),
+            key: key.as_str().to_owned(),
+            settings: ActiveConfig::new(),
+            release_timeout: DEFAULT_RELEASE_TIMEOUT,
+        })
+    }
+
+    /// Lease timing; validated.
+    pub fn with_settings(mut self, settings: ActiveConfig) -> Result<Self, RunnerError> {
+        settings.validate().map_err(RunnerError::Timing)?;
+        self.settings = settings;
+        Ok(self)
+    }
+
+    /// How long a release (and a stop waiting on a backend call) may take.
+    pub fn with_release_timeout(mut self, timeout: Duration) -> Self {
+        self.release_timeout = timeout;
+        self
+    }
+
+    /// The lease key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// Runs until `control` stops it; see the type's documentation.
+    pub async fn run<P, PF, E, D, DF>(
+        &self,
+        control: Control,
+        mut on_promoted: P,
+        mut on_demoted: D,
+    ) where
+        P: FnMut(u64) -> PF,
+        PF: Future<Output = Result<(), E>>,
+        E: fmt::Display,
+        D: FnMut(DemoteReason) -> DF,
+        DF: Future<Output = ()>,
+    {
+        let Some(locker) = self.config.locker() else {
+            return self.run_unguarded(control, on_promoted, on_demoted).await;
+        };
+        let clock = SystemClock::new();
+        let ttl = self.settings.ttl();
+        let mut machine = match ActiveGuard::new(self.settings, locker.can_renew(), clock.now()) {
+            Ok(machine) => machine,
+            Err(e) => {
+                // Settings are validated when set; this cannot happen.
+                log::error!("active guard {}: {e}", self.key);
+                return;
+            }
+        };
+        let mut in_flight: Option<BoxFuture<'_, Done>> = None;
+        let mut stop_heard = false;
+        let mut give_up_at: Option<std::time::Instant> = None;
+        loop {
+            while let Some(action) = machine.poll_action() {
+                match action {
+                    Action::Acquire => in_flight = Some(Box::pin(acquire(locker, &self.key, ttl))),
+                    Action::Renew(token) => {
+                        in_flight = Some(Box::pin(renew(locker, &self.key, token, ttl)));
+                    }
+                    Action::Release(token) => {
+                        in_flight = Some(Box::pin(release(
+                            locker,
+                            &self.key,
+                            token,
+                            self.release_timeout,
+                        )));
+                    }
+                    Action::Promote { fence } => {
+                        log::info!("active guard {} promoted (fence {fence})", self.key);
+                        if let Err(e) = on_promoted(fence).await {
+                            log::warn!("active guard {} activate: {e}", self.key);
+                            machine.handle_promote_failed(clock.now());
+                        }
+                    }
+                    Action::Demote(reason) => {
+                        log::info!("active guard {} demoted: {reason:?}", self.key);
+                        on_demoted(reason).await;
+                    }
+                }
+            }
+            if machine.phase() == Phase::Stopped {
+                return;
+            }
+            let wake = {
+                let op = async {
+                    match in_flight.as_mut() {
+                        Some(op) => Wake::Done(op.await),
+                        None => future::pending().await,
+                    }
+                };
+                let timeout = machine.poll_timeout().map(|at| clock.to_std(at));
+                let timer = async {
+                    let at = match (timeout, give_up_at) {
+                        (Some(t), Some(g)) => t.min(g),
+                        (t, g) => match t.or(g) {
+                            Some(at) => at,
+                            None => return future::pending().await,
+                        },
+                    };
+                    async_io::Timer::at(at).await;
+                    match give_up_at {
+                        Some(g) if std::time::Instant::now() >= g => Wake::GiveUp,
+                        _ => Wake::Timeout,
+                    }
+                };
+                let heard = async {
+                    if stop_heard {
+                        future::pending().await
+                    } else {
+                        Wake::Heard(control.heard().await)
+                    }
+                };
+                future::or(op, future::or(timer, heard)).await
+            };
+            let now = clock.now();
+            match wake {
+                Wake::Done(done) => {
+                    in_flight = None;
+                    match done {
+                        Done::Acquired(result) => machine.handle_acquired(now, result),
+                        Done::Renewed(result) => machine.handle_renewed(now, result),
+                        Done::Released(ok) => machine.handle_released(now, ok),
+                    }
+                }
+                Wake::Timeout => machine.handle_timeout(now),
+                Wake::Heard(Heard::Demote) => machine.demote(now),
+                Wake::Heard(Heard::Stop) => {
+                    stop_heard = true;
+                    give_up_at = Some(std::time::Instant::now() + self.release_timeout);
+                    machine.stop(now);
+                }
+                Wake::GiveUp => {
+                    log::warn!(
+                        "active guard {}: backend did not answer within {:?} of stop; the lease expires on its own",
+                        self.key,
+                        self.release_timeout
+                    );
+                    return;
+                }
+            }
+        }
+    }
+
+    async fn run_unguarded<P, PF, E, D, DF>(
+        &self,
+        control: Control,
+        mut on_promoted: P,
+        mut on_demoted: D,
+    ) where
+        P: FnMut(u64) -> PF,
+        PF: Future<Output = Result<(), E>>,
+        E: fmt::Display,
+        D: FnMut(DemoteReason) -> DF,
+        DF: Future<Output = ()>,
+    {
+        // A single process: it is the only candidate, always active.
+        let promoted = match on_promoted(0).await {
+            Ok(()) => true,
+            Err(e) => {
+                log::warn!("active guard {} activate: {e}", self.key);
+                false
+            }
+        };
+        while let Heard::Demote = control.heard().await {
+            log::info!(
+                "active guard {}: no locker, nobody to hand over to; staying active",
+                self.key
+            );
+        }
+        if promoted {
+            on_demoted(DemoteReason::Stopping).await;
+        }
+    }
+}
+
+async fn acquire(locker: &SharedLocker, key: &str, ttl: Ttl) -> Done {
+    Done::Acquired(match locker.try_lock(key, ttl).await {
+        Ok(Some(token)) => Acquired::Granted(token),
+        Ok(None) => Acquired::Held,
+        Err(e) => {
+            log::warn!("active guard {key} try lock: {e}");
+            Acquired::Failed
+        }
+    })
+}
+
+async fn renew(locker: &SharedLocker, key: &str, token: Token, ttl: Ttl) -> Done {
+    Done::Renewed(match locker.renew(key, &token, ttl).await {
+        Ok(Renewal::Held) => Renewed::Held,
+        Ok(Renewal::Lost) => {
+            log::warn!("active guard {key} lost lease, demote");
+            Renewed::Lost
+        }
+        Err(e) => {
+            log::warn!("active guard {key} renew: {e}");
+            Renewed::Failed
+        }
+    })
+}
+
+async fn release(locker: &SharedLocker, key: &str, token: Token, timeout: Duration) -> Done {
+    let unlock = async {
+        match locker.unlock(key, &token).await {
+            Ok(()) => true,
+            Err(e) => {
+                log::warn!("active guard {key} release: {e}");
+                false
+            }
+        }
+    };
+    let late = async {
+        async_io::Timer::after(timeout).await;
+        log::warn!("active guard {key} release timed out after {timeout:?}");
+        false
+    };
+    Done::Released(future::or(unlock, late).await)
+}

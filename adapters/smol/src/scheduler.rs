@@ -1,0 +1,259 @@
+//! Scheduled jobs, each planned slot executed once across replicas.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use futures_lite::future;
+use guard_core::guard::{OnceEvent, OnceGuard, OnceOutcome};
+use guard_core::lock::{KeyError, Scope, Ttl};
+use guard_core::slot::{Schedule, SlotTimer, UnixMillis};
+use guard_std::{Clock, GuardConfig, SystemClock};
+
+use crate::control::{Control, Heard};
+
+/// The scope component of scheduled jobs.
+pub const SCHEDULE_COMPONENT: &str = "schedule";
+
+/// How long a claimed slot is kept by default (the original's one hour).
+/// It must exceed the longest run of a job and the clock skew between
+/// replicas.
+pub const DEFAULT_SLOT_TTL: Duration = Duration::from_secs(3600);
+
+/// One execution of a job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct JobRun {
+    /// The planned slot (wall clock, UTC), the same on every replica.
+    pub slot: UnixMillis,
+    /// The fence of the claim, to pass to the resources the job touches;
+    /// `None` without a locker (a single process) or when allowed on a
+    /// backend error under fail-open.
+    pub fence: Option<u64>,
+}
+
+/// A job that cannot be added.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ScheduleError {
+    /// Every job needs a router id: it is part of the dedup key. (The
+    /// original fell back to the cron text, so two id-less routers with
+    /// the same expression suppressed each other.)
+    MissingRouterId,
+    /// Two jobs of one scheduler would share a dedup key.
+    DuplicateRouterId(String),
+    /// The scope or key cannot be built.
+    Key(KeyError),
+}
+
+impl fmt::Display for ScheduleError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ScheduleError::MissingRouterId => f.write_str(
+                "a scheduled job needs a non-empty router id (it is part of the dedup key)",
+            ),
+            ScheduleError::DuplicateRouterId(id) => {
+                write!(f, "router id {id:?} is already scheduled in this chain")
+            }
+            ScheduleError::Key(e) => write!(f, "scheduled job key: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ScheduleError {}
+
+type JobFn = Box<dyn FnMut(JobRun) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
+
+/// A schedule behind a pointer.
+struct DynSchedule(Box<dyn Schedule + Send>);
+
+impl Schedule for DynSchedule {
+    fn next_after(&self, t: UnixMillis) -> Option<UnixMillis> {
+        self.0.next_after(t)
+    }
+
+    fn latest_between(&self, from: UnixMillis, now: UnixMillis) -> UnixMillis {
+        self.0.latest_between(from, now)
+    }
+}
+
+struct Job {
+    name: String,
+    scope: Scope,
+    schedule: DynSchedule,
+    run: JobFn,
+}
+
+/// Runs jobs on schedules (epoch-aligned [`guard_core::slot::Every`] or a
+/// cron [`guard_std::CronSchedule`]); every replica computes the same
+/// planned slot, and a `OnceGuard` keyed by
+/// `scope(schedule, owner, chain, router) + slot` lets one replica run it.
+///
+/// - A timer that fires early still runs its planned slot; a replica that
+///   falls behind skips stale slots and runs only the newest.
+/// - One job's runs never overlap on one replica.
+/// - Replica clocks must agree to within one period: beyond that they
+///   compute different slots and may both run.
+pub struct Scheduler {
+    config: GuardConfig,
+    slot_ttl: Ttl,
+    jobs: Vec<Job>,
+    keys: HashSet<String>,
+}
+
+impl fmt::Debug for Scheduler {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Scheduler")
+            .field(
+                "jobs",
+                &self
+                    .jobs
+                    .iter()
+                    .map(|j| j.name.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+impl Scheduler {
+    /// A scheduler using `config`'s locker, owner and prefix.
+    pub fn new(config: GuardConfig) -> Self {
+        Scheduler {
+            config,
+            slot_ttl: Ttl::new(DEFAULT_SLOT_TTL).unwrap_or(Ttl::MIN),
+            jobs: Vec::new(),
+            keys: HashSet::new(),
+        }
+    }
+
+    /// How long a claimed slot is kept.
+    pub fn with_slot_ttl(mut self, ttl: Ttl) -> Self {
+        self.slot_ttl = ttl;
+        self
+    }
+
+    /// Adds `job` on `schedule` for router `router_id` in `chain` (may be
+    /// empty).
+    pub fn add_job<S, F, Fut>(
+        &mut self,
+        router_id: &str,
+        chain: &str,
+        schedule: S,
+        mut job: F,
+    ) -> Result<(), ScheduleError>
+    where
+        S: Schedule + Send + 'static,
+        F: FnMut(JobRun) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        if router_id.is_empty() {
+            return Err(ScheduleError::MissingRouterId);
+        }
+        let scope = self
+            .config
+            .scope(SCHEDULE_COMPONENT)
+            .and_then(|s| s.segment("chain", chain))
+            .and_then(|s| s.segment("router", router_id))
+            .map_err(ScheduleError::Key)?;
+        if !self.keys.insert(scope.as_str().to_owned()) {
+            return Err(ScheduleError::DuplicateRouterId(router_id.to_owned()));
+        }
+        self.jobs.push(Job {
+            name: router_id.to_owned(),
+            scope,
+            schedule: DynSchedule(Box::new(schedule)),
+            run: Box::new(move |run| Box::pin(job(run))),
+        });
+        Ok(())
+    }
+
+    /// Runs every job until `control` stops the scheduler.
+    pub async fn run(self, control: Control) {
+        let executor = async_executor::Executor::new();
+        let tasks: Vec<_> = self
+            .jobs
+            .into_iter()
+            .map(|job| {
+                executor.spawn(run_job(
+                    job,
+                    self.config.clone(),
+                    self.slot_ttl,
+                    control.clone(),
+                ))
+            })
+            .collect();
+        executor
+            .run(async {
+                for task in tasks {
+                    task.await;
+                }
+            })
+            .await;
+    }
+}
+
+fn log_outcome(event: &OnceEvent<'_>) {
+    match (event.outcome, event.error) {
+        (OnceOutcome::SkippedOnError, Some(e)) => {
+            log::warn!(
+                "once guard {} key={} backend error, skip action: {e}",
+                event.scope,
+                event.key
+            );
+        }
+        (OnceOutcome::AllowedOnError, Some(e)) => log::warn!(
+            "once guard {} key={} backend error, fail-open proceed: {e}",
+            event.scope,
+            event.key
+        ),
+        (OnceOutcome::AlreadyClaimed, _) => log::info!(
+            "once guard {} key={} already executed by another holder, skip",
+            event.scope,
+            event.key
+        ),
+        (outcome, _) => log::debug!(
+            "once guard {} key={} {}",
+            event.scope,
+            event.key,
+            outcome.name()
+        ),
+    }
+}
+
+async fn run_job(mut job: Job, config: GuardConfig, ttl: Ttl, control: Control) {
+    let clock = SystemClock::new();
+    let guard = OnceGuard::new(config.locker(), job.scope.clone())
+        .with_ttl(ttl)
+        .with_prefix(config.prefix())
+        .with_observer(log_outcome);
+    let mut timer = SlotTimer::new(job.schedule, clock.wall());
+    while let Some(next) = timer.next_fire() {
+        let wait = next.saturating_duration_since(clock.wall());
+        let stop = async {
+            while let Heard::Demote = control.heard().await {}
+            true
+        };
+        let due = async {
+            async_io::Timer::after(wait).await;
+            false
+        };
+        if control.is_stopped() || future::or(stop, due).await {
+            break;
+        }
+        let Some(slot) = timer.fire(clock.wall()) else {
+            break;
+        };
+        match guard.allow(&slot.as_millis().to_string()).await {
+            Ok(outcome) if outcome.is_allowed() => {
+                (job.run)(JobRun {
+                    slot,
+                    fence: outcome.fence(),
+                })
+                .await;
+            }
+            Ok(_) => {}
+            Err(e) => log::error!("scheduled job {}: {e}", job.name),
+        }
+    }
+}
