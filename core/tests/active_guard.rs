@@ -155,6 +155,27 @@ fn a_leader_whose_renewals_never_answer_demotes_before_the_ttl() {
 }
 
 #[test]
+fn the_deadline_runs_from_the_send_time_of_the_last_successful_renewal() {
+    let mut g = leader(true);
+    let good_send = T0 + Duration::from_secs(5);
+    g.handle_timeout(good_send);
+    actions(&mut g);
+    // The answer comes back late but in time: the deadline counts from the
+    // send, not from the answer.
+    g.handle_renewed(good_send + ms(900), Renewed::Held);
+    g.handle_timeout(T0 + Duration::from_secs(10));
+    assert_eq!(actions(&mut g), [Action::Renew(token(7))]);
+    // This renewal never answers.
+    assert_eq!(g.poll_timeout(), Some(good_send + ms(13_500)));
+    g.handle_timeout(good_send + ms(13_500));
+    assert_eq!(
+        actions(&mut g),
+        [Action::Demote(DemoteReason::RenewDeadline)]
+    );
+    assert!(good_send + ms(13_500) < good_send + Duration::from_secs(15));
+}
+
+#[test]
 fn a_grant_too_late_to_act_on_is_released_not_promoted() {
     let mut g = ActiveGuard::new(ActiveConfig::new(), true, T0).unwrap();
     g.handle_timeout(T0);
