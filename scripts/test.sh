@@ -49,6 +49,9 @@ for target in "${targets[@]}"; do
     done
 done
 
+step "the main job: three replicas, every slot once (exit 1 on a duplicate)"
+cargo run --release --locked -p guard-smol --example replicas -- 4
+
 step "benchmarks run"
 if [ "${GUARD_BENCH:-0}" = "1" ]; then
     cargo bench -p guard-benches --locked --bench limiters

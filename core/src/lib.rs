@@ -40,11 +40,6 @@
     )
 )]
 
-/// The README's examples, compiled and run as doctests.
-#[doc = include_str!("../../README.md")]
-#[cfg(doctest)]
-pub struct ReadmeDoctests;
-
 pub mod dedup;
 pub mod dlq;
 pub mod failure;

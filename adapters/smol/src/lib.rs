@@ -31,6 +31,11 @@
 //! # });
 //! ```
 
+/// The README's examples, compiled and run as doctests.
+#[doc = include_str!("../../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
+
 mod active;
 mod control;
 mod delay;
