@@ -4,7 +4,6 @@ use std::collections::HashSet;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::time::Duration;
 
 use futures_lite::future;
 use guard_core::guard::{OnceEvent, OnceGuard, OnceOutcome};
@@ -16,11 +15,6 @@ use crate::control::{Control, Heard};
 
 /// The scope component of scheduled jobs.
 pub const SCHEDULE_COMPONENT: &str = "schedule";
-
-/// How long a claimed slot is kept by default (the original's one hour).
-/// It must exceed the longest run of a job and the clock skew between
-/// replicas.
-pub const DEFAULT_SLOT_TTL: Duration = Duration::from_secs(3600);
 
 /// One execution of a job.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,7 +90,8 @@ struct Job {
 ///   compute different slots and may both run.
 pub struct Scheduler {
     config: GuardConfig,
-    slot_ttl: Ttl,
+    /// `None`: the once-guard default, one hour.
+    slot_ttl: Option<Ttl>,
     jobs: Vec<Job>,
     keys: HashSet<String>,
 }
@@ -121,15 +116,17 @@ impl Scheduler {
     pub fn new(config: GuardConfig) -> Self {
         Scheduler {
             config,
-            slot_ttl: Ttl::new(DEFAULT_SLOT_TTL).unwrap_or(Ttl::MIN),
+            slot_ttl: None,
             jobs: Vec::new(),
             keys: HashSet::new(),
         }
     }
 
-    /// How long a claimed slot is kept.
+    /// How long a claimed slot is kept (default one hour, as the original).
+    /// It must exceed the longest run of a job and the clock skew between
+    /// replicas; a shorter one keeps fewer keys in the backend.
     pub fn with_slot_ttl(mut self, ttl: Ttl) -> Self {
-        self.slot_ttl = ttl;
+        self.slot_ttl = Some(ttl);
         self
     }
 
@@ -221,12 +218,13 @@ fn log_outcome(event: &OnceEvent<'_>) {
     }
 }
 
-async fn run_job(mut job: Job, config: GuardConfig, ttl: Ttl, control: Control) {
+async fn run_job(mut job: Job, config: GuardConfig, ttl: Option<Ttl>, control: Control) {
     let clock = SystemClock::new();
-    let guard = OnceGuard::new(config.locker(), job.scope.clone())
-        .with_ttl(ttl)
-        .with_prefix(config.prefix())
-        .with_observer(log_outcome);
+    let mut guard = OnceGuard::new(config.locker(), job.scope.clone()).with_prefix(config.prefix());
+    if let Some(ttl) = ttl {
+        guard = guard.with_ttl(ttl);
+    }
+    let guard = guard.with_observer(log_outcome);
     let mut timer = SlotTimer::new(job.schedule, clock.wall());
     while let Some(next) = timer.next_fire() {
         let wait = next.saturating_duration_since(clock.wall());

@@ -252,16 +252,19 @@ impl DynLocker for Wrapped {
         }
         DynLocker::unlock(&self.inner, key, token)
     }
+    fn can_renew(&self) -> bool {
+        !matches!(self.renew, RenewMode::Unsupported)
+    }
     fn renew<'a>(
         &'a self,
         _: &'a str,
         _: &'a Token,
         _: Ttl,
-    ) -> Option<BoxFuture<'a, Result<Renewal, LockerError>>> {
+    ) -> BoxFuture<'a, Result<Renewal, LockerError>> {
         match self.renew {
-            RenewMode::Unsupported => None,
-            RenewMode::AlwaysLost => Some(Box::pin(async { Ok(Renewal::Lost) })),
-            RenewMode::NeverAnswers => Some(Box::pin(futures_lite::future::pending())),
+            RenewMode::Unsupported => unreachable!("never called when can_renew is false"),
+            RenewMode::AlwaysLost => Box::pin(async { Ok(Renewal::Lost) }),
+            RenewMode::NeverAnswers => Box::pin(futures_lite::future::pending()),
         }
     }
 }

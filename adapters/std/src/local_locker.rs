@@ -179,8 +179,7 @@ impl<C: Clock + 'static> DynLocker for LocalLocker<C> {
         key: &'a str,
         ttl: Ttl,
     ) -> BoxFuture<'a, Result<Option<Token>, LockerError>> {
-        let token = self.try_lock_now(key, ttl);
-        Box::pin(std::future::ready(Ok(token)))
+        Box::pin(async move { Ok(self.try_lock_now(key, ttl)) })
     }
 
     fn unlock<'a>(
@@ -188,10 +187,14 @@ impl<C: Clock + 'static> DynLocker for LocalLocker<C> {
         key: &'a str,
         token: &'a Token,
     ) -> BoxFuture<'a, Result<(), UnlockError<LockerError>>> {
-        let result = self
-            .unlock_now(key, token)
-            .map_err(|_| UnlockError::NotHeld);
-        Box::pin(std::future::ready(result))
+        Box::pin(async move {
+            self.unlock_now(key, token)
+                .map_err(|_| UnlockError::NotHeld)
+        })
+    }
+
+    fn can_renew(&self) -> bool {
+        true
     }
 
     fn renew<'a>(
@@ -199,8 +202,7 @@ impl<C: Clock + 'static> DynLocker for LocalLocker<C> {
         key: &'a str,
         token: &'a Token,
         ttl: Ttl,
-    ) -> Option<BoxFuture<'a, Result<Renewal, LockerError>>> {
-        let renewal = self.renew_now(key, token, ttl);
-        Some(Box::pin(std::future::ready(Ok(renewal))))
+    ) -> BoxFuture<'a, Result<Renewal, LockerError>> {
+        Box::pin(async move { Ok(self.renew_now(key, token, ttl)) })
     }
 }

@@ -38,10 +38,10 @@ impl std::error::Error for LockerError {
 /// backend implements it for its concrete type (whose futures are known to
 /// be `Send`); [`SharedLocker`] is the handle servers pass around.
 ///
-/// [`renew`](Self::renew) returns `None` when the backend cannot renew in
-/// place: renewal is a capability that is asked for, never assumed (the
-/// original's prefix wrapper claimed it for every locker and made leaders
-/// of renew-less lockers flap on every tick).
+/// [`can_renew`](Self::can_renew) has no default: renewal is a capability
+/// each backend states, never assumed (the original's prefix wrapper
+/// claimed it for every locker and made leaders of renew-less lockers flap
+/// on every tick). Futures do their work when polled, not when created.
 pub trait DynLocker: Send + Sync {
     /// [`Locker::try_lock`].
     fn try_lock<'a>(
@@ -57,14 +57,17 @@ pub trait DynLocker: Send + Sync {
         token: &'a Token,
     ) -> BoxFuture<'a, Result<(), UnlockError<LockerError>>>;
 
-    /// [`guard_core::lock::LeaseRenewer::renew`], or `None` if the backend
-    /// cannot renew.
+    /// Whether [`renew`](Self::renew) extends a lease in place.
+    fn can_renew(&self) -> bool;
+
+    /// [`guard_core::lock::LeaseRenewer::renew`]; called only when
+    /// [`can_renew`](Self::can_renew) is true.
     fn renew<'a>(
         &'a self,
         key: &'a str,
         token: &'a Token,
         ttl: Ttl,
-    ) -> Option<BoxFuture<'a, Result<Renewal, LockerError>>>;
+    ) -> BoxFuture<'a, Result<Renewal, LockerError>>;
 }
 
 /// A cheaply cloned handle to one locker, shared by every guard of a
@@ -108,18 +111,15 @@ impl SharedLocker {
 
     /// Whether the backend renews in place.
     pub fn can_renew(&self) -> bool {
-        // Asking costs nothing: `renew` only builds a future when supported,
-        // and this one is dropped unpolled.
-        let probe = Token::new(guard_core::lock::TokenId([0; 16]), 0);
-        self.0.renew("", &probe, Ttl::MIN).is_some()
+        self.0.can_renew()
     }
 
     /// Renews `key` if the backend can; an error says it cannot.
     pub async fn renew(&self, key: &str, token: &Token, ttl: Ttl) -> Result<Renewal, LockerError> {
-        match self.0.renew(key, token, ttl) {
-            Some(renewal) => renewal.await,
-            None => Err(LockerError::new(RenewUnsupported)),
+        if !self.0.can_renew() {
+            return Err(LockerError::new(RenewUnsupported));
         }
+        self.0.renew(key, token, ttl).await
     }
 }
 

@@ -43,13 +43,16 @@ impl DynLocker for NoRenew {
     ) -> BoxFuture<'a, Result<(), UnlockError<LockerError>>> {
         DynLocker::unlock(&self.0, key, token)
     }
+    fn can_renew(&self) -> bool {
+        false
+    }
     fn renew<'a>(
         &'a self,
         _: &'a str,
         _: &'a Token,
         _: Ttl,
-    ) -> Option<BoxFuture<'a, Result<Renewal, LockerError>>> {
-        None
+    ) -> BoxFuture<'a, Result<Renewal, LockerError>> {
+        unreachable!("renew is never called on a locker that cannot renew")
     }
 }
 
