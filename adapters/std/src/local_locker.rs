@@ -1,9 +1,7 @@
 //! An in-process locker with fencing.
 
 use std::collections::HashMap;
-use std::collections::hash_map::RandomState;
 use std::convert::Infallible;
-use std::hash::BuildHasher;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -12,6 +10,7 @@ use guard_core::time::Instant;
 
 use crate::clock::{Clock, SystemClock};
 use crate::shared::{BoxFuture, DynLocker, LockerError};
+use crate::token_ids::TokenIds;
 
 /// How often expired keys are swept (the original's one minute).
 pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
@@ -29,9 +28,6 @@ struct State {
     /// The last fence granted. One counter for every key: it strictly
     /// increases per key too, and survives the sweep of expired keys.
     last_fence: u64,
-    /// Token ids: 16 bytes from a randomly seeded hasher over a counter,
-    /// unique within the process and not guessable from outside it.
-    ids: RandomState,
 }
 
 /// A [`Locker`](guard_core::lock::Locker) and lease renewer inside one
@@ -49,6 +45,7 @@ struct State {
 #[derive(Debug)]
 pub struct LocalLocker<C: Clock = SystemClock> {
     state: Mutex<State>,
+    ids: TokenIds,
     clock: C,
     sweep_interval: Duration,
 }
@@ -70,11 +67,11 @@ impl<C: Clock> LocalLocker<C> {
     /// A locker on `clock`.
     pub fn with_clock(clock: C) -> Self {
         LocalLocker {
+            ids: TokenIds::new(),
             state: Mutex::new(State {
                 held: HashMap::new(),
                 last_sweep: None,
                 last_fence: 0,
-                ids: RandomState::new(),
             }),
             clock,
             sweep_interval: DEFAULT_SWEEP_INTERVAL,
@@ -114,7 +111,7 @@ impl<C: Clock> LocalLocker<C> {
         }
         state.last_fence = state.last_fence.saturating_add(1);
         let fence = state.last_fence;
-        let id = token_id(&state.ids, fence);
+        let id = self.ids.next_id();
         let expires_at = now.saturating_add(ttl.as_duration());
         state.held.insert(key.to_owned(), Held { id, expires_at });
         Some(Token::new(id, fence))
@@ -144,15 +141,6 @@ impl<C: Clock> LocalLocker<C> {
             _ => Renewal::Lost,
         }
     }
-}
-
-fn token_id(ids: &RandomState, fence: u64) -> TokenId {
-    let hi = ids.hash_one((fence, 0u8)).to_le_bytes();
-    let lo = ids.hash_one((fence, 1u8)).to_le_bytes();
-    let mut id = [0u8; 16];
-    id[..8].copy_from_slice(&hi);
-    id[8..].copy_from_slice(&lo);
-    TokenId(id)
 }
 
 impl<C: Clock> Locker for LocalLocker<C> {

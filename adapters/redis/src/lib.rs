@@ -1,0 +1,35 @@
+//! guard-redis: Redis backends for guard, on the `redis` crate under smol.
+//!
+//! - [`RedisLocker`]: `Locker` + `LeaseRenewer` with fencing: one script
+//!   takes the lock (`SET NX PX`) and increments a fence counter in the
+//!   same hash slot; unlock is compare-and-delete, renew
+//!   compare-and-`PEXPIRE`.
+//! - [`RedisConnection`]: standalone, sentinel or cluster, every request
+//!   bounded by a timeout the caller sets.
+//!
+//! Feature `testkit` starts real `redis-server` processes for tests.
+//!
+//! ```no_run
+//! # smol::block_on(async {
+//! use std::time::Duration;
+//! use guard_redis::{RedisConnection, RedisLocker, Topology};
+//! use guard_std::{GuardConfig, SharedLocker};
+//!
+//! let conn = RedisConnection::connect(
+//!     Topology::Standalone { url: "redis://127.0.0.1:6379/".into() },
+//!     Duration::from_millis(500),
+//! ).await?;
+//! let config = GuardConfig::new().with_locker(SharedLocker::new(RedisLocker::new(conn)));
+//! # Ok::<(), guard_redis::RedisGuardError>(())
+//! # });
+//! ```
+
+mod connection;
+mod error;
+mod locker;
+#[cfg(feature = "testkit")]
+pub mod testkit;
+
+pub use connection::{RedisConnection, Topology};
+pub use error::RedisGuardError;
+pub use locker::{RedisLocker, lock_keys};

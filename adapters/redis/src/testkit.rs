@@ -1,0 +1,342 @@
+//! Real Redis servers for tests (feature `testkit`).
+//!
+//! Each server is a `redis-server` child process on a free 127.0.0.1 port,
+//! with no persistence and its own temporary directory, stopped by PID
+//! when dropped (also when a test panics). Nothing here touches a server
+//! this machine may already run.
+//!
+//! A missing binary is an error naming the Debian package to install.
+
+use std::fmt;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// Why a test server could not be started.
+#[derive(Debug)]
+pub enum HarnessError {
+    /// A binary is not installed.
+    MissingBinary {
+        /// The binary.
+        binary: &'static str,
+        /// The Debian package that provides it.
+        package: &'static str,
+    },
+    /// Starting or talking to a process failed.
+    Io(std::io::Error),
+    /// A server did not become ready in time.
+    NotReady(String),
+}
+
+impl fmt::Display for HarnessError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HarnessError::MissingBinary { binary, package } => write!(
+                f,
+                "`{binary}` was not found: install the Debian package `{package}` (apt-get install {package}); the test script does this"
+            ),
+            HarnessError::Io(e) => write!(f, "test server: {e}"),
+            HarnessError::NotReady(what) => write!(f, "test server not ready: {what}"),
+        }
+    }
+}
+
+impl std::error::Error for HarnessError {}
+
+impl From<std::io::Error> for HarnessError {
+    fn from(e: std::io::Error) -> Self {
+        HarnessError::Io(e)
+    }
+}
+
+fn binary(name: &'static str, package: &'static str) -> Result<PathBuf, HarnessError> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
+        .ok_or(HarnessError::MissingBinary {
+            binary: name,
+            package,
+        })
+}
+
+/// A port nobody listens on right now.
+pub fn free_port() -> Result<u16, HarnessError> {
+    Ok(TcpListener::bind(("127.0.0.1", 0))?.local_addr()?.port())
+}
+
+/// Sends one inline command and reads one reply line (enough for PING,
+/// INFO fields, CLUSTER INFO and SENTINEL queries in the harness).
+fn command(port: u16, cmd: &str) -> std::io::Result<String> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+    stream.write_all(format!("{cmd}\r\n").as_bytes())?;
+    let mut reader = BufReader::new(stream);
+    let mut first = String::new();
+    reader.read_line(&mut first)?;
+    if let Some(len) = first.strip_prefix('$') {
+        // A bulk string: read its body.
+        let len: i64 = len.trim().parse().unwrap_or(-1);
+        if len < 0 {
+            return Ok(String::new());
+        }
+        let mut body = vec![0u8; usize::try_from(len).unwrap_or(0) + 2];
+        reader.read_exact(&mut body)?;
+        return Ok(String::from_utf8_lossy(&body).into_owned());
+    }
+    Ok(first)
+}
+
+fn wait_until(
+    what: &str,
+    timeout: Duration,
+    mut ready: impl FnMut() -> bool,
+) -> Result<(), HarnessError> {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if ready() {
+            return Ok(());
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    Err(HarnessError::NotReady(what.to_owned()))
+}
+
+/// One `redis-server` process.
+pub struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+    dir: tempfile::TempDir,
+    extra: Vec<String>,
+}
+
+impl fmt::Debug for RedisServer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisServer")
+            .field("port", &self.port)
+            .finish()
+    }
+}
+
+impl RedisServer {
+    /// A standalone server.
+    pub fn start() -> Result<Self, HarnessError> {
+        Self::start_with(&[])
+    }
+
+    /// A server with extra `--option value` arguments.
+    pub fn start_with(extra: &[&str]) -> Result<Self, HarnessError> {
+        let mut server = RedisServer {
+            child: None,
+            port: free_port()?,
+            dir: tempfile::tempdir()?,
+            extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+        };
+        server.launch()?;
+        Ok(server)
+    }
+
+    fn launch(&mut self) -> Result<(), HarnessError> {
+        let redis = binary("redis-server", "redis-server")?;
+        let child = Command::new(redis)
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .args(&self.extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        self.child = Some(child);
+        let port = self.port;
+        wait_until(
+            &format!("redis-server on port {port}"),
+            Duration::from_secs(10),
+            || command(port, "PING").is_ok_and(|r| r.starts_with("+PONG")),
+        )
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:<port>/`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// The server's temporary directory.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Stops the process (by PID) and waits for it.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port (its data is gone).
+    pub fn restart(&mut self) -> Result<(), HarnessError> {
+        self.stop();
+        self.launch()
+    }
+
+    /// Runs one inline command and returns the first reply line.
+    pub fn command(&self, cmd: &str) -> Result<String, HarnessError> {
+        Ok(command(self.port, cmd)?)
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A Redis Cluster of three masters (no replicas), created with
+/// `redis-cli --cluster create`.
+#[derive(Debug)]
+pub struct RedisCluster {
+    nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Starts three cluster-enabled servers and joins them.
+    pub fn start() -> Result<Self, HarnessError> {
+        let cli = binary("redis-cli", "redis-tools")?;
+        let nodes = (0..3)
+            .map(|_| {
+                RedisServer::start_with(&[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "2000",
+                ])
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect();
+        let status = Command::new(cli)
+            .args(["--cluster", "create"])
+            .args(&addresses)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()?;
+        if !status.success() {
+            return Err(HarnessError::NotReady(format!(
+                "redis-cli --cluster create exited with {status}"
+            )));
+        }
+        for node in &nodes {
+            let port = node.port();
+            wait_until("cluster_state:ok", Duration::from_secs(15), || {
+                command(port, "CLUSTER INFO").is_ok_and(|info| info.contains("cluster_state:ok"))
+            })?;
+        }
+        Ok(RedisCluster { nodes })
+    }
+
+    /// The nodes' URLs.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// The nodes.
+    pub fn nodes(&self) -> &[RedisServer] {
+        &self.nodes
+    }
+}
+
+/// A master monitored by one sentinel (quorum 1), service name `mymaster`.
+#[derive(Debug)]
+pub struct RedisSentinel {
+    master: RedisServer,
+    sentinel: RedisServer,
+}
+
+/// The service name the sentinel monitors.
+pub const SENTINEL_SERVICE: &str = "mymaster";
+
+impl RedisSentinel {
+    /// Starts a master and a sentinel watching it.
+    pub fn start() -> Result<Self, HarnessError> {
+        let master = RedisServer::start()?;
+        let dir = tempfile::tempdir()?;
+        let config = dir.path().join("sentinel.conf");
+        std::fs::write(
+            &config,
+            format!(
+                "sentinel monitor {SENTINEL_SERVICE} 127.0.0.1 {} 1\nsentinel down-after-milliseconds {SENTINEL_SERVICE} 1000\n",
+                master.port()
+            ),
+        )?;
+        let config = config.to_string_lossy().into_owned();
+        // The sentinel is redis-server in sentinel mode; it rewrites its
+        // config file, which lives in its own temporary directory.
+        let mut sentinel = RedisServer {
+            child: None,
+            port: free_port()?,
+            dir,
+            extra: vec![],
+        };
+        sentinel.launch_sentinel(&config)?;
+        let port = sentinel.port();
+        wait_until("sentinel knows the master", Duration::from_secs(10), || {
+            command(
+                port,
+                &format!("SENTINEL get-master-addr-by-name {SENTINEL_SERVICE}"),
+            )
+            .is_ok_and(|r| r.starts_with('*'))
+        })?;
+        Ok(RedisSentinel { master, sentinel })
+    }
+
+    /// The sentinel's URL.
+    pub fn sentinel_url(&self) -> String {
+        self.sentinel.url()
+    }
+
+    /// The master.
+    pub fn master(&self) -> &RedisServer {
+        &self.master
+    }
+}
+
+impl RedisServer {
+    fn launch_sentinel(&mut self, config: &str) -> Result<(), HarnessError> {
+        let redis = binary("redis-server", "redis-server")?;
+        let child = Command::new(redis)
+            .arg(config)
+            .arg("--sentinel")
+            .args([
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--protected-mode",
+                "no",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        self.child = Some(child);
+        let port = self.port;
+        wait_until(
+            &format!("sentinel on port {port}"),
+            Duration::from_secs(10),
+            || command(port, "PING").is_ok_and(|r| r.starts_with("+PONG")),
+        )
+    }
+}

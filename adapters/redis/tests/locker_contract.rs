@@ -1,0 +1,120 @@
+//! RedisLocker passes the same Locker contract as LocalLocker, on a real
+//! standalone server, a 3-master cluster and a sentinel set-up.
+
+use std::time::Duration;
+
+use guard_redis::testkit::{RedisCluster, RedisSentinel, RedisServer, SENTINEL_SERVICE};
+use guard_redis::{RedisConnection, RedisLocker, Topology, lock_keys};
+
+const TIMEOUT: Duration = Duration::from_secs(2);
+
+fn connect(topology: Topology) -> RedisLocker {
+    RedisLocker::new(smol::block_on(RedisConnection::connect(topology, TIMEOUT)).expect("connect"))
+}
+
+#[test]
+fn standalone_passes_the_locker_contract() {
+    let server = RedisServer::start().expect("redis-server");
+    let locker = connect(Topology::Standalone { url: server.url() });
+    guard_std::contract::run_all(&locker, "guard:test:standalone", 20);
+}
+
+#[test]
+fn cluster_passes_the_locker_contract_without_crossslot_errors() {
+    let cluster = RedisCluster::start().expect("redis cluster");
+    let locker = connect(Topology::Cluster {
+        nodes: cluster.urls(),
+    });
+    // Keys spread over many slots; each lock and its fence share one.
+    for i in 0..20 {
+        guard_std::contract::exclusivity(&locker, &format!("guard:once:job{i}:slot"));
+    }
+    guard_std::contract::run_all(&locker, "guard:test:cluster", 20);
+    let (lock, fence) = lock_keys("", "guard:once:schedule:router=r1:1767225600000").unwrap();
+    let node = &cluster.nodes()[0];
+    let slot_of = |k: &str| node.command(&format!("CLUSTER KEYSLOT {k}")).unwrap();
+    assert_eq!(
+        slot_of(&lock),
+        slot_of(&fence),
+        "{lock} and {fence} share a slot"
+    );
+}
+
+#[test]
+fn sentinel_passes_the_locker_contract() {
+    let sentinel = RedisSentinel::start().expect("redis sentinel");
+    let locker = connect(Topology::Sentinel {
+        sentinels: vec![sentinel.sentinel_url()],
+        service: SENTINEL_SERVICE.into(),
+    });
+    guard_std::contract::run_all(&locker, "guard:test:sentinel", 20);
+}
+
+#[test]
+fn the_key_layout_is_as_documented() {
+    assert_eq!(
+        lock_keys("", "guard:once:schedule:owner=t1:router=r1:1767225600000").unwrap(),
+        (
+            "{guard:once:schedule:owner=t1:router=r1}:1767225600000".to_string(),
+            "fence:{guard:once:schedule:owner=t1:router=r1}".to_string()
+        )
+    );
+    assert_eq!(
+        lock_keys("prod1:", "plain").unwrap(),
+        (
+            "prod1:{plain}".to_string(),
+            "prod1:fence:{plain}".to_string()
+        )
+    );
+    assert_eq!(
+        lock_keys("", ":x").unwrap().0,
+        "{:x}",
+        "an empty domain is not a hash tag"
+    );
+    assert!(
+        lock_keys("", "")
+            .unwrap_err()
+            .to_string()
+            .contains("must not be empty")
+    );
+}
+
+#[test]
+fn a_prefix_namespaces_environments() {
+    let server = RedisServer::start().expect("redis-server");
+    let url = server.url();
+    let prod = connect(Topology::Standalone { url: url.clone() }).with_prefix("prod1");
+    let staging = connect(Topology::Standalone { url }).with_prefix("staging:");
+    let ttl = guard_core::lock::Ttl::from_secs(10).unwrap();
+    use guard_core::lock::Locker;
+    assert!(
+        smol::block_on(prod.try_lock("guard:once:s:1", ttl))
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        smol::block_on(staging.try_lock("guard:once:s:1", ttl))
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        server
+            .command("EXISTS prod1:{guard:once:s}:1")
+            .unwrap()
+            .starts_with(":1")
+    );
+}
+
+#[test]
+fn an_unreachable_server_is_a_clear_error() {
+    let port = guard_redis::testkit::free_port().unwrap();
+    let err = smol::block_on(RedisConnection::connect(
+        Topology::Standalone {
+            url: format!("redis://127.0.0.1:{port}/"),
+        },
+        Duration::from_millis(500),
+    ))
+    .unwrap_err();
+    let message = err.to_string();
+    assert!(message.starts_with("redis:"), "{message}");
+}
