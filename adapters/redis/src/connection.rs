@@ -38,7 +38,7 @@ pub enum Topology {
 enum Conn {
     Standalone(ConnectionManager),
     Cluster(ClusterConnection),
-    Sentinel(SentinelConn),
+    Sentinel(Box<SentinelConn>),
 }
 
 struct SentinelConn {
@@ -116,11 +116,11 @@ impl RedisConnection {
                         SentinelServerType::Master,
                     )?;
                     let first = client.get_async_connection().await?;
-                    Conn::Sentinel(SentinelConn {
+                    Conn::Sentinel(Box::new(SentinelConn {
                         client: async_lock::Mutex::new(client),
                         current: Mutex::new(Some(first)),
                         timeout,
-                    })
+                    }))
                 }
             })
         })
