@@ -29,6 +29,19 @@ for target in "${targets[@]}"; do
     grep -qx "$target" <<<"$installed" || rustup target add "$target"
 done
 
+step "system packages: redis-server and redis-tools for the Redis tests"
+need_packages=()
+command -v redis-server >/dev/null 2>&1 || need_packages+=(redis-server)
+command -v redis-cli >/dev/null 2>&1 || need_packages+=(redis-tools)
+if [ ${#need_packages[@]} -gt 0 ]; then
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "missing Debian packages: ${need_packages[*]}; run as root or install them first" >&2
+        exit 1
+    fi
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_packages[@]}"
+fi
+
 step "format"
 cargo fmt --all -- --check
 
