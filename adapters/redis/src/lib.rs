@@ -4,6 +4,8 @@
 //!   takes the lock (`SET NX PX`) and increments a fence counter in the
 //!   same hash slot; unlock is compare-and-delete, renew
 //!   compare-and-`PEXPIRE`.
+//! - [`RedisTokenBucket`], [`RedisLeakyBucket`], [`RedisSlidingWindow`]:
+//!   one script per decision, deciding exactly as guard-core's limiters.
 //! - [`RedisConnection`]: standalone, sentinel or cluster, every request
 //!   bounded by a timeout the caller sets.
 //!
@@ -26,10 +28,15 @@
 
 mod connection;
 mod error;
+mod limit;
 mod locker;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 
 pub use connection::{RedisConnection, Topology};
 pub use error::RedisGuardError;
+pub use limit::{
+    Clock, LEAKY_BUCKET_PREFIX, RedisBucket, RedisLeakyBucket, RedisSlidingWindow,
+    RedisTokenBucket, SLIDING_WINDOW_PREFIX, TOKEN_BUCKET_PREFIX,
+};
 pub use locker::{RedisLocker, lock_keys};

@@ -1,0 +1,278 @@
+//! The Redis limiters decide exactly as guard-core's: the same trace of
+//! (key, time) calls gives the same decisions and the same retry hints.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use guard_core::limit::{
+    Decision, LeakyBucket, Limiter, LimiterError, Rate, SlidingWindow, TokenBucket,
+};
+use guard_core::time::Instant;
+use guard_redis::testkit::{RedisCluster, RedisServer};
+use guard_redis::{
+    Clock, RedisConnection, RedisLeakyBucket, RedisSlidingWindow, RedisTokenBucket, Topology,
+};
+
+fn connect(topology: Topology) -> RedisConnection {
+    smol::block_on(RedisConnection::connect(topology, Duration::from_secs(2))).expect("connect")
+}
+
+/// A trace: (key, milliseconds). Mostly forward, with bursts at one
+/// instant and some steps backwards.
+fn trace(seed: u64, len: usize) -> Vec<(&'static str, u64)> {
+    let mut s = seed;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    let keys = ["alpha", "beta:1", "用户"];
+    let mut now = 1_700_000_000_000u64;
+    (0..len)
+        .map(|_| {
+            let r = next();
+            now = match r % 10 {
+                0..=3 => now,                     // burst
+                4..=7 => now + r % 400,           // forward
+                8 => now + 2_000 + r % 3_000,     // idle
+                _ => now.saturating_sub(r % 250), // backwards
+            };
+            (keys[(r >> 32) as usize % keys.len()], now)
+        })
+        .collect()
+}
+
+/// The seed's in-memory limiter cases as a vector, for every limiter.
+fn seed_vector() -> Vec<(&'static str, u64)> {
+    let t = 1_700_000_000_000;
+    [
+        0, 10, 20, 30, 100, 200, 1_000, 1_001, 1_002, 2_000, 2_000, 2_000, 5_000,
+    ]
+    .iter()
+    .map(|d| ("seed", t + d))
+    .collect()
+}
+
+fn compare<A: guard_core::limit::Algorithm + Clone>(
+    name: &str,
+    algorithm: A,
+    calls: &[(&'static str, u64)],
+    mut redis: impl FnMut(&str, Instant) -> Decision,
+) -> (usize, usize) {
+    let mut local: HashMap<&str, Limiter<A>> = HashMap::new();
+    let mut allowed = 0;
+    for (i, (key, ms)) in calls.iter().enumerate() {
+        let now = Instant::from_millis(*ms);
+        let expected = local
+            .entry(key)
+            .or_insert_with(|| Limiter::new(algorithm.clone()))
+            .check(now);
+        let got = redis(key, now);
+        assert_eq!(got, expected, "{name}: call {i} ({key}, {ms} ms) differs");
+        allowed += usize::from(got.is_allowed());
+    }
+    (allowed, calls.len() - allowed)
+}
+
+#[test]
+fn redis_limiters_match_guard_core_on_shared_vectors() {
+    let server = RedisServer::start().expect("redis-server");
+    let conn = connect(Topology::Standalone { url: server.url() });
+    let token = TokenBucket::new(3, Rate::per_second(5)).unwrap();
+    let leaky = LeakyBucket::new(2, Rate::per(1, Duration::from_millis(300))).unwrap();
+    let window = SlidingWindow::<8>::new(Duration::from_millis(1_000), 3).unwrap();
+    let mut vectors = vec![seed_vector()];
+    vectors.extend((1..=5).map(|seed| trace(seed * 7919, 400)));
+    let mut totals = [(0, 0); 3];
+    let mut add = |i: usize, (a, d): (usize, usize)| {
+        totals[i].0 += a;
+        totals[i].1 += d;
+    };
+    for (n, calls) in vectors.iter().enumerate() {
+        // A fresh key space per vector.
+        let prefix = |p: &str| format!("{p}{n}");
+        let rt = RedisTokenBucket::new(conn.clone(), token)
+            .unwrap()
+            .with_prefix(&prefix("tb"))
+            .unwrap();
+        let rl = RedisLeakyBucket::new(conn.clone(), leaky)
+            .unwrap()
+            .with_prefix(&prefix("lb"))
+            .unwrap();
+        let rw = RedisSlidingWindow::new(conn.clone(), window)
+            .unwrap()
+            .with_prefix(&prefix("rl"))
+            .unwrap();
+        add(
+            0,
+            compare("token bucket", token, calls, |k, now| {
+                smol::block_on(rt.check(k, Clock::Caller(now))).unwrap()
+            }),
+        );
+        add(
+            1,
+            compare("leaky bucket", leaky, calls, |k, now| {
+                smol::block_on(rl.check(k, Clock::Caller(now))).unwrap()
+            }),
+        );
+        add(
+            2,
+            compare("sliding window", window, calls, |k, now| {
+                smol::block_on(rw.check(k, Clock::Caller(now))).unwrap()
+            }),
+        );
+    }
+    for (name, (allowed, denied)) in ["token", "leaky", "window"].iter().zip(totals) {
+        assert!(
+            allowed > 100 && denied > 100,
+            "{name}: {allowed} allowed, {denied} denied: the vectors exercise both"
+        );
+    }
+}
+
+#[test]
+fn server_time_limits_clients_whatever_their_clocks() {
+    let server = RedisServer::start().expect("redis-server");
+    let conn = connect(Topology::Standalone { url: server.url() });
+    let bucket = RedisTokenBucket::new(
+        conn.clone(),
+        TokenBucket::new(3, Rate::per(1, Duration::from_secs(60))).unwrap(),
+    )
+    .unwrap();
+    let allowed = (0..10)
+        .filter(|_| {
+            smol::block_on(bucket.check("k", Clock::Server))
+                .unwrap()
+                .is_allowed()
+        })
+        .count();
+    assert_eq!(allowed, 3);
+    let window = RedisSlidingWindow::new(
+        conn,
+        SlidingWindow::<4>::new(Duration::from_secs(60), 2).unwrap(),
+    )
+    .unwrap();
+    let allowed = (0..5)
+        .filter(|_| {
+            smol::block_on(window.check("k", Clock::Server))
+                .unwrap()
+                .is_allowed()
+        })
+        .count();
+    assert_eq!(allowed, 2);
+}
+
+#[test]
+fn bad_keys_and_parameters_are_clear_errors() {
+    let server = RedisServer::start().expect("redis-server");
+    let conn = connect(Topology::Standalone { url: server.url() });
+    let bucket = RedisTokenBucket::new(
+        conn.clone(),
+        TokenBucket::new(1, Rate::per_second(1)).unwrap(),
+    )
+    .unwrap();
+    let now = Clock::Caller(Instant::from_secs(1));
+    let empty = smol::block_on(bucket.check("", now))
+        .unwrap_err()
+        .to_string();
+    assert!(empty.contains("must not be empty"), "{empty}");
+    let braces = smol::block_on(bucket.check("a{b}", now))
+        .unwrap_err()
+        .to_string();
+    assert!(braces.contains("brace"), "{braces}");
+    assert!(
+        smol::block_on(bucket.check("user:42:api", now))
+            .unwrap()
+            .is_allowed(),
+        "colons are fine"
+    );
+    // Zero or missing parameters are refused by the shared constructors.
+    assert_eq!(
+        TokenBucket::new(0, Rate::per_second(1)).unwrap_err(),
+        LimiterError::ZeroCapacity
+    );
+    assert_eq!(
+        TokenBucket::new(1, Rate::per_second(0)).unwrap_err(),
+        LimiterError::ZeroRateAmount
+    );
+    assert_eq!(
+        SlidingWindow::<4>::new(Duration::ZERO, 1).unwrap_err(),
+        LimiterError::ZeroWindow
+    );
+    // An interval that is not whole microseconds cannot be decided alike.
+    let thirds = RedisTokenBucket::new(
+        conn.clone(),
+        TokenBucket::new(1, Rate::per_second(3)).unwrap(),
+    )
+    .unwrap_err();
+    assert!(thirds.to_string().contains("microseconds"), "{thirds}");
+    let prefix = RedisTokenBucket::new(conn, TokenBucket::new(1, Rate::per_second(1)).unwrap())
+        .unwrap()
+        .with_prefix("{x}");
+    assert!(prefix.is_err());
+}
+
+#[test]
+fn limiter_keys_share_a_slot_and_run_on_a_cluster() {
+    let cluster = RedisCluster::start().expect("redis cluster");
+    let conn = connect(Topology::Cluster {
+        nodes: cluster.urls(),
+    });
+    let window = RedisSlidingWindow::new(
+        conn.clone(),
+        SlidingWindow::<4>::new(Duration::from_secs(1), 2).unwrap(),
+    )
+    .unwrap();
+    let bucket =
+        RedisTokenBucket::new(conn, TokenBucket::new(2, Rate::per_second(1)).unwrap()).unwrap();
+    let now = Clock::Caller(Instant::from_secs(10));
+    for i in 0..30 {
+        let key = format!("client:{i}");
+        assert!(
+            smol::block_on(window.check(&key, now))
+                .unwrap()
+                .is_allowed(),
+            "no CROSSSLOT"
+        );
+        assert!(
+            smol::block_on(bucket.check(&key, now))
+                .unwrap()
+                .is_allowed()
+        );
+    }
+    let (log, seq) = window.redis_keys("client:1").unwrap();
+    let node = &cluster.nodes()[0];
+    assert_eq!(
+        node.command(&format!("CLUSTER KEYSLOT {log}")).unwrap(),
+        node.command(&format!("CLUSTER KEYSLOT {seq}")).unwrap()
+    );
+}
+
+#[test]
+fn bucket_keys_expire_once_settled() {
+    let server = RedisServer::start().expect("redis-server");
+    let conn = connect(Topology::Standalone { url: server.url() });
+    let bucket = RedisTokenBucket::new(
+        conn,
+        TokenBucket::new(2, Rate::per(1, Duration::from_millis(100))).unwrap(),
+    )
+    .unwrap();
+    assert!(
+        smol::block_on(bucket.check("k", Clock::Server))
+            .unwrap()
+            .is_allowed()
+    );
+    let key = bucket.redis_key("k").unwrap();
+    let ttl: i64 = server
+        .command(&format!("PTTL {key}"))
+        .unwrap()
+        .trim_start_matches(':')
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        (1..=100).contains(&ttl),
+        "the key lives until the bucket has refilled: {ttl} ms"
+    );
+}
