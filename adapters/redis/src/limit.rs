@@ -131,7 +131,7 @@ fn checked_prefix(prefix: &str) -> Result<String, RedisGuardError> {
 
 fn whole_micros(what: &str, d: Duration) -> Result<u64, RedisGuardError> {
     let nanos = d.as_nanos();
-    if nanos == 0 || nanos % 1_000 != 0 {
+    if nanos == 0 || !nanos.is_multiple_of(1_000) {
         return Err(RedisGuardError::InvalidInput(format!(
             "{what} of {d:?} is not a whole, positive number of microseconds (Redis limiters work in microseconds)"
         )));
