@@ -6,6 +6,8 @@
 //!   compare-and-`PEXPIRE`.
 //! - [`RedisTokenBucket`], [`RedisLeakyBucket`], [`RedisSlidingWindow`]:
 //!   one script per decision, deciding exactly as guard-core's limiters.
+//! - [`RedisSetDeduplicator`], [`RedisWindowedDeduplicator`],
+//!   [`RedisBloomDeduplicator`]: `check_and_mark` atomic across processes.
 //! - [`RedisConnection`]: standalone, sentinel or cluster, every request
 //!   bounded by a timeout the caller sets.
 //!
@@ -27,6 +29,7 @@
 //! ```
 
 mod connection;
+mod dedup;
 mod error;
 mod limit;
 mod locker;
@@ -34,6 +37,9 @@ mod locker;
 pub mod testkit;
 
 pub use connection::{RedisConnection, Topology};
+pub use dedup::{
+    BACKSTOP_MARGIN, RedisBloomDeduplicator, RedisSetDeduplicator, RedisWindowedDeduplicator,
+};
 pub use error::RedisGuardError;
 pub use limit::{
     Clock, LEAKY_BUCKET_PREFIX, RedisBucket, RedisLeakyBucket, RedisSlidingWindow,

@@ -8,7 +8,7 @@
 mod bloom;
 mod windowed;
 
-pub use bloom::{BloomError, BloomFilter, BloomParams};
+pub use bloom::{BloomError, BloomFilter, BloomParams, MAX_HASHES};
 pub use windowed::WindowedDeduplicator;
 
 use core::fmt;
