@@ -1,3 +1,4 @@
+#![recursion_limit = "256"]
 //! Redis deduplicators: semantics, and atomicity across concurrent
 //! clients (each with its own connection, as separate processes).
 
