@@ -7,6 +7,7 @@ use futures_lite::future;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::sentinel::{SentinelClient, SentinelServerType};
 use redis::{FromRedisValue, ScriptInvocation};
 
@@ -179,6 +180,98 @@ impl RedisConnection {
         })
         .await
     }
+}
+
+impl RedisConnection {
+    /// Every key matching `pattern` (of `kind`, e.g. `stream`), by `SCAN`:
+    /// on every master of a cluster, never with `KEYS`.
+    pub async fn scan_keys(
+        &self,
+        pattern: &str,
+        kind: &str,
+    ) -> Result<Vec<String>, RedisGuardError> {
+        match &self.inner.conn {
+            Conn::Cluster(c) => {
+                let nodes: String = bounded(self.inner.timeout, async {
+                    Ok(redis::cmd("CLUSTER")
+                        .arg("NODES")
+                        .query_async(&mut c.clone())
+                        .await?)
+                })
+                .await?;
+                let mut keys = Vec::new();
+                for (host, port) in masters(&nodes) {
+                    let route =
+                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
+                    let mut cursor = 0u64;
+                    loop {
+                        let mut scan = redis::cmd("SCAN");
+                        scan.arg(cursor)
+                            .arg("MATCH")
+                            .arg(pattern)
+                            .arg("COUNT")
+                            .arg(1000)
+                            .arg("TYPE")
+                            .arg(kind);
+                        let reply = bounded(self.inner.timeout, async {
+                            Ok(c.clone().route_command(scan, route.clone()).await?)
+                        })
+                        .await?;
+                        let (next, batch): (u64, Vec<String>) = redis::from_redis_value(reply)
+                            .map_err(|e| RedisGuardError::UnexpectedReply(format!("SCAN: {e}")))?;
+                        keys.extend(batch);
+                        cursor = next;
+                        if cursor == 0 {
+                            break;
+                        }
+                    }
+                }
+                Ok(keys)
+            }
+            _ => {
+                let mut keys = Vec::new();
+                let mut cursor = 0u64;
+                loop {
+                    let (next, batch): (u64, Vec<String>) = self
+                        .query(
+                            redis::cmd("SCAN")
+                                .arg(cursor)
+                                .arg("MATCH")
+                                .arg(pattern)
+                                .arg("COUNT")
+                                .arg(1000)
+                                .arg("TYPE")
+                                .arg(kind),
+                        )
+                        .await?;
+                    keys.extend(batch);
+                    cursor = next;
+                    if cursor == 0 {
+                        return Ok(keys);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The masters of a `CLUSTER NODES` reply, as (host, port).
+fn masters(nodes: &str) -> Vec<(String, u16)> {
+    nodes
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let address = fields.nth(1)?;
+            let flags = fields.next()?;
+            if !flags.split(',').any(|f| f == "master") || flags.contains("fail") {
+                return None;
+            }
+            // host:port@cport
+            let (host, rest) = address.rsplit_once(':')?;
+            let port = rest.split('@').next()?.parse().ok()?;
+            Some((host.to_owned(), port))
+        })
+        .collect()
 }
 
 impl SentinelConn {

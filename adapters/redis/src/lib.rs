@@ -8,6 +8,8 @@
 //!   one script per decision, deciding exactly as guard-core's limiters.
 //! - [`RedisSetDeduplicator`], [`RedisWindowedDeduplicator`],
 //!   [`RedisBloomDeduplicator`]: `check_and_mark` atomic across processes.
+//! - [`StreamDlq`]: a persistent dead-letter queue per topic on Redis
+//!   Streams, with listing, replay (idempotent), delete, purge, retention.
 //! - [`RedisConnection`]: standalone, sentinel or cluster, every request
 //!   bounded by a timeout the caller sets.
 //!
@@ -33,6 +35,7 @@ mod dedup;
 mod error;
 mod limit;
 mod locker;
+mod stream_dlq;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 
@@ -46,3 +49,7 @@ pub use limit::{
     RedisTokenBucket, SLIDING_WINDOW_PREFIX, TOKEN_BUCKET_PREFIX,
 };
 pub use locker::{RedisLocker, lock_keys};
+pub use stream_dlq::{
+    DEFAULT_REPLAY_LEASE, DEFAULT_STREAM_PREFIX, DeadLetter, DeadLetterEntry, ReplayOutcome,
+    Retention, StreamDlq,
+};
