@@ -298,7 +298,7 @@ impl RedisSlidingWindow {
             prefix: SLIDING_WINDOW_PREFIX.to_owned(),
             window_us: whole_micros("the window", window.window())?,
             limit: window.limit(),
-            script: Script::new(&format!("{NOW}{WINDOW}")),
+            script: Script::new(&Self::script_source()),
         })
     }
 
@@ -306,6 +306,13 @@ impl RedisSlidingWindow {
     pub fn with_prefix(mut self, prefix: &str) -> Result<Self, RedisGuardError> {
         self.prefix = checked_prefix(prefix)?;
         Ok(self)
+    }
+
+    /// The script each decision runs (KEYS: log, sequence; ARGV: now in
+    /// µs or empty for server time, window in µs, limit), e.g. to load it
+    /// into `redis-benchmark` for a side-by-side measurement.
+    pub fn script_source() -> String {
+        format!("{NOW}{WINDOW}")
     }
 
     /// The Redis keys of `key`: the log and its sequence.
