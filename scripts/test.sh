@@ -68,9 +68,11 @@ cargo run --release --locked -p guard-smol --example replicas -- 4
 step "benchmarks run"
 if [ "${GUARD_BENCH:-0}" = "1" ]; then
     cargo bench -p guard-benches --locked --bench limiters
+    cargo bench -p guard-benches --locked --bench redis_throughput
 else
     # Each benchmark once, as a test: proves they run without timing them.
     cargo bench -p guard-benches --locked --bench limiters -- --test
+    cargo bench -p guard-benches --locked --bench redis_throughput -- --test
 fi
 
 step "all checks passed"

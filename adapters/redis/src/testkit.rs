@@ -53,8 +53,17 @@ impl From<std::io::Error> for HarnessError {
 }
 
 fn binary(name: &'static str, package: &'static str) -> Result<PathBuf, HarnessError> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
+    find_binary(name, package, &std::env::var_os("PATH").unwrap_or_default())
+}
+
+/// Looks `name` up in a `PATH`-style list of directories; a missing one
+/// is an error naming the Debian `package` that provides it.
+pub fn find_binary(
+    name: &'static str,
+    package: &'static str,
+    path: &std::ffi::OsStr,
+) -> Result<PathBuf, HarnessError> {
+    std::env::split_paths(path)
         .map(|dir| dir.join(name))
         .find(|p| p.is_file())
         .ok_or(HarnessError::MissingBinary {
