@@ -118,6 +118,14 @@ fn main() {
         ),
     )
     .expect("SCRIPT LOAD");
+    let acquire_sha: String = smol::block_on(
+        locker.connection().query(
+            redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(RedisLocker::acquire_script_source()),
+        ),
+    )
+    .expect("SCRIPT LOAD");
 
     println!("| operation | concurrency | guard (ops/s) | redis-benchmark (ops/s) | ratio |");
     println!("|---|---|---|---|---|");
@@ -142,6 +150,24 @@ fn main() {
         println!(
             "| try_lock vs SET NX PX | {concurrency} | {ours_lock:.0} | {raw_lock:.0} | {:.2} |",
             ours_lock / raw_lock
+        );
+        let raw_acquire = raw(
+            server.port(),
+            concurrency,
+            requests,
+            &[
+                "EVALSHA",
+                &acquire_sha,
+                "2",
+                "{bench:lock:__rand_int__}",
+                "fence:{bench:lock:__rand_int__}",
+                "v",
+                "1000",
+            ],
+        );
+        println!(
+            "| try_lock vs EVALSHA of its script | {concurrency} | {ours_lock:.0} | {raw_acquire:.0} | {:.2} |",
+            ours_lock / raw_acquire
         );
         let now = Clock::Server;
         let window = window.clone();

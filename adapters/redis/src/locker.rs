@@ -113,6 +113,13 @@ impl RedisLocker {
         self
     }
 
+    /// The acquire script (KEYS: lock, fence; ARGV: token, TTL in ms),
+    /// e.g. to load it into `redis-benchmark` for a side-by-side
+    /// measurement.
+    pub fn acquire_script_source() -> &'static str {
+        ACQUIRE
+    }
+
     /// The connection.
     pub fn connection(&self) -> &RedisConnection {
         &self.conn

@@ -276,3 +276,52 @@ fn bucket_keys_expire_once_settled() {
         "the key lives until the bucket has refilled: {ttl} ms"
     );
 }
+
+/// Calls of `command` since the last `CONFIG RESETSTAT`, from `INFO commandstats`.
+fn calls(server: &RedisServer, command: &str) -> u64 {
+    let info = server.command("INFO commandstats").unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn each_decision_and_each_acquisition_is_one_round_trip() {
+    use guard_core::lock::{Locker, Ttl};
+    let server = RedisServer::start().expect("redis-server");
+    let conn = connect(Topology::Standalone { url: server.url() });
+    let bucket = RedisTokenBucket::new(
+        conn.clone(),
+        TokenBucket::new(5, Rate::per_second(5)).unwrap(),
+    )
+    .unwrap();
+    let window = RedisSlidingWindow::new(
+        conn.clone(),
+        SlidingWindow::<8>::new(Duration::from_secs(1), 3).unwrap(),
+    )
+    .unwrap();
+    let locker = guard_redis::RedisLocker::new(conn);
+    // Warm up: the first call of a script loads it (EVALSHA, then EVAL on NOSCRIPT).
+    smol::block_on(async {
+        bucket.check("warm", Clock::Server).await.unwrap();
+        window.check("warm", Clock::Server).await.unwrap();
+        locker
+            .try_lock("warm", Ttl::from_secs(1).unwrap())
+            .await
+            .unwrap();
+    });
+    server.command("CONFIG RESETSTAT").unwrap();
+    smol::block_on(async {
+        for i in 0..100 {
+            bucket.check(&format!("k{i}"), Clock::Server).await.unwrap();
+            window.check(&format!("k{i}"), Clock::Server).await.unwrap();
+            locker
+                .try_lock(&format!("k{i}"), Ttl::from_secs(1).unwrap())
+                .await
+                .unwrap();
+        }
+    });
+    assert_eq!(calls(&server, "evalsha"), 300, "one EVALSHA per decision");
+    assert_eq!(calls(&server, "eval"), 0);
+}
