@@ -304,9 +304,9 @@ fn each_decision_and_each_acquisition_is_one_round_trip() {
     let locker = guard_redis::RedisLocker::new(conn);
     // Warm up: the first call of a script loads it (EVALSHA, then EVAL on NOSCRIPT).
     smol::block_on(async {
-        bucket.check("warm", Clock::Server).await.unwrap();
-        window.check("warm", Clock::Server).await.unwrap();
-        locker
+        let _ = bucket.check("warm", Clock::Server).await.unwrap();
+        let _ = window.check("warm", Clock::Server).await.unwrap();
+        let _ = locker
             .try_lock("warm", Ttl::from_secs(1).unwrap())
             .await
             .unwrap();
@@ -314,9 +314,9 @@ fn each_decision_and_each_acquisition_is_one_round_trip() {
     server.command("CONFIG RESETSTAT").unwrap();
     smol::block_on(async {
         for i in 0..100 {
-            bucket.check(&format!("k{i}"), Clock::Server).await.unwrap();
-            window.check(&format!("k{i}"), Clock::Server).await.unwrap();
-            locker
+            let _ = bucket.check(&format!("k{i}"), Clock::Server).await.unwrap();
+            let _ = window.check(&format!("k{i}"), Clock::Server).await.unwrap();
+            let _ = locker
                 .try_lock(&format!("k{i}"), Ttl::from_secs(1).unwrap())
                 .await
                 .unwrap();
