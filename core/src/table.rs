@@ -7,6 +7,7 @@
 //! on its own: the caller says which values may be forgotten. This is what
 //! keeps eviction semantically transparent for limiters and deduplicators.
 
+use core::borrow::Borrow;
 use core::hash::{BuildHasher, Hash};
 
 /// Slots per set.
@@ -81,14 +82,17 @@ impl<K: Eq, V, const N: usize> SetTable<K, V, N> {
     }
 
     /// The slot holding `key`, if any.
-    pub(crate) fn find(&self, hash: u64, key: &K) -> Option<usize> {
+    pub(crate) fn find<Q: Eq + ?Sized>(&self, hash: u64, key: &Q) -> Option<usize>
+    where
+        K: Borrow<Q>,
+    {
         let [a, b] = candidate_sets(N, hash);
         let in_set = |set: usize| {
             set_range(N, set).find(|&i| {
                 self.slots
                     .get(i)
                     .and_then(Option::as_ref)
-                    .is_some_and(|(k, _)| k == key)
+                    .is_some_and(|(k, _)| k.borrow() == key)
             })
         };
         in_set(a).or_else(|| if b == a { None } else { in_set(b) })

@@ -30,6 +30,8 @@ mod clock;
 pub mod contract;
 mod cron_schedule;
 mod local_locker;
+pub mod metrics;
+pub mod ratelimit;
 mod shared;
 mod token_ids;
 

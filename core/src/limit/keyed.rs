@@ -1,5 +1,6 @@
 //! Many keys, bounded memory: a fixed table of per-key limiter states.
 
+use core::borrow::Borrow;
 use core::cell::RefCell;
 use core::hash::{BuildHasher, Hash};
 
@@ -111,6 +112,21 @@ impl<K: Hash + Eq + Clone, A: Algorithm, const N: usize, S: BuildHasher> Keyed<K
 
     /// Decides one request for `key` at `now`.
     pub fn check(&mut self, key: &K, now: Instant) -> Decision {
+        self.check_borrowed(key, || key.clone(), now)
+    }
+
+    /// Decides one request for a key looked up by a borrowed form (a
+    /// `&str` for `String` keys), building the owned key with `to_key`
+    /// only when a new key is stored.
+    pub fn check_borrowed<Q: Hash + Eq + ?Sized>(
+        &mut self,
+        key: &Q,
+        to_key: impl FnOnce() -> K,
+        now: Instant,
+    ) -> Decision
+    where
+        K: Borrow<Q>,
+    {
         let hash = hash_of(&self.hasher, key);
         if let Some((_, state)) = self
             .table
@@ -124,7 +140,7 @@ impl<K: Hash + Eq + Clone, A: Algorithm, const N: usize, S: BuildHasher> Keyed<K
         let algorithm = &self.algorithm;
         match self
             .table
-            .insert(hash, key.clone(), state, |s| algorithm.is_fresh(s, now))
+            .insert(hash, to_key(), state, |s| algorithm.is_fresh(s, now))
         {
             Ok(Placed::Free) => decision,
             Ok(Placed::Replaced) => {

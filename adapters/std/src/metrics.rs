@@ -1,0 +1,64 @@
+//! Metric names and recording helpers, through the `metrics` facade (any
+//! exporter: Prometheus, statsd, ...).
+
+use guard_core::guard::{DemoteReason, OnceEvent};
+
+/// Requests admitted, by limiter `name`.
+pub const RL_ALLOWED: &str = "guard_rl_allowed_total";
+/// Requests refused, by limiter `name`.
+pub const RL_DENIED: &str = "guard_rl_denied_total";
+/// Elements a rate-limiting sink dropped, by sink `name`.
+pub const SINK_DROPPED: &str = "guard_sink_dropped_total";
+/// Once-guard decisions, by `scope` and `outcome` (won, lost,
+/// skipped_on_error, allowed_on_error, unguarded).
+pub const ONCE_OUTCOMES: &str = "guard_once_total";
+/// Active-guard transitions, by lease `key`, `transition` (promoted,
+/// demoted) and demotion `reason`.
+pub const ACTIVE_TRANSITIONS: &str = "guard_active_transitions_total";
+/// 1 while this replica leads lease `key`, else 0.
+pub const ACTIVE_LEADER: &str = "guard_active_leader";
+/// Dead letters held, by `topic`.
+pub const DLQ_SIZE: &str = "guard_dlq_size";
+/// Calls made by retried operations, by `name`.
+pub const RETRY_ATTEMPTS: &str = "guard_retry_attempts_total";
+
+/// Records a once-guard decision; use as (or inside) a `OnceObserver`.
+pub fn record_once(event: &OnceEvent<'_>) {
+    metrics::counter!(
+        ONCE_OUTCOMES,
+        "scope" => event.scope.to_owned(),
+        "outcome" => event.outcome.name()
+    )
+    .increment(1);
+}
+
+/// Records a promotion of lease `key`.
+pub fn record_promoted(key: &str) {
+    metrics::counter!(ACTIVE_TRANSITIONS, "key" => key.to_owned(), "transition" => "promoted", "reason" => "")
+        .increment(1);
+    metrics::gauge!(ACTIVE_LEADER, "key" => key.to_owned()).set(1.0);
+}
+
+/// Records a demotion of lease `key`.
+pub fn record_demoted(key: &str, reason: DemoteReason) {
+    let reason = match reason {
+        DemoteReason::LeaseLost => "lease_lost",
+        DemoteReason::RenewDeadline => "renew_deadline",
+        DemoteReason::PromoteFailed => "promote_failed",
+        DemoteReason::Requested => "requested",
+        DemoteReason::Stopping => "stopping",
+    };
+    metrics::counter!(ACTIVE_TRANSITIONS, "key" => key.to_owned(), "transition" => "demoted", "reason" => reason)
+        .increment(1);
+    metrics::gauge!(ACTIVE_LEADER, "key" => key.to_owned()).set(0.0);
+}
+
+/// Records the size of a dead-letter queue.
+pub fn record_dlq_size(topic: &str, size: usize) {
+    metrics::gauge!(DLQ_SIZE, "topic" => topic.to_owned()).set(size as f64);
+}
+
+/// Records the calls a retried operation made.
+pub fn record_retry_attempts(name: &str, attempts: u32) {
+    metrics::counter!(RETRY_ATTEMPTS, "name" => name.to_owned()).increment(u64::from(attempts));
+}

@@ -1,0 +1,111 @@
+//! Named limiters (counted per name) and the registry of them.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::{LimitResult, RateLimiter};
+use crate::metrics::{RL_ALLOWED, RL_DENIED};
+
+/// A limiter with a name: every decision is counted, in the limiter and
+/// in the metrics `guard_rl_allowed_total{name}` /
+/// `guard_rl_denied_total{name}`.
+pub struct NamedRateLimiter {
+    name: String,
+    inner: Arc<dyn RateLimiter>,
+    allowed: AtomicU64,
+    denied: AtomicU64,
+}
+
+impl std::fmt::Debug for NamedRateLimiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NamedRateLimiter")
+            .field("name", &self.name)
+            .field("allowed", &self.allowed())
+            .field("denied", &self.denied())
+            .finish()
+    }
+}
+
+impl NamedRateLimiter {
+    /// Names `inner`.
+    pub fn new(name: impl Into<String>, inner: Arc<dyn RateLimiter>) -> Self {
+        NamedRateLimiter {
+            name: name.into(),
+            inner,
+            allowed: AtomicU64::new(0),
+            denied: AtomicU64::new(0),
+        }
+    }
+
+    /// The name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Decides one request for `key` and counts it.
+    pub async fn check(&self, key: &str) -> LimitResult {
+        let decision = self.inner.check(key).await?;
+        let (counter, metric) = if decision.is_allowed() {
+            (&self.allowed, RL_ALLOWED)
+        } else {
+            (&self.denied, RL_DENIED)
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(metric, "name" => self.name.clone()).increment(1);
+        Ok(decision)
+    }
+
+    /// Requests admitted so far.
+    pub fn allowed(&self) -> u64 {
+        self.allowed.load(Ordering::Relaxed)
+    }
+
+    /// Requests refused so far.
+    pub fn denied(&self) -> u64 {
+        self.denied.load(Ordering::Relaxed)
+    }
+}
+
+/// A fixed set of named limiters: built once, never changed (later
+/// changes to the map it was built from have no effect).
+#[derive(Debug, Default)]
+pub struct RateLimiterRegistry {
+    limiters: HashMap<String, Arc<NamedRateLimiter>>,
+}
+
+impl RateLimiterRegistry {
+    /// Names and registers every limiter of `limiters`.
+    pub fn new(limiters: impl IntoIterator<Item = (String, Arc<dyn RateLimiter>)>) -> Self {
+        RateLimiterRegistry {
+            limiters: limiters
+                .into_iter()
+                .map(|(name, limiter)| {
+                    (name.clone(), Arc::new(NamedRateLimiter::new(name, limiter)))
+                })
+                .collect(),
+        }
+    }
+
+    /// The limiter called `name`, if any.
+    pub fn get(&self, name: &str) -> Option<&Arc<NamedRateLimiter>> {
+        self.limiters.get(name)
+    }
+
+    /// The registered names, sorted.
+    pub fn names(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = self.limiters.keys().map(String::as_str).collect();
+        names.sort_unstable();
+        names
+    }
+
+    /// How many limiters are registered.
+    pub fn len(&self) -> usize {
+        self.limiters.len()
+    }
+
+    /// Whether none is.
+    pub fn is_empty(&self) -> bool {
+        self.limiters.is_empty()
+    }
+}

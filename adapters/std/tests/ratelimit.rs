@@ -1,0 +1,193 @@
+//! Named limiters, the registry, the rate-limiting sink (seed-originals B6,
+//! B9) and the metrics they record.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_lite::future::block_on;
+use guard_core::limit::{FullPolicy, Rate, SlidingWindow, TokenBucket};
+use guard_core::slot::UnixMillis;
+use guard_std::ManualClock;
+use guard_std::metrics::{RL_ALLOWED, RL_DENIED, SINK_DROPPED};
+use guard_std::ratelimit::{
+    DenyPolicy, MemoryLimiter, RateLimiter, RateLimiterRegistry, RateLimitingSink, Sink, SinkError,
+};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+fn bucket(capacity: u32) -> Arc<dyn RateLimiter> {
+    Arc::new(MemoryLimiter::new(
+        TokenBucket::new(capacity, Rate::per(1, Duration::from_secs(3600))).unwrap(),
+        64,
+        FullPolicy::DenyNewKeys,
+    ))
+}
+
+/// Counter values by (metric, name label).
+fn counters(snapshot: metrics_util::debugging::Snapshot) -> HashMap<(String, String), u64> {
+    snapshot
+        .into_vec()
+        .into_iter()
+        .filter_map(|(key, _, _, value)| {
+            let DebugValue::Counter(n) = value else {
+                return None;
+            };
+            let label = key
+                .key()
+                .labels()
+                .find(|l| l.key() == "name")?
+                .value()
+                .to_owned();
+            Some(((key.key().name().to_owned(), label), n))
+        })
+        .collect()
+}
+
+#[test]
+fn named_limiters_count_and_record_metrics_by_name() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let registry = RateLimiterRegistry::new([
+        ("api1".to_owned(), bucket(2)),
+        ("api2".to_owned(), bucket(1)),
+    ]);
+    metrics::with_local_recorder(&recorder, || {
+        block_on(async {
+            let api1 = registry.get("api1").unwrap();
+            for _ in 0..3 {
+                let _ = api1.check("user").await.unwrap();
+            }
+            let _ = registry.get("api2").unwrap().check("user").await.unwrap();
+        })
+    });
+    let api1 = registry.get("api1").unwrap();
+    assert_eq!((api1.allowed(), api1.denied()), (2, 1));
+    let seen = counters(snapshotter.snapshot());
+    assert_eq!(seen[&(RL_ALLOWED.to_owned(), "api1".to_owned())], 2);
+    assert_eq!(seen[&(RL_DENIED.to_owned(), "api1".to_owned())], 1);
+    assert_eq!(seen[&(RL_ALLOWED.to_owned(), "api2".to_owned())], 1);
+}
+
+#[test]
+fn the_registry_is_fixed_once_built() {
+    let mut source: HashMap<String, Arc<dyn RateLimiter>> = HashMap::new();
+    source.insert("a".into(), bucket(1));
+    let registry = RateLimiterRegistry::new(source.clone());
+    source.insert("b".into(), bucket(1));
+    assert!(registry.get("a").is_some());
+    assert!(
+        registry.get("b").is_none(),
+        "later changes to the source have no effect"
+    );
+    assert!(registry.get("missing").is_none());
+    assert_eq!(registry.names(), ["a"]);
+    assert_eq!(registry.get("a").unwrap().name(), "a");
+}
+
+/// A sink that records what reaches it.
+#[derive(Default)]
+struct Collect(Mutex<Vec<(String, u32)>>);
+
+impl Sink<(String, u32)> for Collect {
+    async fn send(&self, value: (String, u32)) -> Result<(), SinkError> {
+        self.0.lock().unwrap().push(value);
+        Ok(())
+    }
+}
+
+#[test]
+fn the_sink_forwards_allowed_elements_and_passes_the_selected_key() {
+    let sink = RateLimitingSink::new(
+        "uplink",
+        bucket(1),
+        |v: &(String, u32)| v.0.clone(),
+        Collect::default(),
+        DenyPolicy::Drop,
+    );
+    block_on(async {
+        sink.send(("a".into(), 1)).await.unwrap();
+        sink.send(("b".into(), 2)).await.unwrap();
+    });
+    assert_eq!(
+        sink.inner().0.lock().unwrap().len(),
+        2,
+        "keys a and b each have their own bucket"
+    );
+}
+
+#[test]
+fn the_drop_policy_counts_what_it_drops() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let sink = RateLimitingSink::new(
+        "uplink",
+        bucket(1),
+        |v: &(String, u32)| v.0.clone(),
+        Collect::default(),
+        DenyPolicy::Drop,
+    );
+    metrics::with_local_recorder(&recorder, || {
+        block_on(async {
+            for i in 0..3 {
+                sink.send(("k".into(), i)).await.unwrap();
+            }
+        })
+    });
+    assert_eq!(*sink.inner().0.lock().unwrap(), [("k".to_owned(), 0)]);
+    assert_eq!(sink.dropped(), 2);
+    assert_eq!(
+        counters(snapshotter.snapshot())[&(SINK_DROPPED.to_owned(), "uplink".to_owned())],
+        2
+    );
+}
+
+#[test]
+fn the_error_policy_names_the_key() {
+    let sink = RateLimitingSink::new(
+        "uplink",
+        bucket(1),
+        |v: &(String, u32)| v.0.clone(),
+        Collect::default(),
+        DenyPolicy::Error,
+    );
+    block_on(sink.send(("sensor-7".into(), 1))).unwrap();
+    let err = block_on(sink.send(("sensor-7".into(), 2))).unwrap_err();
+    assert!(matches!(&err, SinkError::RateLimited { key, .. } if key == "sensor-7"));
+    assert!(
+        err.to_string()
+            .starts_with("Rate limited for key: sensor-7"),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_memory_limiter_is_bounded_and_shared_between_threads() {
+    let clock = ManualClock::new(UnixMillis(0));
+    let limiter = Arc::new(MemoryLimiter::with_clock(
+        SlidingWindow::<10>::new(Duration::from_secs(1), 10).unwrap(),
+        3_000,
+        FullPolicy::DenyNewKeys,
+        clock,
+    ));
+    assert_eq!(limiter.capacity(), 3 * 1024);
+    let admitted: usize = std::thread::scope(|s| {
+        (0..8)
+            .map(|_| {
+                let limiter = limiter.clone();
+                s.spawn(move || {
+                    (0..100)
+                        .filter(|_| limiter.check_now("shared").is_allowed())
+                        .count()
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .sum()
+    });
+    assert_eq!(admitted, 10, "exactly the limit across threads");
+    for i in 0..10_000 {
+        let _ = limiter.check_now(&format!("key-{i}"));
+    }
+    assert!(limiter.len() <= limiter.capacity());
+}
