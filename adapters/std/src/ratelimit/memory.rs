@@ -1,7 +1,7 @@
 //! An in-memory keyed limiter for servers: sharded tables of guard-core's
 //! bounded `Keyed`.
 
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::BuildHasher;
 use std::sync::{Mutex, PoisonError};
 
 use guard_core::limit::{Algorithm, Decision, FullPolicy, Keyed};
@@ -74,11 +74,7 @@ where
 
     /// Decides one request for `key` now.
     pub fn check_now(&self, key: &str) -> Decision {
-        let mut hasher = self.router.build_hasher();
-        key.hash(&mut hasher);
-        // There is at least one shard, and the index is reduced modulo
-        // their number.
-        let shard = &self.shards[(hasher.finish() as usize) % self.shards.len()];
+        let shard = &self.shards[(self.router.hash_one(key) as usize) % self.shards.len()];
         let now = self.clock.now();
         shard
             .lock()
