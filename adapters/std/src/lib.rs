@@ -26,6 +26,7 @@
 //! ```
 
 mod clock;
+pub mod config;
 #[cfg(feature = "contract")]
 pub mod contract;
 mod cron_schedule;

@@ -74,6 +74,8 @@ where
 
     /// Decides one request for `key` now.
     pub fn check_now(&self, key: &str) -> Decision {
+        // There is at least one shard, and the index is reduced modulo
+        // their number.
         let shard = &self.shards[(self.router.hash_one(key) as usize) % self.shards.len()];
         let now = self.clock.now();
         shard
