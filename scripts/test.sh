@@ -63,7 +63,7 @@ for target in "${targets[@]}"; do
 done
 
 step "the main job: three replicas, every slot once (exit 1 on a duplicate)"
-cargo run --release --locked -p guard-smol --example replicas -- 4
+cargo run --release --locked -p guard-gateway -- demo --seconds 4
 
 step "benchmarks run"
 if [ "${GUARD_BENCH:-0}" = "1" ]; then

@@ -335,3 +335,25 @@ impl RedisSlidingWindow {
         decision(self.conn.invoke(&invocation).await?)
     }
 }
+
+impl<V: Send + Sync> guard_std::ratelimit::RateLimiter for RedisBucket<V> {
+    /// Decides on the Redis server's clock, so every replica agrees.
+    fn check<'a>(&'a self, key: &'a str) -> guard_std::ratelimit::LimitFuture<'a> {
+        guard_std::ratelimit::LimitFuture::Pending(Box::pin(async move {
+            RedisBucket::check(self, key, Clock::Server)
+                .await
+                .map_err(guard_std::ratelimit::LimitError::new)
+        }))
+    }
+}
+
+impl guard_std::ratelimit::RateLimiter for RedisSlidingWindow {
+    /// Decides on the Redis server's clock, so every replica agrees.
+    fn check<'a>(&'a self, key: &'a str) -> guard_std::ratelimit::LimitFuture<'a> {
+        guard_std::ratelimit::LimitFuture::Pending(Box::pin(async move {
+            RedisSlidingWindow::check(self, key, Clock::Server)
+                .await
+                .map_err(guard_std::ratelimit::LimitError::new)
+        }))
+    }
+}

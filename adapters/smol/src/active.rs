@@ -148,6 +148,7 @@ impl ActiveRunner {
                     }
                     Action::Promote { fence } => {
                         log::info!("active guard {} promoted (fence {fence})", self.key);
+                        guard_std::metrics::record_promoted(&self.key);
                         if let Err(e) = on_promoted(fence).await {
                             log::warn!("active guard {} activate: {e}", self.key);
                             machine.handle_promote_failed(clock.now());
@@ -155,6 +156,7 @@ impl ActiveRunner {
                     }
                     Action::Demote(reason) => {
                         log::info!("active guard {} demoted: {reason:?}", self.key);
+                        guard_std::metrics::record_demoted(&self.key, reason);
                         on_demoted(reason).await;
                     }
                 }

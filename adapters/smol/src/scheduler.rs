@@ -6,7 +6,7 @@ use std::future::Future;
 use std::pin::Pin;
 
 use futures_lite::future;
-use guard_core::guard::{OnceEvent, OnceGuard, OnceOutcome};
+use guard_core::guard::{FailPolicy, OnceEvent, OnceGuard, OnceOutcome};
 use guard_core::lock::{KeyError, Scope, Ttl};
 use guard_core::slot::{Schedule, SlotTimer, UnixMillis};
 use guard_std::{Clock, GuardConfig, SystemClock};
@@ -92,6 +92,7 @@ pub struct Scheduler {
     config: GuardConfig,
     /// `None`: the once-guard default, one hour.
     slot_ttl: Option<Ttl>,
+    fail_policy: FailPolicy,
     jobs: Vec<Job>,
     keys: HashSet<String>,
 }
@@ -117,6 +118,7 @@ impl Scheduler {
         Scheduler {
             config,
             slot_ttl: None,
+            fail_policy: FailPolicy::FailClosed,
             jobs: Vec::new(),
             keys: HashSet::new(),
         }
@@ -127,6 +129,13 @@ impl Scheduler {
     /// replicas; a shorter one keeps fewer keys in the backend.
     pub fn with_slot_ttl(mut self, ttl: Ttl) -> Self {
         self.slot_ttl = Some(ttl);
+        self
+    }
+
+    /// What a slot claim does when the backend fails (default
+    /// fail-closed: the slot is skipped; a missed run heals next period).
+    pub fn with_fail_policy(mut self, policy: FailPolicy) -> Self {
+        self.fail_policy = policy;
         self
     }
 
@@ -176,6 +185,7 @@ impl Scheduler {
                     job,
                     self.config.clone(),
                     self.slot_ttl,
+                    self.fail_policy,
                     control.clone(),
                 ))
             })
@@ -190,7 +200,9 @@ impl Scheduler {
     }
 }
 
+/// Logs a slot claim and records it in `guard_once_total`.
 fn log_outcome(event: &OnceEvent<'_>) {
+    guard_std::metrics::record_once(event);
     match (event.outcome, event.error) {
         (OnceOutcome::SkippedOnError, Some(e)) => {
             log::warn!(
@@ -218,9 +230,17 @@ fn log_outcome(event: &OnceEvent<'_>) {
     }
 }
 
-async fn run_job(mut job: Job, config: GuardConfig, ttl: Option<Ttl>, control: Control) {
+async fn run_job(
+    mut job: Job,
+    config: GuardConfig,
+    ttl: Option<Ttl>,
+    fail_policy: FailPolicy,
+    control: Control,
+) {
     let clock = SystemClock::new();
-    let mut guard = OnceGuard::new(config.locker(), job.scope.clone()).with_prefix(config.prefix());
+    let mut guard = OnceGuard::new(config.locker(), job.scope.clone())
+        .with_prefix(config.prefix())
+        .with_fail_policy(fail_policy);
     if let Some(ttl) = ttl {
         guard = guard.with_ttl(ttl);
     }

@@ -1,0 +1,11 @@
+//! guard-gateway: an edge-gateway replica built on guard.
+//!
+//! - [`demo`]: N replicas in one process on an in-process locker, a
+//!   scheduled job and a leader-only consumer, the leader stopped half-way;
+//!   a report of slots, duplicates, misses and the takeover.
+//! - [`replica`]: one real replica from a TOML configuration (Redis locker,
+//!   schedules, leader-only consumers, rate limiters, Prometheus metrics).
+
+pub mod demo;
+pub mod prometheus;
+pub mod replica;
