@@ -31,6 +31,7 @@ pub mod config;
 pub mod contract;
 mod cron_schedule;
 mod local_locker;
+pub mod metered;
 pub mod metrics;
 pub mod ratelimit;
 mod shared;
