@@ -5,6 +5,7 @@
 #
 #   scripts/test.sh            the full run (what CI runs)
 #   GUARD_BENCH=1 scripts/test.sh   also runs the benchmarks for real
+#   LOOM_MAX_PREEMPTIONS=5 scripts/test.sh   explores more interleavings
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -52,6 +53,12 @@ step "tests"
 test_log=$(mktemp)
 trap 'rm -f "$test_log"' EXIT
 cargo test --workspace --locked 2>&1 | tee "$test_log"
+
+step "loom models (LOOM_MAX_PREEMPTIONS=${LOOM_MAX_PREEMPTIONS:-3})"
+# A project-specific cfg: a global `--cfg loom` would change third-party
+# crates too. Its own target directory keeps the normal build cached.
+RUSTFLAGS="--cfg guard_loom" LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-3}" CARGO_TARGET_DIR=target/loom \
+    cargo test --release --locked -p guard-core -p guard-std --test loom
 
 step "guard-core builds for Cortex-M with no allocator"
 # thumbv7em: Cortex-M4F; thumbv6m: Cortex-M0, which has no compare-and-swap.

@@ -25,7 +25,7 @@
 //! assert!(limiter.check(t0 + Duration::from_millis(200)).is_allowed());
 //! # Ok::<(), guard_core::limit::LimiterError>(())
 //! ```
-#![cfg_attr(not(test), no_std)]
+#![cfg_attr(not(any(test, guard_loom)), no_std)]
 // Panic freedom of the library code is checked by clippy (tests may panic).
 #![cfg_attr(
     not(test),

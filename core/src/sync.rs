@@ -10,6 +10,19 @@
 //! when an atomic type is shared with interrupt handlers there; it is
 //! required where the target has no compare-and-swap at all (Cortex-M0).
 
-#[cfg(any(target_has_atomic = "ptr", feature = "critical-section"))]
+//!
+//! Under `--cfg guard_loom` (a project-specific name: a global `loom` cfg
+//! would also change third-party crates), the atomics are loom's, so the
+//! loom models in `core/tests/loom.rs` explore every interleaving of the
+//! code exactly as written.
+
+#[cfg(all(
+    not(guard_loom),
+    any(target_has_atomic = "ptr", feature = "critical-section")
+))]
 pub use portable_atomic::AtomicU64;
+#[cfg(not(guard_loom))]
 pub use portable_atomic::Ordering;
+
+#[cfg(guard_loom)]
+pub use loom::sync::atomic::{AtomicU64, Ordering};

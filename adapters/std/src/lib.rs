@@ -35,6 +35,7 @@ pub mod metered;
 pub mod metrics;
 pub mod ratelimit;
 mod shared;
+mod sync;
 mod token_ids;
 
 pub use clock::{Clock, ManualClock, SystemClock};

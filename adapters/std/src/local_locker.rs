@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::PoisonError;
 use std::time::Duration;
 
 use guard_core::lock::{LeaseRenewer, Locker, Renewal, Token, TokenId, Ttl, UnlockError};
@@ -10,6 +10,7 @@ use guard_core::time::Instant;
 
 use crate::clock::{Clock, SystemClock};
 use crate::shared::{BoxFuture, DynLocker, LockerError};
+use crate::sync::{Mutex, MutexGuard};
 use crate::token_ids::TokenIds;
 
 /// How often expired keys are swept (the original's one minute).

@@ -1,6 +1,6 @@
 //! guard-core types with their metrics recorded.
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::PoisonError;
 use std::time::Duration;
 
 use guard_core::dlq::{DeadLetterQueue, DeadLetterSink, FailedElement};
@@ -8,6 +8,7 @@ use guard_core::retry::{Interrupted, RandomSource, RetryError, RetryExecutor};
 use guard_core::time::Instant;
 
 use crate::metrics::{record_dlq_size, record_retry_attempts};
+use crate::sync::{Mutex, MutexGuard};
 
 /// A bounded dead-letter queue shared between threads whose size is the
 /// gauge `guard_dlq_size{topic}` after every change.

@@ -2,32 +2,33 @@
 //! bounded `Keyed`.
 
 use std::hash::BuildHasher;
-use std::sync::{Mutex, PoisonError};
+use std::sync::PoisonError;
 
 use guard_core::limit::{Algorithm, Decision, FullPolicy, Keyed};
 
 use super::{LimitFuture, RateLimiter};
 use crate::clock::{Clock, SystemClock};
+use crate::sync::Mutex;
 
-/// Keys per shard.
+/// Keys per shard by default.
 pub const SHARD_KEYS: usize = 1024;
 
-type Shard<A> = Mutex<Box<Keyed<String, A, SHARD_KEYS>>>;
+type Shard<A, const S: usize> = Mutex<Box<Keyed<String, A, S>>>;
 
 /// Many keys in bounded memory, shared between threads.
 ///
 /// The keys are spread over shards of guard-core's [`Keyed`] table
-/// ([`SHARD_KEYS`] keys each), each behind its own mutex, so threads on
+/// (`S` keys each, [`SHARD_KEYS`] by default), each behind its own mutex, so threads on
 /// different keys rarely contend. Memory is fixed at construction: only
 /// keys whose state equals a new key's are ever replaced, and a full shard
 /// applies the [`FullPolicy`].
-pub struct MemoryLimiter<A: Algorithm, C: Clock = SystemClock> {
-    shards: Box<[Shard<A>]>,
+pub struct MemoryLimiter<A: Algorithm, C: Clock = SystemClock, const S: usize = SHARD_KEYS> {
+    shards: Box<[Shard<A, S>]>,
     router: std::collections::hash_map::RandomState,
     clock: C,
 }
 
-impl<A> MemoryLimiter<A, SystemClock>
+impl<A> MemoryLimiter<A, SystemClock, SHARD_KEYS>
 where
     A: Algorithm + Clone,
 {
@@ -37,14 +38,14 @@ where
     }
 }
 
-impl<A, C> MemoryLimiter<A, C>
+impl<A, C, const S: usize> MemoryLimiter<A, C, S>
 where
     A: Algorithm + Clone,
     C: Clock,
 {
     /// As [`MemoryLimiter::new`], on `clock`.
     pub fn with_clock(algorithm: A, capacity: usize, policy: FullPolicy, clock: C) -> Self {
-        let shards = capacity.div_ceil(SHARD_KEYS).max(1);
+        let shards = capacity.div_ceil(S).max(1);
         MemoryLimiter {
             shards: (0..shards)
                 .map(|_| Mutex::new(Box::new(Keyed::new(algorithm.clone(), policy))))
@@ -56,7 +57,7 @@ where
 
     /// The most keys it tracks.
     pub fn capacity(&self) -> usize {
-        self.shards.len() * SHARD_KEYS
+        self.shards.len() * S
     }
 
     /// Keys currently tracked.
@@ -85,7 +86,7 @@ where
     }
 }
 
-impl<A, C> RateLimiter for MemoryLimiter<A, C>
+impl<A, C, const S: usize> RateLimiter for MemoryLimiter<A, C, S>
 where
     A: Algorithm + Clone + Send,
     A::State: Send,
