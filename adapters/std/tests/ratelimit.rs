@@ -163,7 +163,7 @@ fn the_error_policy_names_the_key() {
 #[test]
 fn the_memory_limiter_is_bounded_and_shared_between_threads() {
     let clock = ManualClock::new(UnixMillis(0));
-    let limiter = Arc::new(MemoryLimiter::with_clock(
+    let limiter: Arc<MemoryLimiter<_, _>> = Arc::new(MemoryLimiter::with_clock(
         SlidingWindow::<10>::new(Duration::from_secs(1), 10).unwrap(),
         3_000,
         FullPolicy::DenyNewKeys,
