@@ -324,23 +324,12 @@ fn the_renewless_fallback_demotes_when_the_unlock_fails() {
     assert_eq!(actions(&mut g), [Action::Demote(DemoteReason::LeaseLost)]);
 }
 
-#[derive(Debug, Clone)]
-enum Event {
-    Timeout(u64),
-    Granted,
-    Held,
-    AcquireFailed,
-    RenewHeld,
-    RenewLost,
-    Released(bool),
-    PromoteFailed,
-    Demote,
-    Stop,
-}
+mod models;
+use models::active::{Checker, Event};
 
 fn event() -> impl Strategy<Value = Event> {
     prop_oneof![
-        4 => (0u64..8_000).prop_map(Event::Timeout),
+        4 => (0u16..8_000).prop_map(Event::Timeout),
         2 => Just(Event::Granted),
         1 => Just(Event::Held),
         1 => Just(Event::AcquireFailed),
@@ -357,77 +346,16 @@ proptest! {
     /// Whatever the backend answers and whenever, in whatever order:
     /// promotes and demotes alternate, a leader's release always follows
     /// its demote, a leader never acts past its deadline, and at most one
-    /// backend operation is outstanding.
+    /// backend operation is outstanding (see `models::active::Checker`).
     #[test]
     fn callbacks_alternate_and_leaders_respect_the_deadline(
         renewable in any::<bool>(),
         events in prop::collection::vec(event(), 1..120),
     ) {
-        let config = ActiveConfig::new();
-        let mut g = ActiveGuard::new(config, renewable, T0).unwrap();
-        let mut now = T0;
-        let mut fence = 0u64;
-        let mut promoted = false;
-        let mut leading_fence: Option<u64> = None;
-        let mut outstanding: Option<Action> = None;
-        let mut last_success_send: Option<Instant> = None;
-        let mut sent_at = now;
+        let mut checker = Checker::new(renewable);
         for ev in events {
-            match ev {
-                Event::Timeout(step) => { now = now + ms(step); g.handle_timeout(now); }
-                Event::Granted => { fence += 1; g.handle_acquired(now, Acquired::Granted(token(fence))); }
-                Event::Held => g.handle_acquired(now, Acquired::Held),
-                Event::AcquireFailed => g.handle_acquired(now, Acquired::Failed),
-                Event::RenewHeld => g.handle_renewed(now, Renewed::Held),
-                Event::RenewLost => g.handle_renewed(now, Renewed::Lost),
-                Event::Released(ok) => g.handle_released(now, ok),
-                Event::PromoteFailed => g.handle_promote_failed(now),
-                Event::Demote => g.demote(now),
-                Event::Stop => g.stop(now),
-            }
-            // Results for operations that were not outstanding are ignored
-            // by the machine; track what it actually asked for.
-            let matched = matches!(
-                (&ev, outstanding),
-                (Event::Granted | Event::Held | Event::AcquireFailed, Some(Action::Acquire))
-                    | (Event::RenewHeld | Event::RenewLost, Some(Action::Renew(_)))
-                    | (Event::Released(_), Some(Action::Release(_)))
-            );
-            if matched {
-                if matches!((&ev, outstanding), (Event::Granted, Some(Action::Acquire)) | (Event::RenewHeld, Some(Action::Renew(_)))) {
-                    last_success_send = Some(sent_at);
-                }
-                outstanding = None;
-            }
-            while let Some(a) = g.poll_action() {
-                match a {
-                    Action::Promote { fence } => {
-                        prop_assert!(!promoted, "promote twice");
-                        promoted = true;
-                        leading_fence = Some(fence);
-                    }
-                    Action::Demote(_) => { prop_assert!(promoted, "demote without promote"); promoted = false; }
-                    Action::Acquire | Action::Renew(_) | Action::Release(_) => {
-                        prop_assert!(outstanding.is_none(), "two operations in flight: {:?} and {:?}", outstanding, a);
-                        if let Action::Release(t) = a {
-                            // Demote before releasing the lease we lead with.
-                            // (Without renewals the leader's release-and-
-                            // reacquire cycle is the original's documented
-                            // takeover window.)
-                            prop_assert!(
-                                !renewable || !promoted || Some(t.fence()) != leading_fence,
-                                "released the leading lease while still consuming"
-                            );
-                        }
-                        outstanding = Some(a);
-                        sent_at = now;
-                    }
-                }
-            }
-            prop_assert_eq!(promoted, g.is_active());
-            if promoted {
-                let send = last_success_send.expect("a leader had a success");
-                prop_assert!(now < send + config.renew_deadline(), "acting past the deadline");
+            if let Err(broken) = checker.apply(ev) {
+                prop_assert!(false, "{} after {:?}", broken, ev);
             }
         }
     }
