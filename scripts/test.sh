@@ -6,6 +6,7 @@
 #   scripts/test.sh            the full run (what CI runs)
 #   GUARD_BENCH=1 scripts/test.sh   also runs the benchmarks for real
 #   LOOM_MAX_PREEMPTIONS=5 scripts/test.sh   explores more interleavings
+#   GUARD_FUZZ_SECONDS=600 scripts/test.sh   fuzzes each target longer
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -71,6 +72,24 @@ done
 
 step "the main job: three replicas, every slot once (exit 1 on a duplicate)"
 cargo run --release --locked -p guard-gateway -- demo --seconds 4
+
+step "fuzz targets: build each, run each for ${GUARD_FUZZ_SECONDS:-15} s"
+rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
+command -v cargo-fuzz >/dev/null 2>&1 || cargo install cargo-fuzz --locked
+(cd fuzz && cargo fmt --check && CARGO_BUILD_JOBS=2 cargo +nightly fuzz build -O)
+for target in $(cd fuzz && cargo +nightly fuzz list); do
+    # A scratch copy: runs grow their corpus without touching the seed.
+    work="target/fuzz-corpus/$target"
+    rm -rf "$work" && mkdir -p "$work" && cp fuzz/corpus/"$target"/* "$work"/
+    log="target/fuzz-$target.log"
+    if ! (cd fuzz && cargo +nightly fuzz run -O "$target" "../$work" -- \
+        -max_total_time="${GUARD_FUZZ_SECONDS:-15}" -max_len=512 >"../$log" 2>&1); then
+        tail -n 40 "$log" >&2
+        echo "fuzz target $target failed; its input is in fuzz/artifacts/$target" >&2
+        exit 1
+    fi
+    echo "$target: $(grep -E '^Done' "$log")"
+done
 
 step "benchmarks run"
 if [ "${GUARD_BENCH:-0}" = "1" ]; then
