@@ -3,7 +3,7 @@
 use std::fmt;
 
 use guard_core::lock::{LeaseRenewer, Locker, Renewal, Token, TokenId, Ttl, UnlockError};
-use guard_std::{BoxFuture, DynLocker, LockerError, TokenIds};
+use guard_std::TokenIds;
 use redis::Script;
 
 use crate::connection::RedisConnection;
@@ -179,46 +179,4 @@ impl LeaseRenewer for RedisLocker {
     }
 }
 
-impl DynLocker for RedisLocker {
-    fn try_lock<'a>(
-        &'a self,
-        key: &'a str,
-        ttl: Ttl,
-    ) -> BoxFuture<'a, Result<Option<Token>, LockerError>> {
-        Box::pin(async move {
-            Locker::try_lock(self, key, ttl)
-                .await
-                .map_err(LockerError::new)
-        })
-    }
-
-    fn unlock<'a>(
-        &'a self,
-        key: &'a str,
-        token: &'a Token,
-    ) -> BoxFuture<'a, Result<(), UnlockError<LockerError>>> {
-        Box::pin(async move {
-            Locker::unlock(self, key, token).await.map_err(|e| match e {
-                UnlockError::NotHeld => UnlockError::NotHeld,
-                UnlockError::Backend(e) => UnlockError::Backend(LockerError::new(e)),
-            })
-        })
-    }
-
-    fn can_renew(&self) -> bool {
-        true
-    }
-
-    fn renew<'a>(
-        &'a self,
-        key: &'a str,
-        token: &'a Token,
-        ttl: Ttl,
-    ) -> BoxFuture<'a, Result<Renewal, LockerError>> {
-        Box::pin(async move {
-            LeaseRenewer::renew(self, key, token, ttl)
-                .await
-                .map_err(LockerError::new)
-        })
-    }
-}
+guard_std::impl_dyn_locker!(RedisLocker);

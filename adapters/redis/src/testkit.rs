@@ -79,7 +79,7 @@ pub fn free_port() -> Result<u16, HarnessError> {
 
 /// Sends one inline command and reads one reply line (enough for PING,
 /// INFO fields, CLUSTER INFO and SENTINEL queries in the harness).
-fn command(port: u16, cmd: &str) -> std::io::Result<String> {
+fn command_reply(port: u16, cmd: &str) -> std::io::Result<String> {
     let mut stream = TcpStream::connect(("127.0.0.1", port))?;
     stream.set_read_timeout(Some(Duration::from_secs(2)))?;
     stream.write_all(format!("{cmd}\r\n").as_bytes())?;
@@ -149,22 +149,28 @@ impl RedisServer {
     }
 
     fn launch(&mut self) -> Result<(), HarnessError> {
-        let redis = binary("redis-server", "redis-server")?;
-        let child = Command::new(redis)
+        let mut command = Command::new(binary("redis-server", "redis-server")?);
+        command
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
             .arg("--dir")
             .arg(self.dir.path())
-            .args(&self.extra)
+            .args(&self.extra);
+        self.spawn(command, "redis-server")
+    }
+
+    /// Starts `command` quietly and waits until this port answers PING.
+    fn spawn(&mut self, mut command: Command, what: &str) -> Result<(), HarnessError> {
+        let child = command
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()?;
         self.child = Some(child);
         let port = self.port;
         wait_until(
-            &format!("redis-server on port {port}"),
+            &format!("{what} on port {port}"),
             Duration::from_secs(10),
-            || command(port, "PING").is_ok_and(|r| r.starts_with("+PONG")),
+            || command_reply(port, "PING").is_ok_and(|r| r.starts_with("+PONG")),
         )
     }
 
@@ -199,7 +205,7 @@ impl RedisServer {
 
     /// Runs one inline command and returns the first reply line.
     pub fn command(&self, cmd: &str) -> Result<String, HarnessError> {
-        Ok(command(self.port, cmd)?)
+        Ok(command_reply(self.port, cmd)?)
     }
 }
 
@@ -251,7 +257,8 @@ impl RedisCluster {
         for node in &nodes {
             let port = node.port();
             wait_until("cluster_state:ok", Duration::from_secs(15), || {
-                command(port, "CLUSTER INFO").is_ok_and(|info| info.contains("cluster_state:ok"))
+                command_reply(port, "CLUSTER INFO")
+                    .is_ok_and(|info| info.contains("cluster_state:ok"))
             })?;
         }
         Ok(RedisCluster { nodes })
@@ -303,7 +310,7 @@ impl RedisSentinel {
         sentinel.launch_sentinel(&config)?;
         let port = sentinel.port();
         wait_until("sentinel knows the master", Duration::from_secs(10), || {
-            command(
+            command_reply(
                 port,
                 &format!("SENTINEL get-master-addr-by-name {SENTINEL_SERVICE}"),
             )
@@ -325,27 +332,15 @@ impl RedisSentinel {
 
 impl RedisServer {
     fn launch_sentinel(&mut self, config: &str) -> Result<(), HarnessError> {
-        let redis = binary("redis-server", "redis-server")?;
-        let child = Command::new(redis)
-            .arg(config)
-            .arg("--sentinel")
-            .args([
-                "--port",
-                &self.port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--protected-mode",
-                "no",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()?;
-        self.child = Some(child);
-        let port = self.port;
-        wait_until(
-            &format!("sentinel on port {port}"),
-            Duration::from_secs(10),
-            || command(port, "PING").is_ok_and(|r| r.starts_with("+PONG")),
-        )
+        let mut command = Command::new(binary("redis-server", "redis-server")?);
+        command.arg(config).arg("--sentinel").args([
+            "--port",
+            &self.port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--protected-mode",
+            "no",
+        ]);
+        self.spawn(command, "sentinel")
     }
 }

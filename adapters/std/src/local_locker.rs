@@ -9,7 +9,6 @@ use guard_core::lock::{LeaseRenewer, Locker, Renewal, Token, TokenId, Ttl, Unloc
 use guard_core::time::Instant;
 
 use crate::clock::{Clock, SystemClock};
-use crate::shared::{BoxFuture, DynLocker, LockerError};
 use crate::sync::{Mutex, MutexGuard};
 use crate::token_ids::TokenIds;
 
@@ -162,36 +161,4 @@ impl<C: Clock> LeaseRenewer for LocalLocker<C> {
     }
 }
 
-impl<C: Clock + 'static> DynLocker for LocalLocker<C> {
-    fn try_lock<'a>(
-        &'a self,
-        key: &'a str,
-        ttl: Ttl,
-    ) -> BoxFuture<'a, Result<Option<Token>, LockerError>> {
-        Box::pin(async move { Ok(self.try_lock_now(key, ttl)) })
-    }
-
-    fn unlock<'a>(
-        &'a self,
-        key: &'a str,
-        token: &'a Token,
-    ) -> BoxFuture<'a, Result<(), UnlockError<LockerError>>> {
-        Box::pin(async move {
-            self.unlock_now(key, token)
-                .map_err(|_| UnlockError::NotHeld)
-        })
-    }
-
-    fn can_renew(&self) -> bool {
-        true
-    }
-
-    fn renew<'a>(
-        &'a self,
-        key: &'a str,
-        token: &'a Token,
-        ttl: Ttl,
-    ) -> BoxFuture<'a, Result<Renewal, LockerError>> {
-        Box::pin(async move { Ok(self.renew_now(key, token, ttl)) })
-    }
-}
+crate::impl_dyn_locker!([C: Clock + 'static] LocalLocker<C>);

@@ -70,6 +70,73 @@ pub trait DynLocker: Send + Sync {
     ) -> BoxFuture<'a, Result<Renewal, LockerError>>;
 }
 
+/// Implements [`DynLocker`] for a concrete type that implements
+/// `guard_core::lock::Locker` and `LeaseRenewer` (with an error that is a
+/// `std::error::Error + Send + Sync`): its futures are boxed, which is
+/// where the concrete type's `Send` futures become a `dyn` handle.
+///
+/// ```ignore
+/// guard_std::impl_dyn_locker!(MyLocker);
+/// guard_std::impl_dyn_locker!([C: Clock + 'static] MyClockedLocker<C>);
+/// ```
+#[macro_export]
+macro_rules! impl_dyn_locker {
+    ([$($generics:tt)*] $ty:ty) => {
+        impl<$($generics)*> $crate::DynLocker for $ty {
+            fn try_lock<'a>(
+                &'a self,
+                key: &'a str,
+                ttl: ::guard_core::lock::Ttl,
+            ) -> $crate::BoxFuture<'a, ::core::result::Result<::core::option::Option<::guard_core::lock::Token>, $crate::LockerError>>
+            {
+                ::std::boxed::Box::pin(async move {
+                    ::guard_core::lock::Locker::try_lock(self, key, ttl)
+                        .await
+                        .map_err($crate::LockerError::new)
+                })
+            }
+
+            fn unlock<'a>(
+                &'a self,
+                key: &'a str,
+                token: &'a ::guard_core::lock::Token,
+            ) -> $crate::BoxFuture<'a, ::core::result::Result<(), ::guard_core::lock::UnlockError<$crate::LockerError>>>
+            {
+                ::std::boxed::Box::pin(async move {
+                    ::guard_core::lock::Locker::unlock(self, key, token)
+                        .await
+                        .map_err(|e| match e {
+                            ::guard_core::lock::UnlockError::NotHeld => ::guard_core::lock::UnlockError::NotHeld,
+                            ::guard_core::lock::UnlockError::Backend(e) => {
+                                ::guard_core::lock::UnlockError::Backend($crate::LockerError::new(e))
+                            }
+                        })
+                })
+            }
+
+            fn can_renew(&self) -> bool {
+                true
+            }
+
+            fn renew<'a>(
+                &'a self,
+                key: &'a str,
+                token: &'a ::guard_core::lock::Token,
+                ttl: ::guard_core::lock::Ttl,
+            ) -> $crate::BoxFuture<'a, ::core::result::Result<::guard_core::lock::Renewal, $crate::LockerError>> {
+                ::std::boxed::Box::pin(async move {
+                    ::guard_core::lock::LeaseRenewer::renew(self, key, token, ttl)
+                        .await
+                        .map_err($crate::LockerError::new)
+                })
+            }
+        }
+    };
+    ($ty:ty) => {
+        $crate::impl_dyn_locker!([] $ty);
+    };
+}
+
 /// A cheaply cloned handle to one locker, shared by every guard of a
 /// process. It is a [`Locker`] with `Send` futures; renewal is the
 /// inherent [`SharedLocker::renew`], available when
