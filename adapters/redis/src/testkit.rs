@@ -279,6 +279,7 @@ impl RedisCluster {
 #[derive(Debug)]
 pub struct RedisSentinel {
     master: RedisServer,
+    replica: Option<RedisServer>,
     sentinel: RedisServer,
 }
 
@@ -288,7 +289,34 @@ pub const SENTINEL_SERVICE: &str = "mymaster";
 impl RedisSentinel {
     /// Starts a master and a sentinel watching it.
     pub fn start() -> Result<Self, HarnessError> {
+        Self::start_inner(false)
+    }
+
+    /// Starts a master, a replica of it, and a sentinel that will fail
+    /// over to the replica once the master is down for a second.
+    pub fn start_with_replica() -> Result<Self, HarnessError> {
+        Self::start_inner(true)
+    }
+
+    fn start_inner(with_replica: bool) -> Result<Self, HarnessError> {
         let master = RedisServer::start()?;
+        let replica = if with_replica {
+            let replica =
+                RedisServer::start_with(&["--replicaof", "127.0.0.1", &master.port().to_string()])?;
+            let port = master.port();
+            // The sentinel learns about the replica from the master.
+            wait_until(
+                "the replica is linked to the master",
+                Duration::from_secs(10),
+                || {
+                    command_reply(port, "INFO replication")
+                        .is_ok_and(|r| r.contains("connected_slaves:1"))
+                },
+            )?;
+            Some(replica)
+        } else {
+            None
+        };
         let dir = tempfile::tempdir()?;
         let config = dir.path().join("sentinel.conf");
         std::fs::write(
@@ -316,7 +344,21 @@ impl RedisSentinel {
             )
             .is_ok_and(|r| r.starts_with('*'))
         })?;
-        Ok(RedisSentinel { master, sentinel })
+        Ok(RedisSentinel {
+            master,
+            replica,
+            sentinel,
+        })
+    }
+
+    /// Stops the master (by PID), so the sentinel fails over.
+    pub fn stop_master(&mut self) {
+        self.master.stop();
+    }
+
+    /// The replica, if started with one.
+    pub fn replica(&self) -> Option<&RedisServer> {
+        self.replica.as_ref()
     }
 
     /// The sentinel's URL.

@@ -118,3 +118,66 @@ fn an_unreachable_server_is_a_clear_error() {
     let message = err.to_string();
     assert!(message.starts_with("redis:"), "{message}");
 }
+
+#[test]
+fn a_sentinel_failover_is_followed() {
+    use guard_core::lock::{Locker, Ttl};
+    let mut sentinel = RedisSentinel::start_with_replica().expect("redis sentinel with a replica");
+    let locker = connect(Topology::Sentinel {
+        sentinels: vec![sentinel.sentinel_url()],
+        service: SENTINEL_SERVICE.into(),
+    });
+    let ttl = Ttl::from_secs(60).unwrap();
+    assert!(
+        smol::block_on(locker.try_lock("before", ttl))
+            .unwrap()
+            .is_some()
+    );
+    let replica_port = sentinel.replica().unwrap().port();
+    sentinel.stop_master();
+    // Wait for the sentinel to promote the replica.
+    let client = redis::Client::open(sentinel.sentinel_url()).unwrap();
+    let start = std::time::Instant::now();
+    loop {
+        let master: Option<(String, u16)> = client.get_connection().ok().and_then(|mut c| {
+            redis::cmd("SENTINEL")
+                .arg("get-master-addr-by-name")
+                .arg(SENTINEL_SERVICE)
+                .query(&mut c)
+                .ok()
+        });
+        if master.is_some_and(|(_, port)| port == replica_port) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no failover within 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The locker asks the sentinel again after a failed request and goes on
+    // against the new master.
+    let start = std::time::Instant::now();
+    let token = loop {
+        match smol::block_on(locker.try_lock("after", ttl)) {
+            Ok(token) => break token,
+            Err(e) => {
+                assert!(
+                    start.elapsed() < Duration::from_secs(10),
+                    "still failing after the failover: {e}"
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    };
+    assert!(token.is_some());
+    let on_new_master = sentinel
+        .replica()
+        .unwrap()
+        .command("EXISTS {after}")
+        .unwrap();
+    assert!(
+        on_new_master.starts_with(":1"),
+        "the lock is on the promoted replica: {on_new_master}"
+    );
+}
