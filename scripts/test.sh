@@ -94,10 +94,12 @@ done
 step "benchmarks run"
 if [ "${GUARD_BENCH:-0}" = "1" ]; then
     cargo bench -p guard-benches --locked --bench limiters
+    cargo bench -p guard-benches --locked --bench peers
     cargo bench -p guard-benches --locked --bench redis_throughput
 else
     # Each benchmark once, as a test: proves they run without timing them.
     cargo bench -p guard-benches --locked --bench limiters -- --test
+    cargo bench -p guard-benches --locked --bench peers -- --test
     cargo bench -p guard-benches --locked --bench redis_throughput -- --test
 fi
 
