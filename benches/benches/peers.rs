@@ -3,18 +3,26 @@
 //!
 //! `cargo bench -p guard-benches --bench peers`
 
+use std::future::Future;
 use std::hint::black_box;
 use std::num::NonZeroU32;
+use std::pin::pin;
+use std::sync::Mutex;
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 use criterion::{Criterion, criterion_group, criterion_main};
+use crossbeam_queue::ArrayQueue;
+use embassy_sync::blocking_mutex::raw::CriticalSectionRawMutex;
 use governor::clock::FakeRelativeClock;
 use governor::{Quota, RateLimiter};
 use guard_benches::SteppingClock;
-use guard_core::dlq::DeadLetterQueue;
+use guard_core::dlq::{DeadLetterQueue, FailedElement, SharedDeadLetterQueue};
 use guard_core::guard::OnceGuard;
-use guard_core::limit::{AtomicTokenBucket, Limiter, Rate, TokenBucket};
+use guard_core::limit::{
+    AtomicTokenBucket, LeakyBucket, Limiter, Rate, SlidingWindow, TokenBucket,
+};
 use guard_core::lock::Scope;
 use guard_core::retry::RetryPolicy;
 use guard_core::time::Instant;
@@ -73,6 +81,21 @@ fn direct(c: &mut Criterion) {
         b.iter(|| black_box(atomic.check(black_box(clock.tick()))))
     });
 
+    let leaky = LeakyBucket::new(10, Rate::per(1, Duration::from_micros(1))).unwrap();
+    let mut ours = Limiter::new(leaky);
+    let mut clock = SteppingClock::new(2_000);
+    g.bench_function("guard_leaky_bucket_mut", |b| {
+        b.iter(|| black_box(ours.check(black_box(clock.tick()))))
+    });
+
+    // 16 per 16 µs: a full log where each admission evicts the oldest.
+    let window = SlidingWindow::<16>::new(Duration::from_micros(16), 16).unwrap();
+    let mut ours = Limiter::new(window);
+    let mut clock = SteppingClock::new(2_000);
+    g.bench_function("guard_sliding_window_16_mut", |b| {
+        b.iter(|| black_box(ours.check(black_box(clock.tick()))))
+    });
+
     let fake = FakeRelativeClock::default();
     let quota = Quota::per_second(NonZeroU32::new(1_000_000).unwrap())
         .allow_burst(NonZeroU32::new(10).unwrap());
@@ -129,21 +152,71 @@ fn dlq(c: &mut Criterion) {
             black_box(deque.pop_front())
         })
     });
+    // The same 32-byte record (element, error, attempts, failure time) our
+    // queue stores, in a bare heapless deque: what the record costs to move.
+    let mut records: heapless::Deque<FailedElement<u64, ()>, 64> = heapless::Deque::new();
+    g.bench_function("heapless_deque_of_records", |b| {
+        b.iter(|| {
+            let _ = records.push_back(FailedElement::new(black_box(7), None, 1, Instant::ZERO));
+            black_box(records.pop_front())
+        })
+    });
+    g.finish();
+
+    // The shared variants, through `&self`: guard's queue behind the
+    // critical-section mutex an MCU build uses (here the `std`
+    // implementation of critical-section, one process-wide lock), and
+    // behind `std::sync::Mutex` as guard-std holds it, beside crossbeam's
+    // lock-free bounded queue.
+    let mut g = c.benchmark_group("shared_queue_push_pop");
+    let shared: SharedDeadLetterQueue<CriticalSectionRawMutex, u64, (), 64> =
+        SharedDeadLetterQueue::new();
+    g.bench_function("guard_shared_dlq_critical_section", |b| {
+        b.iter(|| {
+            let _ = shared.add(black_box(7), None, 1, Instant::ZERO);
+            black_box(shared.poll())
+        })
+    });
+    let locked: Mutex<DeadLetterQueue<u64, (), 64>> = Mutex::new(DeadLetterQueue::new());
+    g.bench_function("guard_dlq_std_mutex", |b| {
+        b.iter(|| {
+            let mut queue = locked.lock().expect("not poisoned");
+            let _ = queue.add(black_box(7), None, 1, Instant::ZERO);
+            black_box(queue.poll())
+        })
+    });
+    let array: ArrayQueue<u64> = ArrayQueue::new(64);
+    g.bench_function("crossbeam_array_queue", |b| {
+        b.iter(|| {
+            let _ = array.push(black_box(7));
+            black_box(array.pop())
+        })
+    });
     g.finish();
 }
 
-/// A once-guard with no locker configured beside the call it guards.
+/// A once-guard with no locker configured beside the call it guards, each
+/// polled once in place as an `.await` inside an async function does.
+/// (Handing either to an executor's `block_on` adds the cost of moving the
+/// future into it, which grows with the future's size: the guard's claim
+/// state holds the 256-byte key buffer.)
 fn once_guard_without_locker(c: &mut Criterion) {
     let mut g = c.benchmark_group("once_guard_no_locker");
     let guard: OnceGuard<'_, LocalLocker> = OnceGuard::new(None, Scope::new("bench").unwrap());
+    let mut cx = Context::from_waker(Waker::noop());
+    async fn plain(key: &str) -> Result<bool, ()> {
+        Ok(!key.is_empty())
+    }
     g.bench_function("plain_async_call", |b| {
-        b.iter(|| futures_lite::future::block_on(async { black_box(Ok::<bool, ()>(true)) }))
+        b.iter(|| {
+            let call = pin!(plain(black_box("k")));
+            matches!(call.poll(&mut cx), Poll::Ready(Ok(true)))
+        })
     });
     g.bench_function("guard_allow", |b| {
         b.iter(|| {
-            futures_lite::future::block_on(async {
-                black_box(guard.allow(black_box("k")).await.map(|o| o.is_allowed()))
-            })
+            let call = pin!(guard.allow(black_box("k")));
+            matches!(call.poll(&mut cx), Poll::Ready(Ok(o)) if o.is_allowed())
         })
     });
     g.finish();

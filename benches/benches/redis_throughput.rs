@@ -10,10 +10,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use guard_core::limit::SlidingWindow;
+use guard_benches::publish;
+use guard_core::limit::{Rate, SlidingWindow, TokenBucket};
 use guard_core::lock::{Locker, Ttl};
 use guard_redis::testkit::RedisServer;
-use guard_redis::{Clock, RedisConnection, RedisLocker, RedisSlidingWindow, Topology};
+use guard_redis::{
+    Clock, RedisConnection, RedisLocker, RedisSlidingWindow, RedisTokenBucket, Topology,
+};
 
 const KEYSPACE: u64 = 100_000;
 
@@ -80,6 +83,19 @@ fn raw(port: u16, concurrency: usize, requests: u64, command: &[&str]) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// Loads `source` for `redis-benchmark`'s EVALSHA; returns its SHA1.
+fn load(conn: &RedisConnection, source: &str) -> String {
+    smol::block_on(conn.query(redis::cmd("SCRIPT").arg("LOAD").arg(source))).expect("SCRIPT LOAD")
+}
+
+/// One row of the table: ours beside the raw figure.
+fn row(rows: &mut Vec<String>, operation: &str, concurrency: usize, ours: f64, raw: f64) {
+    rows.push(format!(
+        "| {operation} | {concurrency} | {ours:.0} | {raw:.0} | {:.2} |",
+        ours / raw
+    ));
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let smoke = args.iter().any(|a| a == "--test");
@@ -102,35 +118,33 @@ fn main() {
     let locker = Arc::new(RedisLocker::new(conn.clone()));
     let window = Arc::new(
         RedisSlidingWindow::new(
-            conn,
+            conn.clone(),
             SlidingWindow::<1000>::new(Duration::from_secs(1), 1_000).unwrap(),
+        )
+        .unwrap(),
+    );
+    let bucket = Arc::new(
+        RedisTokenBucket::new(
+            conn.clone(),
+            TokenBucket::new(1_000, Rate::per(1, Duration::from_millis(1))).unwrap(),
         )
         .unwrap(),
     );
     let ttl = Ttl::from_millis(1_000).unwrap();
 
-    // The same script text the limiter sends, loaded for redis-benchmark.
-    let sha: String = smol::block_on(
-        locker.connection().query(
-            redis::cmd("SCRIPT")
-                .arg("LOAD")
-                .arg(RedisSlidingWindow::script_source()),
-        ),
-    )
-    .expect("SCRIPT LOAD");
-    let acquire_sha: String = smol::block_on(
-        locker.connection().query(
-            redis::cmd("SCRIPT")
-                .arg("LOAD")
-                .arg(RedisLocker::acquire_script_source()),
-        ),
-    )
-    .expect("SCRIPT LOAD");
+    // The same script texts our decisions send, loaded for redis-benchmark.
+    let acquire_sha = load(&conn, RedisLocker::acquire_script_source());
+    let window_sha = load(&conn, &RedisSlidingWindow::script_source());
+    let bucket_sha = load(&conn, &RedisTokenBucket::script_source());
 
-    println!("| operation | concurrency | guard (ops/s) | redis-benchmark (ops/s) | ratio |");
-    println!("|---|---|---|---|---|");
-    for concurrency in [1usize, 16, 50] {
+    let mut rows = vec![
+        "| operation | concurrency | guard (ops/s) | redis-benchmark (ops/s) | ratio |".to_owned(),
+        "|---|---|---|---|---|".to_owned(),
+    ];
+    for concurrency in [1usize, 16, 64] {
         let requests = if smoke { 2_000 } else { 200_000 };
+        let raw = |command: &[&str]| raw(server.port(), concurrency, requests, command);
+
         let locker = locker.clone();
         let ours_lock = ours(concurrency, duration, move |k| {
             let locker = locker.clone();
@@ -141,63 +155,85 @@ fn main() {
                     .expect("try_lock");
             }
         });
-        let raw_lock = raw(
-            server.port(),
+        let raw_set = raw(&["SET", "{bench:lock:__rand_int__}", "v", "NX", "PX", "1000"]);
+        row(
+            &mut rows,
+            "try_lock vs SET NX PX",
             concurrency,
-            requests,
-            &["SET", "{bench:lock:__rand_int__}", "v", "NX", "PX", "1000"],
+            ours_lock,
+            raw_set,
         );
-        println!(
-            "| try_lock vs SET NX PX | {concurrency} | {ours_lock:.0} | {raw_lock:.0} | {:.2} |",
-            ours_lock / raw_lock
-        );
-        let raw_acquire = raw(
-            server.port(),
+        let raw_acquire = raw(&[
+            "EVALSHA",
+            &acquire_sha,
+            "2",
+            "{bench:lock:__rand_int__}",
+            "fence:{bench:lock:__rand_int__}",
+            "v",
+            "1000",
+        ]);
+        row(
+            &mut rows,
+            "try_lock vs EVALSHA of its script",
             concurrency,
-            requests,
-            &[
-                "EVALSHA",
-                &acquire_sha,
-                "2",
-                "{bench:lock:__rand_int__}",
-                "fence:{bench:lock:__rand_int__}",
-                "v",
-                "1000",
-            ],
+            ours_lock,
+            raw_acquire,
         );
-        println!(
-            "| try_lock vs EVALSHA of its script | {concurrency} | {ours_lock:.0} | {raw_acquire:.0} | {:.2} |",
-            ours_lock / raw_acquire
-        );
-        let now = Clock::Server;
+
         let window = window.clone();
         let ours_window = ours(concurrency, duration, move |k| {
             let window = window.clone();
             async move {
                 let _ = window
-                    .check(&format!("bench:{k}"), now)
+                    .check(&format!("bench:{k}"), Clock::Server)
                     .await
                     .expect("check");
             }
         });
-        let raw_window = raw(
-            server.port(),
+        let raw_window = raw(&[
+            "EVALSHA",
+            &window_sha,
+            "2",
+            "guard:rl:{bench:__rand_int__}",
+            "guard:rl:{bench:__rand_int__}:seq",
+            "",
+            "1000000",
+            "1000",
+        ]);
+        row(
+            &mut rows,
+            "sliding window vs EVALSHA",
             concurrency,
-            requests,
-            &[
-                "EVALSHA",
-                &sha,
-                "2",
-                "guard:rl:{bench:__rand_int__}",
-                "guard:rl:{bench:__rand_int__}:seq",
-                "",
-                "1000000",
-                "1000",
-            ],
+            ours_window,
+            raw_window,
         );
-        println!(
-            "| sliding window vs EVALSHA | {concurrency} | {ours_window:.0} | {raw_window:.0} | {:.2} |",
-            ours_window / raw_window
+
+        let bucket = bucket.clone();
+        let ours_bucket = ours(concurrency, duration, move |k| {
+            let bucket = bucket.clone();
+            async move {
+                let _ = bucket
+                    .check(&format!("bench:{k}"), Clock::Server)
+                    .await
+                    .expect("check");
+            }
+        });
+        let raw_bucket = raw(&[
+            "EVALSHA",
+            &bucket_sha,
+            "1",
+            "guard:tb:{bench:__rand_int__}:tb",
+            "",
+            "1000",
+            "999000",
+        ]);
+        row(
+            &mut rows,
+            "token bucket vs EVALSHA",
+            concurrency,
+            ours_bucket,
+            raw_bucket,
         );
     }
+    publish("redis", &(rows.join("\n") + "\n"));
 }

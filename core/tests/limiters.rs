@@ -307,13 +307,17 @@ fn per_key_state_sizes() {
     use guard_core::limit::{BucketState, WindowLog};
     use std::mem::size_of;
     // The numbers quoted in the README: a bucket is one u64, a window log
-    // N instants plus its ring indices, a keyed u64 slot 24 bytes.
+    // N instants plus its ring indices, a keyed u64 slot 16 bytes (the
+    // state's niche holds the slot's occupancy).
     assert_eq!(size_of::<BucketState>(), 8);
     assert_eq!(size_of::<AtomicTokenBucket>(), size_of::<TokenBucket>() + 8);
     assert!(size_of::<WindowLog<16>>() <= 16 * 8 + 3 * size_of::<usize>());
-    assert_eq!(size_of::<Option<(u64, BucketState)>>(), 24);
+    assert_eq!(size_of::<Option<(u64, BucketState)>>(), 16);
+    assert_eq!(BucketState::default().settles_at(), Instant::ZERO);
+    let latest = BucketState::settling_at(Instant::MAX).settles_at();
+    assert_eq!(latest.as_nanos(), u64::MAX - 1, "stored a nanosecond early");
     assert_eq!(
         size_of::<Keyed<u64, TokenBucket, 1024>>(),
-        1024 * 24 + size_of::<Keyed<u64, TokenBucket, 8>>() - 8 * 24
+        1024 * 16 + size_of::<Keyed<u64, TokenBucket, 8>>() - 8 * 16
     );
 }

@@ -211,9 +211,16 @@ impl<V> RedisBucket<V> {
             suffix,
             interval_us,
             tolerance_us,
-            script: Script::new(&format!("{NOW}{GCRA}")),
+            script: Script::new(&Self::script_source()),
             view: PhantomData,
         })
+    }
+
+    /// The script each decision runs (KEYS: the bucket; ARGV: now in
+    /// microseconds or empty for the server's clock, the interval and the
+    /// tolerance in microseconds), for tools that load it themselves.
+    pub fn script_source() -> String {
+        format!("{NOW}{GCRA}")
     }
 
     /// The Redis key of `key`.

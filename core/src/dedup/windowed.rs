@@ -112,11 +112,15 @@ impl<K: Hash + Eq + Clone, const N: usize, S: BuildHasher> WindowedDeduplicator<
                 return Ok(duplicate);
             }
         }
-        let window = self.window;
+        let (window, hasher) = (self.window, &self.hasher);
         self.last_seen
-            .insert(hash, item.clone(), now, |&seen| {
-                now.saturating_duration_since(seen) >= window
-            })
+            .insert(
+                hash,
+                item.clone(),
+                now,
+                |&seen| now.saturating_duration_since(seen) >= window,
+                |k| hash_of(hasher, k),
+            )
             .map(|_| false)
             .map_err(|_| CapacityExceeded)
     }

@@ -10,7 +10,9 @@
 //! lets [`super::AtomicTokenBucket`] update the state with a single
 //! compare-and-swap, and the same function decides for every storage.
 
+use core::fmt;
 use core::marker::PhantomData;
+use core::num::NonZeroU64;
 use core::time::Duration;
 
 use super::{Algorithm, Decision, LimiterError, Rate};
@@ -89,22 +91,50 @@ impl Gcra {
 /// The whole state of one bucket: the instant at which it has settled
 /// (a token bucket is full again, a leaky bucket empty again).
 ///
-/// The zero value is a new key. Eight bytes per key.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+/// The default value is a new key. Eight bytes per key, with a niche:
+/// `Option<(u64, BucketState)>` is 16 bytes, so a keyed table of integer
+/// keys spends 16 bytes a slot.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub struct BucketState {
-    settles_at: Instant,
+    /// The bitwise complement of the settle instant in nanoseconds. It is
+    /// never zero because the latest settle instant stored is one
+    /// nanosecond before `Instant::MAX` (584 years from the origin), and
+    /// that zero is the niche `Option` uses.
+    inverted: NonZeroU64,
 }
 
 impl BucketState {
+    /// A new key's state: settled since the origin.
+    const NEW: BucketState = BucketState::settling_at(Instant::ZERO);
+
     /// A state that settles at `at` (for storage layers that persist it).
+    /// `Instant::MAX` is stored one nanosecond earlier.
     pub const fn settling_at(at: Instant) -> Self {
-        BucketState { settles_at: at }
+        let inverted = match NonZeroU64::new(!at.as_nanos()) {
+            Some(inverted) => inverted,
+            None => NonZeroU64::MIN,
+        };
+        BucketState { inverted }
     }
 
     /// When the bucket is back to the state of a new key.
     pub const fn settles_at(&self) -> Instant {
-        self.settles_at
+        Instant::from_nanos(!self.inverted.get())
+    }
+}
+
+impl Default for BucketState {
+    fn default() -> Self {
+        BucketState::NEW
+    }
+}
+
+impl fmt::Debug for BucketState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BucketState")
+            .field("settles_at", &self.settles_at())
+            .finish()
     }
 }
 
@@ -192,7 +222,7 @@ impl<V> Bucket<V> {
     /// Units that could be admitted at `now`.
     const fn room(&self, state: &BucketState, now: Instant) -> u32 {
         self.gcra
-            .room(state.settles_at.as_nanos(), now.as_nanos(), self.capacity)
+            .room(state.settles_at().as_nanos(), now.as_nanos(), self.capacity)
     }
 
     #[cfg_attr(
@@ -220,17 +250,15 @@ impl Bucket<Water> {
 
 impl<V> Algorithm for Bucket<V> {
     type State = BucketState;
-    const NEW_STATE: BucketState = BucketState {
-        settles_at: Instant::ZERO,
-    };
+    const NEW_STATE: BucketState = BucketState::NEW;
 
     fn check(&self, state: &mut BucketState, now: Instant) -> Decision {
         match self
             .gcra
-            .decide(state.settles_at.as_nanos(), now.as_nanos())
+            .decide(state.settles_at().as_nanos(), now.as_nanos())
         {
             Ok(next) => {
-                state.settles_at = Instant::from_nanos(next);
+                *state = BucketState::settling_at(Instant::from_nanos(next));
                 Decision::Allowed
             }
             Err(admit_from) => Decision::denied_until(Instant::from_nanos(admit_from), now),
@@ -238,6 +266,6 @@ impl<V> Algorithm for Bucket<V> {
     }
 
     fn fresh_at(&self, state: &BucketState) -> Instant {
-        state.settles_at
+        state.settles_at()
     }
 }

@@ -137,11 +137,14 @@ impl<K: Hash + Eq + Clone, A: Algorithm, const N: usize, S: BuildHasher> Keyed<K
         }
         let mut state = A::NEW_STATE;
         let decision = self.algorithm.check(&mut state, now);
-        let algorithm = &self.algorithm;
-        match self
-            .table
-            .insert(hash, to_key(), state, |s| algorithm.is_fresh(s, now))
-        {
+        let (algorithm, hasher) = (&self.algorithm, &self.hasher);
+        match self.table.insert(
+            hash,
+            to_key(),
+            state,
+            |s| algorithm.is_fresh(s, now),
+            |k| hash_of(hasher, k),
+        ) {
             Ok(Placed::Free) => decision,
             Ok(Placed::Replaced) => {
                 self.stats.replaced = self.stats.replaced.saturating_add(1);
