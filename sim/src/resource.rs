@@ -1,0 +1,118 @@
+//! The protected resource: it records every side effect with its fence
+//! and, when fencing is on, rejects those older than the newest it saw.
+
+use std::collections::HashMap;
+
+use crate::clock::Nanos;
+
+/// What became of one side effect.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Applied; its fence was the newest seen (or fencing is off and it was).
+    Accepted,
+    /// Applied although a newer fence had been seen: fencing is off and a
+    /// stale leader wrote.
+    AcceptedStale,
+    /// Refused: a newer fence had been seen.
+    RejectedStale,
+}
+
+/// One recorded side effect, for the timeline.
+#[derive(Clone, Copy, Debug)]
+pub struct Effect {
+    /// When it reached the resource (true time).
+    pub at: Nanos,
+    /// Who sent it.
+    pub replica: usize,
+    /// Its fence.
+    pub fence: u64,
+    /// What the resource did.
+    pub verdict: Verdict,
+}
+
+/// The resource every leader writes to, and the ledger of slot runs.
+#[derive(Debug)]
+pub struct Resource {
+    fencing: bool,
+    newest_fence: u64,
+    /// Who first wrote with the newest fence: a second writer with the same
+    /// fence means the lock service handed one fence out twice.
+    newest_writer: Option<usize>,
+    /// Side effects, in arrival order (capped for the timeline).
+    pub effects: Vec<Effect>,
+    /// Counts by verdict.
+    pub accepted: u64,
+    /// Stale effects applied (fencing off).
+    pub accepted_stale: u64,
+    /// Stale effects refused (fencing on).
+    pub rejected_stale: u64,
+    /// Effects by a second writer under an already used fence.
+    pub fence_reused: u64,
+    /// Runs per scheduled slot (Unix ms of the slot).
+    pub slot_runs: HashMap<u64, u32>,
+}
+
+/// The most side effects kept for the timeline; counts go on beyond it.
+const EFFECTS_KEPT: usize = 20_000;
+
+impl Resource {
+    /// A resource that enforces fences when `fencing` is true.
+    pub fn new(fencing: bool) -> Self {
+        Resource {
+            fencing,
+            newest_fence: 0,
+            newest_writer: None,
+            effects: Vec::new(),
+            accepted: 0,
+            accepted_stale: 0,
+            rejected_stale: 0,
+            fence_reused: 0,
+            slot_runs: HashMap::new(),
+        }
+    }
+
+    /// A leader's side effect arrives.
+    pub fn write(&mut self, at: Nanos, replica: usize, fence: u64) -> Verdict {
+        let verdict = if fence < self.newest_fence {
+            if self.fencing {
+                self.rejected_stale += 1;
+                Verdict::RejectedStale
+            } else {
+                self.accepted_stale += 1;
+                Verdict::AcceptedStale
+            }
+        } else {
+            if fence == self.newest_fence && self.newest_writer.is_some_and(|w| w != replica) {
+                self.fence_reused += 1;
+            }
+            if fence > self.newest_fence || self.newest_writer.is_none() {
+                self.newest_fence = fence;
+                self.newest_writer = Some(replica);
+            }
+            self.accepted += 1;
+            Verdict::Accepted
+        };
+        if self.effects.len() < EFFECTS_KEPT {
+            self.effects.push(Effect {
+                at,
+                replica,
+                fence,
+                verdict,
+            });
+        }
+        verdict
+    }
+
+    /// A scheduled slot ran.
+    pub fn run_slot(&mut self, slot_ms: u64) {
+        *self.slot_runs.entry(slot_ms).or_insert(0) += 1;
+    }
+
+    /// Slots run more than once.
+    pub fn duplicate_runs(&self) -> u64 {
+        self.slot_runs
+            .values()
+            .map(|&n| u64::from(n.saturating_sub(1)))
+            .sum()
+    }
+}

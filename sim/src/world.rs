@@ -1,0 +1,771 @@
+//! The world: replicas, the lock service, the network and the protected
+//! resource, advanced event by event in virtual time.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll, Waker};
+
+use guard_core::guard::{Acquired, Action, ActiveGuard, OnceGuard, OnceOutcome, Renewed};
+use guard_core::limit::{Limiter, SlidingWindow};
+use guard_core::lock::{Scope, Token};
+use guard_core::slot::{Every, SlotTimer};
+use guard_core::time::Instant;
+
+use crate::clock::{EPOCH_MS, Nanos, ReplicaClock};
+use crate::config::{Fault, Target, WorldConfig};
+use crate::locker::{Answer, SimLocker, TimedOut, token_id, ttl_nanos};
+use crate::report::{Report, Timeline};
+use crate::resource::Resource;
+use crate::rng::{LogHash, Rng};
+use crate::server::{LockOp, LockReply, LockService};
+
+/// The lease key every replica's ActiveGuard competes for.
+pub const ACTIVE_KEY: &str = "guard:active:{sim}";
+
+/// The longest sliding window a replica's limiter keeps.
+const WINDOW_CAP: usize = 64;
+
+/// A slot claim in flight: guard-core's `OnceGuard::allow` awaiting the
+/// simulated locker.
+type Claim = Pin<Box<dyn Future<Output = (u64, OnceOutcome)>>>;
+
+/// What an ActiveGuard request was for.
+#[derive(Clone, Copy, Debug)]
+enum LeaseCall {
+    Acquire(u128),
+    Renew,
+    Release,
+}
+
+/// Something that happens at an instant of true time.
+#[derive(Clone, Debug)]
+enum Event {
+    /// A replica's ActiveGuard timer (ignored unless `tag` is current).
+    LeaseTimer { r: usize, epoch: u64, tag: u64 },
+    /// A replica's slot timer.
+    SlotFire { r: usize, epoch: u64 },
+    /// A leader's periodic side effect.
+    Work { r: usize, epoch: u64, tag: u64 },
+    /// A limiter request at a replica.
+    LimitRequest { r: usize, epoch: u64 },
+    /// A request reaches the lock service.
+    AtService { r: usize, epoch: u64, id: u64, op: LockOp },
+    /// A reply reaches a replica.
+    AtReplica { r: usize, epoch: u64, id: u64, reply: LockReply },
+    /// A request's time-out at a replica.
+    Timeout { r: usize, epoch: u64, id: u64 },
+    /// A side effect reaches the resource.
+    AtResource { r: usize, fence: u64 },
+    /// A fault starts.
+    FaultStart(usize),
+    /// A crashed replica restarts.
+    Restart { r: usize },
+}
+
+impl Event {
+    /// The replica whose own processing runs this event (and that a pause
+    /// or crash therefore delays or drops).
+    fn owner(&self) -> Option<(usize, u64)> {
+        match *self {
+            Event::LeaseTimer { r, epoch, .. }
+            | Event::SlotFire { r, epoch }
+            | Event::Work { r, epoch, .. }
+            | Event::LimitRequest { r, epoch }
+            | Event::AtReplica { r, epoch, .. }
+            | Event::Timeout { r, epoch, .. } => Some((r, epoch)),
+            _ => None,
+        }
+    }
+
+    /// A number per kind, for the log hash.
+    fn kind(&self) -> u64 {
+        match self {
+            Event::LeaseTimer { .. } => 1,
+            Event::SlotFire { .. } => 2,
+            Event::Work { .. } => 3,
+            Event::LimitRequest { .. } => 4,
+            Event::AtService { .. } => 5,
+            Event::AtReplica { .. } => 6,
+            Event::Timeout { .. } => 7,
+            Event::AtResource { .. } => 8,
+            Event::FaultStart(_) => 9,
+            Event::Restart { .. } => 10,
+        }
+    }
+}
+
+/// One replica's live state; a crash drops it and a restart builds anew.
+struct Replica {
+    clock: ReplicaClock,
+    epoch: u64,
+    up: bool,
+    paused_until: Nanos,
+    partitioned_until: Nanos,
+    locker: Rc<SimLocker>,
+    guard: Option<ActiveGuard>,
+    lease_calls: HashMap<u64, LeaseCall>,
+    timer_tag: u64,
+    timer_at: Option<Nanos>,
+    work_tag: u64,
+    leading: Option<(u64, Nanos)>,
+    slots: Option<SlotTimer<Every>>,
+    claims: HashMap<u64, Claim>,
+    limiter: Option<Limiter<SlidingWindow<WINDOW_CAP>>>,
+    admitted: VecDeque<Instant>,
+}
+
+/// The simulated world. Build it with [`World::new`], then [`World::run`].
+pub struct World {
+    config: WorldConfig,
+    rng: Rng,
+    now: Nanos,
+    end: Nanos,
+    queue: BinaryHeap<Reverse<(Nanos, u64)>>,
+    events: HashMap<u64, Event>,
+    next_seq: u64,
+    replicas: Vec<Replica>,
+    service: LockService,
+    resource: Resource,
+    hash: LogHash,
+    timeline: Timeline,
+    report: Report,
+    /// When the last leader stopped leading through a crash, pending a
+    /// takeover measurement.
+    leader_lost_at: Option<Nanos>,
+    /// How many replicas lead, and since when the count last changed.
+    leading_now: usize,
+    leading_changed_at: Nanos,
+    crashed_at: HashMap<usize, Nanos>,
+    scope: Scope,
+}
+
+fn nanos(d: core::time::Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl World {
+    /// A world at time zero, replicas started, faults scheduled.
+    pub fn new(config: WorldConfig) -> Result<Self, String> {
+        if config.replicas == 0 {
+            return Err("a world needs at least one replica".into());
+        }
+        if let Some(l) = config.limiter
+            && (l.limit == 0 || l.limit as usize > WINDOW_CAP)
+        {
+            return Err(format!(
+                "the limiter's limit must be 1 to {WINDOW_CAP}, not {}",
+                l.limit
+            ));
+        }
+        let mut rng = Rng::new(config.seed);
+        let offset = i64::try_from(nanos(config.max_offset)).unwrap_or(i64::MAX);
+        let clocks: Vec<ReplicaClock> = (0..config.replicas)
+            .map(|_| ReplicaClock {
+                offset_ns: rng.signed(offset),
+                drift_ppm: rng.signed(config.max_drift_ppm),
+            })
+            .collect();
+        let scope = Scope::new("sim")
+            .and_then(|s| s.segment("job", "tick"))
+            .map_err(|e| e.to_string())?;
+        let mut world = World {
+            end: nanos(config.duration),
+            service: LockService::new(nanos(config.replication_lag)),
+            resource: Resource::new(config.fencing),
+            timeline: Timeline::new(config.replicas, clocks.clone()),
+            report: Report::new(config.seed, config.replicas),
+            rng,
+            now: 0,
+            queue: BinaryHeap::new(),
+            events: HashMap::new(),
+            next_seq: 0,
+            replicas: Vec::new(),
+            hash: LogHash::default(),
+            leader_lost_at: None,
+            leading_now: 0,
+            leading_changed_at: 0,
+            crashed_at: HashMap::new(),
+            scope,
+            config,
+        };
+        for (r, clock) in clocks.into_iter().enumerate() {
+            world.replicas.push(Replica::fresh(clock, 0, r));
+            world.start_replica(r);
+        }
+        for (i, fault) in world.config.faults.clone().iter().enumerate() {
+            world.schedule(nanos(fault.at()), Event::FaultStart(i));
+        }
+        Ok(world)
+    }
+
+    fn schedule(&mut self, at: Nanos, event: Event) {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.events.insert(seq, event);
+        self.queue.push(Reverse((at.max(self.now), seq)));
+    }
+
+    /// Runs to the end; `progress` is called with the fraction done, about
+    /// every tenth of the run.
+    pub fn run(mut self, mut progress: impl FnMut(f64)) -> (Report, Timeline) {
+        let tenth = (self.end / 10).max(1);
+        let mut next_progress = tenth;
+        while let Some(Reverse((at, seq))) = self.queue.pop() {
+            if at > self.end {
+                break;
+            }
+            self.now = at;
+            while self.now >= next_progress {
+                progress(next_progress as f64 / self.end.max(1) as f64);
+                next_progress += tenth;
+            }
+            if let Some(event) = self.events.remove(&seq) {
+                self.dispatch(seq, event);
+            }
+        }
+        self.now = self.end;
+        self.finish()
+    }
+
+    fn dispatch(&mut self, seq: u64, event: Event) {
+        if let Some((r, epoch)) = event.owner() {
+            let replica = &self.replicas[r];
+            if !replica.up || replica.epoch != epoch {
+                return; // the incarnation it belonged to is gone
+            }
+            if replica.paused_until > self.now {
+                // Paused: everything the replica would do waits, in order.
+                let resume = replica.paused_until;
+                self.events.insert(seq, event);
+                self.queue.push(Reverse((resume, seq)));
+                return;
+            }
+        }
+        self.report.events += 1;
+        let (r, data) = match &event {
+            Event::AtService { r, id, .. } | Event::Timeout { r, id, .. } => (*r, *id),
+            Event::AtReplica { r, id, .. } => (*r, *id),
+            Event::LeaseTimer { r, .. }
+            | Event::SlotFire { r, .. }
+            | Event::Work { r, .. }
+            | Event::LimitRequest { r, .. }
+            | Event::Restart { r } => (*r, 0),
+            Event::AtResource { r, fence } => (*r, *fence),
+            Event::FaultStart(i) => (usize::MAX, *i as u64),
+        };
+        self.hash.add(&[self.now, event.kind(), r as u64, data]);
+        match event {
+            Event::LeaseTimer { r, tag, .. } => {
+                if self.replicas[r].timer_tag == tag {
+                    self.replicas[r].timer_at = None;
+                    let local = self.local(r);
+                    if let Some(g) = self.replicas[r].guard.as_mut() {
+                        g.handle_timeout(local);
+                    }
+                    self.drive_lease(r);
+                }
+            }
+            Event::SlotFire { r, .. } => self.fire_slot(r),
+            Event::Work { r, tag, .. } => self.work(r, tag),
+            Event::LimitRequest { r, .. } => self.limit_request(r),
+            Event::AtService { r, epoch, id, op } => self.at_service(r, epoch, id, &op),
+            Event::AtReplica { r, id, reply, .. } => self.at_replica(r, id, Ok(reply)),
+            Event::Timeout { r, id, .. } => self.at_replica(r, id, Err(TimedOut)),
+            Event::AtResource { r, fence } => {
+                let verdict = self.resource.write(self.now, r, fence);
+                self.hash.add(&[verdict as u64]);
+            }
+            Event::FaultStart(i) => self.start_fault(i),
+            Event::Restart { r } => {
+                let epoch = self.replicas[r].epoch + 1;
+                let clock = self.replicas[r].clock;
+                self.replicas[r] = Replica::fresh(clock, epoch, r);
+                self.start_replica(r);
+                let since = self.crashed_at.remove(&r).unwrap_or(self.now);
+                self.timeline.fault(r, "crash", since, self.now);
+            }
+        }
+    }
+
+    fn local(&self, r: usize) -> Instant {
+        self.replicas[r].clock.monotonic(self.now)
+    }
+
+    fn start_replica(&mut self, r: usize) {
+        let local = self.local(r);
+        let wall = self.replicas[r].clock.wall(self.now);
+        let epoch = self.replicas[r].epoch;
+        if let Some(config) = self.config.active {
+            match ActiveGuard::new(config, true, local) {
+                Ok(guard) => self.replicas[r].guard = Some(guard),
+                Err(e) => self.report.violations.push(format!("bad lease config: {e:?}")),
+            }
+            self.drive_lease(r);
+        }
+        if let Some(slots) = self.config.slots
+            && let Ok(every) = Every::new(slots.period)
+        {
+            let timer = SlotTimer::new(every, wall);
+            if let Some(next) = timer.next_fire() {
+                let at = self.replicas[r].clock.true_time_of_wall(next);
+                self.schedule(at, Event::SlotFire { r, epoch });
+            }
+            self.replicas[r].slots = Some(timer);
+        }
+        if let Some(limit) = self.config.limiter
+            && let Ok(window) = SlidingWindow::<WINDOW_CAP>::new(limit.window, limit.limit)
+        {
+            self.replicas[r].limiter = Some(Limiter::new(window));
+            let gap = self.rng.below(nanos(limit.max_gap));
+            self.schedule(self.now + gap, Event::LimitRequest { r, epoch });
+        }
+    }
+
+    /// Sends `op` from replica `r` to the lock service, with its time-out.
+    fn send_to_service(&mut self, r: usize, id: u64, op: LockOp) {
+        let epoch = self.replicas[r].epoch;
+        let timeout = self.now + nanos(self.config.request_timeout);
+        self.schedule(timeout, Event::Timeout { r, epoch, id });
+        if self.replicas[r].partitioned_until > self.now {
+            return;
+        }
+        for delay in self.deliveries() {
+            let event = Event::AtService {
+                r,
+                epoch,
+                id,
+                op: op.clone(),
+            };
+            self.schedule(self.now + delay, event);
+        }
+    }
+
+    /// The delays of one message's copies: none if lost, two if duplicated.
+    fn deliveries(&mut self) -> Vec<u64> {
+        if self.rng.chance(self.config.loss) {
+            return Vec::new();
+        }
+        let copies = if self.rng.chance(self.config.duplication) {
+            2
+        } else {
+            1
+        };
+        let (lo, hi) = (nanos(self.config.latency.0), nanos(self.config.latency.1));
+        (0..copies).map(|_| self.rng.between(lo, hi)).collect()
+    }
+
+    fn at_service(&mut self, r: usize, epoch: u64, id: u64, op: &LockOp) {
+        let Some(reply) = self.service.handle(op, self.now) else {
+            return; // failing over: the request is lost
+        };
+        if let (LockOp::Acquire { key, ttl_ns, .. }, LockReply::Granted(fence)) = (op, reply)
+            && key == ACTIVE_KEY
+        {
+            self.timeline.lease(self.now, self.now + ttl_ns, fence, r);
+        }
+        if self.replicas[r].partitioned_until > self.now {
+            return;
+        }
+        for delay in self.deliveries() {
+            let event = Event::AtReplica {
+                r,
+                epoch,
+                id,
+                reply,
+            };
+            self.schedule(self.now + delay, event);
+        }
+    }
+
+    fn at_replica(&mut self, r: usize, id: u64, answer: Answer) {
+        let local = self.local(r);
+        if let Some(call) = self.replicas[r].lease_calls.remove(&id) {
+            if let Some(guard) = self.replicas[r].guard.as_mut() {
+                match call {
+                    LeaseCall::Acquire(token) => guard.handle_acquired(
+                        local,
+                        match answer {
+                            Ok(LockReply::Granted(fence)) => {
+                                Acquired::Granted(Token::new(token_id(token), fence))
+                            }
+                            Ok(_) => Acquired::Held,
+                            Err(TimedOut) => Acquired::Failed,
+                        },
+                    ),
+                    LeaseCall::Renew => guard.handle_renewed(
+                        local,
+                        match answer {
+                            Ok(LockReply::Done) => Renewed::Held,
+                            Ok(_) => Renewed::Lost,
+                            Err(TimedOut) => Renewed::Failed,
+                        },
+                    ),
+                    LeaseCall::Release => {
+                        guard.handle_released(local, matches!(answer, Ok(LockReply::Done)));
+                    }
+                }
+            }
+            self.drive_lease(r);
+        } else if let Some(mut claim) = self.replicas[r].claims.remove(&id) {
+            self.replicas[r].locker.answer(id, answer);
+            let mut cx = Context::from_waker(Waker::noop());
+            match claim.as_mut().poll(&mut cx) {
+                Poll::Ready((slot, outcome)) => {
+                    if outcome.is_allowed() {
+                        self.resource.run_slot(slot);
+                    }
+                    self.report.claims += 1;
+                }
+                Poll::Pending => {
+                    self.replicas[r].claims.insert(id, claim);
+                }
+            }
+        }
+        // A duplicate or late answer to a finished call is ignored.
+    }
+
+    /// Carries out the ActiveGuard's actions and re-arms its timer.
+    fn drive_lease(&mut self, r: usize) {
+        while let Some(action) = self.replicas[r].guard.as_mut().and_then(|g| g.poll_action()) {
+            let ttl = self
+                .config
+                .active
+                .map_or(0, |c| ttl_nanos(c.ttl()));
+            let locker = self.replicas[r].locker.clone();
+            match action {
+                Action::Acquire => {
+                    let token = locker.new_token();
+                    let op = LockOp::Acquire {
+                        key: ACTIVE_KEY.into(),
+                        token,
+                        ttl_ns: ttl,
+                    };
+                    self.lease_call(r, &locker, op, LeaseCall::Acquire(token));
+                }
+                Action::Renew(t) => {
+                    let op = LockOp::Renew {
+                        key: ACTIVE_KEY.into(),
+                        token: u128::from_be_bytes(t.id().0),
+                        ttl_ns: ttl,
+                    };
+                    self.lease_call(r, &locker, op, LeaseCall::Renew);
+                }
+                Action::Release(t) => {
+                    let op = LockOp::Release {
+                        key: ACTIVE_KEY.into(),
+                        token: u128::from_be_bytes(t.id().0),
+                    };
+                    self.lease_call(r, &locker, op, LeaseCall::Release);
+                }
+                Action::Promote { fence } => self.promote(r, fence),
+                Action::Demote(_) => self.demote(r),
+            }
+        }
+        let deadline = self.replicas[r].guard.as_ref().and_then(|g| g.poll_timeout());
+        if let Some(deadline) = deadline {
+            let at = self.replicas[r]
+                .clock
+                .true_time_of_monotonic(deadline)
+                .max(self.now + 1);
+            if self.replicas[r].timer_at != Some(at) {
+                self.replicas[r].timer_tag += 1;
+                self.replicas[r].timer_at = Some(at);
+                let (epoch, tag) = (self.replicas[r].epoch, self.replicas[r].timer_tag);
+                self.schedule(at, Event::LeaseTimer { r, epoch, tag });
+            }
+        }
+    }
+
+    fn lease_call(&mut self, r: usize, locker: &SimLocker, op: LockOp, call: LeaseCall) {
+        let id = locker.request_id();
+        self.replicas[r].lease_calls.insert(id, call);
+        self.send_to_service(r, id, op);
+    }
+
+    fn set_leading_count(&mut self, count: usize) {
+        if self.leading_now >= 2 {
+            self.report.dual_leader_ns += self.now - self.leading_changed_at;
+        }
+        self.leading_now = count;
+        self.leading_changed_at = self.now;
+        self.report.max_leaders = self.report.max_leaders.max(count);
+    }
+
+    fn acting_leaders(&self) -> usize {
+        self.replicas
+            .iter()
+            .filter(|p| p.up && p.leading.is_some() && p.paused_until <= self.now)
+            .count()
+    }
+
+    fn promote(&mut self, r: usize, fence: u64) {
+        self.replicas[r].leading = Some((fence, self.now));
+        self.replicas[r].work_tag += 1;
+        self.report.promotions += 1;
+        if let Some(lost) = self.leader_lost_at.take() {
+            let took = self.now - lost;
+            self.report.takeovers.push(took);
+            if took > self.takeover_bound() {
+                self.report.violations.push(format!(
+                    "takeover took {} ms at {} ms, bound {} ms",
+                    took / 1_000_000,
+                    self.now / 1_000_000,
+                    self.takeover_bound() / 1_000_000
+                ));
+            }
+        }
+        let count = self.acting_leaders();
+        self.set_leading_count(count);
+        let (epoch, tag) = (self.replicas[r].epoch, self.replicas[r].work_tag);
+        self.schedule(self.now, Event::Work { r, epoch, tag });
+    }
+
+    fn demote(&mut self, r: usize) {
+        if let Some((fence, since)) = self.replicas[r].leading.take() {
+            self.timeline.led(r, since, self.now, fence);
+        }
+        self.replicas[r].work_tag += 1;
+        let count = self.acting_leaders();
+        self.set_leading_count(count);
+    }
+
+    /// The promise of a takeover after a leader crash: ttl (the lease's
+    /// life after its last renewal, which may still be in flight: one
+    /// latency) + interval (the standby's next attempt, stretched by the
+    /// slowest clock) + a round trip for that attempt.
+    pub fn takeover_bound(&self) -> u64 {
+        let Some(active) = self.config.active else {
+            return u64::MAX;
+        };
+        let interval = nanos(active.interval());
+        let stretch = interval * self.config.max_drift_ppm.unsigned_abs() / 1_000_000 + 1;
+        ttl_nanos(active.ttl()) + interval + stretch + 3 * nanos(self.config.latency.1)
+    }
+
+    fn work(&mut self, r: usize, tag: u64) {
+        if self.replicas[r].work_tag != tag {
+            return;
+        }
+        let Some((fence, _)) = self.replicas[r].leading else {
+            return;
+        };
+        for delay in self.deliveries_reliable() {
+            self.schedule(self.now + delay, Event::AtResource { r, fence });
+        }
+        let epoch = self.replicas[r].epoch;
+        let next = self.now + nanos(self.config.work_period);
+        self.schedule(next, Event::Work { r, epoch, tag });
+    }
+
+    /// The protected resource is reached over a reliable link (a database
+    /// connection): one copy, latency only.
+    fn deliveries_reliable(&mut self) -> [u64; 1] {
+        let (lo, hi) = (nanos(self.config.latency.0), nanos(self.config.latency.1));
+        [self.rng.between(lo, hi)]
+    }
+
+    fn fire_slot(&mut self, r: usize) {
+        let wall = self.replicas[r].clock.wall(self.now);
+        let epoch = self.replicas[r].epoch;
+        let Some(timer) = self.replicas[r].slots.as_mut() else {
+            return;
+        };
+        let Some(slot) = timer.fire(wall) else {
+            return;
+        };
+        let next = timer.next_fire();
+        if let Some(next) = next {
+            let at = self.replicas[r].clock.true_time_of_wall(next).max(self.now + 1);
+            self.schedule(at, Event::SlotFire { r, epoch });
+        }
+        self.report.slot_fires += 1;
+        let key_ttl = match self.config.slots {
+            Some(s) => s.key_ttl,
+            None => return,
+        };
+        let locker = self.replicas[r].locker.clone();
+        let scope = self.scope.clone();
+        let mut claim: Claim = Box::pin(async move {
+            let guard = OnceGuard::new(Some(&*locker), scope).with_ttl(key_ttl);
+            let key = slot.as_millis().to_string();
+            let outcome = match guard.allow(&key).await {
+                Ok(outcome) => outcome,
+                Err(_) => OnceOutcome::SkippedOnError,
+            };
+            (slot.as_millis(), outcome)
+        });
+        let mut cx = Context::from_waker(Waker::noop());
+        if claim.as_mut().poll(&mut cx).is_ready() {
+            return; // no request was needed
+        }
+        // A claim sends exactly one request: the try_lock of its slot key.
+        let sent = self.replicas[r].locker.outbox.borrow_mut().pop();
+        if let Some((id, op)) = sent {
+            self.send_to_service(r, id, op);
+            self.replicas[r].claims.insert(id, claim);
+        }
+    }
+
+    fn limit_request(&mut self, r: usize) {
+        let Some(config) = self.config.limiter else {
+            return;
+        };
+        let local = self.local(r);
+        let epoch = self.replicas[r].epoch;
+        let replica = &mut self.replicas[r];
+        if let Some(limiter) = replica.limiter.as_mut()
+            && limiter.check(local).is_allowed()
+        {
+            self.report.limiter_admitted += 1;
+            replica.admitted.push_back(local);
+            // The window's rule: an admission at `t` counts until `t + window`.
+            let window = config.window;
+            while replica
+                .admitted
+                .front()
+                .is_some_and(|&t| local.saturating_duration_since(t) >= window)
+            {
+                replica.admitted.pop_front();
+            }
+            if replica.admitted.len() > config.limit as usize {
+                self.report.violations.push(format!(
+                    "replica {r}'s limiter admitted {} within one window at {} ms",
+                    replica.admitted.len(),
+                    self.now / 1_000_000
+                ));
+            }
+        } else {
+            self.report.limiter_denied += 1;
+        }
+        let gap = self.rng.below(nanos(config.max_gap)).max(1);
+        self.schedule(self.now + gap, Event::LimitRequest { r, epoch });
+    }
+
+    fn resolve(&self, target: Target) -> Option<usize> {
+        match target {
+            Target::Replica(r) => (r < self.replicas.len()).then_some(r),
+            Target::Leader => (0..self.replicas.len())
+                .find(|&r| self.replicas[r].up && self.replicas[r].leading.is_some()),
+        }
+    }
+
+    fn start_fault(&mut self, i: usize) {
+        let Some(fault) = self.config.faults.get(i).copied() else {
+            return;
+        };
+        match fault {
+            Fault::Crash { target, down_for, .. } => {
+                let Some(r) = self.resolve(target) else { return };
+                if !self.replicas[r].up {
+                    return;
+                }
+                if self.replicas[r].leading.is_some() && self.leader_lost_at.is_none() {
+                    self.leader_lost_at = Some(self.now);
+                }
+                self.demote(r);
+                self.replicas[r].up = false;
+                self.replicas[r].guard = None;
+                self.replicas[r].claims.clear();
+                self.report.crashes += 1;
+                self.crashed_at.insert(r, self.now);
+                self.schedule(self.now + nanos(down_for), Event::Restart { r });
+            }
+            Fault::Pause { target, length, .. } => {
+                let Some(r) = self.resolve(target) else { return };
+                if !self.replicas[r].up || self.replicas[r].paused_until > self.now {
+                    return;
+                }
+                let until = self.now + nanos(length);
+                // A leader had just decided a side effect: it leaves when
+                // the pause ends, with the fence it had then.
+                if let Some((fence, _)) = self.replicas[r].leading {
+                    let delay = self.deliveries_reliable()[0];
+                    self.schedule(until + delay, Event::AtResource { r, fence });
+                }
+                self.replicas[r].paused_until = until;
+                let count = self.acting_leaders();
+                self.set_leading_count(count);
+                self.report.pauses += 1;
+                self.timeline.fault(r, "pause", self.now, until);
+            }
+            Fault::Partition { target, length, .. } => {
+                let Some(r) = self.resolve(target) else { return };
+                let until = self.now + nanos(length);
+                self.replicas[r].partitioned_until = until;
+                self.report.partitions += 1;
+                self.timeline.fault(r, "partition", self.now, until);
+            }
+            Fault::Failover { downtime, .. } => {
+                self.service.fail_over(self.now, nanos(downtime));
+                self.report.failovers += 1;
+                self.timeline.failover(self.now);
+            }
+        }
+    }
+
+    fn finish(mut self) -> (Report, Timeline) {
+        for (&r, &since) in &self.crashed_at {
+            self.timeline.fault(r, "crash", since, self.end);
+        }
+        for r in 0..self.replicas.len() {
+            if let Some((fence, since)) = self.replicas[r].leading {
+                self.timeline.led(r, since, self.end, fence);
+            }
+        }
+        self.set_leading_count(0);
+        if let Some(slots) = self.config.slots {
+            // Every slot whose planned instant (by true time) lies a period
+            // inside the run should have run once.
+            let period = nanos(slots.period);
+            let period_ms = period / 1_000_000;
+            let first = (EPOCH_MS + period_ms).div_ceil(period_ms) * period_ms;
+            let last = EPOCH_MS + self.end.saturating_sub(2 * period) / 1_000_000;
+            let mut slot = first;
+            while slot <= last && period_ms > 0 {
+                self.report.slots_planned += 1;
+                if !self.resource.slot_runs.contains_key(&slot) {
+                    self.report.slots_missed += 1;
+                }
+                slot += period_ms;
+            }
+        }
+        self.report.slot_runs = self.resource.slot_runs.values().map(|&n| u64::from(n)).sum();
+        self.report.duplicate_runs = self.resource.duplicate_runs();
+        self.report.accepted = self.resource.accepted;
+        self.report.accepted_stale = self.resource.accepted_stale;
+        self.report.rejected_stale = self.resource.rejected_stale;
+        self.report.fence_reused = self.resource.fence_reused;
+        self.report.lost_writes = self.service.lost_writes;
+        self.report.log_hash = self.hash.value();
+        self.report.takeover_bound_ns = self.takeover_bound();
+        self.timeline.effects = std::mem::take(&mut self.resource.effects);
+        self.timeline.end = self.end;
+        (self.report, self.timeline)
+    }
+}
+
+impl Replica {
+    fn fresh(clock: ReplicaClock, epoch: u64, r: usize) -> Self {
+        Replica {
+            clock,
+            epoch,
+            up: true,
+            paused_until: 0,
+            partitioned_until: 0,
+            locker: Rc::new(SimLocker::new(r, epoch)),
+            guard: None,
+            lease_calls: HashMap::new(),
+            timer_tag: 0,
+            timer_at: None,
+            work_tag: 0,
+            leading: None,
+            slots: None,
+            claims: HashMap::new(),
+            limiter: None,
+            admitted: VecDeque::new(),
+        }
+    }
+}
