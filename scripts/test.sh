@@ -4,7 +4,9 @@
 # Rust toolchain (rustup). CI runs exactly this script.
 #
 #   scripts/test.sh            the full run (what CI runs)
-#   GUARD_BENCH=1 scripts/test.sh   also runs the benchmarks for real
+#   GUARD_BENCH=1 scripts/test.sh   also runs the benchmarks for real and
+#                                   rewrites benches/RESULTS.md
+#   GUARD_SIM_SEEDS=50 scripts/test.sh   simulates more random seeds per scenario
 #   LOOM_MAX_PREEMPTIONS=5 scripts/test.sh   explores more interleavings
 #   GUARD_FUZZ_SECONDS=600 scripts/test.sh   fuzzes each target longer
 set -euo pipefail
@@ -73,6 +75,10 @@ done
 step "the main job: three replicas, every slot once (exit 1 on a duplicate)"
 cargo run --release --locked -p guard-gateway -- demo --seconds 4
 
+step "the simulator: a lock-service failover that lost writes, caught by fencing"
+cargo run --release --locked -p guard-sim -- --seed 1 --scenario failover --duration 120 \
+    --svg target/guard-sim-failover.svg
+
 step "fuzz targets: build each, run each for ${GUARD_FUZZ_SECONDS:-15} s"
 rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
 command -v cargo-fuzz >/dev/null 2>&1 || cargo install cargo-fuzz --locked
@@ -94,13 +100,14 @@ done
 step "benchmarks run"
 if [ "${GUARD_BENCH:-0}" = "1" ]; then
     cargo bench -p guard-benches --locked --bench limiters
-    cargo bench -p guard-benches --locked --bench peers
-    cargo bench -p guard-benches --locked --bench redis_throughput
+    cargo run --release --locked -p guard-benches --bin bench-results
+    cargo bench -p guard-sim --locked --bench slots
 else
     # Each benchmark once, as a test: proves they run without timing them.
-    cargo bench -p guard-benches --locked --bench limiters -- --test
-    cargo bench -p guard-benches --locked --bench peers -- --test
-    cargo bench -p guard-benches --locked --bench redis_throughput -- --test
+    for bench in limiters peers keyed redis_throughput; do
+        cargo bench -p guard-benches --locked --bench "$bench" -- --test
+    done
+    cargo bench -p guard-sim --locked --bench slots -- --test
 fi
 
 step "all checks passed"

@@ -63,7 +63,8 @@ impl ReplicaClock {
 
     /// The earliest true time at which the wall reading reaches `at`.
     pub fn true_time_of_wall(&self, at: UnixMillis) -> Nanos {
-        let local = i128::from(at.0.saturating_sub(EPOCH_MS)) * 1_000_000 - i128::from(self.offset_ns);
+        let local =
+            i128::from(at.0.saturating_sub(EPOCH_MS)) * 1_000_000 - i128::from(self.offset_ns);
         let rate = (1_000_000 + i128::from(self.drift_ppm)).max(1);
         let t = (local * 1_000_000 + rate - 1).div_euclid(rate) + 1;
         u64::try_from(t.max(0)).unwrap_or(u64::MAX)

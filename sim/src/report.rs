@@ -100,10 +100,9 @@ impl fmt::Display for Report {
             ("promotions", self.promotions.to_string()),
             (
                 "longest takeover",
-                self.takeovers
-                    .iter()
-                    .max()
-                    .map_or("-".into(), |&n| format!("{} (bound {})", ms(n), ms(self.takeover_bound_ns))),
+                self.takeovers.iter().max().map_or("-".into(), |&n| {
+                    format!("{} (bound {})", ms(n), ms(self.takeover_bound_ns))
+                }),
             ),
             ("most leaders at once", self.max_leaders.to_string()),
             ("time with two leaders", ms(self.dual_leader_ns)),

@@ -68,7 +68,10 @@ impl Scenario {
             .find(|s| s.name() == name)
             .ok_or_else(|| {
                 let names: Vec<&str> = Scenario::ALL.iter().map(|s| s.name()).collect();
-                format!("no scenario named {name:?}; the scenarios are {}", names.join(", "))
+                format!(
+                    "no scenario named {name:?}; the scenarios are {}",
+                    names.join(", ")
+                )
             })
     }
 
@@ -81,7 +84,9 @@ impl Scenario {
         // do not depend on how many faults a scenario has.
         let mut rng = Rng::new(seed ^ 0x5eed_fa17);
         let secs = duration.as_secs().max(10);
-        let ttl = c.active.map_or(Duration::from_secs(3), |a| a.ttl().as_duration());
+        let ttl = c
+            .active
+            .map_or(Duration::from_secs(3), |a| a.ttl().as_duration());
         match self {
             Scenario::SkewBelow => {
                 // Skew up to 4 s against a 10 s slot key retention.
@@ -165,10 +170,16 @@ impl Scenario {
                 wrong.push(what.to_owned());
             }
         };
-        expect(report.accepted_stale == 0, "no stale side effect accepted (fencing is on)");
+        expect(
+            report.accepted_stale == 0,
+            "no stale side effect accepted (fencing is on)",
+        );
         match self {
             Scenario::SkewAbove => {
-                expect(report.duplicate_runs > 0, "duplicate slot runs beyond the retention");
+                expect(
+                    report.duplicate_runs > 0,
+                    "duplicate slot runs beyond the retention",
+                );
             }
             Scenario::Failover => {
                 expect(report.duplicate_runs == 0, "each slot runs at most once");
@@ -180,7 +191,10 @@ impl Scenario {
             }
             Scenario::LongPause => {
                 expect(report.duplicate_runs == 0, "each slot runs at most once");
-                expect(report.rejected_stale > 0, "fencing rejects the woken leader's effect");
+                expect(
+                    report.rejected_stale > 0,
+                    "fencing rejects the woken leader's effect",
+                );
             }
             Scenario::PartitionedLeader => {
                 expect(report.duplicate_runs == 0, "each slot runs at most once");
@@ -190,7 +204,10 @@ impl Scenario {
             Scenario::CrashLoop => {
                 expect(report.duplicate_runs == 0, "each slot runs at most once");
                 expect(report.dual_leader_ns == 0, "never two acting leaders");
-                expect(!report.takeovers.is_empty(), "leader crashes are taken over");
+                expect(
+                    !report.takeovers.is_empty(),
+                    "leader crashes are taken over",
+                );
             }
             Scenario::SkewBelow | Scenario::Once => {
                 expect(report.duplicate_runs == 0, "each slot runs at most once");

@@ -29,7 +29,11 @@ pub fn render(timeline: &Timeline, title: &str) -> String {
     let lane_y = |lane: usize| TOP + LANE * lane as f64;
     for r in 0..timeline.replicas {
         let y = lane_y(r);
-        let clock = timeline.clocks.get(r).copied().unwrap_or(crate::clock::ReplicaClock::EXACT);
+        let clock = timeline
+            .clocks
+            .get(r)
+            .copied()
+            .unwrap_or(crate::clock::ReplicaClock::EXACT);
         let _ = write!(
             s,
             r##"<text x="10" y="{:.1}">replica {r}</text><text x="10" y="{:.1}" fill="#666">{:+} ms {:+} ppm</text><line x1="{LEFT}" x2="{:.1}" y1="{:.1}" y2="{:.1}" stroke="#ddd"/>"##,
@@ -43,7 +47,11 @@ pub fn render(timeline: &Timeline, title: &str) -> String {
         );
     }
     let service = lane_y(timeline.replicas);
-    let _ = write!(s, r#"<text x="10" y="{:.1}">lock service</text>"#, service + 16.0);
+    let _ = write!(
+        s,
+        r#"<text x="10" y="{:.1}">lock service</text>"#,
+        service + 16.0
+    );
 
     for f in &timeline.faults {
         let (color, lane) = match f.kind {

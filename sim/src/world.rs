@@ -52,9 +52,19 @@ enum Event {
     /// A limiter request at a replica.
     LimitRequest { r: usize, epoch: u64 },
     /// A request reaches the lock service.
-    AtService { r: usize, epoch: u64, id: u64, op: LockOp },
+    AtService {
+        r: usize,
+        epoch: u64,
+        id: u64,
+        op: LockOp,
+    },
     /// A reply reaches a replica.
-    AtReplica { r: usize, epoch: u64, id: u64, reply: LockReply },
+    AtReplica {
+        r: usize,
+        epoch: u64,
+        id: u64,
+        reply: LockReply,
+    },
     /// A request's time-out at a replica.
     Timeout { r: usize, epoch: u64, id: u64 },
     /// A side effect reaches the resource.
@@ -301,7 +311,10 @@ impl World {
         if let Some(config) = self.config.active {
             match ActiveGuard::new(config, true, local) {
                 Ok(guard) => self.replicas[r].guard = Some(guard),
-                Err(e) => self.report.violations.push(format!("bad lease config: {e:?}")),
+                Err(e) => self
+                    .report
+                    .violations
+                    .push(format!("bad lease config: {e:?}")),
             }
             self.drive_lease(r);
         }
@@ -429,11 +442,12 @@ impl World {
 
     /// Carries out the ActiveGuard's actions and re-arms its timer.
     fn drive_lease(&mut self, r: usize) {
-        while let Some(action) = self.replicas[r].guard.as_mut().and_then(|g| g.poll_action()) {
-            let ttl = self
-                .config
-                .active
-                .map_or(0, |c| ttl_nanos(c.ttl()));
+        while let Some(action) = self.replicas[r]
+            .guard
+            .as_mut()
+            .and_then(|g| g.poll_action())
+        {
+            let ttl = self.config.active.map_or(0, |c| ttl_nanos(c.ttl()));
             let locker = self.replicas[r].locker.clone();
             match action {
                 Action::Acquire => {
@@ -464,7 +478,10 @@ impl World {
                 Action::Demote(_) => self.demote(r),
             }
         }
-        let deadline = self.replicas[r].guard.as_ref().and_then(|g| g.poll_timeout());
+        let deadline = self.replicas[r]
+            .guard
+            .as_ref()
+            .and_then(|g| g.poll_timeout());
         if let Some(deadline) = deadline {
             let at = self.replicas[r]
                 .clock
@@ -578,7 +595,10 @@ impl World {
         };
         let next = timer.next_fire();
         if let Some(next) = next {
-            let at = self.replicas[r].clock.true_time_of_wall(next).max(self.now + 1);
+            let at = self.replicas[r]
+                .clock
+                .true_time_of_wall(next)
+                .max(self.now + 1);
             self.schedule(at, Event::SlotFire { r, epoch });
         }
         self.report.slot_fires += 1;
@@ -657,8 +677,12 @@ impl World {
             return;
         };
         match fault {
-            Fault::Crash { target, down_for, .. } => {
-                let Some(r) = self.resolve(target) else { return };
+            Fault::Crash {
+                target, down_for, ..
+            } => {
+                let Some(r) = self.resolve(target) else {
+                    return;
+                };
                 if !self.replicas[r].up {
                     return;
                 }
@@ -674,7 +698,9 @@ impl World {
                 self.schedule(self.now + nanos(down_for), Event::Restart { r });
             }
             Fault::Pause { target, length, .. } => {
-                let Some(r) = self.resolve(target) else { return };
+                let Some(r) = self.resolve(target) else {
+                    return;
+                };
                 if !self.replicas[r].up || self.replicas[r].paused_until > self.now {
                     return;
                 }
@@ -692,7 +718,9 @@ impl World {
                 self.timeline.fault(r, "pause", self.now, until);
             }
             Fault::Partition { target, length, .. } => {
-                let Some(r) = self.resolve(target) else { return };
+                let Some(r) = self.resolve(target) else {
+                    return;
+                };
                 let until = self.now + nanos(length);
                 self.replicas[r].partitioned_until = until;
                 self.report.partitions += 1;
@@ -732,7 +760,12 @@ impl World {
                 slot += period_ms;
             }
         }
-        self.report.slot_runs = self.resource.slot_runs.values().map(|&n| u64::from(n)).sum();
+        self.report.slot_runs = self
+            .resource
+            .slot_runs
+            .values()
+            .map(|&n| u64::from(n))
+            .sum();
         self.report.duplicate_runs = self.resource.duplicate_runs();
         self.report.accepted = self.resource.accepted;
         self.report.accepted_stale = self.resource.accepted_stale;

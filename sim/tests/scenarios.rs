@@ -88,14 +88,22 @@ fn the_same_seed_gives_the_same_log_hash() {
     }
 }
 
-/// A few random seeds per run, printed on failure so they can be replayed
-/// with `guard-sim --seed S --scenario NAME`.
+/// A few random seeds per run (`GUARD_SIM_SEEDS` per scenario, default
+/// two), printed on failure so they can be replayed with
+/// `guard-sim --seed S --scenario NAME --duration 90`.
 #[test]
 fn random_seeds_meet_every_scenario_verdict() {
     let base = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
-    for (i, scenario) in Scenario::ALL.into_iter().enumerate() {
+    let per_scenario: u64 = std::env::var("GUARD_SIM_SEEDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
+    let runs = Scenario::ALL
+        .into_iter()
+        .flat_map(|s| (0..per_scenario).map(move |n| (s, n)));
+    for (i, (scenario, _)) in runs.enumerate() {
         let seed = base.wrapping_add(i as u64 * 0x9e37_79b9);
         let report = run(scenario.config(seed, 3, Duration::from_secs(90)));
         if let Err(wrong) = scenario.check(&report) {

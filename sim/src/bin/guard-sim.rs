@@ -65,7 +65,10 @@ fn main() -> ExitCode {
         eprint!("\r{:>3.0}% simulated", done * 100.0);
         let _ = std::io::stderr().flush();
     });
-    eprintln!("\r100% simulated in {:.2} s", started.elapsed().as_secs_f64());
+    eprintln!(
+        "\r100% simulated in {:.2} s",
+        started.elapsed().as_secs_f64()
+    );
     println!("scenario {}", scenario.name());
     print!("{report}");
     let title = format!(
