@@ -371,12 +371,21 @@ impl World {
     }
 
     fn at_service(&mut self, r: usize, epoch: u64, id: u64, op: &LockOp) {
+        let held_before = self.service.holder(ACTIVE_KEY, self.now);
         let Some(reply) = self.service.handle(op, self.now) else {
             return; // failing over: the request is lost
         };
         if let (LockOp::Acquire { key, ttl_ns, .. }, LockReply::Granted(fence)) = (op, reply)
             && key == ACTIVE_KEY
         {
+            // One live lease at any instant by the serving primary's view.
+            if let Some(before) = held_before {
+                self.report.violations.push(format!(
+                    "lease granted to replica {r} at {} ms while fence {} was live",
+                    self.now / 1_000_000,
+                    before.fence
+                ));
+            }
             self.timeline.lease(self.now, self.now + ttl_ns, fence, r);
         }
         if self.replicas[r].partitioned_until > self.now {
