@@ -161,9 +161,13 @@ impl Scenario {
         c
     }
 
-    /// Checks `report` against what this scenario expects; the reasons it
-    /// does not match, if any.
-    pub fn check(self, report: &Report) -> Result<(), Vec<String>> {
+    /// Checks the guarantees that hold on every seed: no violation, no
+    /// stale side effect accepted (fencing on), each slot at most once
+    /// (except beyond the key retention or after a failover that lost the
+    /// slot's claim), never two acting leaders where
+    /// nothing pauses them or splits the lock service. The reasons it
+    /// fails, if any.
+    pub fn check_safety(self, report: &Report) -> Result<(), Vec<String>> {
         let mut wrong: Vec<String> = report.violations.clone();
         let mut expect = |ok: bool, what: &str| {
             if !ok {
@@ -174,6 +178,38 @@ impl Scenario {
             report.accepted_stale == 0,
             "no stale side effect accepted (fencing is on)",
         );
+        // Beyond the key retention, and when a failover loses the write of
+        // a slot claim, a slot may run twice: the documented limits.
+        if !matches!(self, Scenario::SkewAbove | Scenario::Failover) {
+            expect(report.duplicate_runs == 0, "each slot runs at most once");
+        }
+        if matches!(
+            self,
+            Scenario::PartitionedLeader
+                | Scenario::CrashLoop
+                | Scenario::SkewBelow
+                | Scenario::Once
+        ) {
+            expect(report.dual_leader_ns == 0, "never two acting leaders");
+        }
+        if matches!(self, Scenario::SkewBelow | Scenario::Once) {
+            expect(report.slots_missed == 0, "no slot missed");
+        }
+        if wrong.is_empty() { Ok(()) } else { Err(wrong) }
+    }
+
+    /// [`Scenario::check_safety`], and that the run shows what the
+    /// scenario is for (duplicates beyond the retention, stale effects
+    /// rejected, takeovers). Whether a given seed shows it depends on its
+    /// races (after a failover the old leader's renewal may reach the new
+    /// primary before a standby does), so the tests hold fixed seeds to it.
+    pub fn check(self, report: &Report) -> Result<(), Vec<String>> {
+        let mut wrong = self.check_safety(report).err().unwrap_or_default();
+        let mut expect = |ok: bool, what: &str| {
+            if !ok {
+                wrong.push(what.to_owned());
+            }
+        };
         match self {
             Scenario::SkewAbove => {
                 expect(
@@ -182,7 +218,6 @@ impl Scenario {
                 );
             }
             Scenario::Failover => {
-                expect(report.duplicate_runs == 0, "each slot runs at most once");
                 expect(report.lost_writes > 0, "the failovers lose writes");
                 expect(
                     report.rejected_stale > 0,
@@ -190,30 +225,19 @@ impl Scenario {
                 );
             }
             Scenario::LongPause => {
-                expect(report.duplicate_runs == 0, "each slot runs at most once");
                 expect(
                     report.rejected_stale > 0,
                     "fencing rejects the woken leader's effect",
                 );
             }
-            Scenario::PartitionedLeader => {
-                expect(report.duplicate_runs == 0, "each slot runs at most once");
-                expect(report.dual_leader_ns == 0, "never two acting leaders");
-                expect(report.promotions > 1, "standbys take over");
-            }
+            Scenario::PartitionedLeader => expect(report.promotions > 1, "standbys take over"),
             Scenario::CrashLoop => {
-                expect(report.duplicate_runs == 0, "each slot runs at most once");
-                expect(report.dual_leader_ns == 0, "never two acting leaders");
                 expect(
                     !report.takeovers.is_empty(),
                     "leader crashes are taken over",
                 );
             }
-            Scenario::SkewBelow | Scenario::Once => {
-                expect(report.duplicate_runs == 0, "each slot runs at most once");
-                expect(report.slots_missed == 0, "no slot missed");
-                expect(report.dual_leader_ns == 0, "never two acting leaders");
-            }
+            Scenario::SkewBelow | Scenario::Once => {}
         }
         if wrong.is_empty() { Ok(()) } else { Err(wrong) }
     }

@@ -755,11 +755,19 @@ impl World {
         self.set_leading_count(0);
         if let Some(slots) = self.config.slots {
             // Every slot whose planned instant (by true time) lies a period
-            // inside the run should have run once.
+            // and the largest clock offset inside the run should have run
+            // once: nearer the edges, every replica's clock may place it
+            // outside the run.
             let period = nanos(slots.period);
             let period_ms = period / 1_000_000;
-            let first = (EPOCH_MS + period_ms).div_ceil(period_ms) * period_ms;
-            let last = EPOCH_MS + self.end.saturating_sub(2 * period) / 1_000_000;
+            let margin_ms = period_ms + nanos(self.config.max_offset) / 1_000_000;
+            let first = (EPOCH_MS + margin_ms).div_ceil(period_ms) * period_ms;
+            let last = EPOCH_MS
+                + self
+                    .end
+                    .saturating_sub(period + nanos(self.config.max_offset))
+                    .saturating_sub(period)
+                    / 1_000_000;
             let mut slot = first;
             while slot <= last && period_ms > 0 {
                 self.report.slots_planned += 1;
