@@ -10,6 +10,9 @@
 //!   [`RedisBloomDeduplicator`]: `check_and_mark` atomic across processes.
 //! - [`StreamDlq`]: a persistent dead-letter queue per topic on Redis
 //!   Streams, with listing, replay (idempotent), delete, purge, retention.
+//! - [`PubSubEndpoint`] (one active subscriber across replicas) and
+//!   [`StreamConsumer`] (a consumer group: ack, retry, dead letters,
+//!   claims of a dead consumer's entries): see [`endpoint`].
 //! - [`RedisConnection`]: standalone, sentinel or cluster, every request
 //!   bounded by a timeout the caller sets.
 //!
@@ -32,6 +35,7 @@
 
 mod connection;
 mod dedup;
+pub mod endpoint;
 mod error;
 mod limit;
 mod locker;
@@ -43,6 +47,7 @@ pub use connection::{RedisConnection, Topology};
 pub use dedup::{
     BACKSTOP_MARGIN, RedisBloomDeduplicator, RedisSetDeduplicator, RedisWindowedDeduplicator,
 };
+pub use endpoint::{PubSubEndpoint, PubSubMessage, StreamConsumer, StreamMessage};
 pub use error::RedisGuardError;
 pub use limit::{
     Clock, LEAKY_BUCKET_PREFIX, RedisBucket, RedisLeakyBucket, RedisSlidingWindow,

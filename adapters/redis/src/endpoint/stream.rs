@@ -1,0 +1,449 @@
+//! A consumer in a Redis Streams consumer group.
+//!
+//! A consumer group delivers each entry to one consumer of the group, so
+//! replicas that share the group need no guard (the seeds' rule: use the
+//! source's own single delivery where it has one). What this adds is the
+//! part a group leaves to its consumers: acknowledge on success, retry a
+//! failing entry under a [`RetryPolicy`], hand it to the stream
+//! dead-letter queue when the retries are spent, and claim the entries a
+//! dead consumer left pending (`XAUTOCLAIM`) once they have been idle for
+//! longer than any handler may take.
+//!
+//! Delivery is at least once: an entry whose handler ran but whose `XACK`
+//! was lost, or whose handler outlived the claim idle time, is handled
+//! again. Choose the idle time above the longest handling time.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+use guard_core::retry::{Classifier, RetryExecutor, RetryPolicy};
+use guard_smol::{Control, TimerDelay};
+use redis::Value;
+use redis::streams::{StreamAutoClaimReply, StreamId, StreamReadReply};
+
+use crate::connection::RedisConnection;
+use crate::error::RedisGuardError;
+use crate::stream_dlq::{DeadLetter, StreamDlq};
+
+/// Entries read per round, new or claimed.
+pub const DEFAULT_BATCH: usize = 10;
+/// How long to wait after a round that found nothing.
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(100);
+/// How long an entry stays pending on a consumer before another claims it.
+pub const DEFAULT_CLAIM_IDLE: Duration = Duration::from_secs(30);
+
+/// Where a new group starts reading.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GroupStart {
+    /// Every entry already in the stream (`0`): nothing written before the
+    /// first consumer started is lost.
+    Beginning,
+    /// Only entries added after the group is created (`$`).
+    NewEntries,
+}
+
+/// One entry of the stream, as the handler sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StreamMessage {
+    /// The entry's id.
+    pub id: String,
+    /// Its fields, in no particular order.
+    pub fields: HashMap<String, Vec<u8>>,
+}
+
+impl StreamMessage {
+    /// The value of `name`, if the entry has that field.
+    pub fn field(&self, name: &str) -> Option<&[u8]> {
+        self.fields.get(name).map(Vec::as_slice)
+    }
+
+    /// The `payload` field: what the dead-letter queue records and what a
+    /// replay writes back.
+    pub fn payload(&self) -> Option<&[u8]> {
+        self.field("payload")
+    }
+}
+
+/// What a consumer did, counted from its start.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ConsumeStats {
+    /// Entries handled successfully and acknowledged.
+    pub acked: u64,
+    /// Entries whose retries were spent, recorded in the dead-letter queue
+    /// and acknowledged.
+    pub dead_lettered: u64,
+    /// Entries that failed and stay pending (no dead-letter queue, or it
+    /// could not record them): claimed and tried again after the idle time.
+    pub left_pending: u64,
+    /// Entries taken over from other consumers.
+    pub claimed: u64,
+}
+
+/// One consumer of a group on one stream; see the module documentation.
+///
+/// ```no_run
+/// # smol::block_on(async {
+/// use std::time::Duration;
+/// use guard_core::retry::{Classifier, RetryPolicy};
+/// use guard_redis::{RedisConnection, StreamConsumer, StreamDlq, Topology};
+///
+/// let conn = RedisConnection::connect(
+///     Topology::Standalone { url: "redis://127.0.0.1:6379/".into() },
+///     Duration::from_millis(500),
+/// ).await?;
+/// let consumer = StreamConsumer::new(conn.clone(), "orders", "billing", "replica-1")?
+///     .with_retry(RetryPolicy::fixed_delay(2, Duration::from_millis(50)))
+///     .with_dead_letters(StreamDlq::new(conn), "orders")?;
+/// let (_handle, control) = guard_smol::control();
+/// consumer
+///     .run(control, Classifier::retry_all(), |message| async move {
+///         println!("{} {:?}", message.id, message.payload());
+///         Ok::<(), String>(())
+///     })
+///     .await;
+/// # Ok::<(), guard_redis::RedisGuardError>(())
+/// # });
+/// ```
+pub struct StreamConsumer {
+    conn: RedisConnection,
+    stream: String,
+    group: String,
+    consumer: String,
+    batch: usize,
+    poll_interval: Duration,
+    claim_idle: Duration,
+    start: GroupStart,
+    retry: RetryPolicy,
+    dead_letters: Option<(StreamDlq, String)>,
+}
+
+impl fmt::Debug for StreamConsumer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StreamConsumer")
+            .field("stream", &self.stream)
+            .field("group", &self.group)
+            .field("consumer", &self.consumer)
+            .field("batch", &self.batch)
+            .field("claim_idle", &self.claim_idle)
+            .finish()
+    }
+}
+
+fn named(what: &str, value: &str) -> Result<String, RedisGuardError> {
+    if value.is_empty() {
+        return Err(RedisGuardError::InvalidInput(format!(
+            "{what} must not be empty"
+        )));
+    }
+    Ok(value.to_owned())
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn message(entry: StreamId) -> StreamMessage {
+    let fields = entry
+        .map
+        .into_iter()
+        .map(|(name, value)| {
+            let bytes = match value {
+                Value::BulkString(bytes) => bytes,
+                Value::SimpleString(s) => s.into_bytes(),
+                Value::Int(i) => i.to_string().into_bytes(),
+                other => format!("{other:?}").into_bytes(),
+            };
+            (name, bytes)
+        })
+        .collect();
+    StreamMessage {
+        id: entry.id,
+        fields,
+    }
+}
+
+impl StreamConsumer {
+    /// Consumer `consumer` of `group` on `stream`, with the defaults: 10
+    /// entries a round, 100 ms between empty rounds, claims after 30 s
+    /// idle, the original's retry policy, no dead-letter queue.
+    ///
+    /// Each replica needs its own consumer name; the group is created on
+    /// first use ([`GroupStart::Beginning`] unless set).
+    pub fn new(
+        conn: RedisConnection,
+        stream: &str,
+        group: &str,
+        consumer: &str,
+    ) -> Result<Self, RedisGuardError> {
+        Ok(StreamConsumer {
+            conn,
+            stream: named("stream", stream)?,
+            group: named("consumer group", group)?,
+            consumer: named("consumer name", consumer)?,
+            batch: DEFAULT_BATCH,
+            poll_interval: DEFAULT_POLL_INTERVAL,
+            claim_idle: DEFAULT_CLAIM_IDLE,
+            start: GroupStart::Beginning,
+            retry: RetryPolicy::new(),
+            dead_letters: None,
+        })
+    }
+
+    /// Entries read per round (at least 1).
+    pub fn with_batch(mut self, batch: usize) -> Result<Self, RedisGuardError> {
+        if batch == 0 {
+            return Err(RedisGuardError::InvalidInput(
+                "stream consumer batch must be at least 1".into(),
+            ));
+        }
+        self.batch = batch;
+        Ok(self)
+    }
+
+    /// The wait after a round that found nothing.
+    pub fn with_poll_interval(mut self, interval: Duration) -> Self {
+        self.poll_interval = interval;
+        self
+    }
+
+    /// How long an entry must have been pending on another consumer before
+    /// this one claims it (at least 1 ms); longer than any handler runs.
+    pub fn with_claim_idle(mut self, idle: Duration) -> Result<Self, RedisGuardError> {
+        if idle < Duration::from_millis(1) {
+            return Err(RedisGuardError::InvalidInput(format!(
+                "claim idle time {idle:?} must be at least 1 ms"
+            )));
+        }
+        self.claim_idle = idle;
+        Ok(self)
+    }
+
+    /// Where the group starts if this consumer creates it.
+    pub fn with_group_start(mut self, start: GroupStart) -> Self {
+        self.start = start;
+        self
+    }
+
+    /// How a failing entry is retried before it is given up.
+    pub fn with_retry(mut self, policy: RetryPolicy) -> Self {
+        self.retry = policy;
+        self
+    }
+
+    /// Records given-up entries in `dlq` under `topic`, with this stream
+    /// and the entry id as their origin (so a replay writes them back).
+    /// Without one, a given-up entry stays pending and is tried again
+    /// once it is claimed.
+    pub fn with_dead_letters(
+        mut self,
+        dlq: StreamDlq,
+        topic: &str,
+    ) -> Result<Self, RedisGuardError> {
+        dlq.stream_key(topic)?;
+        self.dead_letters = Some((dlq, topic.to_owned()));
+        Ok(self)
+    }
+
+    /// The stream's key.
+    pub fn stream(&self) -> &str {
+        &self.stream
+    }
+
+    /// Creates the group (and the stream) unless it exists; true if it
+    /// was created now.
+    pub async fn create_group(&self) -> Result<bool, RedisGuardError> {
+        let start = match self.start {
+            GroupStart::Beginning => "0",
+            GroupStart::NewEntries => "$",
+        };
+        let mut cmd = redis::cmd("XGROUP");
+        cmd.arg("CREATE")
+            .arg(&self.stream)
+            .arg(&self.group)
+            .arg(start)
+            .arg("MKSTREAM");
+        match self.conn.query::<()>(&cmd).await {
+            Ok(()) => Ok(true),
+            Err(RedisGuardError::Redis(e)) if e.code() == Some("BUSYGROUP") => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Claims entries idle on other consumers for longer than the claim
+    /// idle time, up to one batch.
+    pub async fn claim_idle(&self) -> Result<Vec<StreamMessage>, RedisGuardError> {
+        let mut cmd = redis::cmd("XAUTOCLAIM");
+        cmd.arg(&self.stream)
+            .arg(&self.group)
+            .arg(&self.consumer)
+            .arg(millis(self.claim_idle))
+            .arg("0-0")
+            .arg("COUNT")
+            .arg(self.batch);
+        let reply: StreamAutoClaimReply = self.conn.query(&cmd).await?;
+        Ok(reply.claimed.into_iter().map(message).collect())
+    }
+
+    /// Reads up to one batch of entries never delivered to the group.
+    pub async fn read_new(&self) -> Result<Vec<StreamMessage>, RedisGuardError> {
+        let mut cmd = redis::cmd("XREADGROUP");
+        cmd.arg("GROUP")
+            .arg(&self.group)
+            .arg(&self.consumer)
+            .arg("COUNT")
+            .arg(self.batch)
+            .arg("STREAMS")
+            .arg(&self.stream)
+            .arg(">");
+        let reply: Option<StreamReadReply> = self.conn.query(&cmd).await?;
+        Ok(reply
+            .into_iter()
+            .flat_map(|r| r.keys)
+            .flat_map(|k| k.ids)
+            .map(message)
+            .collect())
+    }
+
+    async fn ack(&self, id: &str) -> Result<(), RedisGuardError> {
+        let mut cmd = redis::cmd("XACK");
+        cmd.arg(&self.stream).arg(&self.group).arg(id);
+        self.conn.query::<u64>(&cmd).await.map(drop)
+    }
+
+    /// Handles one entry: retries, then acknowledges on success or after
+    /// recording it as a dead letter; leaves it pending otherwise.
+    async fn handle<F, Fut, E>(
+        &self,
+        entry: StreamMessage,
+        classifier: Classifier<E>,
+        handler: &mut F,
+        stats: &mut ConsumeStats,
+    ) -> Result<(), RedisGuardError>
+    where
+        F: FnMut(StreamMessage) -> Fut,
+        Fut: Future<Output = Result<(), E>>,
+        E: fmt::Display,
+    {
+        let mut retry = RetryExecutor::new(self.retry, classifier).map_err(|e| {
+            RedisGuardError::InvalidInput(format!("stream consumer retry policy: {e}"))
+        })?;
+        let result = retry
+            .run(&mut TimerDelay, |_attempt| handler(entry.clone()))
+            .await;
+        let failure = match result {
+            Ok(()) => {
+                self.ack(&entry.id).await?;
+                stats.acked += 1;
+                return Ok(());
+            }
+            Err(failure) => failure,
+        };
+        let error = failure.to_string();
+        let Some((dlq, topic)) = &self.dead_letters else {
+            log::error!(
+                "stream {} entry {}: {error}; no dead-letter queue, left pending",
+                self.stream,
+                entry.id
+            );
+            stats.left_pending += 1;
+            return Ok(());
+        };
+        let letter = DeadLetter {
+            payload: entry.payload().unwrap_or_default(),
+            error: &error,
+            attempts: failure.attempts,
+            origin_stream: Some(&self.stream),
+            origin_id: Some(&entry.id),
+        };
+        match dlq.send(topic, &letter).await {
+            Ok(id) => {
+                log::warn!(
+                    "stream {} entry {}: {error}; dead letter {id}",
+                    self.stream,
+                    entry.id
+                );
+                self.ack(&entry.id).await?;
+                stats.dead_lettered += 1;
+            }
+            Err(e) => {
+                // Not acknowledged: the entry stays pending and is claimed
+                // again later rather than lost.
+                log::error!(
+                    "stream {} entry {}: {error}; dead-letter queue failed ({e}), left pending",
+                    self.stream,
+                    entry.id
+                );
+                stats.left_pending += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// One round: claim idle entries, read new ones, handle each. Returns
+    /// how many entries the round handled.
+    pub async fn poll<F, Fut, E>(
+        &self,
+        classifier: Classifier<E>,
+        handler: &mut F,
+        stats: &mut ConsumeStats,
+    ) -> Result<usize, RedisGuardError>
+    where
+        F: FnMut(StreamMessage) -> Fut,
+        Fut: Future<Output = Result<(), E>>,
+        E: fmt::Display,
+    {
+        let claimed = self.claim_idle().await?;
+        stats.claimed += claimed.len() as u64;
+        let fresh = self.read_new().await?;
+        let count = claimed.len() + fresh.len();
+        for entry in claimed.into_iter().chain(fresh) {
+            self.handle(entry, classifier, handler, stats).await?;
+        }
+        Ok(count)
+    }
+
+    /// Consumes until `control` stops it, then returns what it did. Redis
+    /// failures are logged and the round is tried again after the poll
+    /// interval; an entry being handled when stop comes is finished first.
+    pub async fn run<F, Fut, E>(
+        &self,
+        control: Control,
+        classifier: Classifier<E>,
+        mut handler: F,
+    ) -> ConsumeStats
+    where
+        F: FnMut(StreamMessage) -> Fut,
+        Fut: Future<Output = Result<(), E>>,
+        E: fmt::Display,
+    {
+        let mut stats = ConsumeStats::default();
+        let mut group_ready = false;
+        while !control.is_stopped() {
+            let round = async {
+                if !group_ready {
+                    self.create_group().await?;
+                    group_ready = true;
+                }
+                self.poll(classifier, &mut handler, &mut stats).await
+            };
+            // Boxed: the nested handler, retry and request futures are
+            // deep, and a caller's future would carry all of them inline.
+            let idle = match Box::pin(round).await {
+                Ok(handled) => handled == 0,
+                Err(e) => {
+                    log::warn!("stream {} group {}: {e}", self.stream, self.group);
+                    true
+                }
+            };
+            if idle {
+                futures_lite::future::or(control.stopped(), async {
+                    async_io::Timer::after(self.poll_interval).await;
+                })
+                .await;
+            }
+        }
+        stats
+    }
+}

@@ -1,0 +1,448 @@
+//! The Redis endpoints on a real redis-server: a Pub/Sub endpoint elected
+//! among three replicas, and stream consumer groups.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use futures_lite::future;
+use guard_core::guard::ActiveConfig;
+use guard_core::lock::Ttl;
+use guard_core::retry::{Classifier, RetryPolicy};
+use guard_redis::endpoint::ConsumeStats;
+use guard_redis::testkit::{RedisServer, free_port};
+use guard_redis::{
+    PubSubEndpoint, RedisConnection, RedisLocker, StreamConsumer, StreamDlq, Topology,
+};
+use guard_smol::{RunHandle, control};
+use guard_std::{GuardConfig, SharedLocker};
+
+fn connect(server: &RedisServer) -> RedisConnection {
+    smol::block_on(RedisConnection::connect(
+        Topology::Standalone { url: server.url() },
+        Duration::from_millis(500),
+    ))
+    .expect("connect")
+}
+
+fn sync_conn(server: &RedisServer) -> redis::Connection {
+    redis::Client::open(server.url())
+        .and_then(|c| c.get_connection())
+        .expect("sync connection")
+}
+
+fn wait_until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if done() {
+            return true;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    done()
+}
+
+// ---------------------------------------------------------------- Pub/Sub
+
+type Received = Arc<Mutex<Vec<Vec<String>>>>;
+
+/// A replica's Pub/Sub endpoint on its own thread, recording payloads.
+fn pubsub_replica(
+    server: &RedisServer,
+    url: &str,
+    id: usize,
+    received: &Received,
+) -> (RunHandle, thread::JoinHandle<()>) {
+    let config =
+        GuardConfig::new().with_locker(SharedLocker::new(RedisLocker::new(connect(server))));
+    let scope = config
+        .scope("endpoint/redis")
+        .and_then(|s| s.segment("node", "sensors-in"))
+        .unwrap();
+    let endpoint = PubSubEndpoint::new(url, &config, &scope, &["sensors.*"])
+        .unwrap()
+        .with_settings(
+            ActiveConfig::new()
+                .with_ttl(Ttl::new(Duration::from_millis(300)).unwrap())
+                .with_interval(Duration::from_millis(100)),
+        )
+        .unwrap()
+        .with_confirm_timeout(Duration::from_millis(500));
+    let received = received.clone();
+    let (handle, ctl) = control();
+    let thread = thread::spawn(move || {
+        smol::block_on(endpoint.run(ctl, move |message| {
+            let received = received.clone();
+            async move {
+                received.lock().unwrap()[id].push(String::from_utf8(message.payload).unwrap());
+            }
+        }))
+    });
+    (handle, thread)
+}
+
+fn pattern_subscribers(conn: &mut redis::Connection) -> i64 {
+    redis::cmd("PUBSUB").arg("NUMPAT").query(conn).unwrap()
+}
+
+/// Publishes `payloads`, asserting each reached exactly one subscriber.
+fn publish_all(conn: &mut redis::Connection, payloads: &[String]) {
+    for payload in payloads {
+        let receivers: i64 = redis::cmd("PUBLISH")
+            .arg("sensors.temp")
+            .arg(payload)
+            .query(conn)
+            .unwrap();
+        assert_eq!(receivers, 1, "{payload} reached {receivers} subscribers");
+    }
+}
+
+/// Which replica received `payloads`, each exactly once, and nobody else.
+fn only_receiver(received: &Received, payloads: &[String]) -> usize {
+    let received = received.lock().unwrap();
+    let holders: Vec<usize> = (0..received.len())
+        .filter(|&i| payloads.iter().any(|p| received[i].contains(p)))
+        .collect();
+    assert_eq!(holders.len(), 1, "received by {holders:?}: {received:?}");
+    let leader = holders[0];
+    for payload in payloads {
+        let copies = received[leader].iter().filter(|r| *r == payload).count();
+        assert_eq!(copies, 1, "{payload} processed {copies} times");
+    }
+    leader
+}
+
+#[test]
+fn pubsub_three_replicas_one_subscriber_then_a_standby_takes_over() {
+    let server = RedisServer::start().expect("redis-server");
+    let mut publisher = sync_conn(&server);
+    let received: Received = Arc::new(Mutex::new(vec![Vec::new(); 3]));
+    let mut replicas: Vec<_> = (0..3)
+        .map(|id| Some(pubsub_replica(&server, &server.url(), id, &received)))
+        .collect();
+
+    assert!(
+        wait_until(Duration::from_secs(5), || pattern_subscribers(
+            &mut publisher
+        ) == 1),
+        "no replica subscribed"
+    );
+    // Several lease intervals later there is still exactly one subscriber.
+    thread::sleep(Duration::from_millis(400));
+    assert_eq!(pattern_subscribers(&mut publisher), 1);
+
+    let first: Vec<String> = (0..20).map(|i| format!("a{i}")).collect();
+    publish_all(&mut publisher, &first);
+    assert!(wait_until(Duration::from_secs(3), || {
+        received.lock().unwrap().iter().map(Vec::len).sum::<usize>() == 20
+    }));
+    let leader = only_receiver(&received, &first);
+
+    // The leader stops: it unsubscribes and releases; a standby subscribes.
+    let (handle, thread) = replicas[leader].take().unwrap();
+    handle.stop();
+    thread.join().unwrap();
+    assert!(
+        wait_until(Duration::from_secs(5), || pattern_subscribers(
+            &mut publisher
+        ) == 1),
+        "no standby subscribed after the leader stopped"
+    );
+    let second: Vec<String> = (0..20).map(|i| format!("b{i}")).collect();
+    publish_all(&mut publisher, &second);
+    assert!(wait_until(Duration::from_secs(3), || {
+        received.lock().unwrap().iter().map(Vec::len).sum::<usize>() == 40
+    }));
+    let next = only_receiver(&received, &second);
+    assert_ne!(next, leader);
+
+    for (handle, thread) in replicas.into_iter().flatten() {
+        handle.stop();
+        thread.join().unwrap();
+    }
+    assert_eq!(pattern_subscribers(&mut publisher), 0);
+}
+
+#[test]
+fn pubsub_a_replica_that_cannot_subscribe_releases_the_lease() {
+    let server = RedisServer::start().expect("redis-server");
+    let mut publisher = sync_conn(&server);
+    let received: Received = Arc::new(Mutex::new(vec![Vec::new(); 2]));
+    // Replica 0 locks on the real server but subscribes on a closed port.
+    let dead_url = format!("redis://127.0.0.1:{}/", free_port().unwrap());
+    let broken = pubsub_replica(&server, &dead_url, 0, &received);
+    // Alone, it takes the lease (and fails to subscribe) several times.
+    thread::sleep(Duration::from_millis(500));
+    let healthy = pubsub_replica(&server, &server.url(), 1, &received);
+    assert!(
+        wait_until(Duration::from_secs(5), || pattern_subscribers(
+            &mut publisher
+        ) == 1),
+        "the healthy replica never subscribed: the broken one kept the lease"
+    );
+    let payloads: Vec<String> = (0..5).map(|i| format!("m{i}")).collect();
+    publish_all(&mut publisher, &payloads);
+    assert!(wait_until(Duration::from_secs(3), || {
+        received.lock().unwrap()[1].len() == 5
+    }));
+    assert_eq!(only_receiver(&received, &payloads), 1);
+    for (handle, thread) in [broken, healthy] {
+        handle.stop();
+        thread.join().unwrap();
+    }
+}
+
+#[test]
+fn pubsub_endpoint_rejects_bad_input() {
+    let config = GuardConfig::new();
+    let scope = config.scope("endpoint/redis").unwrap();
+    let err = PubSubEndpoint::new("redis://127.0.0.1:1/", &config, &scope, &[]).unwrap_err();
+    assert!(err.to_string().contains("patterns"), "{err}");
+    let err = PubSubEndpoint::new("nonsense://x", &config, &scope, &["a"]).unwrap_err();
+    assert!(err.to_string().contains("redis"), "{err}");
+}
+
+// ---------------------------------------------------------------- Streams
+
+type Seen = Arc<Mutex<BTreeMap<String, Vec<usize>>>>;
+
+fn add_entries(conn: &mut redis::Connection, stream: &str, payloads: impl Iterator<Item = String>) {
+    let mut pipe = redis::pipe();
+    for payload in payloads {
+        pipe.cmd("XADD")
+            .arg(stream)
+            .arg("*")
+            .arg("payload")
+            .arg(payload)
+            .ignore();
+    }
+    pipe.query::<()>(conn).unwrap();
+}
+
+fn pending(conn: &mut redis::Connection, stream: &str, group: &str) -> i64 {
+    let reply: Vec<redis::Value> = redis::cmd("XPENDING")
+        .arg(stream)
+        .arg(group)
+        .query(conn)
+        .unwrap();
+    match reply.first() {
+        Some(redis::Value::Int(n)) => *n,
+        other => panic!("XPENDING summary: {other:?}"),
+    }
+}
+
+fn consumer(server: &RedisServer, name: &str) -> StreamConsumer {
+    StreamConsumer::new(connect(server), "orders", "billing", name)
+        .unwrap()
+        .with_poll_interval(Duration::from_millis(20))
+        .with_claim_idle(Duration::from_millis(300))
+        .unwrap()
+}
+
+/// A consumer on its own thread that records which payloads it handled.
+fn run_consumer(
+    consumer: StreamConsumer,
+    id: usize,
+    seen: &Seen,
+) -> (RunHandle, thread::JoinHandle<ConsumeStats>) {
+    let seen = seen.clone();
+    let (handle, ctl) = control();
+    let thread = thread::spawn(move || {
+        smol::block_on(consumer.run(ctl, Classifier::retry_all(), move |message| {
+            let seen = seen.clone();
+            async move {
+                let payload = String::from_utf8(message.payload().unwrap().to_vec()).unwrap();
+                seen.lock().unwrap().entry(payload).or_default().push(id);
+                Ok::<(), String>(())
+            }
+        }))
+    });
+    (handle, thread)
+}
+
+/// Waits until `count` distinct entries were handled, stops the consumers,
+/// checks each entry was handled once and none is pending, and returns
+/// the consumers' counts.
+fn finish(
+    consumers: Vec<(RunHandle, thread::JoinHandle<ConsumeStats>)>,
+    seen: &Seen,
+    count: usize,
+    conn: &mut redis::Connection,
+) -> Vec<ConsumeStats> {
+    let limit = Duration::from_secs(20);
+    let all_seen = wait_until(limit, || seen.lock().unwrap().len() == count);
+    let stats = consumers
+        .into_iter()
+        .map(|(handle, thread)| {
+            handle.stop();
+            thread.join().unwrap()
+        })
+        .collect();
+    assert!(
+        all_seen,
+        "only {} of {count} handled",
+        seen.lock().unwrap().len()
+    );
+    assert_each_once(seen, count);
+    assert_eq!(pending(conn, "orders", "billing"), 0);
+    stats
+}
+
+fn assert_each_once(seen: &Seen, count: usize) {
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), count, "distinct entries handled");
+    for (payload, by) in seen.iter() {
+        assert_eq!(by.len(), 1, "{payload} handled by {by:?}");
+    }
+}
+
+#[test]
+fn streams_three_consumers_handle_a_thousand_entries_exactly_once() {
+    let server = RedisServer::start().expect("redis-server");
+    let mut conn = sync_conn(&server);
+    let seen: Seen = Arc::default();
+    let consumers: Vec<_> = (0..3)
+        .map(|id| run_consumer(consumer(&server, &format!("c{id}")), id, &seen))
+        .collect();
+    thread::sleep(Duration::from_millis(200));
+    add_entries(&mut conn, "orders", (0..1000).map(|i| format!("p{i}")));
+    let stats = finish(consumers, &seen, 1000, &mut conn);
+    // The group spread the entries: every consumer took a share.
+    assert!(stats.iter().all(|s| s.acked > 0), "{stats:?}");
+    assert_eq!(
+        stats.iter().map(|s| s.acked).sum::<u64>(),
+        1000,
+        "{stats:?}"
+    );
+}
+
+#[test]
+fn streams_pending_entries_of_a_killed_consumer_are_claimed_by_another() {
+    let server = RedisServer::start().expect("redis-server");
+    let mut conn = sync_conn(&server);
+    add_entries(&mut conn, "orders", (0..100).map(|i| format!("p{i}")));
+    // The doomed consumer reads a batch, hangs on its first entry and is
+    // killed (its future dropped) with the batch still pending on it.
+    let doomed = consumer(&server, "doomed");
+    let started = Arc::new(Mutex::new(0usize));
+    smol::block_on(future::or(
+        async {
+            let (_handle, ctl) = control();
+            let started = started.clone();
+            doomed
+                .run(ctl, Classifier::retry_all(), move |_message| {
+                    *started.lock().unwrap() += 1;
+                    future::pending::<Result<(), String>>()
+                })
+                .await;
+        },
+        async {
+            async_io::Timer::after(Duration::from_millis(300)).await;
+        },
+    ));
+    drop(doomed);
+    assert_eq!(
+        *started.lock().unwrap(),
+        1,
+        "the doomed consumer started one entry"
+    );
+    assert_eq!(
+        pending(&mut conn, "orders", "billing"),
+        10,
+        "its batch is pending"
+    );
+
+    let seen: Seen = Arc::default();
+    let live: Vec<_> = (0..2)
+        .map(|id| run_consumer(consumer(&server, &format!("live{id}")), id, &seen))
+        .collect();
+    let stats = finish(live, &seen, 100, &mut conn);
+    assert_eq!(
+        stats.iter().map(|s| s.claimed).sum::<u64>(),
+        10,
+        "{stats:?}"
+    );
+}
+
+#[test]
+fn streams_failures_are_retried_then_dead_lettered_and_acknowledged() {
+    let server = RedisServer::start().expect("redis-server");
+    let mut conn = sync_conn(&server);
+    add_entries(
+        &mut conn,
+        "orders",
+        ["ok1", "bad", "ok2"].map(String::from).into_iter(),
+    );
+    let dlq = StreamDlq::new(connect(&server));
+    let with_dlq = consumer(&server, "c1")
+        .with_retry(RetryPolicy::fixed_delay(2, Duration::from_millis(10)))
+        .with_dead_letters(StreamDlq::new(connect(&server)), "orders")
+        .unwrap();
+    let calls: Arc<Mutex<BTreeMap<String, u32>>> = Arc::default();
+    let mut handler = {
+        let calls = calls.clone();
+        move |message: guard_redis::StreamMessage| {
+            let payload = String::from_utf8(message.payload().unwrap().to_vec()).unwrap();
+            *calls.lock().unwrap().entry(payload.clone()).or_default() += 1;
+            async move {
+                if payload == "bad" {
+                    Err(format!("cannot bill {payload}"))
+                } else {
+                    Ok(())
+                }
+            }
+        }
+    };
+    let mut stats = ConsumeStats::default();
+    smol::block_on(async {
+        with_dlq.create_group().await.unwrap();
+        with_dlq
+            .poll(Classifier::retry_all(), &mut handler, &mut stats)
+            .await
+            .unwrap();
+    });
+    assert_eq!(calls.lock().unwrap()["bad"], 3, "one call and two retries");
+    assert_eq!(calls.lock().unwrap()["ok1"], 1);
+    assert_eq!((stats.acked, stats.dead_lettered), (2, 1), "{stats:?}");
+    assert_eq!(pending(&mut conn, "orders", "billing"), 0);
+    let letters = smol::block_on(dlq.range("orders", "-", 10)).unwrap();
+    assert_eq!(letters.len(), 1);
+    assert_eq!(letters[0].payload, b"bad");
+    assert_eq!(letters[0].attempts, 3);
+    assert_eq!(letters[0].origin_stream.as_deref(), Some("orders"));
+    assert!(
+        letters[0].error.contains("cannot bill bad"),
+        "{}",
+        letters[0].error
+    );
+
+    // Without a dead-letter queue the failed entry stays pending.
+    add_entries(&mut conn, "orders", std::iter::once("bad".to_owned()));
+    let without = consumer(&server, "c2").with_retry(RetryPolicy::no_retry());
+    let mut stats = ConsumeStats::default();
+    smol::block_on(without.poll(Classifier::retry_all(), &mut handler, &mut stats)).unwrap();
+    assert_eq!(stats.left_pending, 1, "{stats:?}");
+    assert_eq!(pending(&mut conn, "orders", "billing"), 1);
+}
+
+#[test]
+fn stream_consumer_rejects_bad_input() {
+    let server = RedisServer::start().expect("redis-server");
+    let conn = connect(&server);
+    let err = StreamConsumer::new(conn.clone(), "", "g", "c").unwrap_err();
+    assert!(
+        err.to_string().contains("stream must not be empty"),
+        "{err}"
+    );
+    let err = StreamConsumer::new(conn.clone(), "s", "g", "c")
+        .unwrap()
+        .with_batch(0)
+        .unwrap_err();
+    assert!(err.to_string().contains("batch"), "{err}");
+    let err = StreamConsumer::new(conn.clone(), "s", "g", "c")
+        .unwrap()
+        .with_dead_letters(StreamDlq::new(conn), "bad{topic}")
+        .unwrap_err();
+    assert!(err.to_string().contains("topic"), "{err}");
+}
