@@ -33,10 +33,12 @@ for target in "${targets[@]}"; do
     grep -qx "$target" <<<"$installed" || rustup target add "$target"
 done
 
-step "system packages: redis-server and redis-tools for the Redis tests"
+step "system packages: redis-server, redis-tools and mosquitto for the endpoint tests"
 need_packages=()
 command -v redis-server >/dev/null 2>&1 || need_packages+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || need_packages+=(redis-tools)
+# Debian installs the broker in /usr/sbin; the tests start their own.
+[ -x /usr/sbin/mosquitto ] || command -v mosquitto >/dev/null 2>&1 || need_packages+=(mosquitto)
 if [ ${#need_packages[@]} -gt 0 ]; then
     if [ "$(id -u)" -ne 0 ]; then
         echo "missing Debian packages: ${need_packages[*]}; run as root or install them first" >&2

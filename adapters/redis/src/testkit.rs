@@ -9,73 +9,13 @@
 
 use std::fmt;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::net::TcpStream;
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// Why a test server could not be started.
-#[derive(Debug)]
-pub enum HarnessError {
-    /// A binary is not installed.
-    MissingBinary {
-        /// The binary.
-        binary: &'static str,
-        /// The Debian package that provides it.
-        package: &'static str,
-    },
-    /// Starting or talking to a process failed.
-    Io(std::io::Error),
-    /// A server did not become ready in time.
-    NotReady(String),
-}
-
-impl fmt::Display for HarnessError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            HarnessError::MissingBinary { binary, package } => write!(
-                f,
-                "`{binary}` was not found: install the Debian package `{package}` (apt-get install {package}); the test script does this"
-            ),
-            HarnessError::Io(e) => write!(f, "test server: {e}"),
-            HarnessError::NotReady(what) => write!(f, "test server not ready: {what}"),
-        }
-    }
-}
-
-impl std::error::Error for HarnessError {}
-
-impl From<std::io::Error> for HarnessError {
-    fn from(e: std::io::Error) -> Self {
-        HarnessError::Io(e)
-    }
-}
-
-fn binary(name: &'static str, package: &'static str) -> Result<PathBuf, HarnessError> {
-    find_binary(name, package, &std::env::var_os("PATH").unwrap_or_default())
-}
-
-/// Looks `name` up in a `PATH`-style list of directories; a missing one
-/// is an error naming the Debian `package` that provides it.
-pub fn find_binary(
-    name: &'static str,
-    package: &'static str,
-    path: &std::ffi::OsStr,
-) -> Result<PathBuf, HarnessError> {
-    std::env::split_paths(path)
-        .map(|dir| dir.join(name))
-        .find(|p| p.is_file())
-        .ok_or(HarnessError::MissingBinary {
-            binary: name,
-            package,
-        })
-}
-
-/// A port nobody listens on right now.
-pub fn free_port() -> Result<u16, HarnessError> {
-    Ok(TcpListener::bind(("127.0.0.1", 0))?.local_addr()?.port())
-}
+pub use guard_std::testkit::{HarnessError, find_binary, free_port};
+use guard_std::testkit::{binary, wait_until};
 
 /// Sends one inline command and reads one reply line (enough for PING,
 /// INFO fields, CLUSTER INFO and SENTINEL queries in the harness).
@@ -97,21 +37,6 @@ fn command_reply(port: u16, cmd: &str) -> std::io::Result<String> {
         return Ok(String::from_utf8_lossy(&body).into_owned());
     }
     Ok(first)
-}
-
-fn wait_until(
-    what: &str,
-    timeout: Duration,
-    mut ready: impl FnMut() -> bool,
-) -> Result<(), HarnessError> {
-    let start = Instant::now();
-    while start.elapsed() < timeout {
-        if ready() {
-            return Ok(());
-        }
-        thread::sleep(Duration::from_millis(20));
-    }
-    Err(HarnessError::NotReady(what.to_owned()))
 }
 
 /// One `redis-server` process.

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures_lite::future;
 use guard_core::guard::ActiveConfig;
@@ -32,15 +32,8 @@ fn sync_conn(server: &RedisServer) -> redis::Connection {
         .expect("sync connection")
 }
 
-fn wait_until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        if done() {
-            return true;
-        }
-        thread::sleep(Duration::from_millis(20));
-    }
-    done()
+fn wait_until(limit: Duration, done: impl FnMut() -> bool) -> bool {
+    guard_std::testkit::wait_until("condition", limit, done).is_ok()
 }
 
 // ---------------------------------------------------------------- Pub/Sub

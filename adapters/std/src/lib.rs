@@ -36,6 +36,8 @@ pub mod metrics;
 pub mod ratelimit;
 mod shared;
 mod sync;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 mod token_ids;
 
 pub use clock::{Clock, ManualClock, SystemClock};

@@ -1,0 +1,195 @@
+//! The endpoint: subscribe always (shared or broadcast), or only while
+//! this replica holds the lease (guarded plain subscription).
+
+use std::future::Future;
+
+use futures_lite::future;
+use guard_core::guard::ActiveConfig;
+use guard_core::lock::Scope;
+use guard_smol::{ActiveRunner, Control};
+use guard_std::GuardConfig;
+
+use crate::session::Session;
+use crate::{MqttError, MqttMessage, MqttOptions, Subscription};
+
+/// An MQTT subscription served by one replica; see the crate
+/// documentation for which kind to use.
+#[derive(Debug)]
+pub struct MqttEndpoint {
+    options: MqttOptions,
+    subscription: Subscription,
+    guard: Option<ActiveRunner>,
+}
+
+/// What woke the serving side of a guarded endpoint.
+enum Next {
+    Ended(crate::session::Ended),
+    Command(Result<Option<Promotion>, async_channel::RecvError>),
+}
+
+/// A session opened on promotion, and where to confirm its subscription.
+type Promotion = (Box<Session>, async_channel::Sender<Result<(), MqttError>>);
+
+impl MqttEndpoint {
+    /// An endpoint that always subscribes.
+    pub fn new(options: MqttOptions, subscription: Subscription) -> Self {
+        MqttEndpoint {
+            options,
+            subscription,
+            guard: None,
+        }
+    }
+
+    /// Subscribes only while this replica holds the lease of `scope` under
+    /// `config`'s locker (no locker: always). Only for a plain
+    /// subscription: a shared one is delivered once already.
+    pub fn with_guard(mut self, config: &GuardConfig, scope: &Scope) -> Result<Self, MqttError> {
+        if let Subscription::Shared { group, .. } = &self.subscription {
+            return Err(MqttError::InvalidInput(format!(
+                "a shared subscription (group {group:?}) is delivered to one member already; it takes no guard"
+            )));
+        }
+        let runner = ActiveRunner::new(config, scope)
+            .map_err(|e| MqttError::InvalidInput(format!("MQTT endpoint: {e}")))?;
+        self.guard = Some(runner);
+        Ok(self)
+    }
+
+    /// Lease timing of a guarded endpoint; validated.
+    pub fn with_guard_settings(mut self, settings: ActiveConfig) -> Result<Self, MqttError> {
+        let Some(runner) = self.guard.take() else {
+            return Err(MqttError::InvalidInput(
+                "lease timing given to an endpoint without a guard".into(),
+            ));
+        };
+        let runner = runner
+            .with_settings(settings)
+            .map_err(|e| MqttError::InvalidInput(format!("MQTT endpoint: {e}")))?;
+        self.guard = Some(runner);
+        Ok(self)
+    }
+
+    /// The subscription.
+    pub fn subscription(&self) -> &Subscription {
+        &self.subscription
+    }
+
+    /// Runs until `control` stops it, calling `handler` for each message
+    /// (one at a time; acknowledged when it returns). Stop closes the
+    /// connection: a message being handled then is left unacknowledged.
+    pub async fn run<H, F>(&self, control: Control, handler: H)
+    where
+        H: FnMut(MqttMessage) -> F,
+        F: Future<Output = ()>,
+    {
+        match &self.guard {
+            None => self.run_always(control, handler).await,
+            Some(runner) => self.run_guarded(runner, control, handler).await,
+        }
+    }
+
+    /// Connects, subscribes and serves; reconnects after a failure.
+    async fn run_always<H, F>(&self, control: Control, mut handler: H)
+    where
+        H: FnMut(MqttMessage) -> F,
+        F: Future<Output = ()>,
+    {
+        let filter = self.subscription.topic_filter();
+        while !control.is_stopped() {
+            let attempt = async {
+                let session = Session::open(&self.options).await?;
+                let (subscribed, _) = async_channel::bounded(1);
+                Err::<(), _>(session.serve(&filter, &mut handler, subscribed).await.error)
+            };
+            let stopped = async {
+                control.stopped().await;
+                Ok(())
+            };
+            if let Err(e) = future::or(stopped, attempt).await {
+                log::warn!("MQTT {filter}: {e}; reconnecting");
+                future::or(control.stopped(), async {
+                    async_io::Timer::after(self.options.reconnect_delay).await;
+                })
+                .await;
+            }
+        }
+    }
+
+    /// Subscribes while leading: promotion connects and waits for the
+    /// SUBACK (a refusal or time-out fails the promotion, which releases
+    /// the lease); demotion drops the connection; a connection that ends
+    /// while leading demotes.
+    async fn run_guarded<H, F>(&self, runner: &ActiveRunner, control: Control, mut handler: H)
+    where
+        H: FnMut(MqttMessage) -> F,
+        F: Future<Output = ()>,
+    {
+        let filter = self.subscription.topic_filter();
+        let (own, linked) = control.linked();
+        let (tx, rx) = async_channel::unbounded::<Option<Promotion>>();
+        let elect = async move {
+            let (promoted, demoted) = (tx.clone(), tx);
+            runner
+                .run(
+                    linked,
+                    move |_fence| {
+                        let tx = promoted.clone();
+                        async move {
+                            let session = Session::open(&self.options).await?;
+                            let (confirm, confirmed) = async_channel::bounded(1);
+                            // The receiver lives until the runner returns.
+                            tx.send(Some((Box::new(session), confirm))).await.ok();
+                            let answer = async {
+                                confirmed.recv().await.unwrap_or_else(|_| {
+                                    Err(MqttError::Closed("connection ended before SUBACK".into()))
+                                })
+                            };
+                            future::or(answer, async {
+                                async_io::Timer::after(self.options.connect_timeout).await;
+                                Err(MqttError::Timeout(self.options.connect_timeout))
+                            })
+                            .await
+                        }
+                    },
+                    move |_reason| {
+                        let tx = demoted.clone();
+                        async move {
+                            tx.send(None).await.ok();
+                        }
+                    },
+                )
+                .await;
+        };
+        let serve = async {
+            let mut next_session: Option<Promotion> = None;
+            loop {
+                let (session, confirm) = match next_session.take() {
+                    Some(promotion) => promotion,
+                    None => match rx.recv().await {
+                        Ok(Some(promotion)) => promotion,
+                        Ok(None) => continue,
+                        Err(_) => return,
+                    },
+                };
+                let next = future::or(
+                    async { Next::Ended((*session).serve(&filter, &mut handler, confirm).await) },
+                    async { Next::Command(rx.recv().await) },
+                )
+                .await;
+                match next {
+                    Next::Ended(ended) => {
+                        log::warn!("MQTT {filter}: {}", ended.error);
+                        // An unconfirmed subscription failed the promotion
+                        // already; a confirmed one that ended steps down.
+                        if ended.confirmed {
+                            own.demote();
+                        }
+                    }
+                    Next::Command(Ok(promotion)) => next_session = promotion,
+                    Next::Command(Err(_)) => return,
+                }
+            }
+        };
+        future::zip(elect, serve).await;
+    }
+}

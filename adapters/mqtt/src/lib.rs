@@ -1,0 +1,205 @@
+//! guard-mqtt: MQTT endpoints that apply the seeds' rule, on smol.
+//!
+//! - A **shared subscription** (`$share/<group>/<filter>`) is delivered by
+//!   the broker to one member of the group: replicas subscribe with the
+//!   same group and need no guard. MQTT 5 standardises it; Mosquitto 2
+//!   and EMQX support it (Mosquitto round-robins the group's members).
+//! - A **plain subscription** is delivered to every subscriber. On its own
+//!   it suits state every replica should see; for work that must happen
+//!   once, give it an [`ActiveRunner`](guard_smol::ActiveRunner) lease with
+//!   [`MqttEndpoint::with_guard`], so only the elected replica subscribes.
+//!   Messages published while no replica is subscribed (a takeover) are
+//!   not delivered to anyone: the guard removes duplicate consumption, it
+//!   does not add persistence.
+//!
+//! Messages are received at QoS 1 and acknowledged after the handler
+//! returns, one at a time per endpoint (manual acknowledgement). The
+//! client is `rumqttc` (MQTT 3.1.1), driven from smol through
+//! `async-compat`.
+//!
+//! ```no_run
+//! # smol::block_on(async {
+//! use guard_mqtt::{MqttEndpoint, MqttOptions, Subscription};
+//!
+//! let options = MqttOptions::new("127.0.0.1", 1883, "gateway-1")?;
+//! let endpoint = MqttEndpoint::new(options, Subscription::shared("gateways", "sensors/+/temp")?);
+//! let (_handle, control) = guard_smol::control();
+//! endpoint
+//!     .run(control, |message| async move { println!("{}: {:?}", message.topic, message.payload) })
+//!     .await;
+//! # Ok::<(), guard_mqtt::MqttError>(())
+//! # });
+//! ```
+
+mod endpoint;
+mod session;
+#[cfg(feature = "testkit")]
+pub mod testkit;
+
+use std::fmt;
+use std::time::Duration;
+
+pub use endpoint::MqttEndpoint;
+
+/// Keep-alive interval unless set.
+pub const DEFAULT_KEEP_ALIVE: Duration = Duration::from_secs(30);
+/// Limit on connecting and on the broker's answer to a subscription.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// Wait before reconnecting an unguarded endpoint after its connection
+/// failed.
+pub const DEFAULT_RECONNECT_DELAY: Duration = Duration::from_secs(1);
+
+/// An MQTT failure, or input that cannot work.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MqttError {
+    /// A parameter that cannot be used, and why.
+    InvalidInput(String),
+    /// The broker could not be reached or refused the connection.
+    Connect(String),
+    /// The broker refused the subscription, or it could not be sent.
+    Subscribe(String),
+    /// No answer in time.
+    Timeout(Duration),
+    /// The connection ended.
+    Closed(String),
+}
+
+impl fmt::Display for MqttError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MqttError::InvalidInput(why) => write!(f, "invalid input: {why}"),
+            MqttError::Connect(why) => write!(f, "mqtt connect: {why}"),
+            MqttError::Subscribe(why) => write!(f, "mqtt subscribe: {why}"),
+            MqttError::Timeout(d) => write!(f, "mqtt: no answer within {d:?}"),
+            MqttError::Closed(why) => write!(f, "mqtt: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for MqttError {}
+
+/// Where the broker is and who this client is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MqttOptions {
+    host: String,
+    port: u16,
+    client_id: String,
+    keep_alive: Duration,
+    connect_timeout: Duration,
+    reconnect_delay: Duration,
+}
+
+impl MqttOptions {
+    /// A client `client_id` (unique per replica: a broker disconnects the
+    /// older of two clients with one id) of the broker at `host:port`.
+    pub fn new(host: &str, port: u16, client_id: &str) -> Result<Self, MqttError> {
+        if host.is_empty() {
+            return Err(MqttError::InvalidInput(
+                "broker host must not be empty".into(),
+            ));
+        }
+        if client_id.is_empty() {
+            return Err(MqttError::InvalidInput(
+                "client id must not be empty (each replica needs its own)".into(),
+            ));
+        }
+        Ok(MqttOptions {
+            host: host.to_owned(),
+            port,
+            client_id: client_id.to_owned(),
+            keep_alive: DEFAULT_KEEP_ALIVE,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            reconnect_delay: DEFAULT_RECONNECT_DELAY,
+        })
+    }
+
+    /// The keep-alive interval.
+    pub fn with_keep_alive(mut self, interval: Duration) -> Self {
+        self.keep_alive = interval;
+        self
+    }
+
+    /// The limit on connecting and on the broker's SUBACK.
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// The wait before an unguarded endpoint reconnects.
+    pub fn with_reconnect_delay(mut self, delay: Duration) -> Self {
+        self.reconnect_delay = delay;
+        self
+    }
+
+    /// The client id.
+    pub fn client_id(&self) -> &str {
+        &self.client_id
+    }
+}
+
+/// What an endpoint subscribes to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Subscription {
+    /// `$share/<group>/<filter>`: the broker delivers each message to one
+    /// member of the group.
+    Shared {
+        /// The share group: every replica uses the same one.
+        group: String,
+        /// The topic filter.
+        filter: String,
+    },
+    /// `<filter>`: every subscriber gets every message.
+    Plain {
+        /// The topic filter.
+        filter: String,
+    },
+}
+
+fn checked_filter(filter: &str) -> Result<String, MqttError> {
+    if filter.is_empty() || filter.starts_with("$share/") {
+        return Err(MqttError::InvalidInput(format!(
+            "topic filter {filter:?} must be non-empty and not itself a $share filter (use Subscription::shared)"
+        )));
+    }
+    Ok(filter.to_owned())
+}
+
+impl Subscription {
+    /// A shared subscription: `group` is non-empty and has no `/`, `+` or
+    /// `#` (MQTT 5, 4.8.2).
+    pub fn shared(group: &str, filter: &str) -> Result<Self, MqttError> {
+        if group.is_empty() || group.contains(['/', '+', '#']) {
+            return Err(MqttError::InvalidInput(format!(
+                "share group {group:?} must be non-empty and contain no '/', '+' or '#'"
+            )));
+        }
+        Ok(Subscription::Shared {
+            group: group.to_owned(),
+            filter: checked_filter(filter)?,
+        })
+    }
+
+    /// A plain subscription.
+    pub fn plain(filter: &str) -> Result<Self, MqttError> {
+        Ok(Subscription::Plain {
+            filter: checked_filter(filter)?,
+        })
+    }
+
+    /// The filter as sent to the broker.
+    pub fn topic_filter(&self) -> String {
+        match self {
+            Subscription::Shared { group, filter } => format!("$share/{group}/{filter}"),
+            Subscription::Plain { filter } => filter.clone(),
+        }
+    }
+}
+
+/// One received message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MqttMessage {
+    /// The topic it was published on.
+    pub topic: String,
+    /// Its payload.
+    pub payload: Vec<u8>,
+}

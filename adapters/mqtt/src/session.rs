@@ -1,0 +1,115 @@
+//! One MQTT connection: connect, subscribe (confirmed by the SUBACK),
+//! hand each message to the handler and acknowledge it after.
+
+use std::future::Future;
+
+use async_channel::Sender;
+use async_compat::Compat;
+use futures_lite::future;
+use rumqttc::{AsyncClient, Event, EventLoop, Incoming, QoS, SubscribeReasonCode};
+
+use crate::{MqttError, MqttMessage, MqttOptions};
+
+/// Requests queued between event-loop polls.
+const REQUEST_CAPACITY: usize = 64;
+
+/// A connected (CONNACK received) session, not yet subscribed.
+pub(crate) struct Session {
+    client: AsyncClient,
+    events: EventLoop,
+}
+
+/// How a served session ended.
+pub(crate) struct Ended {
+    /// Why.
+    pub(crate) error: MqttError,
+    /// Whether the broker had confirmed the subscription.
+    pub(crate) confirmed: bool,
+}
+
+impl Session {
+    /// Connects within the options' connect timeout.
+    pub(crate) async fn open(options: &MqttOptions) -> Result<Self, MqttError> {
+        let mut connect =
+            rumqttc::MqttOptions::new(&options.client_id, &options.host, options.port);
+        connect
+            .set_keep_alive(options.keep_alive)
+            .set_clean_session(true)
+            // Acknowledged after the handler returns, not on receipt.
+            .set_manual_acks(true);
+        let (client, mut events) = AsyncClient::new(connect, REQUEST_CAPACITY);
+        let where_to = format!("{}:{}", options.host, options.port);
+        let connected = Compat::new(async {
+            loop {
+                match events.poll().await {
+                    Ok(Event::Incoming(Incoming::ConnAck(_))) => return Ok(()),
+                    Ok(_) => {}
+                    Err(e) => return Err(MqttError::Connect(format!("{where_to}: {e}"))),
+                }
+            }
+        });
+        future::or(connected, async {
+            async_io::Timer::after(options.connect_timeout).await;
+            Err(MqttError::Timeout(options.connect_timeout))
+        })
+        .await?;
+        Ok(Session { client, events })
+    }
+
+    /// Subscribes to `filter` at QoS 1 and serves until the connection
+    /// ends. `subscribed` hears the broker's answer to the SUBSCRIBE.
+    pub(crate) async fn serve<H, F>(
+        self,
+        filter: &str,
+        handler: &mut H,
+        subscribed: Sender<Result<(), MqttError>>,
+    ) -> Ended
+    where
+        H: FnMut(MqttMessage) -> F,
+        F: Future<Output = ()>,
+    {
+        let Session { client, mut events } = self;
+        let mut confirmed = false;
+        let error = Compat::new(async {
+            if let Err(e) = client.subscribe(filter, QoS::AtLeastOnce).await {
+                return MqttError::Subscribe(format!("{filter}: {e}"));
+            }
+            loop {
+                match events.poll().await {
+                    Ok(Event::Incoming(Incoming::SubAck(suback))) => {
+                        if suback
+                            .return_codes
+                            .iter()
+                            .all(|c| matches!(c, SubscribeReasonCode::Success(_)))
+                        {
+                            confirmed = true;
+                            subscribed.try_send(Ok(())).ok();
+                        } else {
+                            let refused = MqttError::Subscribe(format!(
+                                "the broker refused {filter}: {:?}",
+                                suback.return_codes
+                            ));
+                            subscribed.try_send(Err(refused.clone())).ok();
+                            return refused;
+                        }
+                    }
+                    Ok(Event::Incoming(Incoming::Publish(publish))) => {
+                        handler(MqttMessage {
+                            topic: publish.topic.clone(),
+                            payload: publish.payload.to_vec(),
+                        })
+                        .await;
+                        // Queued; the next poll sends it.
+                        if let Err(e) = client.ack(&publish).await {
+                            return MqttError::Closed(format!("acknowledge: {e}"));
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => return MqttError::Closed(format!("connection ended: {e}")),
+                }
+            }
+        })
+        .await;
+        Ended { error, confirmed }
+    }
+}

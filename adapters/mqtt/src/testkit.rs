@@ -1,0 +1,114 @@
+//! A real Mosquitto broker for tests (feature `testkit`).
+//!
+//! The broker is a `mosquitto` child process on a free 127.0.0.1 port,
+//! with a generated configuration (`listener <port> 127.0.0.1`,
+//! `allow_anonymous true`, `persistence false`) in its own temporary
+//! directory, stopped by PID when dropped (also when a test panics). A
+//! broker this machine may already run is never touched.
+
+use std::fmt;
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+pub use guard_std::testkit::{HarnessError, free_port};
+use guard_std::testkit::{find_binary, wait_until};
+
+/// One `mosquitto` process.
+pub struct Mosquitto {
+    child: Option<Child>,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl fmt::Debug for Mosquitto {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Mosquitto")
+            .field("port", &self.port)
+            .finish()
+    }
+}
+
+impl Mosquitto {
+    /// Starts a broker and waits until it accepts connections.
+    pub fn start() -> Result<Self, HarnessError> {
+        // Debian puts the broker in /usr/sbin, which a user's PATH may lack.
+        let mut path = std::env::var_os("PATH").unwrap_or_default();
+        path.push(":/usr/sbin");
+        let mosquitto = find_binary("mosquitto", "mosquitto", &path)?;
+        let port = free_port()?;
+        let dir = tempfile::tempdir()?;
+        let config = dir.path().join("mosquitto.conf");
+        std::fs::write(
+            &config,
+            format!(
+                "listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nlog_dest none\n"
+            ),
+        )?;
+        let child = Command::new(mosquitto)
+            .arg("-c")
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let broker = Mosquitto {
+            child: Some(child),
+            port,
+            _dir: dir,
+        };
+        wait_until(
+            &format!("mosquitto on port {port}"),
+            Duration::from_secs(10),
+            || TcpStream::connect(("127.0.0.1", port)).is_ok(),
+        )?;
+        Ok(broker)
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Publishes `payloads` to `topic` at QoS 1 from a client of its own,
+    /// in order, and returns once the broker acknowledged every one.
+    pub fn publish(&self, topic: &str, payloads: &[Vec<u8>]) -> Result<(), HarnessError> {
+        use rumqttc::{AsyncClient, Event, Incoming, MqttOptions, QoS};
+        let failed = |e: &dyn fmt::Display| HarnessError::NotReady(format!("publish: {e}"));
+        let options = MqttOptions::new("testkit-publisher", "127.0.0.1", self.port);
+        let (client, mut events) = AsyncClient::new(options, payloads.len().max(1));
+        futures_lite::future::block_on(async_compat::Compat::new(async {
+            for payload in payloads {
+                client
+                    .publish(topic, QoS::AtLeastOnce, false, payload.clone())
+                    .await
+                    .map_err(|e| failed(&e))?;
+            }
+            let mut acked = 0;
+            while acked < payloads.len() {
+                match events.poll().await {
+                    Ok(Event::Incoming(Incoming::PubAck(_))) => acked += 1,
+                    Ok(_) => {}
+                    Err(e) => return Err(failed(&e)),
+                }
+            }
+            client.disconnect().await.map_err(|e| failed(&e))?;
+            // Send the DISCONNECT.
+            while events.poll().await.is_ok() {}
+            Ok(())
+        }))
+    }
+
+    /// Stops the process (by PID) and waits for it.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Mosquitto {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
