@@ -100,6 +100,9 @@ pub struct FileConfig {
     /// Leader-only consumers (one active replica each).
     #[serde(default)]
     pub active: Vec<ActiveEntry>,
+    /// Message sources: Redis Pub/Sub, Redis Streams, MQTT.
+    #[serde(default)]
+    pub endpoints: Vec<EndpointConfig>,
     /// Metrics export.
     #[serde(default)]
     pub metrics: MetricsConfig,
@@ -477,6 +480,165 @@ pub struct ActiveEntry {
     pub name: String,
 }
 
+/// What kind of source an `[[endpoints]]` entry is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EndpointKind {
+    /// Redis Pub/Sub: a broadcast, so one replica subscribes at a time
+    /// (elected by lease).
+    RedisPubsub,
+    /// A Redis Streams consumer group: single delivery by the group.
+    RedisStream,
+    /// MQTT: a shared subscription (single delivery by the broker), or a
+    /// plain one, broadcast unless `guard = true`.
+    Mqtt,
+}
+
+/// `[[endpoints]]`: a message source this replica consumes. Which keys
+/// apply depends on `kind`; a key of another kind is refused.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointConfig {
+    /// Its name: part of its lease key (Pub/Sub, guarded MQTT) and of its
+    /// MQTT client id; unique.
+    pub name: String,
+    /// What it is.
+    pub kind: EndpointKind,
+    /// Redis kinds: the server's URL; default `locker.url`.
+    pub url: Option<String>,
+    /// `redis-pubsub`: channel patterns (`PSUBSCRIBE` syntax).
+    #[serde(default)]
+    pub patterns: Vec<String>,
+    /// `redis-stream`: the stream key.
+    pub stream: Option<String>,
+    /// `redis-stream`: the consumer group, the same on every replica.
+    pub group: Option<String>,
+    /// `redis-stream`: claim entries idle this long on a dead consumer
+    /// (default 30 s; longer than any handling).
+    pub claim_idle_ms: Option<u64>,
+    /// `redis-stream`: retries of a failing entry (default 3).
+    pub retries: Option<u32>,
+    /// `redis-stream`: wait between retries (default 100 ms, doubling).
+    pub retry_delay_ms: Option<u64>,
+    /// `redis-stream`: dead-letter topic for entries whose retries are
+    /// spent; without one they stay pending.
+    pub dead_letter_topic: Option<String>,
+    /// `mqtt`: the broker's host.
+    pub host: Option<String>,
+    /// `mqtt`: the broker's port (default 1883).
+    pub port: Option<u16>,
+    /// `mqtt`: the topic filter.
+    pub filter: Option<String>,
+    /// `mqtt`: subscribe as `$share/<share_group>/<filter>`.
+    pub share_group: Option<String>,
+    /// `mqtt` plain subscription: only the elected replica subscribes.
+    #[serde(default)]
+    pub guard: bool,
+}
+
+impl EndpointConfig {
+    /// The keys set that `kind` does not use.
+    fn foreign_keys(&self) -> Vec<&'static str> {
+        let set: [(&'static str, bool, &[EndpointKind]); 13] = [
+            (
+                "url",
+                self.url.is_some(),
+                &[EndpointKind::RedisPubsub, EndpointKind::RedisStream],
+            ),
+            (
+                "patterns",
+                !self.patterns.is_empty(),
+                &[EndpointKind::RedisPubsub],
+            ),
+            (
+                "stream",
+                self.stream.is_some(),
+                &[EndpointKind::RedisStream],
+            ),
+            ("group", self.group.is_some(), &[EndpointKind::RedisStream]),
+            (
+                "claim_idle_ms",
+                self.claim_idle_ms.is_some(),
+                &[EndpointKind::RedisStream],
+            ),
+            (
+                "retries",
+                self.retries.is_some(),
+                &[EndpointKind::RedisStream],
+            ),
+            (
+                "retry_delay_ms",
+                self.retry_delay_ms.is_some(),
+                &[EndpointKind::RedisStream],
+            ),
+            (
+                "dead_letter_topic",
+                self.dead_letter_topic.is_some(),
+                &[EndpointKind::RedisStream],
+            ),
+            ("host", self.host.is_some(), &[EndpointKind::Mqtt]),
+            ("port", self.port.is_some(), &[EndpointKind::Mqtt]),
+            ("filter", self.filter.is_some(), &[EndpointKind::Mqtt]),
+            (
+                "share_group",
+                self.share_group.is_some(),
+                &[EndpointKind::Mqtt],
+            ),
+            ("guard", self.guard, &[EndpointKind::Mqtt]),
+        ];
+        set.iter()
+            .filter(|(_, given, kinds)| *given && !kinds.contains(&self.kind))
+            .map(|(key, _, _)| *key)
+            .collect()
+    }
+
+    /// Checks the keys of its kind; `redis_url` is the locker's URL.
+    fn validate(&self, key: &dyn Fn(&str) -> String, redis_url: bool) -> Result<(), ConfigError> {
+        if self.name.is_empty() {
+            return Err(invalid(key("name"), "\"\"", "a non-empty name"));
+        }
+        if let Some(foreign) = self.foreign_keys().first() {
+            return Err(invalid(
+                key(foreign),
+                "set",
+                &format!("no `{foreign}` for kind {:?}", self.kind),
+            ));
+        }
+        let missing = |field: &str, what: &str| Err(invalid(key(field), "missing", what));
+        let empty = |v: &Option<String>| v.as_deref().is_none_or(str::is_empty);
+        match self.kind {
+            EndpointKind::RedisPubsub | EndpointKind::RedisStream
+                if self.url.is_none() && !redis_url =>
+            {
+                missing(
+                    "url",
+                    "a Redis URL (or a standalone Redis [locker] to share)",
+                )
+            }
+            EndpointKind::RedisPubsub if self.patterns.iter().all(String::is_empty) => {
+                missing("patterns", "at least one channel pattern")
+            }
+            EndpointKind::RedisStream if empty(&self.stream) => missing("stream", "the stream key"),
+            EndpointKind::RedisStream if empty(&self.group) => {
+                missing("group", "the consumer group, the same on every replica")
+            }
+            EndpointKind::RedisStream if self.claim_idle_ms == Some(0) => Err(invalid(
+                key("claim_idle_ms"),
+                0,
+                "a positive number of milliseconds",
+            )),
+            EndpointKind::Mqtt if empty(&self.host) => missing("host", "the broker's host"),
+            EndpointKind::Mqtt if empty(&self.filter) => missing("filter", "a topic filter"),
+            EndpointKind::Mqtt if self.share_group.is_some() && self.guard => Err(invalid(
+                key("guard"),
+                true,
+                "no guard with `share_group`: the broker delivers each message to one member already",
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// `[metrics]`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -564,6 +726,21 @@ impl FileConfig {
                     format!("active[{i}].name"),
                     "\"\"",
                     "a non-empty name",
+                ));
+            }
+        }
+        let locker_url = self.locker.kind == LockerKind::Redis
+            && self.locker.mode == RedisMode::Standalone
+            && self.locker.url.is_some();
+        let mut names = std::collections::HashSet::new();
+        for (i, e) in self.endpoints.iter().enumerate() {
+            let key = |field: &str| format!("endpoints[{i}].{field}");
+            e.validate(&key, locker_url)?;
+            if !names.insert(e.name.as_str()) {
+                return Err(invalid(
+                    key("name"),
+                    format!("{:?}", e.name),
+                    "a unique name",
                 ));
             }
         }

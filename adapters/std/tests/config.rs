@@ -226,3 +226,84 @@ fn a_missing_file_is_a_read_error() {
         "{e}"
     );
 }
+
+const ENDPOINTS: &str = r#"
+[locker]
+kind = "redis"
+url = "redis://127.0.0.1:6379/"
+
+[[endpoints]]
+name = "sensors-in"
+kind = "redis-pubsub"
+patterns = ["sensors.*"]
+
+[[endpoints]]
+name = "orders"
+kind = "redis-stream"
+stream = "orders"
+group = "billing"
+dead_letter_topic = "orders"
+
+[[endpoints]]
+name = "telemetry"
+kind = "mqtt"
+host = "127.0.0.1"
+filter = "sensors/#"
+share_group = "gateways"
+"#;
+
+#[test]
+fn endpoints_of_each_kind_parse() {
+    use guard_std::config::EndpointKind;
+    let c = FileConfig::from_toml(ENDPOINTS).unwrap();
+    let kinds: Vec<EndpointKind> = c.endpoints.iter().map(|e| e.kind).collect();
+    assert_eq!(
+        kinds,
+        [
+            EndpointKind::RedisPubsub,
+            EndpointKind::RedisStream,
+            EndpointKind::Mqtt
+        ]
+    );
+    assert_eq!(c.endpoints[2].share_group.as_deref(), Some("gateways"));
+}
+
+#[test]
+fn endpoint_mistakes_name_the_key_and_what_is_expected() {
+    let with = |extra: &str| format!("{ENDPOINTS}\n[[endpoints]]\n{extra}\n");
+    let cases = [
+        (
+            "name = \"x\"\nkind = \"redis-pubsub\"",
+            "`endpoints[3].patterns` = missing: expected at least one channel pattern",
+        ),
+        (
+            "name = \"x\"\nkind = \"redis-stream\"\nstream = \"s\"",
+            "`endpoints[3].group` = missing",
+        ),
+        (
+            "name = \"x\"\nkind = \"mqtt\"\nhost = \"h\"\nfilter = \"t\"\npatterns = [\"p\"]",
+            "`endpoints[3].patterns` = set: expected no `patterns` for kind Mqtt",
+        ),
+        (
+            "name = \"x\"\nkind = \"mqtt\"\nhost = \"h\"\nfilter = \"t\"\nshare_group = \"g\"\nguard = true",
+            "no guard with `share_group`",
+        ),
+        (
+            "name = \"orders\"\nkind = \"mqtt\"\nhost = \"h\"\nfilter = \"t\"",
+            "`endpoints[3].name` = \"orders\": expected a unique name",
+        ),
+        ("name = \"x\"\nkind = \"kafka\"", "unknown variant `kafka`"),
+    ];
+    for (extra, expected) in cases {
+        let message = error(&with(extra));
+        assert!(message.contains(expected), "{extra}: {message}");
+    }
+    // A Redis endpoint needs a URL when there is no standalone Redis locker.
+    let message = error(
+        "[[endpoints]]\nname = \"x\"\nkind = \"redis-stream\"\nstream = \"s\"\ngroup = \"g\"",
+    );
+    assert!(
+        message.contains("`endpoints[0].url` = missing"),
+        "{message}"
+    );
+}

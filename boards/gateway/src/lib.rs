@@ -7,5 +7,6 @@
 //!   schedules, leader-only consumers, rate limiters, Prometheus metrics).
 
 pub mod demo;
+mod endpoint;
 pub mod prometheus;
 pub mod replica;

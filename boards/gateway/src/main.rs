@@ -41,6 +41,11 @@ enum Command {
         /// The TOML configuration.
         #[arg(long, short)]
         config: PathBuf,
+        /// This replica's name among those running the same file: it
+        /// names its stream consumer and MQTT clients (default
+        /// `replica-<process id>`).
+        #[arg(long)]
+        replica: Option<String>,
     },
 }
 
@@ -49,7 +54,10 @@ fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     match cli.command {
         Command::Demo { replicas, seconds } => run_demo(replicas, seconds),
-        Command::Run { config } => run_replica(&config),
+        Command::Run { config, replica } => {
+            let identity = replica.unwrap_or_else(|| format!("replica-{}", std::process::id()));
+            run_replica(&config, &identity)
+        }
     }
 }
 
@@ -87,7 +95,7 @@ fn run_demo(replicas: u64, seconds: u64) -> ExitCode {
     }
 }
 
-fn run_replica(path: &std::path::Path) -> ExitCode {
+fn run_replica(path: &std::path::Path, identity: &str) -> ExitCode {
     let config = match FileConfig::from_path(path) {
         Ok(config) => config,
         Err(e) => {
@@ -118,7 +126,7 @@ fn run_replica(path: &std::path::Path) -> ExitCode {
         let _ = writeln!(out, "{event}");
         let _ = out.flush();
     });
-    match smol::block_on(replica::run(&config, control, emit)) {
+    match smol::block_on(replica::run(&config, identity, control, emit)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("{e}");

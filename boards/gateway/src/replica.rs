@@ -18,6 +18,8 @@ use guard_std::config::{
 use guard_std::ratelimit::{MemoryLimiter, RateLimiter, RateLimiterRegistry};
 use guard_std::{CronSchedule, GuardConfig, LocalLocker, SharedLocker};
 
+use crate::endpoint;
+
 /// Something a replica did, printed one per line by `guard-gateway run`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
@@ -44,6 +46,15 @@ pub enum Event {
         /// Why.
         reason: DemoteReason,
     },
+    /// This replica handled a message of an endpoint.
+    Received {
+        /// The endpoint.
+        endpoint: String,
+        /// Where it came from: channel, entry id or topic.
+        from: String,
+        /// The payload, as text (invalid UTF-8 replaced).
+        payload: String,
+    },
 }
 
 impl fmt::Display for Event {
@@ -62,6 +73,14 @@ impl fmt::Display for Event {
             }
             Event::Promoted { name, fence } => write!(f, "promoted name={name} fence={fence}"),
             Event::Demoted { name, reason } => write!(f, "demoted name={name} reason={reason:?}"),
+            Event::Received {
+                endpoint,
+                from,
+                payload,
+            } => write!(
+                f,
+                "received endpoint={endpoint} from={from} payload={payload}"
+            ),
         }
     }
 }
@@ -78,7 +97,7 @@ impl fmt::Display for GatewayError {
 
 impl std::error::Error for GatewayError {}
 
-fn error(message: impl fmt::Display) -> GatewayError {
+pub(crate) fn error(message: impl fmt::Display) -> GatewayError {
     GatewayError(message.to_string())
 }
 
@@ -105,6 +124,9 @@ pub struct Built {
     pub guards: GuardConfig,
     /// The named rate limiters.
     pub limiters: RateLimiterRegistry,
+    /// The locker's Redis connection, shared by endpoints that name no
+    /// URL of their own.
+    pub redis: Option<RedisConnection>,
 }
 
 /// Connects what `config` names: a Redis locker that cannot be reached is
@@ -159,6 +181,7 @@ pub async fn build(config: &FileConfig) -> Result<Built, GatewayError> {
     Ok(Built {
         guards,
         limiters: RateLimiterRegistry::new(limiters),
+        redis,
     })
 }
 
@@ -193,9 +216,11 @@ fn remote(policy: &Policy, conn: &RedisConnection) -> Result<Arc<dyn RateLimiter
 }
 
 /// Runs one replica until `control` stops it, reporting every event to
-/// `emit`.
+/// `emit`. `identity` tells this replica from the others that run the
+/// same file: it names its stream consumers and MQTT clients.
 pub async fn run(
     config: &FileConfig,
+    identity: &str,
     control: Control,
     emit: Arc<dyn Fn(Event) + Send + Sync>,
 ) -> Result<(), GatewayError> {
@@ -272,6 +297,18 @@ pub async fn run(
                 )
                 .await
         }));
+    }
+    for entry in &config.endpoints {
+        let task = endpoint::start(
+            entry,
+            &built,
+            config,
+            identity,
+            control.clone(),
+            emit.clone(),
+        )
+        .await?;
+        tasks.push(executor.spawn(task));
     }
     tasks.push(executor.spawn(scheduler.run(control)));
     executor

@@ -1,4 +1,5 @@
-//! Three `guard-gateway run` processes against a real redis-server.
+//! Three `guard-gateway run` processes against a real redis-server (and
+//! a Mosquitto broker for the endpoints).
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -8,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use guard_mqtt::testkit::Mosquitto;
 use guard_redis::testkit::{RedisServer, free_port};
 
 const TTL_MS: u64 = 2_000;
@@ -15,8 +17,9 @@ const INTERVAL_MS: u64 = 250;
 
 type Lines = Arc<Mutex<Vec<(usize, Instant, String)>>>;
 
-fn config(dir: &std::path::Path, redis: &str, metrics: Option<u16>) -> std::path::PathBuf {
-    let mut text = format!(
+/// The locker and guard sections every test configuration starts with.
+fn base_config(redis: &str) -> String {
+    format!(
         r#"
 [locker]
 kind = "redis"
@@ -27,14 +30,21 @@ request_timeout_ms = 300
 owner = "it"
 active_ttl_ms = {TTL_MS}
 active_interval_ms = {INTERVAL_MS}
+"#
+    )
+}
 
+fn config(dir: &std::path::Path, redis: &str, metrics: Option<u16>) -> std::path::PathBuf {
+    let mut text = base_config(redis);
+    text.push_str(
+        r#"
 [[schedules]]
 router = "heartbeat"
 every_ms = 1000
 
 [[active]]
 name = "sensors"
-"#
+"#,
     );
     if let Some(port) = metrics {
         text.push_str(&format!("\n[metrics]\nprometheus = \"127.0.0.1:{port}\"\n"));
@@ -55,7 +65,7 @@ impl Drop for Process {
 
 fn start(id: usize, config: &std::path::Path, lines: &Lines) -> Process {
     let mut child = Command::new(env!("CARGO_BIN_EXE_guard-gateway"))
-        .args(["run", "--config"])
+        .args(["run", "--replica", &format!("replica-{id}"), "--config"])
         .arg(config)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
@@ -192,4 +202,126 @@ fn the_example_configuration_is_valid() {
         &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("gateway.toml"),
     )
     .expect("gateway.toml");
+}
+
+/// Payload → the processes that handled it, for one endpoint.
+fn received(lines: &Lines, endpoint: &str) -> BTreeMap<String, Vec<usize>> {
+    let prefix = format!("received endpoint={endpoint} from=");
+    let mut by: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    for (id, _, line) in lines.lock().unwrap().iter() {
+        if let Some(rest) = line.strip_prefix(&prefix) {
+            let payload = rest.split(" payload=").nth(1).unwrap_or_default();
+            by.entry(payload.to_owned()).or_default().push(*id);
+        }
+    }
+    by
+}
+
+fn wait_for(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    guard_std::testkit::wait_until("condition", limit, &mut done).is_ok()
+}
+
+#[test]
+fn three_processes_wire_the_configured_endpoints_each_message_handled_once() {
+    let server = RedisServer::start().expect("redis-server");
+    let broker = Mosquitto::start().expect("mosquitto");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("endpoints.toml");
+    let redis = server.url();
+    let mqtt_port = broker.port();
+    std::fs::write(
+        &path,
+        base_config(&redis)
+            + &format!(
+                r#"
+[[endpoints]]
+name = "orders"
+kind = "redis-stream"
+stream = "orders"
+group = "billing"
+dead_letter_topic = "orders"
+
+[[endpoints]]
+name = "alerts"
+kind = "redis-pubsub"
+patterns = ["alerts.*"]
+
+[[endpoints]]
+name = "telemetry"
+kind = "mqtt"
+host = "127.0.0.1"
+port = {mqtt_port}
+filter = "sensors/#"
+share_group = "gateways"
+"#
+            ),
+    )
+    .unwrap();
+    let lines: Lines = Arc::default();
+    let _processes: Vec<Process> = (0..3).map(|id| start(id, &path, &lines)).collect();
+
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_connection().unwrap();
+    assert!(
+        wait_for(Duration::from_secs(10), || {
+            redis::cmd("PUBSUB")
+                .arg("NUMPAT")
+                .query::<i64>(&mut conn)
+                .unwrap()
+                == 1
+        }),
+        "no replica subscribed to the Pub/Sub endpoint"
+    );
+    // Every replica connected to the broker (a shared group of three).
+    thread::sleep(Duration::from_millis(1_000));
+
+    for i in 0..100 {
+        redis::cmd("XADD")
+            .arg("orders")
+            .arg("*")
+            .arg("payload")
+            .arg(format!("o{i}"))
+            .query::<String>(&mut conn)
+            .unwrap();
+    }
+    for i in 0..20 {
+        let receivers: i64 = redis::cmd("PUBLISH")
+            .arg("alerts.fire")
+            .arg(format!("a{i}"))
+            .query(&mut conn)
+            .unwrap();
+        assert_eq!(receivers, 1, "one subscriber among three processes");
+    }
+    let telemetry: Vec<Vec<u8>> = (0..30).map(|i| format!("t{i}").into_bytes()).collect();
+    broker.publish("sensors/temp", &telemetry).unwrap();
+
+    let counts = [("orders", 100), ("alerts", 20), ("telemetry", 30)];
+    let all = wait_for(Duration::from_secs(10), || {
+        counts
+            .iter()
+            .all(|(endpoint, n)| received(&lines, endpoint).len() == *n)
+    });
+    thread::sleep(Duration::from_millis(300)); // late duplicates would show
+    for (endpoint, n) in counts {
+        let by = received(&lines, endpoint);
+        assert!(
+            all && by.len() == n,
+            "{endpoint}: {} of {n}: {by:?}",
+            by.len()
+        );
+        let twice: Vec<_> = by.iter().filter(|(_, ids)| ids.len() > 1).collect();
+        assert!(twice.is_empty(), "{endpoint}: handled twice: {twice:?}");
+    }
+    // Single delivery by the group and the broker spreads the work.
+    for endpoint in ["orders", "telemetry"] {
+        let processes: std::collections::BTreeSet<usize> = received(&lines, endpoint)
+            .values()
+            .flatten()
+            .copied()
+            .collect();
+        assert!(
+            processes.len() > 1,
+            "{endpoint}: only {processes:?} took part"
+        );
+    }
 }
