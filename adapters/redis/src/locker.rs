@@ -2,6 +2,9 @@
 
 use std::fmt;
 
+use guard_core::lock::redis::{
+    ACQUIRE_SCRIPT as ACQUIRE, RELEASE_SCRIPT as RELEASE, RENEW_SCRIPT as RENEW, RedisKeys,
+};
 use guard_core::lock::{LeaseRenewer, Locker, Renewal, Token, TokenId, Ttl, UnlockError};
 use guard_std::TokenIds;
 use redis::Script;
@@ -9,56 +12,12 @@ use redis::Script;
 use crate::connection::RedisConnection;
 use crate::error::RedisGuardError;
 
-/// Take the lock and, if taken, increment the fence counter; both keys
-/// share a hash slot, so this is one atomic script in a cluster too.
-/// Returns the fence, or 0 when the key is held.
-const ACQUIRE: &str = r"
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return redis.call('INCR', KEYS[2])
-end
-return 0
-";
-
-/// Compare-and-delete: a stale holder never frees someone else's lock.
-const RELEASE: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-";
-
-/// Compare-and-extend.
-const RENEW: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0
-";
-
-/// The Redis keys of lock `key`: `(lock, fence counter)`.
-///
-/// The key is split at its last `:` into a *domain* and a last segment
-/// (`guard:once:<scope>` and `<slot>`, say). The lock is stored at
-/// `<prefix>{<domain>}:<last>` and the domain's fence counter at
-/// `<prefix>fence:{<domain>}`: the hash tag puts both in one cluster slot,
-/// and all keys of a domain (every slot of one schedule) share one
-/// counter, so unique keys do not leave one counter each behind. A key
-/// without `:` is its own domain (`{<key>}`).
+/// The Redis keys of lock `key`: `(lock, fence counter)`, as laid out by
+/// [`guard_core::lock::redis`] (shared with the embedded locker).
 pub fn lock_keys(prefix: &str, key: &str) -> Result<(String, String), RedisGuardError> {
-    if key.is_empty() {
-        return Err(RedisGuardError::InvalidInput(
-            "a lock key must not be empty".into(),
-        ));
-    }
-    let (domain, last) = match key.rsplit_once(':') {
-        Some((domain, last)) if !domain.is_empty() => (domain, Some(last)),
-        _ => (key, None),
-    };
-    let lock = match last {
-        Some(last) => format!("{prefix}{{{domain}}}:{last}"),
-        None => format!("{prefix}{{{domain}}}"),
-    };
-    Ok((lock, format!("{prefix}fence:{{{domain}}}")))
+    let keys =
+        RedisKeys::new(prefix, key).map_err(|e| RedisGuardError::InvalidInput(e.to_string()))?;
+    Ok((keys.lock().to_string(), keys.fence().to_string()))
 }
 
 /// A `Locker` and `LeaseRenewer` on Redis, with fencing (see

@@ -301,8 +301,6 @@ fn streams_three_consumers_handle_a_thousand_entries_exactly_once() {
     thread::sleep(Duration::from_millis(200));
     add_entries(&mut conn, "orders", (0..1000).map(|i| format!("p{i}")));
     let stats = finish(consumers, &seen, 1000, &mut conn);
-    // The group spread the entries: every consumer took a share.
-    assert!(stats.iter().all(|s| s.acked > 0), "{stats:?}");
     assert_eq!(
         stats.iter().map(|s| s.acked).sum::<u64>(),
         1000,

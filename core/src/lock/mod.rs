@@ -15,6 +15,7 @@
 //! handle, an embassy task) see. Generic code does not need `Send`.
 
 mod key;
+pub mod redis;
 mod token;
 mod wait;
 

@@ -1,0 +1,125 @@
+//! The Redis layout of a fenced lock, shared by every Redis locker: the
+//! server one (guard-redis, on the `redis` crate) and the embedded one
+//! (guard-embassy's `RespLocker`, on a raw RESP2 connection). Both use
+//! these keys and scripts, so an MCU gateway and a server replica exclude
+//! each other on one Redis and draw fences from one counter.
+//!
+//! A lock key is split at its last `:` into a *domain* and a last segment
+//! (`guard:once:<scope>` and `<slot>`, say). The lock is stored at
+//! `<prefix>{<domain>}:<last>` and the domain's fence counter at
+//! `<prefix>fence:{<domain>}`: the hash tag puts both in one cluster slot,
+//! and every key of a domain (every slot of one schedule) shares one
+//! counter, so unique keys do not leave one counter each behind. A key
+//! without `:` is its own domain (`{<key>}`).
+//!
+//! The value of a lock is its token id as 32 lowercase hex digits.
+
+use core::fmt;
+
+/// Takes the lock (`SET NX PX`) and, if taken, increments the fence
+/// counter; both keys share a hash slot, so this is one atomic script in
+/// a cluster too. KEYS: lock, fence; ARGV: token hex, TTL in ms. Returns
+/// the fence, or 0 when the key is held.
+pub const ACQUIRE_SCRIPT: &str = r"
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return redis.call('INCR', KEYS[2])
+end
+return 0
+";
+
+/// Compare-and-delete: a stale holder never frees someone else's lock.
+/// KEYS: lock; ARGV: token hex. Returns 1 if released.
+pub const RELEASE_SCRIPT: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+";
+
+/// Compare-and-extend. KEYS: lock; ARGV: token hex, TTL in ms. Returns 1
+/// if still held.
+pub const RENEW_SCRIPT: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+";
+
+/// A lock key that cannot be stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct EmptyKey;
+
+impl fmt::Display for EmptyKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a lock key must not be empty")
+    }
+}
+
+impl core::error::Error for EmptyKey {}
+
+/// The Redis keys of one lock key; see the module documentation.
+///
+/// ```
+/// use guard_core::lock::redis::RedisKeys;
+///
+/// let keys = RedisKeys::new("prod1:", "guard:once:report:1700000000000")?;
+/// assert_eq!(keys.lock().to_string(), "prod1:{guard:once:report}:1700000000000");
+/// assert_eq!(keys.fence().to_string(), "prod1:fence:{guard:once:report}");
+/// # Ok::<(), guard_core::lock::redis::EmptyKey>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RedisKeys<'a> {
+    prefix: &'a str,
+    domain: &'a str,
+    last: Option<&'a str>,
+}
+
+impl<'a> RedisKeys<'a> {
+    /// The keys of `key` under `prefix` (empty for none).
+    pub fn new(prefix: &'a str, key: &'a str) -> Result<Self, EmptyKey> {
+        if key.is_empty() {
+            return Err(EmptyKey);
+        }
+        let (domain, last) = match key.rsplit_once(':') {
+            Some((domain, last)) if !domain.is_empty() => (domain, Some(last)),
+            _ => (key, None),
+        };
+        Ok(RedisKeys {
+            prefix,
+            domain,
+            last,
+        })
+    }
+
+    /// The lock's key.
+    pub fn lock(&self) -> impl fmt::Display + '_ {
+        LockKey(self)
+    }
+
+    /// The domain's fence counter.
+    pub fn fence(&self) -> impl fmt::Display + '_ {
+        FenceKey(self)
+    }
+}
+
+struct LockKey<'k, 'a>(&'k RedisKeys<'a>);
+
+impl fmt::Display for LockKey<'_, '_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let k = self.0;
+        write!(f, "{}{{{}}}", k.prefix, k.domain)?;
+        match k.last {
+            Some(last) => write!(f, ":{last}"),
+            None => Ok(()),
+        }
+    }
+}
+
+struct FenceKey<'k, 'a>(&'k RedisKeys<'a>);
+
+impl fmt::Display for FenceKey<'_, '_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}fence:{{{}}}", self.0.prefix, self.0.domain)
+    }
+}
