@@ -65,12 +65,16 @@ step "loom models (LOOM_MAX_PREEMPTIONS=${LOOM_MAX_PREEMPTIONS:-3})"
 RUSTFLAGS="--cfg guard_loom" LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-3}" CARGO_TARGET_DIR=target/loom \
     cargo test --release --locked -p guard-core -p guard-std --test loom
 
-step "guard-core builds for Cortex-M with no allocator"
+step "guard-core and guard-embassy build for Cortex-M with no allocator"
 # thumbv7em: Cortex-M4F; thumbv6m: Cortex-M0, which has no compare-and-swap.
 for target in "${targets[@]}"; do
     for features in "" "critical-section" "defmt,critical-section"; do
-        echo "-- $target ${features:+(features: $features)}"
+        echo "-- guard-core $target ${features:+(features: $features)}"
         cargo build -p guard-core --target "$target" --locked ${features:+--features "$features"}
+    done
+    for features in "" "defmt"; do
+        echo "-- guard-embassy $target ${features:+(features: $features)}"
+        cargo build -p guard-embassy --target "$target" --locked ${features:+--features "$features"}
     done
 done
 

@@ -1,0 +1,34 @@
+//! guard-embassy: guard on microcontrollers, on embassy.
+//!
+//! - [`ActiveRunner`]: guard-core's `ActiveGuard` on embassy-time timers,
+//!   one active consumer per key with automatic takeover, stopped or
+//!   demoted through an [`ActiveControl`] (which can be a `static`);
+//! - [`run_slots`]: a job once per planned slot across devices and
+//!   servers, through guard-core's `OnceGuard`;
+//! - [`retry`]: guard-core's retry executor waiting on embassy-time;
+//! - [`resp`]: a RESP2 codec without allocation, and [`RespLocker`], a
+//!   fenced Redis `Locker` + `LeaseRenewer` over any `embedded_io_async`
+//!   connection, with guard-redis's keys and scripts, so a gateway MCU and
+//!   server replicas exclude each other on one Redis;
+//! - [`time`]: conversions between embassy-time and guard-core time.
+//!
+//! The crate is `no_std` and allocation-free. The final binary provides an
+//! embassy-time driver (a HAL's, or `embassy-time`'s `std` feature on a
+//! host).
+
+#![no_std]
+
+#[cfg(test)]
+extern crate std;
+
+mod active;
+pub mod resp;
+mod resp_locker;
+mod retry;
+mod slots;
+pub mod time;
+
+pub use active::{ActiveControl, ActiveRunner, DEFAULT_RELEASE_TIMEOUT};
+pub use resp_locker::{MAX_PREFIX, PrefixTooLong, RespError, RespLocker, ServerMessage};
+pub use retry::retry;
+pub use slots::{SlotRun, run_slots};

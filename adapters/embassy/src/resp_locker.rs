@@ -1,0 +1,311 @@
+//! A fenced `Locker` on Redis over any `embedded_io_async` connection.
+//!
+//! It sends guard-core's scripts ([`guard_core::lock::redis`]) with
+//! `EVAL` over a RESP2 connection the caller opened (embassy-net TCP, a
+//! UART bridge), so an MCU gateway and a server replica running
+//! guard-redis's `RedisLocker` exclude each other on one Redis and draw
+//! fences from the same counters.
+//!
+//! One request is in flight at a time (an async mutex). A request
+//! abandoned half-way (its future dropped by a time-out) leaves the
+//! connection out of step: every later call fails with
+//! [`RespError::Desynchronized`] until [`RespLocker::replace_connection`]
+//! gives it a fresh one, so a late reply is never taken for the answer to
+//! another request.
+
+use core::fmt;
+
+use embassy_sync::blocking_mutex::raw::RawMutex;
+use embassy_sync::mutex::Mutex;
+use embedded_io_async::{Read, Write};
+use guard_core::lock::redis::{ACQUIRE_SCRIPT, RELEASE_SCRIPT, RENEW_SCRIPT, RedisKeys};
+use guard_core::lock::{LeaseRenewer, Locker, Renewal, Token, TokenId, Ttl, UnlockError};
+
+use crate::resp::{BufferFull, CommandWriter, Frame, ParseError, parse};
+
+/// The longest key prefix.
+pub const MAX_PREFIX: usize = 32;
+
+/// The server's error text, truncated to 64 bytes.
+pub type ServerMessage = heapless::String<64>;
+
+/// A failed request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RespError<E> {
+    /// The connection failed.
+    Io(E),
+    /// The connection was closed by the server.
+    Closed,
+    /// The reply is not valid RESP2.
+    Protocol(ParseError),
+    /// The server refused the command (`-ERR ...`).
+    Server(ServerMessage),
+    /// The reply is valid but not what the script returns.
+    UnexpectedReply,
+    /// The request or the reply does not fit the buffer.
+    BufferFull(BufferFull),
+    /// The lock key is empty.
+    EmptyKey,
+    /// An earlier request was abandoned half-way; replace the connection.
+    Desynchronized,
+}
+
+impl<E: fmt::Debug> fmt::Display for RespError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RespError::Io(e) => write!(f, "redis connection: {e:?}"),
+            RespError::Closed => f.write_str("redis connection closed by the server"),
+            RespError::Protocol(e) => write!(f, "{e}"),
+            RespError::Server(m) => write!(f, "redis: {m}"),
+            RespError::UnexpectedReply => f.write_str("redis: unexpected reply to a lock script"),
+            RespError::BufferFull(e) => write!(f, "{e}"),
+            RespError::EmptyKey => f.write_str("a lock key must not be empty"),
+            RespError::Desynchronized => f.write_str(
+                "an earlier request was abandoned half-way; the connection must be replaced",
+            ),
+        }
+    }
+}
+
+impl<E: fmt::Debug> core::error::Error for RespError<E> {}
+
+/// A prefix longer than [`MAX_PREFIX`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PrefixTooLong;
+
+impl fmt::Display for PrefixTooLong {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "key prefix longer than {MAX_PREFIX} bytes")
+    }
+}
+
+impl core::error::Error for PrefixTooLong {}
+
+struct Conn<C, const N: usize> {
+    io: C,
+    buf: [u8; N],
+    /// Token ids minted so far.
+    minted: u64,
+    /// A request was started and its reply not read whole.
+    out_of_step: bool,
+}
+
+/// A `Locker` + `LeaseRenewer` on Redis over a RESP2 connection `C`, with
+/// an `N`-byte buffer for a request and its reply (512 holds any lock
+/// request with a key of up to 256 bytes); see the module documentation.
+pub struct RespLocker<M: RawMutex, C, const N: usize = 512> {
+    conn: Mutex<M, Conn<C, N>>,
+    prefix: heapless::String<MAX_PREFIX>,
+    seed: u64,
+}
+
+impl<M: RawMutex, C, const N: usize> fmt::Debug for RespLocker<M, C, N> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RespLocker")
+            .field("prefix", &self.prefix.as_str())
+            .field("buffer", &N)
+            .finish()
+    }
+}
+
+/// SplitMix64's finaliser: a bijection that spreads every input bit.
+const fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The `n`th token id of a locker seeded with `seed`: distinct for every
+/// `n` of one seed (the first half is a bijection of `n`).
+fn token_id(seed: u64, n: u64) -> TokenId {
+    let hi = mix(seed.wrapping_add(n.wrapping_mul(0x9e37_79b9_7f4a_7c15)));
+    let lo = mix(hi ^ seed.rotate_left(32));
+    let mut id = [0u8; 16];
+    let (a, b) = id.split_at_mut(8);
+    a.copy_from_slice(&hi.to_le_bytes());
+    b.copy_from_slice(&lo.to_le_bytes());
+    TokenId(id)
+}
+
+impl<M: RawMutex, C: Read + Write, const N: usize> RespLocker<M, C, N> {
+    /// A locker on `io`, minting token ids from `seed`.
+    ///
+    /// The seed must differ between devices and between boots (a hardware
+    /// random number, or a unique id mixed with a boot counter): two
+    /// lockers with one seed mint the same ids, and one could then release
+    /// the other's lock.
+    pub fn new(io: C, seed: u64) -> Self {
+        RespLocker {
+            conn: Mutex::new(Conn {
+                io,
+                buf: [0; N],
+                minted: 0,
+                out_of_step: false,
+            }),
+            prefix: heapless::String::new(),
+            seed,
+        }
+    }
+
+    /// Prefixes every Redis key with `prefix` (a `:` is appended if
+    /// missing, as guard-redis does); blank means none.
+    pub fn with_prefix(mut self, prefix: &str) -> Result<Self, PrefixTooLong> {
+        let prefix = prefix.trim();
+        self.prefix.clear();
+        if !prefix.is_empty() {
+            self.prefix.push_str(prefix).map_err(|_| PrefixTooLong)?;
+            if !prefix.ends_with(':') {
+                self.prefix.push(':').map_err(|_| PrefixTooLong)?;
+            }
+        }
+        Ok(self)
+    }
+
+    /// Replaces the connection (after a failure or an abandoned request).
+    pub async fn replace_connection(&self, io: C) {
+        let mut conn = self.conn.lock().await;
+        conn.io = io;
+        conn.out_of_step = false;
+    }
+
+    async fn next_id(&self) -> TokenId {
+        let mut conn = self.conn.lock().await;
+        let n = conn.minted;
+        conn.minted = n.wrapping_add(1);
+        token_id(self.seed, n)
+    }
+
+    /// Runs `EVAL script 2|1 keys... args...` and returns its integer.
+    async fn eval(
+        &self,
+        script: &str,
+        key: &str,
+        with_fence: bool,
+        token: &TokenId,
+        ttl: Option<Ttl>,
+    ) -> Result<i64, RespError<C::Error>> {
+        let keys = RedisKeys::new(&self.prefix, key).map_err(|_| RespError::EmptyKey)?;
+        let mut guard = self.conn.lock().await;
+        let conn = &mut *guard;
+        if conn.out_of_step {
+            return Err(RespError::Desynchronized);
+        }
+        let key_count = if with_fence { 2 } else { 1 };
+        let args = 3 + key_count + 1 + usize::from(ttl.is_some());
+        let mut w = CommandWriter::new(&mut conn.buf, args)
+            .and_then(|w| w.bytes(b"EVAL"))
+            .and_then(|w| w.bytes(script.as_bytes()))
+            .and_then(|w| w.display(key_count))
+            .and_then(|w| w.display(keys.lock()))
+            .map_err(RespError::BufferFull)?;
+        if with_fence {
+            w = w.display(keys.fence()).map_err(RespError::BufferFull)?;
+        }
+        w = w.display(token).map_err(RespError::BufferFull)?;
+        if let Some(ttl) = ttl {
+            w = w
+                .display(ttl.as_millis_ceil())
+                .map_err(RespError::BufferFull)?;
+        }
+        let len = w.finish();
+        // Out of step until the whole reply is read: dropping this future
+        // anywhere below must not let a later request read this reply.
+        conn.out_of_step = true;
+        let request = conn.buf.get(..len).unwrap_or_default();
+        conn.io.write_all(request).await.map_err(RespError::Io)?;
+        conn.io.flush().await.map_err(RespError::Io)?;
+        let mut filled = 0usize;
+        loop {
+            let Some(free) = conn.buf.get_mut(filled..).filter(|b| !b.is_empty()) else {
+                return Err(RespError::BufferFull(BufferFull { capacity: N }));
+            };
+            let read = conn.io.read(free).await.map_err(RespError::Io)?;
+            if read == 0 {
+                return Err(RespError::Closed);
+            }
+            filled = filled.saturating_add(read);
+            let reply = conn.buf.get(..filled).unwrap_or_default();
+            let Some((frame, used)) = parse(reply).map_err(RespError::Protocol)? else {
+                continue;
+            };
+            // Bytes past the reply answer nothing we asked: out of step.
+            let in_step = used == filled;
+            let result = match frame {
+                Frame::Integer(n) => Ok(n),
+                Frame::Error(message) => {
+                    let mut text = ServerMessage::new();
+                    for c in lossy_chars(message) {
+                        if text.push(c).is_err() {
+                            break;
+                        }
+                    }
+                    Err(RespError::Server(text))
+                }
+                _ => Err(RespError::UnexpectedReply),
+            };
+            conn.out_of_step = !in_step;
+            return result;
+        }
+    }
+}
+
+/// The `char`s of possibly invalid UTF-8 (invalid bytes as U+FFFD),
+/// without allocating.
+fn lossy_chars(bytes: &[u8]) -> impl Iterator<Item = char> + '_ {
+    bytes.utf8_chunks().flat_map(|chunk| {
+        let bad = (!chunk.invalid().is_empty()).then_some(char::REPLACEMENT_CHARACTER);
+        chunk.valid().chars().chain(bad)
+    })
+}
+
+impl<M: RawMutex, C: Read + Write, const N: usize> Locker for RespLocker<M, C, N> {
+    type Error = RespError<C::Error>;
+
+    async fn try_lock(&self, key: &str, ttl: Ttl) -> Result<Option<Token>, Self::Error> {
+        let id = self.next_id().await;
+        let fence = self.eval(ACQUIRE_SCRIPT, key, true, &id, Some(ttl)).await?;
+        match u64::try_from(fence) {
+            Ok(0) => Ok(None),
+            Ok(fence) => Ok(Some(Token::new(id, fence))),
+            Err(_) => Err(RespError::UnexpectedReply),
+        }
+    }
+
+    async fn unlock(&self, key: &str, token: &Token) -> Result<(), UnlockError<Self::Error>> {
+        match self
+            .eval(RELEASE_SCRIPT, key, false, token.id(), None)
+            .await
+        {
+            Ok(1) => Ok(()),
+            Ok(_) => Err(UnlockError::NotHeld),
+            Err(e) => Err(UnlockError::Backend(e)),
+        }
+    }
+}
+
+impl<M: RawMutex, C: Read + Write, const N: usize> LeaseRenewer for RespLocker<M, C, N> {
+    async fn renew(&self, key: &str, token: &Token, ttl: Ttl) -> Result<Renewal, Self::Error> {
+        let renewed = self
+            .eval(RENEW_SCRIPT, key, false, token.id(), Some(ttl))
+            .await?;
+        Ok(if renewed == 1 {
+            Renewal::Held
+        } else {
+            Renewal::Lost
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_ids_of_one_seed_never_repeat_and_seeds_differ() {
+        let mut seen = std::collections::HashSet::new();
+        for n in 0..10_000 {
+            assert!(seen.insert(token_id(7, n).0), "repeat at {n}");
+        }
+        assert_ne!(token_id(7, 0), token_id(8, 0));
+    }
+}
