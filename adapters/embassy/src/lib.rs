@@ -10,6 +10,7 @@
 //!   fenced Redis `Locker` + `LeaseRenewer` over any `embedded_io_async`
 //!   connection, with guard-redis's keys and scripts, so a gateway MCU and
 //!   server replicas exclude each other on one Redis;
+//! - [`RamLocker`]: a fixed-size locker in RAM for tasks on one device;
 //! - [`time`]: conversions between embassy-time and guard-core time.
 //!
 //! The crate is `no_std` and allocation-free. The final binary provides an
@@ -22,6 +23,7 @@
 extern crate std;
 
 mod active;
+mod ram_locker;
 pub mod resp;
 mod resp_locker;
 mod retry;
@@ -29,6 +31,7 @@ mod slots;
 pub mod time;
 
 pub use active::{ActiveControl, ActiveRunner, DEFAULT_RELEASE_TIMEOUT};
+pub use ram_locker::{RamLocker, RamLockerError};
 pub use resp_locker::{MAX_PREFIX, PrefixTooLong, RespError, RespLocker, ServerMessage};
 pub use retry::retry;
 pub use slots::{SlotRun, run_slots};
