@@ -33,12 +33,14 @@ for target in "${targets[@]}"; do
     grep -qx "$target" <<<"$installed" || rustup target add "$target"
 done
 
-step "system packages: redis-server, redis-tools and mosquitto for the endpoint tests"
+step "system packages: redis-server, redis-tools, mosquitto and qemu-system-arm"
 need_packages=()
 command -v redis-server >/dev/null 2>&1 || need_packages+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || need_packages+=(redis-tools)
 # Debian installs the broker in /usr/sbin; the tests start their own.
 [ -x /usr/sbin/mosquitto ] || command -v mosquitto >/dev/null 2>&1 || need_packages+=(mosquitto)
+# The firmware test runs on QEMU's Cortex-M4F board.
+command -v qemu-system-arm >/dev/null 2>&1 || need_packages+=(qemu-system-arm)
 if [ ${#need_packages[@]} -gt 0 ]; then
     if [ "$(id -u)" -ne 0 ]; then
         echo "missing Debian packages: ${need_packages[*]}; run as root or install them first" >&2
@@ -77,6 +79,22 @@ for target in "${targets[@]}"; do
         cargo build -p guard-embassy --target "$target" --locked ${features:+--features "$features"}
     done
 done
+
+step "firmware: guard on a Cortex-M4F under QEMU (mps2-an386), checked on target"
+# Its own workspace (it builds only for thumbv7em-none-eabihf); the runner
+# in .cargo/config.toml starts QEMU, and a failed check exits 1.
+(
+    cd boards/mps2-an386
+    cargo fmt --check
+    cargo clippy --release --locked -- -D warnings
+    cargo build --release --locked --features defmt
+    cargo build --release --locked
+    timeout 120 cargo run --release --locked
+)
+size -A boards/mps2-an386/target/thumbv7em-none-eabihf/release/guard-firmware-mps2 | awk '
+    $1 == ".vector_table" || $1 == ".text" || $1 == ".rodata" || $1 == ".data" { flash += $2 }
+    $1 == ".data" || $1 == ".bss" || $1 == ".uninit" { ram += $2 }
+    END { printf "firmware size: flash %d bytes, RAM %d bytes (static)\n", flash, ram }'
 
 step "the main job: three replicas, every slot once (exit 1 on a duplicate)"
 cargo run --release --locked -p guard-gateway -- demo --seconds 4
