@@ -168,6 +168,21 @@ impl<M: RawMutex, C: Read + Write, const N: usize> RespLocker<M, C, N> {
         conn.out_of_step = false;
     }
 
+    /// Resets the connection in place with `reset` (for a connection that
+    /// reconnects on next use: close it here) and clears the out-of-step
+    /// state. `reset` must leave no reply of an earlier request to read.
+    pub async fn reset_connection(&self, reset: impl FnOnce(&mut C)) {
+        let mut conn = self.conn.lock().await;
+        reset(&mut conn.io);
+        conn.out_of_step = false;
+    }
+
+    /// Whether an earlier request was abandoned or failed half-way, so that
+    /// every request fails until the connection is replaced or reset.
+    pub async fn is_out_of_step(&self) -> bool {
+        self.conn.lock().await.out_of_step
+    }
+
     async fn next_id(&self) -> TokenId {
         let mut conn = self.conn.lock().await;
         let n = conn.minted;
@@ -211,42 +226,67 @@ impl<M: RawMutex, C: Read + Write, const N: usize> RespLocker<M, C, N> {
         // Out of step until the whole reply is read: dropping this future
         // anywhere below must not let a later request read this reply.
         conn.out_of_step = true;
-        let request = conn.buf.get(..len).unwrap_or_default();
-        conn.io.write_all(request).await.map_err(RespError::Io)?;
-        conn.io.flush().await.map_err(RespError::Io)?;
-        let mut filled = 0usize;
-        loop {
-            let Some(free) = conn.buf.get_mut(filled..).filter(|b| !b.is_empty()) else {
-                return Err(RespError::BufferFull(BufferFull { capacity: N }));
-            };
-            let read = conn.io.read(free).await.map_err(RespError::Io)?;
-            if read == 0 {
-                return Err(RespError::Closed);
-            }
-            filled = filled.saturating_add(read);
-            let reply = conn.buf.get(..filled).unwrap_or_default();
-            let Some((frame, used)) = parse(reply).map_err(RespError::Protocol)? else {
-                continue;
-            };
-            // Bytes past the reply answer nothing we asked: out of step.
-            let in_step = used == filled;
-            let result = match frame {
-                Frame::Integer(n) => Ok(n),
-                Frame::Error(message) => {
-                    let mut text = ServerMessage::new();
-                    for c in lossy_chars(message) {
-                        if text.push(c).is_err() {
-                            break;
-                        }
-                    }
-                    Err(RespError::Server(text))
-                }
-                _ => Err(RespError::UnexpectedReply),
-            };
-            conn.out_of_step = !in_step;
-            return result;
+        let (frame, in_step) = exchange(&mut conn.io, &mut conn.buf, len).await?;
+        let result = match frame {
+            Frame::Integer(n) => Ok(n),
+            Frame::Error(message) => Err(RespError::Server(server_message(message))),
+            _ => Err(RespError::UnexpectedReply),
+        };
+        conn.out_of_step = !in_step;
+        result
+    }
+}
+
+/// Sends the request in `buf[..len]` and reads one reply frame into
+/// `buf`. Also says whether the connection is still in step: `false` when
+/// bytes followed the reply (they answer nothing that was asked).
+///
+/// For requests beyond the lock scripts (a fenced write to a resource, a
+/// `PING`) on a connection of one's own.
+pub async fn exchange<'b, C: Read + Write>(
+    io: &mut C,
+    buf: &'b mut [u8],
+    len: usize,
+) -> Result<(Frame<'b>, bool), RespError<C::Error>> {
+    let request = buf.get(..len).unwrap_or_default();
+    io.write_all(request).await.map_err(RespError::Io)?;
+    io.flush().await.map_err(RespError::Io)?;
+    let capacity = buf.len();
+    let mut filled = 0usize;
+    loop {
+        let Some(free) = buf.get_mut(filled..).filter(|b| !b.is_empty()) else {
+            return Err(RespError::BufferFull(BufferFull { capacity }));
+        };
+        let read = io.read(free).await.map_err(RespError::Io)?;
+        if read == 0 {
+            return Err(RespError::Closed);
+        }
+        filled = filled.saturating_add(read);
+        // Parsed twice on the final read only: once to find the end, once
+        // to hand out the frame with the buffer's lifetime.
+        if parse(buf.get(..filled).unwrap_or_default())
+            .map_err(RespError::Protocol)?
+            .is_some()
+        {
+            break;
         }
     }
+    let reply: &'b [u8] = buf.get(..filled).unwrap_or_default();
+    match parse(reply).map_err(RespError::Protocol)? {
+        Some((frame, used)) => Ok((frame, used == filled)),
+        None => Err(RespError::UnexpectedReply),
+    }
+}
+
+/// The server's error text, truncated to fit.
+pub fn server_message(message: &[u8]) -> ServerMessage {
+    let mut text = ServerMessage::new();
+    for c in lossy_chars(message) {
+        if text.push(c).is_err() {
+            break;
+        }
+    }
+    text
 }
 
 /// The `char`s of possibly invalid UTF-8 (invalid bytes as U+FFFD),

@@ -1,0 +1,215 @@
+//! `guard-tap-replica`: a gateway replica as it runs on an MCU, on a host.
+//!
+//! The embassy executor (`platform-std`) runs an embassy-net stack over a
+//! TAP device with a static address. Through guard-embassy's `RespLocker`
+//! on a TCP connection to Redis, the replica
+//! - elects one leader among the replicas (`ActiveRunner`); while leading
+//!   it writes to a protected resource (a Redis script that refuses a
+//!   fence lower than one it accepted) every `--act-ms`;
+//! - runs a heartbeat once per slot across the replicas (`run_slots`).
+//!
+//! Each event is one line on stdout: `up`, `promoted`, `demoted`,
+//! `wrote`, `executed`. The end-to-end test in `tests/netns.rs` runs three
+//! of them in a network namespace and kills the leader.
+
+mod link;
+mod resource;
+
+use std::cell::Cell;
+use std::hash::{BuildHasher, RandomState};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use clap::Parser;
+use embassy_executor::Spawner;
+use embassy_futures::join::join4;
+use embassy_net::{IpAddress, IpEndpoint, Ipv4Address, Ipv4Cidr, StackResources, StaticConfigV4};
+use embassy_net_tuntap::TunTapDevice;
+use embassy_sync::blocking_mutex::raw::NoopRawMutex;
+use embassy_sync::signal::Signal;
+use embassy_time::Timer;
+use guard_core::guard::{ActiveConfig, OnceGuard};
+use guard_core::lock::{DEFAULT_PREFIX, Scope, Ttl, active_key};
+use guard_core::slot::{Every, UnixMillis};
+use guard_embassy::{ActiveControl, ActiveRunner, RespLocker, run_slots};
+
+use crate::link::Link;
+use crate::resource::Resource;
+
+/// A replica of the gateway on a TAP device; see the crate documentation.
+#[derive(Parser, Debug)]
+#[command(name = "guard-tap-replica", version, about)]
+struct Args {
+    /// The TAP device (created beforehand, e.g. `ip tuntap add tap0 mode tap`).
+    #[arg(long)]
+    tap: String,
+    /// This replica's MAC address, unique on the link (`02:00:00:00:00:01`).
+    #[arg(long)]
+    mac: String,
+    /// This replica's IPv4 address with prefix length (`10.77.0.10/24`).
+    #[arg(long)]
+    ip: String,
+    /// Redis as `address:port` (IPv4).
+    #[arg(long)]
+    redis: String,
+    /// This replica's name, written to the resource with each fence.
+    #[arg(long)]
+    name: String,
+    /// The leader's lease.
+    #[arg(long, default_value_t = 2_000)]
+    ttl_ms: u64,
+    /// Renewal and standby poll interval (clamped to ttl / 3).
+    #[arg(long, default_value_t = 250)]
+    interval_ms: u64,
+    /// The heartbeat's period (epoch-aligned slots).
+    #[arg(long, default_value_t = 1_000)]
+    every_ms: u64,
+    /// How often the leader writes to the resource.
+    #[arg(long, default_value_t = 100)]
+    act_ms: u64,
+}
+
+fn parse_mac(text: &str) -> Result<[u8; 6], String> {
+    let mut mac = [0u8; 6];
+    let mut parts = text.split(':');
+    for byte in &mut mac {
+        *byte = parts
+            .next()
+            .and_then(|p| u8::from_str_radix(p, 16).ok())
+            .ok_or_else(|| {
+                format!("--mac {text:?}: expected six hex bytes like 02:00:00:00:00:01")
+            })?;
+    }
+    if parts.next().is_some() {
+        return Err(format!("--mac {text:?}: more than six bytes"));
+    }
+    Ok(mac)
+}
+
+fn parse_cidr(text: &str) -> Result<Ipv4Cidr, String> {
+    let bad = || format!("--ip {text:?}: expected an IPv4 address with prefix, like 10.77.0.10/24");
+    let (address, prefix) = text.split_once('/').ok_or_else(bad)?;
+    let address: std::net::Ipv4Addr = address.parse().map_err(|_| bad())?;
+    let prefix: u8 = prefix.parse().ok().filter(|p| *p <= 32).ok_or_else(bad)?;
+    Ok(Ipv4Cidr::new(address, prefix))
+}
+
+fn parse_endpoint(text: &str) -> Result<IpEndpoint, String> {
+    let address: std::net::SocketAddrV4 = text.parse().map_err(|_| {
+        format!("--redis {text:?}: expected an IPv4 address and port, like 10.77.0.1:6379")
+    })?;
+    let ip: Ipv4Address = *address.ip();
+    Ok(IpEndpoint::new(IpAddress::Ipv4(ip), address.port()))
+}
+
+fn wall() -> UnixMillis {
+    let since = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    UnixMillis::from_millis(u64::try_from(since.as_millis()).unwrap_or(u64::MAX))
+}
+
+#[embassy_executor::task]
+async fn net(mut runner: embassy_net::Runner<'static, TunTapDevice>) -> ! {
+    runner.run().await
+}
+
+#[embassy_executor::main]
+async fn main(spawner: Spawner) {
+    let args = Args::parse();
+    if let Err(e) = run(spawner, args).await {
+        eprintln!("guard-tap-replica: {e}");
+        std::process::exit(2);
+    }
+}
+
+async fn run(spawner: Spawner, args: Args) -> Result<(), String> {
+    let mac = parse_mac(&args.mac)?;
+    let address = parse_cidr(&args.ip)?;
+    let redis = parse_endpoint(&args.redis)?;
+    let ttl = Ttl::from_millis(args.ttl_ms).map_err(|e| format!("--ttl-ms: {e}"))?;
+    let every = Every::new(std::time::Duration::from_millis(args.every_ms))
+        .map_err(|e| format!("--every-ms: {e}"))?;
+    let settings = ActiveConfig::new()
+        .with_ttl(ttl)
+        .with_interval(std::time::Duration::from_millis(args.interval_ms));
+    let scope = Scope::new("consumer")
+        .and_then(|s| s.segment("name", "gateway"))
+        .map_err(|e| e.to_string())?;
+    let lease_key = active_key(DEFAULT_PREFIX, &scope).map_err(|e| e.to_string())?;
+    let runner = ActiveRunner::new(&lease_key, settings).map_err(|e| format!("lease: {e}"))?;
+    let slot_scope = Scope::new("schedule")
+        .and_then(|s| s.segment("router", "heartbeat"))
+        .map_err(|e| e.to_string())?;
+
+    let mut device =
+        TunTapDevice::new(&args.tap).map_err(|e| format!("TAP device {}: {e}", args.tap))?;
+    device.set_hardware_address(mac);
+    let config = embassy_net::Config::ipv4_static(StaticConfigV4 {
+        address,
+        gateway: None,
+        dns_servers: heapless::Vec::new(),
+    });
+    // Token ids and TCP sequence numbers must differ between replicas and
+    // runs: seeded from the OS's randomness.
+    let seed = RandomState::new().hash_one((&args.name, std::process::id()));
+    let resources = Box::leak(Box::new(StackResources::<4>::new()));
+    let (stack, net_runner) = embassy_net::new(device, config, resources, seed);
+    spawner.spawn(net(net_runner).map_err(|e| format!("network task: {e:?}"))?);
+    stack.wait_config_up().await;
+    println!("up name={} ip={address}", args.name);
+
+    let locker: RespLocker<NoopRawMutex, Link, 1024> =
+        RespLocker::new(Link::new(stack, redis, 1024), seed);
+    let mut resource = Resource::new(Link::new(stack, redis, 1024));
+    let leading: Cell<Option<u64>> = Cell::new(None);
+    let control: ActiveControl<NoopRawMutex> = ActiveControl::new();
+    let never: Signal<NoopRawMutex, ()> = Signal::new();
+    let name = args.name.as_str();
+
+    let elect = runner.run(
+        &locker,
+        &control,
+        |fence| {
+            leading.set(Some(fence));
+            println!("promoted name={name} fence={fence}");
+            async { Ok::<(), ()>(()) }
+        },
+        |reason| {
+            leading.set(None);
+            println!("demoted name={name} reason={reason:?}");
+            async {}
+        },
+    );
+    let act = async {
+        loop {
+            Timer::after_millis(args.act_ms).await;
+            let Some(fence) = leading.get() else { continue };
+            match resource.write(fence, name).await {
+                Ok(accepted) => println!("wrote name={name} fence={fence} accepted={accepted}"),
+                Err(e) => eprintln!("resource: {e}"),
+            }
+        }
+    };
+    let guard = OnceGuard::new(Some(&locker), slot_scope).with_ttl(ttl);
+    let slots = run_slots(&guard, every, wall, &never, |run| {
+        println!(
+            "executed name={name} slot={} fence={}",
+            run.slot.as_millis(),
+            run.fence.map_or("-".into(), |f| f.to_string())
+        );
+        async {}
+    });
+    // A request that failed half-way leaves the locker out of step: close
+    // the link, which reconnects on the next request.
+    let heal = async {
+        loop {
+            Timer::after_millis(args.interval_ms).await;
+            if locker.is_out_of_step().await {
+                eprintln!("locker connection reset");
+                locker.reset_connection(Link::close).await;
+            }
+        }
+    };
+    let (_, (), slots, ()) = join4(elect, act, slots, heal).await;
+    slots.map(drop).map_err(|e| format!("slot key: {e}"))
+}
