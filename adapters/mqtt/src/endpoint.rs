@@ -9,7 +9,7 @@ use guard_core::lock::Scope;
 use guard_smol::{ActiveRunner, Control};
 use guard_std::GuardConfig;
 
-use crate::session::Session;
+use crate::connection::Connection;
 use crate::{MqttError, MqttMessage, MqttOptions, Subscription};
 
 /// An MQTT subscription served by one replica; see the crate
@@ -23,12 +23,15 @@ pub struct MqttEndpoint {
 
 /// What woke the serving side of a guarded endpoint.
 enum Next {
-    Ended(crate::session::Ended),
+    Ended(crate::connection::Ended),
     Command(Result<Option<Promotion>, async_channel::RecvError>),
 }
 
-/// A session opened on promotion, and where to confirm its subscription.
-type Promotion = (Box<Session>, async_channel::Sender<Result<(), MqttError>>);
+/// A connection opened on promotion, and where to confirm its subscription.
+type Promotion = (
+    Box<Connection>,
+    async_channel::Sender<Result<(), MqttError>>,
+);
 
 impl MqttEndpoint {
     /// An endpoint that always subscribes.
@@ -97,9 +100,14 @@ impl MqttEndpoint {
         let filter = self.subscription.topic_filter();
         while !control.is_stopped() {
             let attempt = async {
-                let session = Session::open(&self.options).await?;
+                let connection = Connection::open(&self.options).await?;
                 let (subscribed, _) = async_channel::bounded(1);
-                Err::<(), _>(session.serve(&filter, &mut handler, subscribed).await.error)
+                Err::<(), _>(
+                    connection
+                        .serve(&filter, &mut handler, subscribed)
+                        .await
+                        .error,
+                )
             };
             let stopped = async {
                 control.stopped().await;
@@ -135,10 +143,10 @@ impl MqttEndpoint {
                     move |_fence| {
                         let tx = promoted.clone();
                         async move {
-                            let session = Session::open(&self.options).await?;
+                            let connection = Connection::open(&self.options).await?;
                             let (confirm, confirmed) = async_channel::bounded(1);
                             // The receiver lives until the runner returns.
-                            tx.send(Some((Box::new(session), confirm))).await.ok();
+                            tx.send(Some((Box::new(connection), confirm))).await.ok();
                             let answer = async {
                                 confirmed.recv().await.unwrap_or_else(|_| {
                                     Err(MqttError::Closed("connection ended before SUBACK".into()))
@@ -161,9 +169,9 @@ impl MqttEndpoint {
                 .await;
         };
         let serve = async {
-            let mut next_session: Option<Promotion> = None;
+            let mut next_connection: Option<Promotion> = None;
             loop {
-                let (session, confirm) = match next_session.take() {
+                let (connection, confirm) = match next_connection.take() {
                     Some(promotion) => promotion,
                     None => match rx.recv().await {
                         Ok(Some(promotion)) => promotion,
@@ -172,7 +180,9 @@ impl MqttEndpoint {
                     },
                 };
                 let next = future::or(
-                    async { Next::Ended((*session).serve(&filter, &mut handler, confirm).await) },
+                    async {
+                        Next::Ended((*connection).serve(&filter, &mut handler, confirm).await)
+                    },
                     async { Next::Command(rx.recv().await) },
                 )
                 .await;
@@ -185,7 +195,7 @@ impl MqttEndpoint {
                             own.demote();
                         }
                     }
-                    Next::Command(Ok(promotion)) => next_session = promotion,
+                    Next::Command(Ok(promotion)) => next_connection = promotion,
                     Next::Command(Err(_)) => return,
                 }
             }

@@ -31,8 +31,8 @@
 //! # });
 //! ```
 
+mod connection;
 mod endpoint;
-mod session;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 

@@ -13,13 +13,13 @@ use crate::{MqttError, MqttMessage, MqttOptions};
 /// Requests queued between event-loop polls.
 const REQUEST_CAPACITY: usize = 64;
 
-/// A connected (CONNACK received) session, not yet subscribed.
-pub(crate) struct Session {
+/// A connected (CONNACK received) connection, not yet subscribed.
+pub(crate) struct Connection {
     client: AsyncClient,
     events: EventLoop,
 }
 
-/// How a served session ended.
+/// How a served connection ended.
 pub(crate) struct Ended {
     /// Why.
     pub(crate) error: MqttError,
@@ -27,7 +27,7 @@ pub(crate) struct Ended {
     pub(crate) confirmed: bool,
 }
 
-impl Session {
+impl Connection {
     /// Connects within the options' connect timeout.
     pub(crate) async fn open(options: &MqttOptions) -> Result<Self, MqttError> {
         let mut connect =
@@ -53,7 +53,7 @@ impl Session {
             Err(MqttError::Timeout(options.connect_timeout))
         })
         .await?;
-        Ok(Session { client, events })
+        Ok(Connection { client, events })
     }
 
     /// Subscribes to `filter` at QoS 1 and serves until the connection
@@ -68,7 +68,7 @@ impl Session {
         H: FnMut(MqttMessage) -> F,
         F: Future<Output = ()>,
     {
-        let Session { client, mut events } = self;
+        let Connection { client, mut events } = self;
         let mut confirmed = false;
         let error = Compat::new(async {
             if let Err(e) = client.subscribe(filter, QoS::AtLeastOnce).await {
