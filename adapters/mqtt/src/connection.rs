@@ -57,10 +57,12 @@ impl Connection {
     }
 
     /// Subscribes to `filter` at QoS 1 and serves until the connection
-    /// ends. `subscribed` hears the broker's answer to the SUBSCRIBE.
+    /// ends, telling each message `fence`. `subscribed` hears the broker's
+    /// answer to the SUBSCRIBE.
     pub(crate) async fn serve<H, F>(
         self,
         filter: &str,
+        fence: Option<u64>,
         handler: &mut H,
         subscribed: Sender<Result<(), MqttError>>,
     ) -> Ended
@@ -97,6 +99,7 @@ impl Connection {
                         handler(MqttMessage {
                             topic: publish.topic.clone(),
                             payload: publish.payload.to_vec(),
+                            fence,
                         })
                         .await;
                         // Queued; the next poll sends it.

@@ -27,9 +27,11 @@ enum Next {
     Command(Result<Option<Promotion>, async_channel::RecvError>),
 }
 
-/// A connection opened on promotion, and where to confirm its subscription.
+/// A connection opened on promotion, the lease's fence, and where to
+/// confirm its subscription.
 type Promotion = (
     Box<Connection>,
+    u64,
     async_channel::Sender<Result<(), MqttError>>,
 );
 
@@ -104,7 +106,7 @@ impl MqttEndpoint {
                 let (subscribed, _) = async_channel::bounded(1);
                 Err::<(), _>(
                     connection
-                        .serve(&filter, &mut handler, subscribed)
+                        .serve(&filter, None, &mut handler, subscribed)
                         .await
                         .error,
                 )
@@ -140,13 +142,15 @@ impl MqttEndpoint {
             runner
                 .run(
                     linked,
-                    move |_fence| {
+                    move |fence| {
                         let tx = promoted.clone();
                         async move {
                             let connection = Connection::open(&self.options).await?;
                             let (confirm, confirmed) = async_channel::bounded(1);
                             // The receiver lives until the runner returns.
-                            tx.send(Some((Box::new(connection), confirm))).await.ok();
+                            tx.send(Some((Box::new(connection), fence, confirm)))
+                                .await
+                                .ok();
                             let answer = async {
                                 confirmed.recv().await.unwrap_or_else(|_| {
                                     Err(MqttError::Closed("connection ended before SUBACK".into()))
@@ -171,7 +175,7 @@ impl MqttEndpoint {
         let serve = async {
             let mut next_connection: Option<Promotion> = None;
             loop {
-                let (connection, confirm) = match next_connection.take() {
+                let (connection, fence, confirm) = match next_connection.take() {
                     Some(promotion) => promotion,
                     None => match rx.recv().await {
                         Ok(Some(promotion)) => promotion,
@@ -181,7 +185,11 @@ impl MqttEndpoint {
                 };
                 let next = future::or(
                     async {
-                        Next::Ended((*connection).serve(&filter, &mut handler, confirm).await)
+                        Next::Ended(
+                            (*connection)
+                                .serve(&filter, Some(fence), &mut handler, confirm)
+                                .await,
+                        )
                     },
                     async { Next::Command(rx.recv().await) },
                 )

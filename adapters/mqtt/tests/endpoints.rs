@@ -12,8 +12,9 @@ use guard_mqtt::{MqttEndpoint, MqttError, MqttOptions, Subscription};
 use guard_smol::{RunHandle, control};
 use guard_std::{GuardConfig, LocalLocker, SharedLocker};
 
-/// Payload → the replicas that handled it, in order.
-type Seen = Arc<Mutex<BTreeMap<String, Vec<usize>>>>;
+/// Payload → the replicas that handled it, in order, with the fence each
+/// was told.
+type Seen = Arc<Mutex<BTreeMap<String, Vec<(usize, Option<u64>)>>>>;
 
 fn wait_until(limit: Duration, done: impl FnMut() -> bool) -> bool {
     guard_std::testkit::wait_until("condition", limit, done).is_ok()
@@ -34,7 +35,11 @@ fn start(endpoint: MqttEndpoint, id: usize, seen: &Seen) -> (RunHandle, thread::
             let seen = seen.clone();
             async move {
                 let payload = String::from_utf8(message.payload).unwrap();
-                seen.lock().unwrap().entry(payload).or_default().push(id);
+                seen.lock()
+                    .unwrap()
+                    .entry(payload)
+                    .or_default()
+                    .push((id, message.fence));
             }
         }))
     });
@@ -61,7 +66,10 @@ fn wait_for_subscriber(broker: &Mosquitto, seen: &Seen, round: &str) -> Vec<usiz
         if handled {
             // Copies to other subscribers arrive at about the same time.
             thread::sleep(Duration::from_millis(100));
-            return seen.lock().unwrap()[&probe].clone();
+            return seen.lock().unwrap()[&probe]
+                .iter()
+                .map(|(id, _)| *id)
+                .collect();
         }
     }
     panic!("no replica subscribed");
@@ -88,8 +96,8 @@ fn handled_once(seen: &Seen, prefix: &str, count: usize) -> Vec<usize> {
     let mut by: Vec<usize> = Vec::new();
     for (payload, handlers) in seen.iter().filter(|(p, _)| p.starts_with(prefix)) {
         assert_eq!(handlers.len(), 1, "{payload} handled by {handlers:?}");
-        if !by.contains(&handlers[0]) {
-            by.push(handlers[0]);
+        if !by.contains(&handlers[0].0) {
+            by.push(handlers[0].0);
         }
     }
     by.sort_unstable();
@@ -122,6 +130,8 @@ fn shared_subscription_delivers_each_message_to_one_of_three() {
     let by = handled_once(&seen, "m", 100);
     // Mosquitto round-robins the group: every member took a share.
     assert_eq!(by, vec![0, 1, 2]);
+    // No lease, no fence.
+    assert!(seen.lock().unwrap().values().all(|h| h[0].1.is_none()));
     replicas.into_iter().for_each(stop);
 }
 
@@ -192,6 +202,23 @@ fn plain_subscription_with_a_guard_is_handled_by_the_leader_only() {
     assert_ne!(next, leader);
     broker.publish("sensors/temp", &payloads("b", 30)).unwrap();
     assert_eq!(handled_once(&seen, "b", 30), next);
+    // Each leader's messages carry its lease's fence, the new one higher.
+    let fences = |prefix: &str| -> Vec<Option<u64>> {
+        let seen = seen.lock().unwrap();
+        let mut fences: Vec<_> = seen
+            .iter()
+            .filter(|(p, _)| p.starts_with(prefix))
+            .map(|(_, h)| h[0].1)
+            .collect();
+        fences.dedup();
+        fences
+    };
+    let (a, b) = (fences("a"), fences("b"));
+    assert!(
+        a.len() == 1 && b.len() == 1 && a[0].is_some(),
+        "{a:?} {b:?}"
+    );
+    assert!(b[0] > a[0], "{a:?} then {b:?}");
     replicas.into_iter().flatten().for_each(stop);
 }
 

@@ -38,7 +38,8 @@ fn wait_until(limit: Duration, done: impl FnMut() -> bool) -> bool {
 
 // ---------------------------------------------------------------- Pub/Sub
 
-type Received = Arc<Mutex<Vec<Vec<String>>>>;
+/// Per replica: (payload, fence) in the order handled.
+type Received = Arc<Mutex<Vec<Vec<(String, u64)>>>>;
 
 /// A replica's Pub/Sub endpoint on its own thread, recording payloads.
 fn pubsub_replica(
@@ -68,7 +69,8 @@ fn pubsub_replica(
         smol::block_on(endpoint.run(ctl, move |message| {
             let received = received.clone();
             async move {
-                received.lock().unwrap()[id].push(String::from_utf8(message.payload).unwrap());
+                let payload = String::from_utf8(message.payload).unwrap();
+                received.lock().unwrap()[id].push((payload, message.fence));
             }
         }))
     });
@@ -95,12 +97,19 @@ fn publish_all(conn: &mut redis::Connection, payloads: &[String]) {
 fn only_receiver(received: &Received, payloads: &[String]) -> usize {
     let received = received.lock().unwrap();
     let holders: Vec<usize> = (0..received.len())
-        .filter(|&i| payloads.iter().any(|p| received[i].contains(p)))
+        .filter(|&i| {
+            payloads
+                .iter()
+                .any(|p| received[i].iter().any(|(r, _)| r == p))
+        })
         .collect();
     assert_eq!(holders.len(), 1, "received by {holders:?}: {received:?}");
     let leader = holders[0];
     for payload in payloads {
-        let copies = received[leader].iter().filter(|r| *r == payload).count();
+        let copies = received[leader]
+            .iter()
+            .filter(|(r, _)| r == payload)
+            .count();
         assert_eq!(copies, 1, "{payload} processed {copies} times");
     }
     leader
@@ -149,6 +158,16 @@ fn pubsub_three_replicas_one_subscriber_then_a_standby_takes_over() {
     }));
     let next = only_receiver(&received, &second);
     assert_ne!(next, leader);
+    // Each leader's messages carry its lease's fence, the new one higher.
+    let fence_of = |id: usize| {
+        let fences: Vec<u64> = received.lock().unwrap()[id]
+            .iter()
+            .map(|(_, f)| *f)
+            .collect();
+        assert!(fences.windows(2).all(|w| w[0] == w[1]), "{fences:?}");
+        fences[0]
+    };
+    assert!(fence_of(next) > fence_of(leader));
 
     for (handle, thread) in replicas.into_iter().flatten() {
         handle.stop();

@@ -38,6 +38,9 @@ pub struct PubSubMessage {
     pub pattern: Option<String>,
     /// Its payload.
     pub payload: Vec<u8>,
+    /// The fence of the lease it was received under (0 without a
+    /// locker): pass it to a resource that refuses stale leaders.
+    pub fence: u64,
 }
 
 /// A Pub/Sub subscriber elected among replicas; see the module
@@ -77,7 +80,7 @@ impl fmt::Debug for PubSubEndpoint {
 /// What woke the consuming side.
 enum Next {
     Message(Option<redis::Msg>),
-    Subscription(Result<Option<PubSubStream>, async_channel::RecvError>),
+    Subscription(Result<Option<(PubSubStream, u64)>, async_channel::RecvError>),
 }
 
 impl PubSubEndpoint {
@@ -152,19 +155,19 @@ impl PubSubEndpoint {
     {
         // Our own handle demotes the runner when the subscription dies.
         let (own, linked) = control.linked();
-        let (tx, rx) = async_channel::unbounded::<Option<PubSubStream>>();
+        let (tx, rx) = async_channel::unbounded::<Option<(PubSubStream, u64)>>();
         let elect = async move {
             let (promoted, demoted) = (tx.clone(), tx);
             self.runner
                 .run(
                     linked,
-                    move |_fence| {
+                    move |fence| {
                         let tx = promoted.clone();
                         async move {
                             let stream = self.subscribe().await?;
                             log::info!("Pub/Sub {:?} subscribed", self.patterns);
                             // The receiver lives until the runner returns.
-                            tx.send(Some(stream)).await.ok();
+                            tx.send(Some((stream, fence))).await.ok();
                             Ok::<(), RedisGuardError>(())
                         }
                     },
@@ -179,11 +182,11 @@ impl PubSubEndpoint {
             // Both senders drop with the callbacks: the consumer ends.
         };
         let consume = async {
-            let mut current: Option<PubSubStream> = None;
+            let mut current: Option<(PubSubStream, u64)> = None;
             loop {
                 let next = match current.as_mut() {
                     None => Next::Subscription(rx.recv().await),
-                    Some(stream) => {
+                    Some((stream, _)) => {
                         future::or(async { Next::Message(stream.next().await) }, async {
                             Next::Subscription(rx.recv().await)
                         })
@@ -194,10 +197,12 @@ impl PubSubEndpoint {
                     Next::Subscription(Ok(subscription)) => current = subscription,
                     Next::Subscription(Err(_)) => return,
                     Next::Message(Some(msg)) => {
+                        let fence = current.as_ref().map_or(0, |(_, fence)| *fence);
                         handler(PubSubMessage {
                             channel: msg.get_channel_name().to_owned(),
                             pattern: msg.get_pattern().ok(),
                             payload: msg.get_payload_bytes().to_vec(),
+                            fence,
                         })
                         .await;
                     }
