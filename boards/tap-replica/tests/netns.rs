@@ -188,8 +188,8 @@ fn three_tap_replicas_one_leader_at_a_time_takeover_and_each_slot_once() {
         ns.exec(&["ip", "link", "set", &tap, "master", "br0"]);
         ns.exec(&["ip", "link", "set", &tap, "up"]);
     }
-    let dir = std::env::temp_dir().join(format!("guard-e2e-redis-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    // Removed on drop, also when the test fails.
+    let dir = tempfile::tempdir().unwrap();
     ns.spawn(
         &[
             "redis-server",
@@ -204,7 +204,7 @@ fn three_tap_replicas_one_leader_at_a_time_takeover_and_each_slot_once() {
             "--appendonly",
             "no",
             "--dir",
-            dir.to_str().unwrap(),
+            dir.path().to_str().unwrap(),
         ],
         Stdio::null(),
     );
@@ -255,7 +255,6 @@ fn three_tap_replicas_one_leader_at_a_time_takeover_and_each_slot_once() {
     let log = redis_cli(&ns, &["LRANGE", "{guard:resource}:log", "0", "-1"]);
     let refused = redis_cli(&ns, &["GET", "{guard:resource}:refused"]);
     drop(ns); // every process stopped, the namespace removed
-    let _ = std::fs::remove_dir_all(&dir);
 
     let mut owner: BTreeMap<u64, String> = BTreeMap::new();
     let mut last = 0;
