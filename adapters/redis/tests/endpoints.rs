@@ -145,18 +145,34 @@ fn pubsub_three_replicas_one_subscriber_then_a_standby_takes_over() {
     let (handle, thread) = replicas[leader].take().unwrap();
     handle.stop();
     thread.join().unwrap();
-    assert!(
-        wait_until(Duration::from_secs(5), || pattern_subscribers(
-            &mut publisher
-        ) == 1),
-        "no standby subscribed after the leader stopped"
-    );
+    // Probes until one reaches a standby: its subscription is in place
+    // (the stopped leader's closing connection may still be counted).
+    let standby = (0..100)
+        .find_map(|i| {
+            let probe = format!("probe{i}");
+            redis::cmd("PUBLISH")
+                .arg("sensors.temp")
+                .arg(&probe)
+                .query::<i64>(&mut publisher)
+                .unwrap();
+            thread::sleep(Duration::from_millis(50));
+            let received = received.lock().unwrap();
+            (0..3).find(|&id| id != leader && received[id].iter().any(|(p, _)| *p == probe))
+        })
+        .expect("no standby subscribed after the leader stopped");
     let second: Vec<String> = (0..20).map(|i| format!("b{i}")).collect();
     publish_all(&mut publisher, &second);
     assert!(wait_until(Duration::from_secs(3), || {
-        received.lock().unwrap().iter().map(Vec::len).sum::<usize>() == 40
+        let received = received.lock().unwrap();
+        received
+            .iter()
+            .flatten()
+            .filter(|(p, _)| p.starts_with('b'))
+            .count()
+            == 20
     }));
     let next = only_receiver(&received, &second);
+    assert_eq!(next, standby);
     assert_ne!(next, leader);
     // Each leader's messages carry its lease's fence, the new one higher.
     let fence_of = |id: usize| {
