@@ -10,6 +10,22 @@ use guard_core::limit::{AtomicTokenBucket, Rate, TokenBucket};
 use guard_core::time::Instant;
 use loom::thread;
 
+/// One thread per instant checks `bucket` at it; how many were admitted.
+fn admissions(bucket: &Arc<AtomicTokenBucket>, times: impl IntoIterator<Item = Instant>) -> usize {
+    let threads: Vec<_> = times
+        .into_iter()
+        .map(|t| {
+            let bucket = bucket.clone();
+            thread::spawn(move || bucket.check(t).is_allowed())
+        })
+        .collect();
+    threads
+        .into_iter()
+        .map(|t| t.join().unwrap())
+        .filter(|a| *a)
+        .count()
+}
+
 /// Three threads race for a bucket of two tokens at one instant: in every
 /// interleaving exactly two are admitted.
 #[test]
@@ -19,18 +35,7 @@ fn concurrent_admissions_never_exceed_the_tokens_available() {
             TokenBucket::new(2, Rate::per_second(1)).unwrap(),
         ));
         let now = Instant::from_secs(5);
-        let threads: Vec<_> = (0..3)
-            .map(|_| {
-                let bucket = bucket.clone();
-                thread::spawn(move || bucket.check(now).is_allowed())
-            })
-            .collect();
-        let admitted = threads
-            .into_iter()
-            .map(|t| t.join().unwrap())
-            .filter(|a| *a)
-            .count();
-        assert_eq!(admitted, 2);
+        assert_eq!(admissions(&bucket, [now; 3]), 2);
         assert_eq!(bucket.available(now), 0);
     });
 }
@@ -48,20 +53,8 @@ fn admissions_across_a_refill_stay_within_the_budget() {
         let t0 = Instant::from_secs(10);
         assert!(bucket.check(t0).is_allowed());
         let times = [t0, t0 + Duration::from_secs(1), t0 + Duration::from_secs(1)];
-        let threads: Vec<_> = times
-            .into_iter()
-            .map(|t| {
-                let bucket = bucket.clone();
-                thread::spawn(move || bucket.check(t).is_allowed())
-            })
-            .collect();
-        let admitted = threads
-            .into_iter()
-            .map(|t| t.join().unwrap())
-            .filter(|a| *a)
-            .count();
         // One refill happened between t0 and t0 + 1 s: one more admission.
-        assert_eq!(admitted, 1);
+        assert_eq!(admissions(&bucket, times), 1);
         assert!(bucket.state().settles_at() >= t0 + Duration::from_secs(2));
     });
 }

@@ -36,6 +36,24 @@ pub enum Scenario {
     Once,
 }
 
+/// Appends `fault(rng, second)` at whole seconds from `first` on, every
+/// `gap` plus up to `spread` seconds, while `second + margin` is before
+/// `secs`; `timing` is `(first, margin, gap, spread)`. The fault draws its
+/// own jitter and length from `rng`, before the next gap is drawn.
+fn recurring(
+    faults: &mut Vec<Fault>,
+    rng: &mut Rng,
+    secs: u64,
+    (first, margin, gap, spread): (u64, u64, u64, u64),
+    mut fault: impl FnMut(&mut Rng, Duration) -> Fault,
+) {
+    let mut at = first;
+    while at + margin < secs {
+        faults.push(fault(rng, Duration::from_secs(at)));
+        at += gap + rng.below(spread);
+    }
+}
+
 impl Scenario {
     /// Every scenario.
     pub const ALL: [Scenario; 7] = [
@@ -102,55 +120,47 @@ impl Scenario {
             Scenario::PartitionedLeader => {
                 c.loss = 0.01;
                 c.duplication = 0.01;
-                let mut at = 5;
-                while at + 10 < secs {
-                    c.faults.push(Fault::Partition {
+                recurring(&mut c.faults, &mut rng, secs, (5, 10, 12, 6), |rng, at| {
+                    Fault::Partition {
                         target: Target::Leader,
-                        at: Duration::from_secs(at) + Duration::from_millis(rng.below(1000)),
+                        at: at + Duration::from_millis(rng.below(1000)),
                         length: ttl * 2 + Duration::from_millis(rng.below(2000)),
-                    });
-                    at += 12 + rng.below(6);
-                }
+                    }
+                });
             }
             Scenario::Failover => {
                 // The replica lags more than a lease: at a failover it still
                 // has the lease as it was before the last renewals, already
                 // expired, so a standby can take it while the leader acts.
                 c.replication_lag = ttl + Duration::from_millis(500);
-                let mut at = 8;
-                while at + 5 < secs {
-                    c.faults.push(Fault::Failover {
-                        at: Duration::from_secs(at) + Duration::from_millis(rng.below(1000)),
+                recurring(&mut c.faults, &mut rng, secs, (8, 5, 8, 4), |rng, at| {
+                    Fault::Failover {
+                        at: at + Duration::from_millis(rng.below(1000)),
                         downtime: Duration::from_millis(50 + rng.below(200)),
-                    });
-                    at += 8 + rng.below(4);
-                }
+                    }
+                });
             }
             Scenario::LongPause => {
-                let mut at = 5;
-                while at + 10 < secs {
-                    c.faults.push(Fault::Pause {
+                recurring(&mut c.faults, &mut rng, secs, (5, 10, 15, 5), |rng, at| {
+                    Fault::Pause {
                         target: Target::Leader,
-                        at: Duration::from_secs(at) + Duration::from_millis(rng.below(1000)),
+                        at: at + Duration::from_millis(rng.below(1000)),
                         length: ttl * 2 + Duration::from_millis(rng.below(3000)),
-                    });
-                    at += 15 + rng.below(5);
-                }
+                    }
+                });
             }
             Scenario::CrashLoop => {
-                let mut at = 3;
-                while at + 6 < secs {
-                    c.faults.push(Fault::Crash {
+                recurring(&mut c.faults, &mut rng, secs, (3, 6, 6, 4), |rng, at| {
+                    Fault::Crash {
                         target: if rng.chance(0.6) {
                             Target::Leader
                         } else {
                             Target::Replica(rng.below(replicas as u64) as usize)
                         },
-                        at: Duration::from_secs(at) + Duration::from_millis(rng.below(1000)),
+                        at: at + Duration::from_millis(rng.below(1000)),
                         down_for: Duration::from_millis(500 + rng.below(4000)),
-                    });
-                    at += 6 + rng.below(4);
-                }
+                    }
+                });
             }
             Scenario::Once => {
                 c.active = None;

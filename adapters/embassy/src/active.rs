@@ -153,16 +153,31 @@ impl<'k> ActiveRunner<'k> {
             if machine.phase() == Phase::Stopped {
                 return;
             }
-            match self.wait(&machine, control, give_up_at).await {
-                Heard::Timeout if give_up_at.is_some_and(|g| now() >= g) => return,
-                Heard::Timeout => machine.handle_timeout(now()),
-                Heard::Stop => {
-                    give_up_at = Some(now().saturating_add(self.release_timeout));
-                    machine.stop(now());
-                }
-                Heard::Demote => machine.demote(now()),
+            let heard = self.wait(&machine, control, give_up_at).await;
+            if !self.take(heard, &mut machine, &mut give_up_at) {
+                return;
             }
         }
+    }
+
+    /// Feeds what was heard to the machine; false when it is time to give
+    /// up (stop was asked and the release timeout has passed).
+    fn take(
+        &self,
+        heard: Heard,
+        machine: &mut ActiveGuard,
+        give_up_at: &mut Option<guard_core::time::Instant>,
+    ) -> bool {
+        match heard {
+            Heard::Timeout if give_up_at.is_some_and(|g| now() >= g) => return false,
+            Heard::Timeout => machine.handle_timeout(now()),
+            Heard::Stop => {
+                *give_up_at = Some(now().saturating_add(self.release_timeout));
+                machine.stop(now());
+            }
+            Heard::Demote => machine.demote(now()),
+        }
+        true
     }
 
     /// Waits for the machine's next deadline, the give-up time or a
@@ -221,14 +236,8 @@ impl<'k> ActiveRunner<'k> {
                 Either::First(done) => return Some(done),
                 Either::Second(heard) => heard,
             };
-            match heard {
-                Heard::Timeout if give_up_at.is_some_and(|g| now() >= g) => return None,
-                Heard::Timeout => machine.handle_timeout(now()),
-                Heard::Stop => {
-                    *give_up_at = Some(now().saturating_add(self.release_timeout));
-                    machine.stop(now());
-                }
-                Heard::Demote => machine.demote(now()),
+            if !self.take(heard, machine, give_up_at) {
+                return None;
             }
             // With a call in flight the machine asks for no other call;
             // it may demote (deadline passed, stop, request).

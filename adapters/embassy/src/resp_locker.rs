@@ -6,12 +6,14 @@
 //! guard-redis's `RedisLocker` exclude each other on one Redis and draw
 //! fences from the same counters.
 //!
-//! One request is in flight at a time (an async mutex). A request
-//! abandoned half-way (its future dropped by a time-out) leaves the
-//! connection out of step: every later call fails with
+//! One request is in flight at a time (an async mutex). A request that
+//! failed or was abandoned half-way (its future dropped by a time-out)
+//! leaves the connection out of step, so that a late reply is never taken
+//! for the answer to another request: the next request first resets the
+//! connection with the hook given to [`RespLocker::with_reset`] (for a
+//! connection that reconnects on next use), or, without one, fails with
 //! [`RespError::Desynchronized`] until [`RespLocker::replace_connection`]
-//! gives it a fresh one, so a late reply is never taken for the answer to
-//! another request.
+//! gives it a fresh one.
 
 use core::fmt;
 
@@ -97,6 +99,9 @@ pub struct RespLocker<M: RawMutex, C, const N: usize = 512> {
     conn: Mutex<M, Conn<C, N>>,
     prefix: heapless::String<MAX_PREFIX>,
     seed: u64,
+    /// Puts an out-of-step connection back in step (closes it so that it
+    /// reconnects on next use).
+    reset: Option<fn(&mut C)>,
 }
 
 impl<M: RawMutex, C, const N: usize> fmt::Debug for RespLocker<M, C, N> {
@@ -144,7 +149,18 @@ impl<M: RawMutex, C: Read + Write, const N: usize> RespLocker<M, C, N> {
             }),
             prefix: heapless::String::new(),
             seed,
+            reset: None,
         }
+    }
+
+    /// How to put the connection back in step after a request failed or
+    /// was abandoned half-way: `reset` must leave no reply of an earlier
+    /// request to read (close a connection that reconnects on next use).
+    /// The next request calls it instead of failing with
+    /// [`RespError::Desynchronized`].
+    pub fn with_reset(mut self, reset: fn(&mut C)) -> Self {
+        self.reset = Some(reset);
+        self
     }
 
     /// Prefixes every Redis key with `prefix` (a `:` is appended if
@@ -168,21 +184,6 @@ impl<M: RawMutex, C: Read + Write, const N: usize> RespLocker<M, C, N> {
         conn.out_of_step = false;
     }
 
-    /// Resets the connection in place with `reset` (for a connection that
-    /// reconnects on next use: close it here) and clears the out-of-step
-    /// state. `reset` must leave no reply of an earlier request to read.
-    pub async fn reset_connection(&self, reset: impl FnOnce(&mut C)) {
-        let mut conn = self.conn.lock().await;
-        reset(&mut conn.io);
-        conn.out_of_step = false;
-    }
-
-    /// Whether an earlier request was abandoned or failed half-way, so that
-    /// every request fails until the connection is replaced or reset.
-    pub async fn is_out_of_step(&self) -> bool {
-        self.conn.lock().await.out_of_step
-    }
-
     async fn next_id(&self) -> TokenId {
         let mut conn = self.conn.lock().await;
         let n = conn.minted;
@@ -203,7 +204,11 @@ impl<M: RawMutex, C: Read + Write, const N: usize> RespLocker<M, C, N> {
         let mut guard = self.conn.lock().await;
         let conn = &mut *guard;
         if conn.out_of_step {
-            return Err(RespError::Desynchronized);
+            let Some(reset) = self.reset else {
+                return Err(RespError::Desynchronized);
+            };
+            reset(&mut conn.io);
+            conn.out_of_step = false;
         }
         let key_count = if with_fence { 2 } else { 1 };
         let args = 3 + key_count + 1 + usize::from(ttl.is_some());

@@ -37,6 +37,22 @@ async fn lockers(server: &RedisServer, prefix: &str) -> (Embedded, RedisLocker) 
     (embedded, RedisLocker::new(conn).with_prefix(prefix))
 }
 
+/// Whether `request` was still waiting after 100 ms (then it is dropped
+/// half-way, as a time-out would).
+async fn abandoned<T>(request: impl std::future::Future<Output = T>) -> bool {
+    future::or(
+        async {
+            request.await;
+            false
+        },
+        async {
+            async_io::Timer::after(Duration::from_millis(100)).await;
+            true
+        },
+    )
+    .await
+}
+
 fn ttl(ms: u64) -> Ttl {
     Ttl::from_millis(ms).unwrap()
 }
@@ -185,21 +201,77 @@ fn server_errors_and_abandoned_requests_are_reported() {
         let silent = TcpListener::bind(("127.0.0.1", 0)).unwrap();
         let port = silent.local_addr().unwrap().port();
         let mute = RespLocker::<CriticalSectionRawMutex, Socket>::new(socket(port).await, 7);
-        let abandoned = future::or(
-            async { Some(mute.try_lock("k:x", ttl(1_000)).await) },
-            async {
-                async_io::Timer::after(Duration::from_millis(100)).await;
-                None
-            },
-        )
-        .await;
-        assert!(abandoned.is_none(), "the silent server answered");
+        assert!(
+            abandoned(mute.try_lock("k:x", ttl(1_000))).await,
+            "the silent server answered"
+        );
         assert!(matches!(
             mute.try_lock("k:x", ttl(1_000)).await,
             Err(RespError::Desynchronized)
         ));
         mute.replace_connection(socket(server.port()).await).await;
         assert!(mute.try_lock("k:x", ttl(1_000)).await.unwrap().is_some());
+        drop(silent);
+    });
+}
+
+/// A connection that, when reset, moves on to a spare socket (as a link
+/// that reconnects on next use would).
+struct Swappable {
+    current: Socket,
+    spare: Option<Socket>,
+}
+
+impl Swappable {
+    fn reset(&mut self) {
+        if let Some(spare) = self.spare.take() {
+            self.current = spare;
+        }
+    }
+}
+
+impl embedded_io_async::ErrorType for Swappable {
+    type Error = std::io::Error;
+}
+
+impl embedded_io_async::Read for Swappable {
+    async fn read(&mut self, buf: &mut [u8]) -> Result<usize, Self::Error> {
+        self.current.read(buf).await
+    }
+}
+
+impl embedded_io_async::Write for Swappable {
+    async fn write(&mut self, buf: &[u8]) -> Result<usize, Self::Error> {
+        self.current.write(buf).await
+    }
+
+    async fn flush(&mut self) -> Result<(), Self::Error> {
+        self.current.flush().await
+    }
+}
+
+#[test]
+fn with_a_reset_hook_the_next_request_resets_an_out_of_step_connection() {
+    let server = RedisServer::start().expect("redis-server");
+    smol::block_on(async {
+        let silent = TcpListener::bind(("127.0.0.1", 0)).unwrap();
+        let conn = Swappable {
+            current: socket(silent.local_addr().unwrap().port()).await,
+            spare: Some(socket(server.port()).await),
+        };
+        let locker = RespLocker::<CriticalSectionRawMutex, Swappable>::new(conn, 9)
+            .with_reset(Swappable::reset);
+        assert!(
+            abandoned(locker.try_lock("k:y", ttl(1_000))).await,
+            "the silent server answered"
+        );
+        // No Desynchronized: the hook moved the locker to a fresh connection.
+        let token = locker
+            .try_lock("k:y", ttl(1_000))
+            .await
+            .unwrap()
+            .expect("free");
+        locker.unlock("k:y", &token).await.unwrap();
         drop(silent);
     });
 }

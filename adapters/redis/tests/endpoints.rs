@@ -403,6 +403,7 @@ fn streams_failures_are_retried_then_dead_lettered_and_acknowledged() {
     let dlq = StreamDlq::new(connect(&server));
     let with_dlq = consumer(&server, "c1")
         .with_retry(RetryPolicy::fixed_delay(2, Duration::from_millis(10)))
+        .unwrap()
         .with_dead_letters(StreamDlq::new(connect(&server)), "orders")
         .unwrap();
     let calls: Arc<Mutex<BTreeMap<String, u32>>> = Arc::default();
@@ -445,7 +446,9 @@ fn streams_failures_are_retried_then_dead_lettered_and_acknowledged() {
 
     // Without a dead-letter queue the failed entry stays pending.
     add_entries(&mut conn, "orders", std::iter::once("bad".to_owned()));
-    let without = consumer(&server, "c2").with_retry(RetryPolicy::no_retry());
+    let without = consumer(&server, "c2")
+        .with_retry(RetryPolicy::no_retry())
+        .unwrap();
     let mut stats = ConsumeStats::default();
     smol::block_on(without.poll(Classifier::retry_all(), &mut handler, &mut stats)).unwrap();
     assert_eq!(stats.left_pending, 1, "{stats:?}");
@@ -466,6 +469,12 @@ fn stream_consumer_rejects_bad_input() {
         .with_batch(0)
         .unwrap_err();
     assert!(err.to_string().contains("batch"), "{err}");
+    let jittery = RetryPolicy::new().with_jitter(guard_core::retry::Jitter::Full);
+    let err = StreamConsumer::new(conn.clone(), "s", "g", "c")
+        .unwrap()
+        .with_retry(jittery)
+        .unwrap_err();
+    assert!(err.to_string().contains("jitter"), "{err}");
     let err = StreamConsumer::new(conn.clone(), "s", "g", "c")
         .unwrap()
         .with_dead_letters(StreamDlq::new(conn), "bad{topic}")

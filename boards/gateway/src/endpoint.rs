@@ -93,7 +93,8 @@ pub(crate) async fn start(
             let group = entry.group.clone().unwrap_or_default();
             let mut consumer = StreamConsumer::new(conn.clone(), &stream, &group, identity)
                 .map_err(|e| context(&e))?
-                .with_retry(retry);
+                .with_retry(retry)
+                .map_err(|e| context(&e))?;
             if let Some(ms) = entry.claim_idle_ms {
                 consumer = consumer
                     .with_claim_idle(Duration::from_millis(ms))

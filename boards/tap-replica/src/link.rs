@@ -71,10 +71,7 @@ impl Link {
 
     async fn ensure(&mut self) -> Result<(), LinkError> {
         if !self.connected {
-            self.socket.abort();
-            // A reset socket must be flushed out of its closing states
-            // before it connects again.
-            self.socket.flush().await.ok();
+            // Closed: new, or aborted by `close` (which smoltcp does at once).
             self.socket
                 .connect(self.remote)
                 .await

@@ -21,7 +21,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use clap::Parser;
 use embassy_executor::Spawner;
-use embassy_futures::join::join4;
+use embassy_futures::join::join3;
 use embassy_net::{IpAddress, IpEndpoint, Ipv4Address, Ipv4Cidr, StackResources, StaticConfigV4};
 use embassy_net_tuntap::TunTapDevice;
 use embassy_sync::blocking_mutex::raw::NoopRawMutex;
@@ -158,8 +158,10 @@ async fn run(spawner: Spawner, args: Args) -> Result<(), String> {
     stack.wait_config_up().await;
     println!("up name={} ip={address}", args.name);
 
+    // A request that failed half-way closes the link, which reconnects on
+    // the next request.
     let locker: RespLocker<NoopRawMutex, Link, 1024> =
-        RespLocker::new(Link::new(stack, redis, 1024), seed);
+        RespLocker::new(Link::new(stack, redis, 1024), seed).with_reset(Link::close);
     let mut resource = Resource::new(Link::new(stack, redis, 1024));
     let leading: Cell<Option<u64>> = Cell::new(None);
     let control: ActiveControl<NoopRawMutex> = ActiveControl::new();
@@ -199,17 +201,6 @@ async fn run(spawner: Spawner, args: Args) -> Result<(), String> {
         );
         async {}
     });
-    // A request that failed half-way leaves the locker out of step: close
-    // the link, which reconnects on the next request.
-    let heal = async {
-        loop {
-            Timer::after_millis(args.interval_ms).await;
-            if locker.is_out_of_step().await {
-                eprintln!("locker connection reset");
-                locker.reset_connection(Link::close).await;
-            }
-        }
-    };
-    let (_, (), slots, ()) = join4(elect, act, slots, heal).await;
+    let (_, (), slots) = join3(elect, act, slots).await;
     slots.map(drop).map_err(|e| format!("slot key: {e}"))
 }

@@ -1,8 +1,9 @@
 //! Three `guard-tap-replica` processes on embassy-net, each on its own TAP
 //! device with its own MAC, bridged in a network namespace this test
-//! creates, with a redis-server inside it. The leader is killed; checks:
-//! one leader at a time as the protected resource judges by fences,
-//! takeover within ttl + interval, every heartbeat slot run once.
+//! creates, with a redis-server inside it. The leader is killed, then Redis
+//! drops every client connection; checks: one leader at a time as the
+//! protected resource judges by fences, takeover within ttl + interval,
+//! the replicas reconnect and go on, every heartbeat slot run once.
 //!
 //! Needs root (namespaces, TAP devices). Without root it fails with a
 //! message saying so, unless `GUARD_SKIP_NETNS=1` skips it. The namespace,
@@ -250,29 +251,80 @@ fn three_tap_replicas_one_leader_at_a_time_takeover_and_each_slot_once() {
     );
     assert!(second_fence > first_fence);
 
+    // The resource's log so far: exactly the two leaders' fences.
+    let log_before = redis_cli(&ns, &["LRANGE", "{guard:resource}:log", "0", "-1"]);
+
+    // Redis drops every client connection just after a slot was run. The
+    // replicas reconnect (the locker's and the resource's links). A failed
+    // renewal demotes (the guard's rule), so the lease may pass on, with a
+    // higher fence: the resource must still see one leader at a time, and
+    // no slot may be lost.
+    let executed = |lines: &Lines| {
+        lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, _, l)| l.starts_with("executed "))
+            .count()
+    };
+    let before = executed(&lines);
+    let start = Instant::now();
+    while executed(&lines) == before {
+        assert!(start.elapsed() < Duration::from_secs(3), "no slot ran");
+        thread::sleep(Duration::from_millis(10));
+    }
+    thread::sleep(Duration::from_millis(100));
+    let dropped_at = Instant::now();
+    let killed: u32 = redis_cli(&ns, &["CLIENT", "KILL", "TYPE", "normal"])
+        .trim()
+        .parse()
+        .expect("CLIENT KILL count");
+    assert!(killed >= 3, "only {killed} client connections dropped");
+    thread::sleep(Duration::from_millis(TTL_MS + 2_000));
+    let accepted_after = lines
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(_, t, l)| {
+            *t > dropped_at && l.starts_with("wrote ") && l.ends_with("accepted=true")
+        })
+        .count();
+    assert!(
+        accepted_after > 10,
+        "{accepted_after} resource writes accepted after the reconnect"
+    );
+
     // The resource's view: accepted writes in order, fences never going
     // back, each fence one replica's, nothing stale refused or accepted.
     let log = redis_cli(&ns, &["LRANGE", "{guard:resource}:log", "0", "-1"]);
     let refused = redis_cli(&ns, &["GET", "{guard:resource}:refused"]);
     drop(ns); // every process stopped, the namespace removed
 
-    let mut owner: BTreeMap<u64, String> = BTreeMap::new();
-    let mut last = 0;
-    for entry in log.lines().filter(|l| !l.trim().is_empty()) {
-        let (fence, who) = entry.trim().split_once(' ').expect("fence and replica");
-        let fence: u64 = fence.parse().unwrap();
-        assert!(fence >= last, "fence {fence} accepted after {last}");
-        last = fence;
-        let holder = owner.entry(fence).or_insert_with(|| who.to_owned());
-        assert_eq!(holder, who, "fence {fence} used by two replicas");
-    }
+    let owners = |log: &str| {
+        let mut owner: BTreeMap<u64, String> = BTreeMap::new();
+        let mut last = 0;
+        for entry in log.lines().filter(|l| !l.trim().is_empty()) {
+            let (fence, who) = entry.trim().split_once(' ').expect("fence and replica");
+            let fence: u64 = fence.parse().unwrap();
+            assert!(fence >= last, "fence {fence} accepted after {last}");
+            last = fence;
+            let holder = owner.entry(fence).or_insert_with(|| who.to_owned());
+            assert_eq!(holder, who, "fence {fence} used by two replicas");
+        }
+        owner
+    };
     assert_eq!(
-        owner.keys().copied().collect::<Vec<_>>(),
+        owners(&log_before).keys().copied().collect::<Vec<_>>(),
         vec![first_fence, second_fence],
         "writes under exactly the two leaders' fences"
     );
+    let fences = owners(&log).keys().copied().collect::<Vec<_>>();
+    assert!(
+        fences.starts_with(&[first_fence, second_fence]),
+        "{fences:?}"
+    );
     eprintln!(
-        "leader r{leader} (fence {first_fence}) killed; takeover after {takeover:?} (fence {second_fence}); {} writes accepted",
+        "leader r{leader} (fence {first_fence}) killed; takeover after {takeover:?} (fence {second_fence}); {killed} client connections dropped, then fences {fences:?}; {} writes accepted",
         log.lines().filter(|l| !l.trim().is_empty()).count()
     );
     assert!(

@@ -18,7 +18,7 @@ use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
-use guard_core::retry::{Classifier, RetryExecutor, RetryPolicy};
+use guard_core::retry::{Classifier, Jitter, JitterNeedsRandom, RetryExecutor, RetryPolicy};
 use guard_smol::{Control, TimerDelay};
 use redis::Value;
 use redis::streams::{StreamAutoClaimReply, StreamId, StreamReadReply};
@@ -94,7 +94,7 @@ pub struct ConsumeStats {
 ///     Duration::from_millis(500),
 /// ).await?;
 /// let consumer = StreamConsumer::new(conn.clone(), "orders", "billing", "replica-1")?
-///     .with_retry(RetryPolicy::fixed_delay(2, Duration::from_millis(50)))
+///     .with_retry(RetryPolicy::fixed_delay(2, Duration::from_millis(50)))?
 ///     .with_dead_letters(StreamDlq::new(conn), "orders")?;
 /// let (_handle, control) = guard_smol::control();
 /// consumer
@@ -226,10 +226,16 @@ impl StreamConsumer {
         self
     }
 
-    /// How a failing entry is retried before it is given up.
-    pub fn with_retry(mut self, policy: RetryPolicy) -> Self {
+    /// How a failing entry is retried before it is given up. The
+    /// consumer draws no random bits, so a policy with jitter is refused.
+    pub fn with_retry(mut self, policy: RetryPolicy) -> Result<Self, RedisGuardError> {
+        if policy.jitter() != Jitter::None {
+            return Err(RedisGuardError::InvalidInput(format!(
+                "stream consumer retry policy: {JitterNeedsRandom}"
+            )));
+        }
         self.retry = policy;
-        self
+        Ok(self)
     }
 
     /// Records given-up entries in `dlq` under `topic`, with this stream
@@ -326,6 +332,7 @@ impl StreamConsumer {
         Fut: Future<Output = Result<(), E>>,
         E: fmt::Display,
     {
+        // `with_retry` refuses jitter, so this cannot fail.
         let mut retry = RetryExecutor::new(self.retry, classifier).map_err(|e| {
             RedisGuardError::InvalidInput(format!("stream consumer retry policy: {e}"))
         })?;
