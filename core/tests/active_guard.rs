@@ -115,12 +115,17 @@ fn a_leader_renews_every_interval_from_the_send_time() {
 
 #[test]
 fn a_lost_lease_demotes_without_releasing() {
-    for lost in [Renewed::Lost, Renewed::Failed] {
+    for (lost, reason) in [
+        (Renewed::Lost, DemoteReason::LeaseLost),
+        // An unreachable backend is not someone else holding the lease:
+        // the reason says which happened.
+        (Renewed::Failed, DemoteReason::RenewFailed),
+    ] {
         let mut g = leader(true);
         g.handle_timeout(T0 + Duration::from_secs(5));
         actions(&mut g);
         g.handle_renewed(T0 + ms(5_100), lost);
-        assert_eq!(actions(&mut g), [Action::Demote(DemoteReason::LeaseLost)]);
+        assert_eq!(actions(&mut g), [Action::Demote(reason)]);
         assert!(!g.is_active());
         assert_eq!(g.fence(), None);
     }
@@ -322,6 +327,71 @@ fn the_renewless_fallback_demotes_when_the_unlock_fails() {
     actions(&mut g);
     g.handle_released(T0 + ms(5_010), false);
     assert_eq!(actions(&mut g), [Action::Demote(DemoteReason::LeaseLost)]);
+}
+
+#[test]
+fn the_lease_is_the_fence_and_the_renew_deadline_while_promoted() {
+    let mut g = ActiveGuard::new(ActiveConfig::new(), true, T0).unwrap();
+    assert_eq!(g.lease(), None, "a standby has no lease");
+    let mut g = {
+        g.handle_timeout(T0);
+        actions(&mut g);
+        g.handle_acquired(T0 + ms(10), Acquired::Granted(token(7)));
+        actions(&mut g);
+        g
+    };
+    // Deadline from the send time of the acquire: T0 + ttl - drift.
+    let lease = g.lease().unwrap();
+    assert_eq!(lease.fence(), 7);
+    assert_eq!(lease.until(), T0 + ms(13_500));
+    assert_eq!(lease.valid_at(T0 + ms(13_499)), Some(7));
+    assert_eq!(lease.valid_at(T0 + ms(13_500)), None);
+    // A renewal sent at T0 + 5 s moves it to T0 + 18.5 s.
+    g.handle_timeout(T0 + Duration::from_secs(5));
+    actions(&mut g);
+    g.handle_renewed(T0 + ms(5_100), Renewed::Held);
+    assert_eq!(g.lease().unwrap().until(), T0 + ms(18_500));
+    // Demoted: no lease, whatever the clock says.
+    g.demote(T0 + ms(6_000));
+    assert_eq!(g.lease(), None);
+}
+
+#[test]
+fn the_renewless_lease_carries_the_newest_fence() {
+    let mut g = leader(false);
+    g.handle_timeout(T0 + Duration::from_secs(5));
+    actions(&mut g);
+    g.handle_released(T0 + ms(5_010), true);
+    actions(&mut g);
+    // Between release and re-grant the leadership's deadline still holds.
+    assert_eq!(g.lease().unwrap().fence(), 7);
+    g.handle_acquired(T0 + ms(5_020), Acquired::Granted(token(8)));
+    assert_eq!(g.lease().unwrap().fence(), 8);
+}
+
+#[test]
+fn a_renewless_reacquire_that_outlives_its_leadership_waits_an_interval() {
+    for step_down in [
+        ActiveGuard::demote as fn(&mut ActiveGuard, Instant),
+        ActiveGuard::handle_promote_failed,
+    ] {
+        let mut g = leader(false);
+        g.handle_timeout(T0 + Duration::from_secs(5));
+        actions(&mut g);
+        g.handle_released(T0 + ms(5_010), true);
+        assert_eq!(actions(&mut g), [Action::Acquire]);
+        // Demoted while the re-acquire is in flight.
+        step_down(&mut g, T0 + ms(5_015));
+        assert!(matches!(actions(&mut g)[..], [Action::Demote(_)]));
+        g.handle_acquired(T0 + ms(5_020), Acquired::Granted(token(8)));
+        assert_eq!(actions(&mut g), [Action::Release(token(8))]);
+        g.handle_released(T0 + ms(5_030), true);
+        // A standby goes first: the next attempt is an interval away.
+        let next = g.poll_timeout().unwrap();
+        assert!(next >= T0 + ms(10_020), "competes again at {next:?}");
+        g.handle_timeout(T0 + ms(5_030));
+        assert!(actions(&mut g).is_empty(), "no acquire right away");
+    }
 }
 
 mod models;

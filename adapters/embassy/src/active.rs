@@ -10,6 +10,7 @@ use embassy_sync::signal::Signal;
 use embassy_time::Timer;
 use guard_core::guard::{
     Acquired, Action, ActiveConfig, ActiveConfigError, ActiveGuard, DemoteReason, Phase, Renewed,
+    SharedLease,
 };
 use guard_core::lock::{LeaseRenewer, Renewal, Token, Ttl};
 
@@ -24,6 +25,7 @@ pub const DEFAULT_RELEASE_TIMEOUT: Duration = Duration::from_secs(3);
 pub struct ActiveControl<M: RawMutex> {
     stop: Signal<M, ()>,
     demote: Signal<M, ()>,
+    lease: SharedLease<M>,
 }
 
 impl<M: RawMutex> Default for ActiveControl<M> {
@@ -38,7 +40,18 @@ impl<M: RawMutex> ActiveControl<M> {
         ActiveControl {
             stop: Signal::new(),
             demote: Signal::new(),
+            lease: SharedLease::new(),
         }
+    }
+
+    /// The fence, if the runner leads and its renew deadline has not
+    /// passed on embassy-time's clock; `None` means: do not act. Call it
+    /// immediately before every side effect of the leader (handing a
+    /// message to its handler, a write): work that was queued across a
+    /// stall is refused once the deadline has passed, even before the
+    /// runner has demoted.
+    pub fn lease_fence(&self) -> Option<u64> {
+        self.lease.check(now())
     }
 
     /// Stops the runner: a leader demotes, then releases.
@@ -66,7 +79,11 @@ enum Heard {
 /// (an error there demotes and releases) and `on_demoted(reason)` when it
 /// must stop consuming: lease lost, renew deadline passed (even while a
 /// renewal hangs), explicit demotion or stop. Each promotion gets at most
-/// one demotion. Backend calls are awaited one at a time.
+/// one demotion. Backend calls are awaited one at a time. The consumer
+/// checks [`ActiveControl::lease_fence`] before each side effect;
+/// `on_promoted` is not called once the deadline has passed (a stall
+/// between the grant and the callback), and that promotion gets no
+/// `on_demoted`.
 #[derive(Clone, Copy, Debug)]
 pub struct ActiveRunner<'k> {
     key: &'k str,
@@ -113,16 +130,38 @@ impl<'k> ActiveRunner<'k> {
             return; // validated in `new`
         };
         let mut give_up_at: Option<guard_core::time::Instant> = None;
+        // A promotion whose callback was not called (deadline passed
+        // first): its demotion is not reported either (callbacks pair up).
+        let mut promotion_skipped = false;
         loop {
+            // Published after every step, before any callback, so the
+            // consumer never acts on a lease the machine dropped.
+            control.lease.publish(machine.lease());
             while let Some(action) = machine.poll_action() {
                 let op = match action {
+                    Action::Promote { .. }
+                        if machine.lease().and_then(|l| l.valid_at(now())).is_none() =>
+                    {
+                        // Woken past the deadline between the grant and
+                        // this call: never start acting late.
+                        promotion_skipped = true;
+                        machine.handle_timeout(now());
+                        control.lease.publish(machine.lease());
+                        continue;
+                    }
                     Action::Promote { fence } => {
                         if on_promoted(fence).await.is_err() {
                             machine.handle_promote_failed(now());
+                            control.lease.publish(machine.lease());
                         }
                         continue;
                     }
+                    Action::Demote(_) if promotion_skipped => {
+                        promotion_skipped = false;
+                        continue;
+                    }
                     Action::Demote(reason) => {
+                        control.lease.publish(None);
                         on_demoted(reason).await;
                         continue;
                     }
@@ -149,12 +188,13 @@ impl<'k> ActiveRunner<'k> {
                     Done::Renewed(result) => machine.handle_renewed(at, result),
                     Done::Released(ok) => machine.handle_released(at, ok),
                 }
+                control.lease.publish(machine.lease());
             }
             if machine.phase() == Phase::Stopped {
                 return;
             }
             let heard = self.wait(&machine, control, give_up_at).await;
-            if !self.take(heard, &mut machine, &mut give_up_at) {
+            if !self.take(heard, &mut machine, control, &mut give_up_at) {
                 return;
             }
         }
@@ -162,10 +202,11 @@ impl<'k> ActiveRunner<'k> {
 
     /// Feeds what was heard to the machine; false when it is time to give
     /// up (stop was asked and the release timeout has passed).
-    fn take(
+    fn take<M: RawMutex>(
         &self,
         heard: Heard,
         machine: &mut ActiveGuard,
+        control: &ActiveControl<M>,
         give_up_at: &mut Option<guard_core::time::Instant>,
     ) -> bool {
         match heard {
@@ -177,6 +218,7 @@ impl<'k> ActiveRunner<'k> {
             }
             Heard::Demote => machine.demote(now()),
         }
+        control.lease.publish(machine.lease());
         true
     }
 
@@ -236,7 +278,7 @@ impl<'k> ActiveRunner<'k> {
                 Either::First(done) => return Some(done),
                 Either::Second(heard) => heard,
             };
-            if !self.take(heard, machine, give_up_at) {
+            if !self.take(heard, machine, control, give_up_at) {
                 return None;
             }
             // With a call in flight the machine asks for no other call;

@@ -6,6 +6,7 @@ use std::future::Future;
 use async_channel::Sender;
 use async_compat::Compat;
 use futures_lite::future;
+use guard_smol::LeaseCheck;
 use rumqttc::{AsyncClient, Event, EventLoop, Incoming, QoS, SubscribeReasonCode};
 
 use crate::{MqttError, MqttMessage, MqttOptions};
@@ -57,12 +58,15 @@ impl Connection {
     }
 
     /// Subscribes to `filter` at QoS 1 and serves until the connection
-    /// ends, telling each message `fence`. `subscribed` hears the broker's
-    /// answer to the SUBSCRIBE.
+    /// ends. With a `lease` (an elected subscriber), each message is
+    /// handled only if the lease is valid immediately before, and carries
+    /// its fence; a message refused past the renew deadline is not
+    /// acknowledged (the connection is dropped on demotion). `subscribed`
+    /// hears the broker's answer to the SUBSCRIBE.
     pub(crate) async fn serve<H, F>(
         self,
         filter: &str,
-        fence: Option<u64>,
+        lease: Option<(&LeaseCheck, &str)>,
         handler: &mut H,
         subscribed: Sender<Result<(), MqttError>>,
     ) -> Ended
@@ -72,6 +76,7 @@ impl Connection {
     {
         let Connection { client, mut events } = self;
         let mut confirmed = false;
+        let mut refused = 0_u64;
         let error = Compat::new(async {
             if let Err(e) = client.subscribe(filter, QoS::AtLeastOnce).await {
                 return MqttError::Subscribe(format!("{filter}: {e}"));
@@ -96,6 +101,24 @@ impl Connection {
                         }
                     }
                     Ok(Event::Incoming(Incoming::Publish(publish))) => {
+                        let fence = match lease {
+                            None => None,
+                            Some((check, key)) => match check.fence() {
+                                Some(fence) => Some(fence),
+                                None => {
+                                    // Checked where the side effect
+                                    // happens: nothing past the deadline.
+                                    refused += 1;
+                                    guard_std::metrics::record_refused_late(key);
+                                    if refused == 1 {
+                                        log::warn!(
+                                            "MQTT {filter}: lease {key} past its renew deadline; refusing messages until demoted"
+                                        );
+                                    }
+                                    continue;
+                                }
+                            },
+                        };
                         handler(MqttMessage {
                             topic: publish.topic.clone(),
                             payload: publish.payload.to_vec(),

@@ -31,7 +31,6 @@ enum Next {
 /// confirm its subscription.
 type Promotion = (
     Box<Connection>,
-    u64,
     async_channel::Sender<Result<(), MqttError>>,
 );
 
@@ -136,21 +135,20 @@ impl MqttEndpoint {
     {
         let filter = self.subscription.topic_filter();
         let (own, linked) = control.linked();
+        let lease = runner.lease_check();
         let (tx, rx) = async_channel::unbounded::<Option<Promotion>>();
         let elect = async move {
             let (promoted, demoted) = (tx.clone(), tx);
             runner
                 .run(
                     linked,
-                    move |fence| {
+                    move |_fence| {
                         let tx = promoted.clone();
                         async move {
                             let connection = Connection::open(&self.options).await?;
                             let (confirm, confirmed) = async_channel::bounded(1);
                             // The receiver lives until the runner returns.
-                            tx.send(Some((Box::new(connection), fence, confirm)))
-                                .await
-                                .ok();
+                            tx.send(Some((Box::new(connection), confirm))).await.ok();
                             let answer = async {
                                 confirmed.recv().await.unwrap_or_else(|_| {
                                     Err(MqttError::Closed("connection ended before SUBACK".into()))
@@ -175,7 +173,7 @@ impl MqttEndpoint {
         let serve = async {
             let mut next_connection: Option<Promotion> = None;
             loop {
-                let (connection, fence, confirm) = match next_connection.take() {
+                let (connection, confirm) = match next_connection.take() {
                     Some(promotion) => promotion,
                     None => match rx.recv().await {
                         Ok(Some(promotion)) => promotion,
@@ -187,7 +185,7 @@ impl MqttEndpoint {
                     async {
                         Next::Ended(
                             (*connection)
-                                .serve(&filter, Some(fence), &mut handler, confirm)
+                                .serve(&filter, Some((&lease, runner.key())), &mut handler, confirm)
                                 .await,
                         )
                     },

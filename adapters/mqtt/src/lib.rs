@@ -202,7 +202,8 @@ pub struct MqttMessage {
     pub topic: String,
     /// Its payload.
     pub payload: Vec<u8>,
-    /// For a guarded endpoint, the fence of the lease it was received
-    /// under: pass it to a resource that refuses stale leaders.
+    /// For a guarded endpoint, the fence of the lease, checked valid
+    /// immediately before the handler was called: pass it to a resource
+    /// that refuses stale leaders.
     pub fence: Option<u64>,
 }

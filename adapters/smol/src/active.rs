@@ -6,12 +6,14 @@ use std::time::Duration;
 
 use futures_lite::future;
 use guard_core::guard::{
-    Acquired, Action, ActiveConfig, ActiveConfigError, ActiveGuard, DemoteReason, Phase, Renewed,
+    Acquired, Action, ActiveConfig, ActiveConfigError, ActiveGuard, DemoteReason, Lease, Phase,
+    Renewed,
 };
 use guard_core::lock::{KeyError, Locker, Renewal, Scope, Token, Ttl, active_key};
 use guard_std::{BoxFuture, Clock, GuardConfig, SharedLocker, SystemClock};
 
 use crate::control::{Control, Heard};
+use crate::lease::LeaseCheck;
 
 /// The original's timeout for the release of a lease.
 pub const DEFAULT_RELEASE_TIMEOUT: Duration = Duration::from_secs(3);
@@ -60,15 +62,39 @@ enum Wake {
 /// one demotion. With no locker configured, `on_promoted(0)` is called
 /// once and `on_demoted` once at stop (if the promotion succeeded).
 ///
+/// Work done while leading must be checked against the lease where it
+/// happens: [`lease_check`](Self::lease_check) gives the consumer the
+/// fence and the renew deadline, refreshed after every step of the
+/// runner. `on_promoted` is not called once the deadline has passed (a
+/// pause between the grant and the callback); that promotion then gets no
+/// `on_demoted` either.
+///
 /// It makes no at-most-once promise for messages: it keeps concurrent
 /// consumption to one replica. For sources that deliver each message to
 /// one consumer already (consumer groups, shared subscriptions) use none.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct ActiveRunner {
     config: GuardConfig,
     key: String,
     settings: ActiveConfig,
     release_timeout: Duration,
+    clock: SystemClock,
+    lease: LeaseCheck,
+}
+
+impl Clone for ActiveRunner {
+    /// A runner with the same settings and a lease view of its own: a
+    /// clone runs (and publishes its lease) independently.
+    fn clone(&self) -> Self {
+        ActiveRunner {
+            config: self.config.clone(),
+            key: self.key.clone(),
+            settings: self.settings,
+            release_timeout: self.release_timeout,
+            clock: self.clock,
+            lease: LeaseCheck::new(self.clock),
+        }
+    }
 }
 
 impl ActiveRunner {
@@ -76,11 +102,14 @@ impl ActiveRunner {
     /// default timing (15 s lease, 5 s interval).
     pub fn new(config: &GuardConfig, scope: &Scope) -> Result<Self, RunnerError> {
         let key = active_key(config.prefix(), scope).map_err(RunnerError::Key)?;
+        let clock = SystemClock::new();
         Ok(ActiveRunner {
             config: config.clone(),
             key: key.as_str().to_owned(),
             settings: ActiveConfig::new(),
             release_timeout: DEFAULT_RELEASE_TIMEOUT,
+            clock,
+            lease: LeaseCheck::new(clock),
         })
     }
 
@@ -102,6 +131,13 @@ impl ActiveRunner {
         &self.key
     }
 
+    /// What the consumer checks before each handler call: the fence while
+    /// this runner leads and its renew deadline has not passed. Follows
+    /// [`run`](Self::run) of this runner (run it once at a time).
+    pub fn lease_check(&self) -> LeaseCheck {
+        self.lease.clone()
+    }
+
     /// Runs until `control` stops it; see the type's documentation.
     pub async fn run<P, PF, E, D, DF>(
         &self,
@@ -118,7 +154,7 @@ impl ActiveRunner {
         let Some(locker) = self.config.locker() else {
             return self.run_unguarded(control, on_promoted, on_demoted).await;
         };
-        let clock = SystemClock::new();
+        let clock = self.clock;
         let ttl = self.settings.ttl();
         let mut machine = match ActiveGuard::new(self.settings, locker.can_renew(), clock.now()) {
             Ok(machine) => machine,
@@ -131,7 +167,13 @@ impl ActiveRunner {
         let mut in_flight: Option<BoxFuture<'_, Done>> = None;
         let mut stop_heard = false;
         let mut give_up_at: Option<std::time::Instant> = None;
+        // A promotion whose callback was not called (deadline passed
+        // first): its demotion is not reported either (callbacks pair up).
+        let mut promotion_skipped = false;
         loop {
+            // Publish after every step of the machine, before any callback,
+            // so the consumer never acts on a lease the machine dropped.
+            self.lease.publish(machine.lease());
             while let Some(action) = machine.poll_action() {
                 match action {
                     Action::Acquire => in_flight = Some(Box::pin(acquire(locker, &self.key, ttl))),
@@ -147,20 +189,37 @@ impl ActiveRunner {
                         )));
                     }
                     Action::Promote { fence } => {
+                        let now = clock.now();
+                        if machine.lease().and_then(|l| l.valid_at(now)).is_none() {
+                            // Woken past the deadline between the grant and
+                            // this call (a pause): never start acting late.
+                            log::warn!(
+                                "active guard {} granted fence {fence} too late to act on",
+                                self.key
+                            );
+                            promotion_skipped = true;
+                            machine.handle_timeout(now);
+                            self.lease.publish(machine.lease());
+                            continue;
+                        }
                         log::info!("active guard {} promoted (fence {fence})", self.key);
                         guard_std::metrics::record_promoted(&self.key);
                         if let Err(e) = on_promoted(fence).await {
                             log::warn!("active guard {} activate: {e}", self.key);
                             machine.handle_promote_failed(clock.now());
+                            self.lease.publish(machine.lease());
                         }
                     }
+                    Action::Demote(_) if promotion_skipped => promotion_skipped = false,
                     Action::Demote(reason) => {
+                        self.lease.publish(None);
                         log::info!("active guard {} demoted: {reason:?}", self.key);
                         guard_std::metrics::record_demoted(&self.key, reason);
                         on_demoted(reason).await;
                     }
                 }
             }
+            self.lease.publish(machine.lease());
             if machine.phase() == Phase::Stopped {
                 return;
             }
@@ -236,11 +295,15 @@ impl ActiveRunner {
         D: FnMut(DemoteReason) -> DF,
         DF: Future<Output = ()>,
     {
-        // A single process: it is the only candidate, always active.
+        // A single process: it is the only candidate, always active, and
+        // its lease never expires.
+        self.lease
+            .publish(Some(Lease::new(0, guard_core::time::Instant::MAX)));
         let promoted = match on_promoted(0).await {
             Ok(()) => true,
             Err(e) => {
                 log::warn!("active guard {} activate: {e}", self.key);
+                self.lease.publish(None);
                 false
             }
         };
@@ -250,6 +313,7 @@ impl ActiveRunner {
                 self.key
             );
         }
+        self.lease.publish(None);
         if promoted {
             on_demoted(DemoteReason::Stopping).await;
         }

@@ -39,9 +39,11 @@ pub struct ReadmeDoctests;
 mod active;
 mod control;
 mod delay;
+mod lease;
 mod scheduler;
 
 pub use active::{ActiveRunner, RunnerError};
 pub use control::{Control, RunHandle, control};
 pub use delay::TimerDelay;
+pub use lease::LeaseCheck;
 pub use scheduler::{JobRun, ScheduleError, Scheduler};

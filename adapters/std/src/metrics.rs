@@ -17,6 +17,9 @@ pub const ONCE_OUTCOMES: &str = "guard_once_total";
 pub const ACTIVE_TRANSITIONS: &str = "guard_active_transitions_total";
 /// 1 while this replica leads lease `key`, else 0.
 pub const ACTIVE_LEADER: &str = "guard_active_leader";
+/// Work an elected consumer refused because it arrived after its lease's
+/// renew deadline (buffered across a pause), by lease `key`.
+pub const ACTIVE_REFUSED_LATE: &str = "guard_active_refused_late_total";
 /// Dead letters held, by `topic`.
 pub const DLQ_SIZE: &str = "guard_dlq_size";
 /// Calls made by retried operations, by `name`.
@@ -39,10 +42,16 @@ pub fn record_promoted(key: &str) {
     metrics::gauge!(ACTIVE_LEADER, "key" => key.to_owned()).set(1.0);
 }
 
+/// Records work refused after the renew deadline of lease `key`.
+pub fn record_refused_late(key: &str) {
+    metrics::counter!(ACTIVE_REFUSED_LATE, "key" => key.to_owned()).increment(1);
+}
+
 /// Records a demotion of lease `key`.
 pub fn record_demoted(key: &str, reason: DemoteReason) {
     let reason = match reason {
         DemoteReason::LeaseLost => "lease_lost",
+        DemoteReason::RenewFailed => "renew_failed",
         DemoteReason::RenewDeadline => "renew_deadline",
         DemoteReason::PromoteFailed => "promote_failed",
         DemoteReason::Requested => "requested",

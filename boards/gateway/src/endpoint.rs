@@ -21,11 +21,15 @@ pub(crate) type Task = Pin<Box<dyn Future<Output = ()>>>;
 const MQTT_PORT: u16 = 1883;
 
 /// Reports a handled message of endpoint `name` as an event.
-fn reporter(emit: Arc<dyn Fn(Event) + Send + Sync>, name: String) -> impl Fn(String, &[u8]) {
-    move |from, payload| {
+fn reporter(
+    emit: Arc<dyn Fn(Event) + Send + Sync>,
+    name: String,
+) -> impl Fn(String, Option<u64>, &[u8]) {
+    move |from, fence, payload| {
         emit(Event::Received {
             endpoint: name.clone(),
             from,
+            fence,
             payload: String::from_utf8_lossy(payload).into_owned(),
         });
     }
@@ -66,7 +70,7 @@ pub(crate) async fn start(
             Ok(Box::pin(async move {
                 endpoint
                     .run(control, |message| {
-                        report(message.channel, &message.payload);
+                        report(message.channel, Some(message.fence), &message.payload);
                         async {}
                     })
                     .await;
@@ -108,7 +112,11 @@ pub(crate) async fn start(
             Ok(Box::pin(async move {
                 let stats = consumer
                     .run(control, Classifier::retry_all(), |message| {
-                        report(message.id.clone(), message.payload().unwrap_or_default());
+                        report(
+                            message.id.clone(),
+                            None,
+                            message.payload().unwrap_or_default(),
+                        );
                         async { Ok::<(), String>(()) }
                     })
                     .await;
@@ -144,7 +152,7 @@ pub(crate) async fn start(
             Ok(Box::pin(async move {
                 endpoint
                     .run(control, |message| {
-                        report(message.topic, &message.payload);
+                        report(message.topic, message.fence, &message.payload);
                         async {}
                     })
                     .await;

@@ -52,6 +52,9 @@ pub enum Event {
         endpoint: String,
         /// Where it came from: channel, entry id or topic.
         from: String,
+        /// The lease's fence, checked valid just before the handler ran
+        /// (elected endpoints; `None` where the source delivers once).
+        fence: Option<u64>,
         /// The payload, as text (invalid UTF-8 replaced).
         payload: String,
     },
@@ -76,10 +79,12 @@ impl fmt::Display for Event {
             Event::Received {
                 endpoint,
                 from,
+                fence,
                 payload,
             } => write!(
                 f,
-                "received endpoint={endpoint} from={from} payload={payload}"
+                "received endpoint={endpoint} from={from} fence={} payload={payload}",
+                fence.map_or("-".into(), |x| x.to_string())
             ),
         }
     }

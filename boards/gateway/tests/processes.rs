@@ -326,3 +326,150 @@ share_group = "gateways"
         "telemetry: only {processes:?} took part"
     );
 }
+
+/// Sends `signal` (`STOP`, `CONT`) to a process.
+fn signal(process: &Process, signal: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(process.0.id().to_string())
+        .status()
+        .expect("kill");
+    assert!(status.success(), "kill -{signal}");
+}
+
+/// (process, fence, payload) of each message an endpoint handled.
+fn received_with_fences(lines: &Lines, endpoint: &str) -> Vec<(usize, u64, String)> {
+    let prefix = format!("received endpoint={endpoint} from=");
+    lines
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|(id, _, line)| {
+            let rest = line.strip_prefix(&prefix)?;
+            let fence = rest
+                .split(" fence=")
+                .nth(1)?
+                .split(' ')
+                .next()?
+                .parse()
+                .ok()?;
+            let payload = rest.split(" payload=").nth(1)?.to_owned();
+            Some((*id, fence, payload))
+        })
+        .collect()
+}
+
+#[test]
+fn a_paused_leader_does_not_handle_what_arrived_after_its_deadline() {
+    const TTL_MS: u64 = 3_000;
+    let server = RedisServer::start().expect("redis-server");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("pubsub.toml");
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+[locker]
+kind = "redis"
+url = "{}"
+request_timeout_ms = 300
+
+[guards]
+owner = "it"
+active_ttl_ms = {TTL_MS}
+active_interval_ms = 500
+
+[[endpoints]]
+name = "alerts"
+kind = "redis-pubsub"
+patterns = ["alerts.*"]
+"#,
+            server.url()
+        ),
+    )
+    .unwrap();
+    let lines: Lines = Arc::default();
+    let processes: Vec<Process> = (0..3).map(|id| start(id, &path, &lines)).collect();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_connection().unwrap();
+    let mut publish = |payload: String| -> i64 {
+        redis::cmd("PUBLISH")
+            .arg("alerts.fire")
+            .arg(payload)
+            .query(&mut conn)
+            .unwrap()
+    };
+    // A probe shows which process subscribed.
+    let mut probe = 0;
+    let leader = loop {
+        assert!(
+            probe < 100,
+            "no process subscribed: {:?}",
+            lines.lock().unwrap()
+        );
+        publish(format!("probe{probe}"));
+        probe += 1;
+        thread::sleep(Duration::from_millis(100));
+        if let Some((id, _, _)) = received_with_fences(&lines, "alerts").first() {
+            break *id;
+        }
+    };
+
+    // Publish every 20 ms throughout: before, during and after the pause.
+    let publisher = {
+        let url = server.url();
+        thread::spawn(move || {
+            let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
+            for i in 0..600 {
+                let _: i64 = redis::cmd("PUBLISH")
+                    .arg("alerts.fire")
+                    .arg(format!("m{i}"))
+                    .query(&mut conn)
+                    .unwrap();
+                thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    thread::sleep(Duration::from_millis(1_500));
+    signal(&processes[leader], "STOP");
+    // Twice the lease: a standby takes over and handles what arrives,
+    // while the same messages pile up on the paused leader's socket.
+    thread::sleep(Duration::from_millis(2 * TTL_MS));
+    let resumed_at = Instant::now();
+    signal(&processes[leader], "CONT");
+    publisher.join().unwrap();
+    thread::sleep(Duration::from_millis(500));
+    drop(processes);
+
+    let handled = received_with_fences(&lines, "alerts");
+    let mut by: BTreeMap<&str, Vec<(usize, u64)>> = BTreeMap::new();
+    for (id, fence, payload) in &handled {
+        by.entry(payload.as_str()).or_default().push((*id, *fence));
+    }
+    let twice: Vec<_> = by.iter().filter(|(_, h)| h.len() > 1).collect();
+    assert!(twice.is_empty(), "handled twice: {twice:?}");
+    let old_fence = handled.iter().find(|(id, _, _)| *id == leader).unwrap().1;
+    let successor = handled
+        .iter()
+        .find(|(id, _, _)| *id != leader)
+        .expect("a standby took over and handled messages");
+    assert!(
+        successor.1 > old_fence,
+        "{successor:?} after fence {old_fence}"
+    );
+    let late: Vec<_> = lines
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(id, t, l)| {
+            *id == leader && *t > resumed_at && l.starts_with("received endpoint=alerts")
+        })
+        .map(|(_, _, l)| l.clone())
+        .collect();
+    // After waking it may lead again only under a new, higher fence.
+    assert!(
+        late.iter()
+            .all(|l| !l.contains(&format!(" fence={old_fence} "))),
+        "the paused leader handled under its expired lease: {late:?}"
+    );
+}

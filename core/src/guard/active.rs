@@ -15,6 +15,12 @@
 //!   sent at `t` has succeeded by `t + ttl - drift`, even if the backend
 //!   never answers: it stops acting before the server can have expired its
 //!   lease (with clocks that drift by less than `drift` per `ttl`).
+//! - **The lease is checkable where the side effect happens.**
+//!   [`ActiveGuard::lease`] is the fence and that same deadline while
+//!   promoted, `None` otherwise; a runtime publishes it after every step
+//!   into a [`SharedLease`](super::SharedLease) that the consumer checks on
+//!   its own clock before every handler call, so work queued across a pause
+//!   is refused before the runtime has even processed the timeout.
 //! - **Callbacks pair up.** Every `Promote` is followed by at most one
 //!   `Demote`; no `Demote` without a `Promote`.
 //! - **Demote before release.** On stop, explicit demotion and a failed
@@ -29,6 +35,7 @@ use core::time::Duration;
 
 use heapless::Deque;
 
+use super::Lease;
 use crate::lock::{Token, Ttl};
 use crate::time::Instant;
 
@@ -36,9 +43,14 @@ use crate::time::Instant;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum DemoteReason {
-    /// A renewal said the lease is gone or failed; the lease is not
-    /// released (it may belong to someone else now).
+    /// A renewal said the lease is gone (expired, or another token holds
+    /// it); the lease is not released (it may belong to someone else now).
     LeaseLost,
+    /// A renewal failed at the backend (unreachable, an error reply): the
+    /// lease may still be ours, but that cannot be known, so the leader
+    /// stops acting as if it were lost (the original's rule). It is not
+    /// released; it expires on the server.
+    RenewFailed,
     /// No renewal succeeded before the renew deadline.
     RenewDeadline,
     /// The promotion callback failed.
@@ -260,7 +272,8 @@ pub enum Renewed {
     Held,
     /// Gone or held by another token.
     Lost,
-    /// The backend failed: treated as lost, as in the original.
+    /// The backend failed: the leader demotes as if the lease were lost,
+    /// as in the original, and says so ([`DemoteReason::RenewFailed`]).
     Failed,
 }
 
@@ -274,6 +287,9 @@ pub struct ActiveGuard {
     token: Option<Token>,
     /// Promoted: `Promote` emitted and no `Demote` since.
     promoted: bool,
+    /// While promoted: the fence of the newest grant of this leadership
+    /// (the renew-less fallback's re-acquisitions raise it).
+    leader_fence: u64,
     /// While promoted: the renew deadline, send time of the last successful
     /// acquire or renew + ttl - drift. It belongs to the leadership, not to
     /// the token, so it also bounds the renew-less fallback's window.
@@ -305,6 +321,7 @@ impl ActiveGuard {
             renewable,
             token: None,
             promoted: false,
+            leader_fence: 0,
             act_until: None,
             in_flight: None,
             release_when_idle: false,
@@ -328,6 +345,17 @@ impl ActiveGuard {
     /// The fence of the lease held, if any.
     pub fn fence(&self) -> Option<u64> {
         self.token.map(|t| t.fence())
+    }
+
+    /// The lease this replica may act on, if promoted: the fence of its
+    /// newest grant and the renew deadline. Runtimes publish it after
+    /// every step into a [`SharedLease`](super::SharedLease) that the
+    /// consumer checks before every handler call.
+    pub fn lease(&self) -> Option<Lease> {
+        match self.act_until {
+            Some(until) if self.promoted => Some(Lease::new(self.leader_fence, until)),
+            _ => None,
+        }
     }
 
     /// The coarse state.
@@ -419,6 +447,10 @@ impl ActiveGuard {
         let continues = reacquire && self.promoted;
         match result {
             Acquired::Granted(token) if self.stopping || (reacquire && !self.promoted) => {
+                // A re-acquire whose leadership ended while it was in
+                // flight (demoted, failed promotion): give the grant back
+                // and wait one interval, so a standby goes first.
+                self.next_attempt = now.saturating_add(self.config.interval);
                 self.start_release(token, ReleaseFor::Unwanted);
             }
             Acquired::Granted(token) if now >= deadline => {
@@ -431,6 +463,7 @@ impl ActiveGuard {
             Acquired::Granted(token) => {
                 self.token = Some(token);
                 self.act_until = Some(deadline);
+                self.leader_fence = token.fence();
                 self.next_attempt = sent_at.saturating_add(self.config.interval);
                 if !continues {
                     self.promoted = true;
@@ -478,7 +511,11 @@ impl ActiveGuard {
                     // someone else's now.
                     self.token = None;
                     self.release_when_idle = false;
-                    self.demote_with(DemoteReason::LeaseLost);
+                    self.demote_with(if result == Renewed::Lost {
+                        DemoteReason::LeaseLost
+                    } else {
+                        DemoteReason::RenewFailed
+                    });
                 }
                 self.next_attempt = now.saturating_add(self.config.interval);
             }

@@ -12,10 +12,12 @@
 //! turn legitimate redeliveries into losses.
 
 mod active;
+mod lease;
 mod once;
 
 pub use active::{
     Acquired, Action, ActiveConfig, ActiveConfigError, ActiveGuard, DEFAULT_ACTIVE_TTL,
     DemoteReason, Phase, Renewed,
 };
+pub use lease::{Lease, SharedLease};
 pub use once::{DEFAULT_ONCE_TTL, FailPolicy, OnceEvent, OnceGuard, OnceObserver, OnceOutcome};

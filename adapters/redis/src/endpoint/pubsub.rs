@@ -8,6 +8,13 @@
 //! promotion, which releases the lease so another replica can take over;
 //! a subscription that dies while the lease still renews demotes.
 //!
+//! Every message is checked against the lease immediately before the
+//! handler is called ([`guard_smol::LeaseCheck`]): after a pause, messages
+//! buffered on the socket are refused (counted, logged) once the renew
+//! deadline has passed on this replica's monotonic clock, even before the
+//! runner has noticed and demoted. The standby that took over handles its
+//! own copy of them.
+//!
 //! Pub/Sub keeps nothing: messages published while no replica is
 //! subscribed (a failover, a restart) are lost. The guard removes
 //! duplicate consumption; it does not make Pub/Sub at-least-once. Use a
@@ -38,8 +45,9 @@ pub struct PubSubMessage {
     pub pattern: Option<String>,
     /// Its payload.
     pub payload: Vec<u8>,
-    /// The fence of the lease it was received under (0 without a
-    /// locker): pass it to a resource that refuses stale leaders.
+    /// The fence of the lease, checked valid immediately before the
+    /// handler was called (0 without a locker): pass it to a resource
+    /// that refuses stale leaders.
     pub fence: u64,
 }
 
@@ -80,7 +88,7 @@ impl fmt::Debug for PubSubEndpoint {
 /// What woke the consuming side.
 enum Next {
     Message(Option<redis::Msg>),
-    Subscription(Result<Option<(PubSubStream, u64)>, async_channel::RecvError>),
+    Subscription(Result<Option<PubSubStream>, async_channel::RecvError>),
 }
 
 impl PubSubEndpoint {
@@ -155,19 +163,20 @@ impl PubSubEndpoint {
     {
         // Our own handle demotes the runner when the subscription dies.
         let (own, linked) = control.linked();
-        let (tx, rx) = async_channel::unbounded::<Option<(PubSubStream, u64)>>();
+        let lease = self.runner.lease_check();
+        let (tx, rx) = async_channel::unbounded::<Option<PubSubStream>>();
         let elect = async move {
             let (promoted, demoted) = (tx.clone(), tx);
             self.runner
                 .run(
                     linked,
-                    move |fence| {
+                    move |_fence| {
                         let tx = promoted.clone();
                         async move {
                             let stream = self.subscribe().await?;
                             log::info!("Pub/Sub {:?} subscribed", self.patterns);
                             // The receiver lives until the runner returns.
-                            tx.send(Some((stream, fence))).await.ok();
+                            tx.send(Some(stream)).await.ok();
                             Ok::<(), RedisGuardError>(())
                         }
                     },
@@ -182,11 +191,12 @@ impl PubSubEndpoint {
             // Both senders drop with the callbacks: the consumer ends.
         };
         let consume = async {
-            let mut current: Option<(PubSubStream, u64)> = None;
+            let mut current: Option<PubSubStream> = None;
+            let mut refused_since_promotion = 0_u64;
             loop {
                 let next = match current.as_mut() {
                     None => Next::Subscription(rx.recv().await),
-                    Some((stream, _)) => {
+                    Some(stream) => {
                         future::or(async { Next::Message(stream.next().await) }, async {
                             Next::Subscription(rx.recv().await)
                         })
@@ -194,10 +204,26 @@ impl PubSubEndpoint {
                     }
                 };
                 match next {
-                    Next::Subscription(Ok(subscription)) => current = subscription,
+                    Next::Subscription(Ok(subscription)) => {
+                        current = subscription;
+                        refused_since_promotion = 0;
+                    }
                     Next::Subscription(Err(_)) => return,
                     Next::Message(Some(msg)) => {
-                        let fence = current.as_ref().map_or(0, |(_, fence)| *fence);
+                        // The lease is checked where the side effect
+                        // happens: nothing is handled past the deadline.
+                        let Some(fence) = lease.fence() else {
+                            refused_since_promotion += 1;
+                            guard_std::metrics::record_refused_late(self.runner.key());
+                            if refused_since_promotion == 1 {
+                                log::warn!(
+                                    "Pub/Sub {:?}: lease {} past its renew deadline; refusing messages until demoted",
+                                    self.patterns,
+                                    self.runner.key()
+                                );
+                            }
+                            continue;
+                        };
                         handler(PubSubMessage {
                             channel: msg.get_channel_name().to_owned(),
                             pattern: msg.get_pattern().ok(),
