@@ -13,16 +13,48 @@
 //! without `:` is its own domain (`{<key>}`).
 //!
 //! The value of a lock is its token id as 32 lowercase hex digits.
+//!
+//! # Fences that never go backwards
+//!
+//! A fence is `max(counter + 1, TIME in microseconds)` of the server that
+//! grants, and that value becomes the counter. While the counter survives,
+//! fences strictly increase as with a plain counter. When it does not (a
+//! restart without persistence, a failover to a replica that had not
+//! received the last grants), the next grant starts from the server's
+//! clock, which has moved past every earlier grant's clock reading. No
+//! persistence is needed.
+//!
+//! **The exact limit.** After the counter is lost, a fence can repeat or
+//! go backwards only if the granting server's clock (µs since the Unix
+//! epoch) reads no more than the largest fence issued before the loss:
+//! that is, if its clock is behind the clock of the server that issued
+//! that fence, at that grant, by more than the time that has passed
+//! between the two grants (a clock stepped back, or a promoted replica
+//! whose clock lags its old primary by more than the failover takes). The
+//! counter itself runs ahead of the clock only when one domain is granted
+//! more than once per microsecond. Requires Redis 5 or later (scripts
+//! replicate their effects, so `TIME` may precede a write).
 
 use core::fmt;
 
-/// Takes the lock (`SET NX PX`) and, if taken, increments the fence
-/// counter; both keys share a hash slot, so this is one atomic script in
-/// a cluster too. KEYS: lock, fence; ARGV: token hex, TTL in ms. Returns
-/// the fence, or 0 when the key is held.
+/// Takes the lock (`SET NX PX`) and, if taken, advances the fence to
+/// `max(counter + 1, TIME in µs)` (see the module notes); both keys share
+/// a hash slot, so this is one atomic script in a cluster too. KEYS: lock,
+/// fence; ARGV: token hex, TTL in ms. Returns the fence, or 0 when the key
+/// is held.
+///
+/// Lua numbers are doubles: exact up to 2^53, which the clock in µs
+/// reaches in the year 2255.
 pub const ACQUIRE_SCRIPT: &str = r"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return redis.call('INCR', KEYS[2])
+  local now = redis.call('TIME')
+  local floor = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  local fence = (tonumber(redis.call('GET', KEYS[2])) or 0) + 1
+  if fence < floor then
+    fence = floor
+  end
+  redis.call('SET', KEYS[2], string.format('%.0f', fence))
+  return fence
 end
 return 0
 ";
