@@ -218,3 +218,35 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn prefixes_and_raw_keys_that_would_split_cluster_slots_are_refused() {
+    use guard_core::lock::check_prefix;
+    use guard_core::lock::redis::{InvalidRedisKey, RedisKeys};
+    let s = scope("consumer", &[]);
+    // A guard prefix with a brace: refused by the key builders, named.
+    for prefix in ["}", "p{", "a}b:"] {
+        assert_eq!(check_prefix(prefix), Err(KeyError::BraceInPrefix));
+        assert_eq!(once_key(prefix, &s, "m1"), Err(KeyError::BraceInPrefix));
+        assert_eq!(active_key(prefix, &s), Err(KeyError::BraceInPrefix));
+    }
+    assert!(
+        KeyError::BraceInPrefix.to_string().contains("'{' or '}'"),
+        "the message names the rule"
+    );
+    // A locker prefix with a brace, and raw keys whose domain starts with
+    // '}' (an empty hash tag): refused where the Redis keys are built.
+    assert_eq!(
+        RedisKeys::new("p{", "guard:once:s:1"),
+        Err(InvalidRedisKey::BraceInPrefix)
+    );
+    for key in ["}x:1", "}", "}once:scope:slot"] {
+        assert_eq!(
+            RedisKeys::new("", key),
+            Err(InvalidRedisKey::DomainStartsWithBrace),
+            "{key}"
+        );
+    }
+    // A brace later in a raw domain leaves both keys on one tag.
+    assert!(RedisKeys::new("prod1:", "a}b:1").is_ok());
+}

@@ -33,7 +33,7 @@ pub mod time;
 pub use active::{ActiveControl, ActiveRunner, DEFAULT_RELEASE_TIMEOUT};
 pub use ram_locker::{RamLocker, RamLockerError};
 pub use resp_locker::{
-    MAX_PREFIX, PrefixTooLong, RespError, RespLocker, ServerMessage, exchange, server_message,
+    InvalidPrefix, MAX_PREFIX, RespError, RespLocker, ServerMessage, exchange, server_message,
 };
 pub use retry::retry;
 pub use slots::{SlotRun, run_slots};

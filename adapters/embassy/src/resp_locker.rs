@@ -20,7 +20,9 @@ use core::fmt;
 use embassy_sync::blocking_mutex::raw::RawMutex;
 use embassy_sync::mutex::Mutex;
 use embedded_io_async::{Read, Write};
-use guard_core::lock::redis::{ACQUIRE_SCRIPT, RELEASE_SCRIPT, RENEW_SCRIPT, RedisKeys};
+use guard_core::lock::redis::{
+    ACQUIRE_SCRIPT, InvalidRedisKey, RELEASE_SCRIPT, RENEW_SCRIPT, RedisKeys, check_prefix,
+};
 use guard_core::lock::{LeaseRenewer, Locker, Renewal, Token, TokenId, Ttl, UnlockError};
 
 use crate::resp::{BufferFull, CommandWriter, Frame, ParseError, parse};
@@ -46,8 +48,9 @@ pub enum RespError<E> {
     UnexpectedReply,
     /// The request or the reply does not fit the buffer.
     BufferFull(BufferFull),
-    /// The lock key is empty.
-    EmptyKey,
+    /// The lock key cannot be stored (empty, or its domain starts with
+    /// `}`): see [`InvalidRedisKey`].
+    InvalidKey(InvalidRedisKey),
     /// An earlier request was abandoned half-way; replace the connection.
     Desynchronized,
 }
@@ -61,7 +64,7 @@ impl<E: fmt::Debug> fmt::Display for RespError<E> {
             RespError::Server(m) => write!(f, "redis: {m}"),
             RespError::UnexpectedReply => f.write_str("redis: unexpected reply to a lock script"),
             RespError::BufferFull(e) => write!(f, "{e}"),
-            RespError::EmptyKey => f.write_str("a lock key must not be empty"),
+            RespError::InvalidKey(e) => write!(f, "{e}"),
             RespError::Desynchronized => f.write_str(
                 "an earlier request was abandoned half-way; the connection must be replaced",
             ),
@@ -71,17 +74,26 @@ impl<E: fmt::Debug> fmt::Display for RespError<E> {
 
 impl<E: fmt::Debug> core::error::Error for RespError<E> {}
 
-/// A prefix longer than [`MAX_PREFIX`].
+/// A key prefix that cannot be used.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PrefixTooLong;
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum InvalidPrefix {
+    /// Longer than [`MAX_PREFIX`] bytes.
+    TooLong,
+    /// Contains `{` or `}`, which would move the cluster hash tag.
+    Brace,
+}
 
-impl fmt::Display for PrefixTooLong {
+impl fmt::Display for InvalidPrefix {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "key prefix longer than {MAX_PREFIX} bytes")
+        match self {
+            InvalidPrefix::TooLong => write!(f, "key prefix longer than {MAX_PREFIX} bytes"),
+            InvalidPrefix::Brace => write!(f, "{}", InvalidRedisKey::BraceInPrefix),
+        }
     }
 }
 
-impl core::error::Error for PrefixTooLong {}
+impl core::error::Error for InvalidPrefix {}
 
 struct Conn<C, const N: usize> {
     io: C,
@@ -165,13 +177,16 @@ impl<M: RawMutex, C: Read + Write, const N: usize> RespLocker<M, C, N> {
 
     /// Prefixes every Redis key with `prefix` (a `:` is appended if
     /// missing, as guard-redis does); blank means none.
-    pub fn with_prefix(mut self, prefix: &str) -> Result<Self, PrefixTooLong> {
+    pub fn with_prefix(mut self, prefix: &str) -> Result<Self, InvalidPrefix> {
         let prefix = prefix.trim();
+        check_prefix(prefix).map_err(|_| InvalidPrefix::Brace)?;
         self.prefix.clear();
         if !prefix.is_empty() {
-            self.prefix.push_str(prefix).map_err(|_| PrefixTooLong)?;
+            self.prefix
+                .push_str(prefix)
+                .map_err(|_| InvalidPrefix::TooLong)?;
             if !prefix.ends_with(':') {
-                self.prefix.push(':').map_err(|_| PrefixTooLong)?;
+                self.prefix.push(':').map_err(|_| InvalidPrefix::TooLong)?;
             }
         }
         Ok(self)
@@ -200,7 +215,7 @@ impl<M: RawMutex, C: Read + Write, const N: usize> RespLocker<M, C, N> {
         token: &TokenId,
         ttl: Option<Ttl>,
     ) -> Result<i64, RespError<C::Error>> {
-        let keys = RedisKeys::new(&self.prefix, key).map_err(|_| RespError::EmptyKey)?;
+        let keys = RedisKeys::new(&self.prefix, key).map_err(RespError::InvalidKey)?;
         let mut guard = self.conn.lock().await;
         let conn = &mut *guard;
         if conn.out_of_step {

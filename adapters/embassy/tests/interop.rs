@@ -8,6 +8,7 @@ use std::time::Duration;
 use embassy_sync::blocking_mutex::raw::CriticalSectionRawMutex;
 use embedded_io_adapters::futures_03::FromFutures;
 use futures_lite::future;
+use guard_core::lock::redis::InvalidRedisKey;
 use guard_core::lock::{LeaseRenewer, Locker, Renewal, Ttl, UnlockError};
 use guard_embassy::{RespError, RespLocker};
 use guard_redis::testkit::RedisServer;
@@ -34,7 +35,10 @@ async fn lockers(server: &RedisServer, prefix: &str) -> (Embedded, RedisLocker) 
     )
     .await
     .unwrap();
-    (embedded, RedisLocker::new(conn).with_prefix(prefix))
+    (
+        embedded,
+        RedisLocker::new(conn).with_prefix(prefix).unwrap(),
+    )
 }
 
 /// Whether `request` was still waiting after 100 ms (then it is dropped
@@ -193,7 +197,7 @@ fn server_errors_and_abandoned_requests_are_reported() {
         mcu.unlock("k:other", &token).await.unwrap();
         assert!(matches!(
             mcu.try_lock("", ttl(1_000)).await,
-            Err(RespError::EmptyKey)
+            Err(RespError::InvalidKey(InvalidRedisKey::Empty))
         ));
 
         // A server that never answers: the request is abandoned by a

@@ -4,6 +4,7 @@ use std::fmt;
 
 use guard_core::lock::redis::{
     ACQUIRE_SCRIPT as ACQUIRE, RELEASE_SCRIPT as RELEASE, RENEW_SCRIPT as RENEW, RedisKeys,
+    check_prefix,
 };
 use guard_core::lock::{LeaseRenewer, Locker, Renewal, Token, TokenId, Ttl, UnlockError};
 use guard_std::TokenIds;
@@ -15,8 +16,8 @@ use crate::error::RedisGuardError;
 /// The Redis keys of lock `key`: `(lock, fence counter)`, as laid out by
 /// [`guard_core::lock::redis`] (shared with the embedded locker).
 pub fn lock_keys(prefix: &str, key: &str) -> Result<(String, String), RedisGuardError> {
-    let keys =
-        RedisKeys::new(prefix, key).map_err(|e| RedisGuardError::InvalidInput(e.to_string()))?;
+    let keys = RedisKeys::new(prefix, key)
+        .map_err(|e| RedisGuardError::InvalidInput(format!("lock key {key:?}: {e}")))?;
     Ok((keys.lock().to_string(), keys.fence().to_string()))
 }
 
@@ -62,14 +63,18 @@ impl RedisLocker {
 
     /// Prefixes every Redis key with `prefix` (a `:` is appended if
     /// missing, as the original's prefix wrapper did); blank means none.
-    pub fn with_prefix(mut self, prefix: &str) -> Self {
+    /// A prefix with `{` or `}` is refused: it would put a lock and its
+    /// fence counter in different cluster slots.
+    pub fn with_prefix(mut self, prefix: &str) -> Result<Self, RedisGuardError> {
         let prefix = prefix.trim();
+        check_prefix(prefix)
+            .map_err(|e| RedisGuardError::InvalidInput(format!("locker prefix {prefix:?}: {e}")))?;
         self.prefix = if prefix.is_empty() || prefix.ends_with(':') {
             prefix.to_owned()
         } else {
             format!("{prefix}:")
         };
-        self
+        Ok(self)
     }
 
     /// The acquire script (KEYS: lock, fence; ARGV: token, TTL in ms),

@@ -80,11 +80,28 @@ fn the_key_layout_is_as_documented() {
 }
 
 #[test]
+fn a_prefix_or_key_that_would_split_cluster_slots_is_refused_with_its_value() {
+    let server = RedisServer::start().expect("redis-server");
+    let locker = connect(Topology::Standalone { url: server.url() });
+    let e = locker.with_prefix("p{").unwrap_err().to_string();
+    assert!(e.contains("\"p{\"") && e.contains("hash tag"), "{e}");
+    let e = lock_keys("", "}x:1").unwrap_err().to_string();
+    assert!(
+        e.contains("\"}x:1\"") && e.contains("start with '}'"),
+        "{e}"
+    );
+}
+
+#[test]
 fn a_prefix_namespaces_environments() {
     let server = RedisServer::start().expect("redis-server");
     let url = server.url();
-    let prod = connect(Topology::Standalone { url: url.clone() }).with_prefix("prod1");
-    let staging = connect(Topology::Standalone { url }).with_prefix("staging:");
+    let prod = connect(Topology::Standalone { url: url.clone() })
+        .with_prefix("prod1")
+        .unwrap();
+    let staging = connect(Topology::Standalone { url })
+        .with_prefix("staging:")
+        .unwrap();
     let ttl = guard_core::lock::Ttl::from_secs(10).unwrap();
     use guard_core::lock::Locker;
     assert!(

@@ -761,6 +761,16 @@ impl FileConfig {
         if l.kind != LockerKind::Redis {
             return Ok(());
         }
+        if guard_core::lock::redis::check_prefix(l.prefix.trim()).is_err() {
+            // A brace would move the hash tag that keeps a lock and its
+            // fence counter in one cluster slot: every acquisition would
+            // fail with CROSSSLOT at run time.
+            return Err(invalid(
+                "locker.prefix",
+                format!("{:?}", l.prefix),
+                "a prefix without '{' or '}' (they would move the Redis Cluster hash tag)",
+            ));
+        }
         if l.request_timeout_ms == 0 {
             return Err(invalid(
                 "locker.request_timeout_ms",

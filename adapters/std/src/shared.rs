@@ -243,10 +243,14 @@ impl GuardConfig {
         self
     }
 
-    /// The key prefix (an environment namespace, e.g. `prod1:guard:`).
-    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = prefix.into();
-        self
+    /// The key prefix (an environment namespace, e.g. `prod1:guard:`);
+    /// refused if it contains `{` or `}`
+    /// ([`check_prefix`](guard_core::lock::check_prefix)).
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Result<Self, KeyError> {
+        let prefix = prefix.into();
+        guard_core::lock::check_prefix(&prefix)?;
+        self.prefix = prefix;
+        Ok(self)
     }
 
     /// The locker, if one is injected.

@@ -135,6 +135,20 @@ fn bad_enumerations_name_the_allowed_values() {
 }
 
 #[test]
+fn a_locker_prefix_with_a_brace_is_refused_before_it_reaches_redis() {
+    let e =
+        error("[locker]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:6379/\"\nprefix = \"p{\"\n");
+    assert!(
+        e.contains("`locker.prefix` = \"p{\"") && e.contains("without '{' or '}'"),
+        "{e}"
+    );
+    assert!(
+        guard_std::GuardConfig::new().with_prefix("}").is_err(),
+        "a guard prefix with a brace"
+    );
+}
+
+#[test]
 fn out_of_range_values_name_the_key_value_and_range() {
     let cases = [
         (

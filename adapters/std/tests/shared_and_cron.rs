@@ -78,7 +78,8 @@ fn guard_config_carries_locker_owner_and_prefix() {
     let config = GuardConfig::new()
         .with_locker(SharedLocker::new(LocalLocker::new()))
         .with_owner("tenant1")
-        .with_prefix("prod1:guard:");
+        .with_prefix("prod1:guard:")
+        .unwrap();
     assert!(config.locker().is_some_and(SharedLocker::can_renew));
     assert_eq!(
         config

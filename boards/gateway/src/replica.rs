@@ -152,7 +152,9 @@ pub async fn build(config: &FileConfig) -> Result<Built, GatewayError> {
         (LockerKind::None, _) => None,
         (LockerKind::Local, _) => Some(SharedLocker::new(LocalLocker::new())),
         (LockerKind::Redis, Some(conn)) => Some(SharedLocker::new(
-            RedisLocker::new(conn.clone()).with_prefix(&config.locker.prefix),
+            RedisLocker::new(conn.clone())
+                .with_prefix(&config.locker.prefix)
+                .map_err(error)?,
         )),
         (LockerKind::Redis, None) => None,
     };

@@ -183,6 +183,10 @@ impl<'l, L: Locker + ?Sized, O: OnceObserver> OnceGuard<'l, L, O> {
     }
 
     /// The key prefix (an environment namespace such as `prod1:guard:`).
+    /// A prefix with `{` or `}` makes every `allow` fail with
+    /// [`KeyError::BraceInPrefix`] (never a silent skip); check it where it
+    /// enters with [`check_prefix`](crate::lock::check_prefix), as
+    /// guard-std's `GuardConfig::with_prefix` does.
     pub fn with_prefix(mut self, prefix: &'l str) -> Self {
         self.prefix = prefix;
         self

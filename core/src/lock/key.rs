@@ -38,6 +38,10 @@ pub enum KeyError {
     },
     /// A segment label must be non-empty and use only `a-z`, `0-9`, `_`, `-`.
     InvalidLabel,
+    /// A key prefix must not contain `{` or `}`: the Redis lockers put the
+    /// hash tag that keeps a lock and its fence counter in one cluster
+    /// slot, and a brace in the prefix would move it.
+    BraceInPrefix,
 }
 
 impl fmt::Display for KeyError {
@@ -47,6 +51,9 @@ impl fmt::Display for KeyError {
             KeyError::InvalidLabel => {
                 f.write_str("segment label must be non-empty and use only a-z, 0-9, '_' and '-'")
             }
+            KeyError::BraceInPrefix => f.write_str(
+                "a key prefix must not contain '{' or '}' (they would move the Redis Cluster hash tag)",
+            ),
         }
     }
 }
@@ -134,13 +141,32 @@ impl fmt::Display for Scope {
     }
 }
 
+/// Checks a guard key prefix: anything but `{` and `}`, which would move
+/// the hash tag the Redis lockers add (a lock and its fence counter would
+/// land in different cluster slots, and every acquisition would fail).
+///
+/// ```
+/// use guard_core::lock::{KeyError, check_prefix};
+///
+/// assert_eq!(check_prefix("prod1:guard:"), Ok(()));
+/// assert_eq!(check_prefix("p{"), Err(KeyError::BraceInPrefix));
+/// ```
+pub fn check_prefix(prefix: &str) -> Result<(), KeyError> {
+    if prefix.contains(['{', '}']) {
+        return Err(KeyError::BraceInPrefix);
+    }
+    Ok(())
+}
+
 /// `<prefix>once:<scope>:<delivery key>`, the delivery key escaped. The
-/// prefix is used as given (by convention it ends with `:`).
+/// prefix is used as given (by convention it ends with `:`) and checked
+/// with [`check_prefix`].
 pub fn once_key(
     prefix: &str,
     scope: &Scope,
     delivery_key: &str,
 ) -> Result<String<MAX_KEY_LEN>, KeyError> {
+    check_prefix(prefix)?;
     let mut key = String::new();
     push_raw(&mut key, prefix)?;
     push_raw(&mut key, "once:")?;
@@ -150,8 +176,9 @@ pub fn once_key(
     Ok(key)
 }
 
-/// `<prefix>active:<scope>`.
+/// `<prefix>active:<scope>`; the prefix is checked with [`check_prefix`].
 pub fn active_key(prefix: &str, scope: &Scope) -> Result<String<MAX_KEY_LEN>, KeyError> {
+    check_prefix(prefix)?;
     let mut key = String::new();
     push_raw(&mut key, prefix)?;
     push_raw(&mut key, "active:")?;

@@ -19,7 +19,9 @@ pub mod redis;
 mod token;
 mod wait;
 
-pub use key::{DEFAULT_PREFIX, KeyError, MAX_KEY_LEN, MAX_SCOPE_LEN, Scope, active_key, once_key};
+pub use key::{
+    DEFAULT_PREFIX, KeyError, MAX_KEY_LEN, MAX_SCOPE_LEN, Scope, active_key, check_prefix, once_key,
+};
 pub use token::{Token, TokenId};
 pub use wait::{DEFAULT_POLL, LockWithRetryError, LockerExt};
 

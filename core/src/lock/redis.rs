@@ -77,18 +77,45 @@ end
 return 0
 ";
 
-/// A lock key that cannot be stored.
+/// A lock key or prefix that cannot be stored so that the lock and its
+/// fence counter share one Redis Cluster slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
-pub struct EmptyKey;
+#[non_exhaustive]
+pub enum InvalidRedisKey {
+    /// The lock key is empty.
+    Empty,
+    /// The prefix contains `{` or `}`, which would move the hash tag.
+    BraceInPrefix,
+    /// The key's domain (the part before its last `:`, or the whole key)
+    /// starts with `}`: the hash tag `{}` would be empty, so Redis would
+    /// hash the lock and the fence counter by their whole names.
+    DomainStartsWithBrace,
+}
 
-impl fmt::Display for EmptyKey {
+impl fmt::Display for InvalidRedisKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a lock key must not be empty")
+        f.write_str(match self {
+            InvalidRedisKey::Empty => "a lock key must not be empty",
+            InvalidRedisKey::BraceInPrefix => {
+                "a Redis key prefix must not contain '{' or '}' (they would move the cluster hash tag)"
+            }
+            InvalidRedisKey::DomainStartsWithBrace => {
+                "a lock key's domain (before its last ':') must not start with '}' (the cluster hash tag would be empty)"
+            }
+        })
     }
 }
 
-impl core::error::Error for EmptyKey {}
+impl core::error::Error for InvalidRedisKey {}
+
+/// Checks a Redis key prefix (see [`InvalidRedisKey::BraceInPrefix`]).
+pub fn check_prefix(prefix: &str) -> Result<(), InvalidRedisKey> {
+    if prefix.contains(['{', '}']) {
+        return Err(InvalidRedisKey::BraceInPrefix);
+    }
+    Ok(())
+}
 
 /// The Redis keys of one lock key; see the module documentation.
 ///
@@ -98,7 +125,7 @@ impl core::error::Error for EmptyKey {}
 /// let keys = RedisKeys::new("prod1:", "guard:once:report:1700000000000")?;
 /// assert_eq!(keys.lock().to_string(), "prod1:{guard:once:report}:1700000000000");
 /// assert_eq!(keys.fence().to_string(), "prod1:fence:{guard:once:report}");
-/// # Ok::<(), guard_core::lock::redis::EmptyKey>(())
+/// # Ok::<(), guard_core::lock::redis::InvalidRedisKey>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RedisKeys<'a> {
@@ -108,15 +135,20 @@ pub struct RedisKeys<'a> {
 }
 
 impl<'a> RedisKeys<'a> {
-    /// The keys of `key` under `prefix` (empty for none).
-    pub fn new(prefix: &'a str, key: &'a str) -> Result<Self, EmptyKey> {
+    /// The keys of `key` under `prefix` (empty for none); refuses what
+    /// would split the lock and its counter across cluster slots.
+    pub fn new(prefix: &'a str, key: &'a str) -> Result<Self, InvalidRedisKey> {
         if key.is_empty() {
-            return Err(EmptyKey);
+            return Err(InvalidRedisKey::Empty);
         }
+        check_prefix(prefix)?;
         let (domain, last) = match key.rsplit_once(':') {
             Some((domain, last)) if !domain.is_empty() => (domain, Some(last)),
             _ => (key, None),
         };
+        if domain.starts_with('}') {
+            return Err(InvalidRedisKey::DomainStartsWithBrace);
+        }
         Ok(RedisKeys {
             prefix,
             domain,
