@@ -14,11 +14,12 @@ use core::hash::{BuildHasher, Hash};
 pub(crate) const WAYS: usize = 8;
 
 /// Where an insert put the key.
-pub(crate) enum Placed {
+pub(crate) enum Placed<K, V> {
     /// Into a free slot.
     Free,
-    /// Over an entry the caller allowed to be forgotten.
-    Replaced,
+    /// Over an entry the caller allowed to be forgotten; here it is, so
+    /// the caller can record what it forgot.
+    Replaced(K, V),
 }
 
 /// A table of at most `N` keys; see the module notes.
@@ -120,7 +121,7 @@ impl<K: Eq, V, const N: usize> SetTable<K, V, N> {
         value: V,
         forgettable: impl Fn(&V) -> bool,
         rehash: impl Fn(&K) -> u64,
-    ) -> Result<Placed, (K, V)> {
+    ) -> Result<Placed<K, V>, (K, V)> {
         let [a, b] = candidate_sets(N, hash);
         let free_in = |set: usize| {
             set_range(N, set)
@@ -147,8 +148,13 @@ impl<K: Eq, V, const N: usize> SetTable<K, V, N> {
             .or_else(|| stale(b))
             .and_then(|i| self.slots.get_mut(i))
         {
-            *slot = Some((key, value));
-            return Ok(Placed::Replaced);
+            if let Some((old_key, old_value)) = slot.replace((key, value)) {
+                return Ok(Placed::Replaced(old_key, old_value));
+            }
+            // `stale` only finds occupied slots; were this one empty, the
+            // key still went in and the count follows.
+            self.len = self.len.saturating_add(1);
+            return Ok(Placed::Free);
         }
         if let Some(slot) = self
             .move_a_resident_out(a, &rehash)
@@ -199,7 +205,7 @@ impl<K: Eq, V, const N: usize> SetTable<K, V, N> {
     }
 
     /// Removes every entry for which `forget` is true; returns how many.
-    pub(crate) fn remove_where(&mut self, forget: impl Fn(&K, &V) -> bool) -> usize {
+    pub(crate) fn remove_where(&mut self, mut forget: impl FnMut(&K, &V) -> bool) -> usize {
         let mut removed = 0usize;
         for slot in self.slots.iter_mut() {
             if slot.as_ref().is_some_and(|(k, v)| forget(k, v)) {
@@ -273,7 +279,7 @@ mod tests {
         assert!(t.insert(h(99), 99, false, |_| false, |&k| h(k)).is_err());
         assert!(matches!(
             t.insert(h(99), 99, false, |forgettable| *forgettable, |&k| h(k)),
-            Ok(Placed::Replaced)
+            Ok(Placed::Replaced(3, true))
         ));
         assert!(t.find(h(3), &3).is_none());
         assert!(t.find(h(99), &99).is_some());

@@ -273,6 +273,56 @@ fn constructors_reject_impossible_parameters_with_clear_messages() {
     );
 }
 
+/// A capacity times interval beyond the clock's range used to saturate the
+/// bucket's arithmetic and admit every call; it is refused, and the
+/// largest one that fits is accepted.
+#[test]
+fn buckets_whose_capacity_times_interval_overflows_the_clock_are_refused() {
+    let year = Duration::from_secs(365 * 24 * 3600);
+    for (capacity, rate, interval_nanos) in [
+        (2, Rate::per(1, Duration::MAX), Duration::MAX.as_nanos()),
+        (3, Rate::per(1, year * 300), (year * 300).as_nanos()),
+        (10, Rate::per(1, year * 100), (year * 100).as_nanos()),
+        (
+            1,
+            Rate::per(1, Duration::from_nanos(u64::MAX)),
+            u128::from(u64::MAX),
+        ),
+    ] {
+        let refused = LimiterError::CapacityTimesIntervalTooLong {
+            capacity,
+            interval_nanos,
+        };
+        assert_eq!(TokenBucket::new(capacity, rate), Err(refused));
+        assert_eq!(LeakyBucket::new(capacity, rate), Err(refused));
+    }
+    assert_eq!(
+        TokenBucket::new(3, Rate::per(1, year * 300))
+            .unwrap_err()
+            .to_string(),
+        "capacity 3 times the interval of 9460800000000000000 ns must fit in the clock's \
+         range of 18446744073709551614 ns (about 584 years): lower the capacity or raise the rate"
+    );
+    // A period beyond 64 bits of nanoseconds is divided exactly, never
+    // shortened to fit.
+    assert_eq!(
+        Rate::per(1, Duration::MAX).interval_nanos(),
+        Err(LimiterError::CapacityTimesIntervalTooLong {
+            capacity: 1,
+            interval_nanos: Duration::MAX.as_nanos()
+        })
+    );
+    assert_eq!(
+        Rate::per(u32::MAX, Duration::MAX).interval_nanos(),
+        Ok(Duration::MAX.as_nanos().div_ceil(u128::from(u32::MAX)) as u64)
+    );
+    // The largest that fit.
+    assert!(TokenBucket::new(1, Rate::per(1, Duration::from_nanos(u64::MAX - 1))).is_ok());
+    assert!(TokenBucket::new(2, Rate::per(1, Duration::from_nanos((u64::MAX - 1) / 2))).is_ok());
+    assert!(TokenBucket::new(u32::MAX, Rate::per(1, Duration::from_nanos(1 << 32))).is_ok());
+    assert!(TokenBucket::new(u32::MAX, Rate::per(1, Duration::from_nanos((1 << 32) + 2))).is_err());
+}
+
 #[test]
 fn rate_interval_rounds_up_so_limiters_never_run_fast() {
     assert_eq!(
@@ -289,7 +339,10 @@ fn rate_interval_rounds_up_so_limiters_never_run_fast() {
 fn extreme_instants_do_not_panic() {
     let mut b = token(u32::MAX, u32::MAX);
     let mut s = Limiter::new(SlidingWindow::<2>::new(Duration::MAX, 2).unwrap());
-    let mut k = Limiter::new(LeakyBucket::new(1, Rate::per(1, Duration::MAX)).unwrap());
+    // The slowest bucket accepted: one unit per clock range.
+    let mut k = Limiter::new(
+        LeakyBucket::new(1, Rate::per(1, Duration::from_nanos(u64::MAX - 1))).unwrap(),
+    );
     for now in [
         Instant::ZERO,
         Instant::MAX,

@@ -16,6 +16,11 @@ use crate::time::Instant;
 /// forward by one refill interval, and only a caller whose CAS succeeded
 /// was admitted.
 ///
+/// It keeps the token bucket's budget on any clock, readings out of order
+/// and up to [`Instant::MAX`] included, and a reading far in the future
+/// holds it back the same way, saying so in each denial (see
+/// [`super::Bucket`]); [`Self::reset`] recovers it.
+///
 /// Available where the target has compare-and-swap, or with the crate
 /// feature `critical-section` (required on Cortex-M0, recommended on other
 /// 32-bit Cortex-M when shared with interrupt handlers: see [`crate::sync`]).

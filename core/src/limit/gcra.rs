@@ -30,18 +30,44 @@ pub(crate) struct Gcra {
 }
 
 impl Gcra {
+    /// Validates the parameters. Invariant established here, on which
+    /// every decision relies: `capacity * interval <= BucketState::LATEST`,
+    /// so `tolerance` is exact (a saturated tolerance would admit every
+    /// call) and a full burst from the origin fits in the state.
     const fn new(capacity: u32, rate: Rate) -> Result<Self, LimiterError> {
         if capacity == 0 {
             return Err(LimiterError::ZeroCapacity);
         }
-        let interval = match rate.interval_nanos() {
+        let interval = match rate.exact_interval_nanos() {
             Ok(interval) => interval,
             Err(e) => return Err(e),
         };
+        let too_long = LimiterError::CapacityTimesIntervalTooLong {
+            capacity,
+            interval_nanos: interval,
+        };
+        // A u32 times a u128 below 2^64 cannot overflow u128; the checked
+        // form also covers an interval above 2^64 (then it is refused).
+        let span = match interval.checked_mul(capacity as u128) {
+            Some(span) => span,
+            None => return Err(too_long),
+        };
+        if span > BucketState::LATEST.as_nanos() as u128 {
+            return Err(too_long);
+        }
+        #[allow(
+            clippy::cast_possible_truncation,
+            reason = "interval <= span <= BucketState::LATEST < u64::MAX"
+        )]
+        let interval = interval as u64;
+        #[allow(
+            clippy::cast_possible_truncation,
+            reason = "tolerance < span <= BucketState::LATEST < u64::MAX"
+        )]
+        let tolerance = span.saturating_sub(interval as u128) as u64;
         Ok(Gcra {
             interval,
-            // capacity >= 1 was checked above, so the subtraction cannot wrap.
-            tolerance: (capacity as u64).saturating_sub(1).saturating_mul(interval),
+            tolerance,
         })
     }
 
@@ -51,14 +77,24 @@ impl Gcra {
     /// than a previous one (a clock read out of order) only finds less room:
     /// it never refills and never moves the state backwards, because the new
     /// settle instant is `max(tat, now) + interval`.
+    ///
+    /// Every admission moves the settle instant forward by a whole
+    /// interval, exactly: when `max(tat, now) + interval` would pass
+    /// [`BucketState::LATEST`], the call is refused, with `Err(u64::MAX)`
+    /// (no later reading can be admitted either). Clamping it instead
+    /// would leave the state where the next call finds it refilled, and a
+    /// reading at the end of the clock would admit every call.
     #[inline]
     pub(crate) const fn decide(&self, tat: u64, now: u64) -> Result<u64, u64> {
+        // tat - tolerance below zero means the bucket admits at any reading.
         let admit_from = tat.saturating_sub(self.tolerance);
-        if now >= admit_from {
-            let base = if tat > now { tat } else { now };
-            Ok(base.saturating_add(self.interval))
-        } else {
-            Err(admit_from)
+        if now < admit_from {
+            return Err(admit_from);
+        }
+        let base = if tat > now { tat } else { now };
+        match base.checked_add(self.interval) {
+            Some(next) if next <= BucketState::LATEST.as_nanos() => Ok(next),
+            _ => Err(u64::MAX),
         }
     }
 
@@ -93,7 +129,8 @@ impl Gcra {
 ///
 /// The default value is a new key. Eight bytes per key, with a niche:
 /// `Option<(u64, BucketState)>` is 16 bytes, so a keyed table of integer
-/// keys spends 16 bytes a slot.
+/// keys spends 16 bytes a slot. The niche costs the last nanosecond of the
+/// clock: a state settles at [`BucketState::LATEST`] at the latest.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub struct BucketState {
@@ -108,8 +145,14 @@ impl BucketState {
     /// A new key's state: settled since the origin.
     const NEW: BucketState = BucketState::settling_at(Instant::ZERO);
 
+    /// The latest settle instant a state can hold, one nanosecond before
+    /// [`Instant::MAX`]. A bucket never moves its state past it: an
+    /// admission that would is refused.
+    pub const LATEST: Instant = Instant::from_nanos(u64::MAX - 1);
+
     /// A state that settles at `at` (for storage layers that persist it).
-    /// `Instant::MAX` is stored one nanosecond earlier.
+    /// `Instant::MAX` is stored one nanosecond earlier, as
+    /// [`BucketState::LATEST`].
     pub const fn settling_at(at: Instant) -> Self {
         let inverted = match NonZeroU64::new(!at.as_nanos()) {
             Some(inverted) => inverted,
@@ -142,6 +185,35 @@ impl fmt::Debug for BucketState {
 /// [`TokenBucket`] (tokens, a new key starts full) or [`LeakyBucket`]
 /// (water, a new key starts empty). Both decide identically; see the
 /// module notes.
+///
+/// # The budget, on any clock
+///
+/// Over calls whose readings span `min..=max`, in any order, a key is
+/// admitted at most `capacity + (max - min) / interval` times (integer
+/// division), where `interval` is the rate's `period / amount`. This holds
+/// for every parameter the constructor accepts and every reading up to
+/// [`Instant::MAX`]:
+///
+/// - The constructor refuses a capacity times interval beyond the clock's
+///   range ([`LimiterError::CapacityTimesIntervalTooLong`]), so no bucket
+///   arithmetic saturates.
+/// - The state is the instant at which the bucket has settled, and it
+///   never moves backwards. An admission whose settle instant would pass
+///   [`BucketState::LATEST`] is refused: nothing is admitted at
+///   [`Instant::MAX`], and near it only what the state can record. Such a
+///   denial's `retry_after` reaches to the end of the clock.
+///
+/// # A reading far in the future
+///
+/// A single reading far ahead of the clock (a faulty clock source, a
+/// corrupted timestamp) moves the settle instant there, as any reading
+/// would. Every later call at an ordinary reading is then denied until the
+/// clock reaches it, and each denial says so: its `retry_after` is the
+/// time until that far reading (plus the intervals admitted at it), not a
+/// short wait. Nothing recovers the key on its own, because an earlier
+/// reading is indistinguishable from a clock read out of order; forget the
+/// state to recover it ([`super::Limiter::reset`],
+/// [`super::AtomicTokenBucket::reset`], [`super::Keyed::forget`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub struct Bucket<V> {
@@ -191,7 +263,8 @@ impl<V> Bucket<V> {
     /// A bucket of `capacity` units that refills (token view) or drains
     /// (water view) at `rate`.
     ///
-    /// Errors on a zero capacity, a zero amount or a zero period.
+    /// Errors on a zero capacity, a zero amount, a zero period, or a
+    /// capacity times interval beyond the clock's range (about 584 years).
     pub const fn new(capacity: u32, rate: Rate) -> Result<Self, LimiterError> {
         match Gcra::new(capacity, rate) {
             Ok(gcra) => Ok(Bucket {
@@ -265,7 +338,13 @@ impl<V> Algorithm for Bucket<V> {
         }
     }
 
-    fn fresh_at(&self, state: &BucketState) -> Instant {
-        state.settles_at()
+    fn fresh_at(&self, state: &BucketState) -> Option<Instant> {
+        Some(state.settles_at())
+    }
+
+    /// Settled exactly at `at`: a state that settled earlier has at least
+    /// as much room at every reading.
+    fn state_settled_at(&self, at: Instant) -> BucketState {
+        BucketState::settling_at(at)
     }
 }

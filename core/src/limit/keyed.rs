@@ -23,9 +23,11 @@ const DEFAULT_SEED: u64 = 0x6775_6172_645f_6b65; // "guard_ke"
 /// What a [`Keyed`] table does with a new key when the key's slots are all
 /// taken by keys that are still limited.
 ///
-/// Only entries whose state is indistinguishable from a new key are ever
-/// replaced, so eviction never hands a busy key a fresh bucket. When none
-/// is, one of these applies.
+/// Only entries whose state is indistinguishable from a new key at the
+/// caller's reading are ever replaced, and a key that comes back with an
+/// earlier reading starts no newer than it was forgotten (see [`Keyed`]),
+/// so eviction never hands a busy key a fresh bucket. When no entry may be
+/// replaced, one of these applies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum FullPolicy {
@@ -64,6 +66,30 @@ pub struct KeyedStats {
 ///
 /// `N` must be positive and, above 8, a multiple of 8.
 ///
+/// # Readings out of order
+///
+/// Threads that read the clock before taking the table's lock arrive in
+/// any order. A key forgotten because it had settled by one caller's
+/// reading may come back with an earlier reading, at which it was still
+/// busy. The table therefore remembers the latest instant at which any
+/// state it forgot had settled (one [`Instant`]), and a key it does not
+/// hold that arrives before that instant starts from
+/// [`Algorithm::state_settled_at`] that instant instead of as new: never
+/// newer than any key it forgot. Under [`FullPolicy::DenyNewKeys`] each
+/// key therefore keeps the limiter's own budget over its own readings
+/// (for a bucket `capacity + (max - min) / interval`), in whatever order
+/// they arrive. Readings in order never see the difference.
+///
+/// # A reading far in the future
+///
+/// A key checked at a reading far ahead of the clock keeps a state that
+/// settles there: it is refused until the clock gets there (each denial's
+/// `retry_after` says how long), and its slot is never reused meanwhile.
+/// Should such a state be forgotten (by an insert at a reading past it),
+/// keys the table does not hold start from that far instant at ordinary
+/// readings and are refused likewise. [`Keyed::forget`] recovers one key,
+/// [`Keyed::clear`] the whole table.
+///
 /// ```
 /// use guard_core::limit::{FullPolicy, Keyed, Rate, TokenBucket};
 /// use guard_core::time::Instant;
@@ -83,6 +109,10 @@ pub struct Keyed<K, A: Algorithm, const N: usize, S = DefaultHashState> {
     hasher: S,
     table: SetTable<K, A::State, N>,
     overflow: A::State,
+    /// Every state this table has forgotten (replaced or purged) was fresh
+    /// by this instant. A key it does not hold may be one of them, so it is
+    /// not new at an earlier reading.
+    forgotten_settled_by: Instant,
     stats: KeyedStats,
 }
 
@@ -102,6 +132,7 @@ impl<K: Hash + Eq + Clone, A: Algorithm, const N: usize, S: BuildHasher> Keyed<K
             hasher,
             table: SetTable::new(),
             overflow: A::NEW_STATE,
+            forgotten_settled_by: Instant::ZERO,
             stats: KeyedStats {
                 replaced: 0,
                 denied_no_room: 0,
@@ -135,8 +166,20 @@ impl<K: Hash + Eq + Clone, A: Algorithm, const N: usize, S: BuildHasher> Keyed<K
         {
             return self.algorithm.check(state, now);
         }
-        let mut state = A::NEW_STATE;
+        // An untracked key is new, unless the table forgot a state that
+        // settled after `now`: this key may have been that one, forgotten
+        // at a later reading than this (out of order) one.
+        let mut state = if now < self.forgotten_settled_by {
+            self.algorithm.state_settled_at(self.forgotten_settled_by)
+        } else {
+            A::NEW_STATE
+        };
         let decision = self.algorithm.check(&mut state, now);
+        if decision.is_denied() {
+            // Nothing was counted, so storing the state would change no
+            // decision; it would only take a slot.
+            return decision;
+        }
         let (algorithm, hasher) = (&self.algorithm, &self.hasher);
         match self.table.insert(
             hash,
@@ -146,16 +189,19 @@ impl<K: Hash + Eq + Clone, A: Algorithm, const N: usize, S: BuildHasher> Keyed<K
             |k| hash_of(hasher, k),
         ) {
             Ok(Placed::Free) => decision,
-            Ok(Placed::Replaced) => {
+            Ok(Placed::Replaced(_, forgotten)) => {
                 self.stats.replaced = self.stats.replaced.saturating_add(1);
+                self.remember_forgotten(&forgotten, now);
                 decision
             }
             Err(_) => match self.policy {
                 FullPolicy::DenyNewKeys => {
                     self.stats.denied_no_room = self.stats.denied_no_room.saturating_add(1);
+                    // A state that never settles within the clock's range
+                    // frees its slot at the end of the clock at the earliest.
                     let earliest = self
                         .table
-                        .min_in_candidates(hash, |s| algorithm.fresh_at(s))
+                        .min_in_candidates(hash, |s| algorithm.fresh_at(s).unwrap_or(Instant::MAX))
                         .unwrap_or(now);
                     Decision::denied_until(earliest, now)
                 }
@@ -164,6 +210,16 @@ impl<K: Hash + Eq + Clone, A: Algorithm, const N: usize, S: BuildHasher> Keyed<K
                     self.algorithm.check(&mut self.overflow, now)
                 }
             },
+        }
+    }
+
+    /// Records that `state`, fresh at `now`, was forgotten.
+    fn remember_forgotten(&mut self, state: &A::State, now: Instant) {
+        // A forgotten state was fresh at `now`, so fresh_at is Some and at
+        // most `now`; `now` bounds it in any case.
+        let settled = self.algorithm.fresh_at(state).unwrap_or(now);
+        if settled > self.forgotten_settled_by {
+            self.forgotten_settled_by = settled;
         }
     }
 
@@ -179,7 +235,27 @@ impl<K: Hash + Eq + Clone, A: Algorithm, const N: usize, S: BuildHasher> Keyed<K
     /// their own); useful to report an accurate [`Self::len`].
     pub fn purge(&mut self, now: Instant) -> usize {
         let algorithm = &self.algorithm;
-        self.table.remove_where(|_, s| algorithm.is_fresh(s, now))
+        let mut settled_by = self.forgotten_settled_by;
+        let removed = self.table.remove_where(|_, s| {
+            if !algorithm.is_fresh(s, now) {
+                return false;
+            }
+            if let Some(at) = algorithm.fresh_at(s).filter(|&at| at > settled_by) {
+                settled_by = at;
+            }
+            true
+        });
+        self.forgotten_settled_by = settled_by;
+        removed
+    }
+
+    /// Forgets `key` as if it had never been seen, busy or not (as
+    /// [`super::Limiter::reset`] does for one key); returns whether it was
+    /// tracked. Its next call starts as a new key's: this is how to
+    /// recover a key that a reading far in the future put out of reach.
+    pub fn forget(&mut self, key: &K) -> bool {
+        let hash = hash_of(&self.hasher, key);
+        self.table.remove(hash, key).is_some()
     }
 
     /// Keys currently tracked.
@@ -212,10 +288,12 @@ impl<K: Hash + Eq + Clone, A: Algorithm, const N: usize, S: BuildHasher> Keyed<K
         self.policy
     }
 
-    /// Forgets every key and the overflow state.
+    /// Forgets every key and the overflow state, busy or not: every key
+    /// starts as new again, whatever readings the table has seen.
     pub fn clear(&mut self) {
         self.table.clear();
         self.overflow = A::NEW_STATE;
+        self.forgotten_settled_by = Instant::ZERO;
     }
 }
 
@@ -256,6 +334,13 @@ where
     pub fn purge(&self, now: Instant) -> usize {
         self.inner
             .lock(|k| k.try_borrow_mut().map_or(0, |mut keyed| keyed.purge(now)))
+    }
+
+    /// Forgets `key`, busy or not; see [`Keyed::forget`]. Returns whether
+    /// it was tracked (`false` also when called from inside `check`).
+    pub fn forget(&self, key: &K) -> bool {
+        self.inner
+            .lock(|k| k.try_borrow_mut().is_ok_and(|mut keyed| keyed.forget(key)))
     }
 
     /// Keys currently tracked.

@@ -31,7 +31,7 @@ pub use sliding_window::{SlidingWindow, WindowLog};
 use core::fmt;
 use core::time::Duration;
 
-use crate::time::{Instant, nanos_saturating};
+use crate::time::Instant;
 
 /// The answer of a limiter to one request.
 #[must_use = "a rate-limit decision that is not looked at limits nothing"]
@@ -100,6 +100,20 @@ pub enum LimiterError {
         /// The largest limit this type can store (its const parameter).
         maximum: usize,
     },
+    /// A bucket's capacity times its interval (the time an emptied bucket
+    /// takes to refill) does not fit in the clock's range: it must not
+    /// exceed [`BucketState::LATEST`] (about 584 years in nanoseconds). The
+    /// bucket's state is the instant at which it has refilled, so such a
+    /// bucket could not record one full burst, and its arithmetic would
+    /// overflow. [`Rate::interval_nanos`] reports a single interval beyond
+    /// 64 bits of nanoseconds as capacity 1.
+    CapacityTimesIntervalTooLong {
+        /// The capacity asked for.
+        capacity: u32,
+        /// The interval of the rate, `period / amount` rounded up, in
+        /// nanoseconds.
+        interval_nanos: u128,
+    },
 }
 
 impl fmt::Display for LimiterError {
@@ -118,6 +132,15 @@ impl fmt::Display for LimiterError {
                 f,
                 "limit {limit} exceeds the maximum {maximum} this sliding window can store"
             ),
+            LimiterError::CapacityTimesIntervalTooLong {
+                capacity,
+                interval_nanos,
+            } => write!(
+                f,
+                "capacity {capacity} times the interval of {interval_nanos} ns must fit in the \
+                 clock's range of {} ns (about 584 years): lower the capacity or raise the rate",
+                BucketState::LATEST.as_nanos()
+            ),
         }
     }
 }
@@ -129,7 +152,9 @@ impl core::error::Error for LimiterError {}
 /// `Rate::per(5, Duration::from_secs(1))` is five per second. The interval
 /// between two units is `period / amount` rounded **up** to a whole
 /// nanosecond, so a limiter never runs faster than asked (the error is below
-/// one nanosecond per unit).
+/// one nanosecond per unit). The division is exact for every `Duration`,
+/// so a period beyond the 64-bit nanosecond range is never shortened to
+/// fit it: such a rate is refused instead.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub struct Rate {
@@ -159,15 +184,40 @@ impl Rate {
     }
 
     /// Nanoseconds between two units, rounded up; validates the rate.
+    ///
+    /// Errors on a zero amount, a zero period, or an interval beyond 64
+    /// bits of nanoseconds (reported as
+    /// [`LimiterError::CapacityTimesIntervalTooLong`] with capacity 1).
     pub const fn interval_nanos(&self) -> Result<u64, LimiterError> {
+        let interval = match self.exact_interval_nanos() {
+            Ok(interval) => interval,
+            Err(e) => return Err(e),
+        };
+        if interval > u64::MAX as u128 {
+            return Err(LimiterError::CapacityTimesIntervalTooLong {
+                capacity: 1,
+                interval_nanos: interval,
+            });
+        }
+        #[allow(
+            clippy::cast_possible_truncation,
+            reason = "interval <= u64::MAX was checked"
+        )]
+        let interval = interval as u64;
+        Ok(interval)
+    }
+
+    /// `period / amount` in nanoseconds, rounded up, without saturating:
+    /// a `Duration` holds up to about 1.8e28 ns, which `u128` holds.
+    pub(crate) const fn exact_interval_nanos(&self) -> Result<u128, LimiterError> {
         if self.amount == 0 {
             return Err(LimiterError::ZeroRateAmount);
         }
-        let period = nanos_saturating(self.period);
+        let period = self.period.as_nanos();
         if period == 0 {
             return Err(LimiterError::ZeroRatePeriod);
         }
-        Ok(period.div_ceil(self.amount as u64))
+        Ok(period.div_ceil(self.amount as u128))
     }
 }
 
@@ -188,13 +238,25 @@ pub trait Algorithm {
     fn check(&self, state: &mut Self::State, now: Instant) -> Decision;
 
     /// From this instant on, `state` decides exactly as [`Self::NEW_STATE`]
-    /// would, so a table may forget the key without changing any decision.
-    fn fresh_at(&self, state: &Self::State) -> Instant;
+    /// would, so a table may forget the key without changing any decision;
+    /// `None` if that instant lies beyond [`Instant::MAX`] (the state never
+    /// becomes new within the clock's range).
+    fn fresh_at(&self, state: &Self::State) -> Option<Instant>;
 
     /// Whether `state` is indistinguishable from a new key at `now`.
     fn is_fresh(&self, state: &Self::State, now: Instant) -> bool {
-        now >= self.fresh_at(state)
+        self.fresh_at(state).is_some_and(|at| now >= at)
     }
+
+    /// The most restrictive state that is fresh at `at`: at every reading,
+    /// it admits no more than any state whose [`Self::fresh_at`] is `at` or
+    /// earlier, and from `at` on it decides as a new key.
+    ///
+    /// A table that forgot a key whose state had settled by `at` starts the
+    /// key from this state should it come back with a reading before `at`
+    /// (a clock read out of order): the key can then never find itself
+    /// newer than it was when forgotten.
+    fn state_settled_at(&self, at: Instant) -> Self::State;
 }
 
 /// One key's limiter: an [`Algorithm`] and its state, driven through

@@ -15,6 +15,21 @@ use crate::time::{Instant, nanos_saturating};
 /// if fewer than `limit` remain. A denied request is not recorded. Each key
 /// stores up to `N` instants, so `limit <= N` (8 bytes per instant).
 ///
+/// Over calls whose readings span `min..=max`, in any order, a key is
+/// admitted at most `limit * ((max - min) / window + 1)` times: a reading
+/// earlier than the newest admission is recorded at that admission's
+/// instant, so recorded instants never go backwards. A window of
+/// `u64::MAX` nanoseconds or longer (about 584 years, the clock's whole
+/// range; `Duration::MAX` among them) never lets an admission leave: at
+/// most `limit` admissions, ever. The instant at which an admission leaves
+/// is computed without saturating, so one that would leave after
+/// [`Instant::MAX`] never leaves, and a keyed table never forgets it.
+///
+/// A reading far in the future is recorded like any other: the key is
+/// then refused for one window whatever the clock says after, and each
+/// denial's `retry_after` says how long. [`super::Limiter::reset`] or
+/// [`super::Keyed::forget`] recovers it.
+///
 /// ```
 /// use core::time::Duration;
 /// use guard_core::limit::{Limiter, SlidingWindow};
@@ -39,7 +54,8 @@ pub struct SlidingWindow<const N: usize> {
 impl<const N: usize> SlidingWindow<N> {
     /// At most `limit` admissions per `window`.
     ///
-    /// Errors on a zero window, a zero limit, or a limit above `N`.
+    /// Errors on a zero window, a zero limit, or a limit above `N`. A
+    /// window of `u64::MAX` nanoseconds or longer never empties.
     pub const fn new(window: Duration, limit: u32) -> Result<Self, LimiterError> {
         const { assert!(N > 0, "a sliding window must be able to store an instant") };
         let window = nanos_saturating(window);
@@ -55,9 +71,30 @@ impl<const N: usize> SlidingWindow<N> {
         Ok(SlidingWindow { window, limit })
     }
 
-    /// The window length.
+    /// The window length (`u64::MAX` nanoseconds for a window that never
+    /// empties).
     pub const fn window(&self) -> Duration {
         Duration::from_nanos(self.window)
+    }
+
+    /// The reading at which an admission at `at` leaves the window, `None`
+    /// if it never does within the clock's range. Exact: a saturated
+    /// instant would say the admission leaves at [`Instant::MAX`].
+    const fn leaves_at(&self, at: Instant) -> Option<Instant> {
+        if self.window == u64::MAX {
+            // The window was at least the clock's whole range (a longer
+            // Duration saturates to u64::MAX ns): nothing ever leaves.
+            return None;
+        }
+        match at.as_nanos().checked_add(self.window) {
+            Some(n) => Some(Instant::from_nanos(n)),
+            None => None,
+        }
+    }
+
+    /// Whether an admission at `at` is still inside the window at `now`.
+    fn inside(&self, at: Instant, now: Instant) -> bool {
+        self.leaves_at(at).is_none_or(|leaves| now < leaves)
     }
 
     /// Admissions allowed per window.
@@ -67,12 +104,9 @@ impl<const N: usize> SlidingWindow<N> {
 
     /// Admissions still inside the window at `now`.
     pub fn in_window(&self, log: &WindowLog<N>, now: Instant) -> usize {
-        let Some(cutoff) = now.as_nanos().checked_sub(self.window) else {
-            return log.admitted.len();
-        };
         log.admitted
             .iter()
-            .filter(|t| t.as_nanos() > cutoff)
+            .filter(|&&t| self.inside(t, now))
             .count()
     }
 }
@@ -114,19 +148,18 @@ impl<const N: usize> Algorithm for SlidingWindow<N> {
         // Keep the log sorted: a clock read out of order is recorded at the
         // newest instant already in the log. That is conservative (the entry
         // leaves the window later), so a backwards timestamp never frees room.
+        // A denial still measures its wait from the caller's own reading.
+        let reading = now;
         let now = match log.admitted.back() {
             Some(&newest) if newest > now => newest,
             _ => now,
         };
-        // Before `window` has passed since the origin nothing can have left.
-        if let Some(cutoff) = now.as_nanos().checked_sub(self.window) {
-            while log
-                .admitted
-                .front()
-                .is_some_and(|oldest| oldest.as_nanos() <= cutoff)
-            {
-                log.admitted.pop_front();
-            }
+        while log
+            .admitted
+            .front()
+            .is_some_and(|&oldest| !self.inside(oldest, now))
+        {
+            log.admitted.pop_front();
         }
         if log.admitted.len() < self.limit as usize {
             // len < limit <= N, so the log has room; were it ever full the
@@ -136,19 +169,44 @@ impl<const N: usize> Algorithm for SlidingWindow<N> {
             }
         }
         match log.admitted.front() {
-            // The oldest admission leaves the window at oldest + window.
-            Some(&oldest) => Decision::denied_until(
-                oldest.saturating_add(Duration::from_nanos(self.window)),
-                now,
-            ),
-            None => Decision::denied_until(now, now),
+            // The oldest admission leaves the window first; one that never
+            // leaves asks to wait until the end of the clock.
+            Some(&oldest) => {
+                Decision::denied_until(self.leaves_at(oldest).unwrap_or(Instant::MAX), reading)
+            }
+            None => Decision::denied_until(now, reading),
         }
     }
 
-    fn fresh_at(&self, log: &WindowLog<N>) -> Instant {
+    fn fresh_at(&self, log: &WindowLog<N>) -> Option<Instant> {
         match log.admitted.back() {
-            Some(&newest) => newest.saturating_add(Duration::from_nanos(self.window)),
-            None => Instant::ZERO,
+            Some(&newest) => self.leaves_at(newest),
+            None => Some(Instant::ZERO),
         }
+    }
+
+    /// `limit` admissions that leave the window exactly at `at`: every log
+    /// fresh by `at` holds at most `limit` admissions, each leaving at `at`
+    /// or earlier. Before one window has passed since the origin no
+    /// admission can have left, so only the empty log is fresh.
+    fn state_settled_at(&self, at: Instant) -> WindowLog<N> {
+        let mut log = WindowLog::new();
+        if self.window == u64::MAX {
+            return log;
+        }
+        if let Some(admitted) = at.as_nanos().checked_sub(self.window) {
+            for _ in 0..self.limit {
+                // limit <= N was checked by the constructor; a full log would
+                // only hold fewer, still fresh by `at`.
+                if log
+                    .admitted
+                    .push_back(Instant::from_nanos(admitted))
+                    .is_err()
+                {
+                    break;
+                }
+            }
+        }
+        log
     }
 }
