@@ -4,10 +4,10 @@
 use core::cell::RefCell;
 use core::fmt;
 
-use embassy_sync::blocking_mutex::Mutex;
 use embassy_sync::blocking_mutex::raw::RawMutex;
 use heapless::Deque;
 
+use crate::sync::BlockingMutex;
 use crate::time::Instant;
 
 /// The message shown for a failure without an error, or with an empty one.
@@ -248,14 +248,23 @@ impl<T, E, const N: usize> DeadLetterSink<T, E> for DeadLetterQueue<T, E, N> {
 /// mutating method of the same queue from them finds it busy (an add hands
 /// its element back, a poll returns `None`) instead of deadlocking.
 pub struct SharedDeadLetterQueue<M: RawMutex, T, E, const N: usize> {
-    inner: Mutex<M, RefCell<DeadLetterQueue<T, E, N>>>,
+    inner: BlockingMutex<M, RefCell<DeadLetterQueue<T, E, N>>>,
 }
 
 impl<M: RawMutex, T, E, const N: usize> SharedDeadLetterQueue<M, T, E, N> {
     /// An empty queue.
+    #[cfg(not(guard_loom))]
     pub const fn new() -> Self {
         SharedDeadLetterQueue {
-            inner: Mutex::new(RefCell::new(DeadLetterQueue::new())),
+            inner: BlockingMutex::new(RefCell::new(DeadLetterQueue::new())),
+        }
+    }
+
+    /// An empty queue (loom's mutex has no `const` constructor).
+    #[cfg(guard_loom)]
+    pub fn new() -> Self {
+        SharedDeadLetterQueue {
+            inner: BlockingMutex::new(RefCell::new(DeadLetterQueue::new())),
         }
     }
 

@@ -1,12 +1,19 @@
-//! loom models of guard-core's lock-free type: run with
+//! loom models of guard-core's shared types (the atomic token bucket, the
+//! shared dead-letter queue, the shared keyed limiter) and of an
+//! `ActiveGuard` shared by threads: run with
 //! `RUSTFLAGS="--cfg guard_loom" cargo test -p guard-core --test loom`
-//! (the test script does, with a bounded number of preemptions).
+//! (the test script does, with a bounded number of preemptions). Under
+//! that cfg the atomics and the blocking mutex of `guard_core::sync` are
+//! loom's, so loom can preempt a thread anywhere, also while it holds the
+//! lock of a shared queue or table.
 #![cfg(guard_loom)]
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use guard_core::limit::{AtomicTokenBucket, Rate, TokenBucket};
+use embassy_sync::blocking_mutex::raw::CriticalSectionRawMutex;
+use guard_core::dlq::SharedDeadLetterQueue;
+use guard_core::limit::{AtomicTokenBucket, FullPolicy, Keyed, Rate, SharedKeyed, TokenBucket};
 use guard_core::time::Instant;
 use loom::thread;
 
@@ -114,12 +121,139 @@ fn concurrent_control_never_demotes_twice_or_releases_before_demoting() {
             .iter()
             .position(|a| matches!(a, Action::Demote(_)))
             .unwrap();
-        if let Some(released_at) = log.iter().position(|a| *a == Action::Release(leading)) {
-            assert!(
-                demoted_at < released_at,
-                "released before demoting: {log:?}"
-            );
-        }
+        let released_at = log
+            .iter()
+            .position(|a| *a == Action::Release(leading))
+            .unwrap_or_else(|| panic!("the leading lease is never released: {log:?}"));
+        assert!(
+            demoted_at < released_at,
+            "released before demoting: {log:?}"
+        );
         assert!(!state.0.is_active());
+    });
+}
+
+type Dlq = SharedDeadLetterQueue<CriticalSectionRawMutex, &'static str, &'static str, 1>;
+
+/// Two threads add to a shared dead-letter queue of capacity 1: in every
+/// interleaving exactly one gets its element back, and no thread ever sees
+/// more than one element queued.
+#[test]
+fn concurrent_adds_to_a_full_shared_queue_hand_exactly_one_back() {
+    loom::model(|| {
+        let dlq: Arc<Dlq> = Arc::new(SharedDeadLetterQueue::new());
+        let now = Instant::from_secs(1);
+        let threads: Vec<_> = ["a", "b"]
+            .into_iter()
+            .map(|element| {
+                let dlq = dlq.clone();
+                thread::spawn(move || {
+                    let result = dlq.add(element, Some("timeout"), 1, now);
+                    assert!(dlq.len() <= 1, "the bound of 1 was exceeded");
+                    result.err().map(|back| *back.element())
+                })
+            })
+            .collect();
+        let handed_back: Vec<_> = threads
+            .into_iter()
+            .filter_map(|t| t.join().unwrap())
+            .collect();
+        assert_eq!(handed_back.len(), 1, "exactly one add is handed back");
+        assert_eq!(dlq.len(), 1);
+        let kept = dlq.poll().map(|f| *f.element());
+        assert!(kept.is_some() && kept != Some(handed_back[0]));
+    });
+}
+
+/// A thread that is preempted while it holds the queue's lock (here inside
+/// `with_each`) makes an adder wait for the lock; the adder never finds the
+/// queue busy and never loses its element. loom can only show this when
+/// the lock is one it can preempt a holder of.
+#[test]
+fn an_add_waits_for_a_reader_holding_the_shared_queue() {
+    type Dlq2 = SharedDeadLetterQueue<CriticalSectionRawMutex, u8, (), 2>;
+    loom::model(|| {
+        let dlq: Arc<Dlq2> = Arc::new(SharedDeadLetterQueue::new());
+        let now = Instant::from_secs(1);
+        assert!(dlq.add(1, None, 1, now).is_ok());
+        let reader = {
+            let dlq = dlq.clone();
+            thread::spawn(move || {
+                let mut seen = 0;
+                dlq.with_each(|_| {
+                    thread::yield_now();
+                    seen += 1;
+                });
+                seen
+            })
+        };
+        let adder = {
+            let dlq = dlq.clone();
+            thread::spawn(move || dlq.add(2, None, 1, now).is_ok())
+        };
+        let seen = reader.join().unwrap();
+        assert!(adder.join().unwrap(), "the add found the queue busy");
+        assert!(seen == 1 || seen == 2);
+        assert_eq!(dlq.len(), 2);
+    });
+}
+
+/// Two threads check one key of a shared keyed token bucket of capacity 1
+/// at one instant: in every interleaving exactly one is admitted.
+#[test]
+fn concurrent_checks_of_one_key_admit_exactly_the_capacity() {
+    type Table = SharedKeyed<CriticalSectionRawMutex, u32, TokenBucket, 8>;
+    loom::model(|| {
+        let bucket = TokenBucket::new(1, Rate::per_second(1)).unwrap();
+        let table: Arc<Table> = Arc::new(SharedKeyed::new(Keyed::new(
+            bucket,
+            FullPolicy::DenyNewKeys,
+        )));
+        let now = Instant::from_secs(5);
+        let threads: Vec<_> = (0..2)
+            .map(|_| {
+                let table = table.clone();
+                thread::spawn(move || table.check(&7, now).is_allowed())
+            })
+            .collect();
+        let admitted = threads
+            .into_iter()
+            .map(|t| t.join().unwrap())
+            .filter(|a| *a)
+            .count();
+        assert_eq!(admitted, 1);
+        assert_eq!(table.len(), 1);
+        assert!(table.check(&7, now).is_denied());
+    });
+}
+
+/// Two keys race for the one slot of a shared keyed table while its
+/// resident has settled: in every interleaving each key is admitted once,
+/// the table holds one key, and the forgotten one is never new again at
+/// an earlier reading.
+#[test]
+fn concurrent_new_keys_share_one_slot_without_over_admitting() {
+    type Table = SharedKeyed<CriticalSectionRawMutex, u32, TokenBucket, 1>;
+    loom::model(|| {
+        let bucket = TokenBucket::new(1, Rate::per_second(1)).unwrap();
+        let table: Arc<Table> = Arc::new(SharedKeyed::new(Keyed::new(
+            bucket,
+            FullPolicy::DenyNewKeys,
+        )));
+        let t = Instant::from_secs(5);
+        assert!(table.check(&1, t).is_allowed());
+        let later = t + Duration::from_secs(2);
+        let threads: Vec<_> = [(2, later), (1, t)]
+            .into_iter()
+            .map(|(key, now)| {
+                let table = table.clone();
+                thread::spawn(move || table.check(&key, now).is_allowed())
+            })
+            .collect();
+        let results: Vec<bool> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        // Key 1 at `t` was already admitted once at `t` with one token:
+        // whether or not key 2 took its slot first, it is refused.
+        assert_eq!(results, [true, false]);
+        assert_eq!(table.len(), 1);
     });
 }

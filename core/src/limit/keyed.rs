@@ -4,10 +4,10 @@ use core::borrow::Borrow;
 use core::cell::RefCell;
 use core::hash::{BuildHasher, Hash};
 
-use embassy_sync::blocking_mutex::Mutex;
 use embassy_sync::blocking_mutex::raw::RawMutex;
 
 use super::{Algorithm, Decision};
+use crate::sync::BlockingMutex;
 use crate::table::{Placed, SetTable, hash_of};
 use crate::time::Instant;
 
@@ -305,7 +305,7 @@ impl<K: Hash + Eq + Clone, A: Algorithm, const N: usize, S: BuildHasher> Keyed<K
 /// [`Algorithm`] ever call back into the same table from `check`, the inner
 /// call is refused (denied for 1 ns) rather than deadlocking or panicking.
 pub struct SharedKeyed<M: RawMutex, K, A: Algorithm, const N: usize, S = DefaultHashState> {
-    inner: Mutex<M, RefCell<Keyed<K, A, N, S>>>,
+    inner: BlockingMutex<M, RefCell<Keyed<K, A, N, S>>>,
 }
 
 impl<M, K, A, const N: usize, S> SharedKeyed<M, K, A, N, S>
@@ -316,9 +316,18 @@ where
     S: BuildHasher,
 {
     /// Shares `keyed` (usable in a `static`).
+    #[cfg(not(guard_loom))]
     pub const fn new(keyed: Keyed<K, A, N, S>) -> Self {
         SharedKeyed {
-            inner: Mutex::new(RefCell::new(keyed)),
+            inner: BlockingMutex::new(RefCell::new(keyed)),
+        }
+    }
+
+    /// Shares `keyed` (loom's mutex has no `const` constructor).
+    #[cfg(guard_loom)]
+    pub fn new(keyed: Keyed<K, A, N, S>) -> Self {
+        SharedKeyed {
+            inner: BlockingMutex::new(RefCell::new(keyed)),
         }
     }
 
