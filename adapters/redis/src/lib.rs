@@ -50,11 +50,12 @@ pub use dedup::{
 pub use endpoint::{PubSubEndpoint, PubSubMessage, StreamConsumer, StreamMessage};
 pub use error::RedisGuardError;
 pub use limit::{
-    Clock, LEAKY_BUCKET_PREFIX, RedisBucket, RedisLeakyBucket, RedisSlidingWindow,
-    RedisTokenBucket, SLIDING_WINDOW_PREFIX, TOKEN_BUCKET_PREFIX,
+    CALLER_OFFSET_BOUND, CALLER_RATE_BOUND_PPM, Clock, LEAKY_BUCKET_PREFIX, RedisBucket,
+    RedisLeakyBucket, RedisSlidingWindow, RedisTokenBucket, SLIDING_WINDOW_PREFIX,
+    TOKEN_BUCKET_PREFIX,
 };
 pub use locker::{RedisLocker, lock_keys};
 pub use stream_dlq::{
-    DEFAULT_REPLAY_LEASE, DEFAULT_STREAM_PREFIX, DeadLetter, DeadLetterEntry, ReplayOutcome,
-    Retention, StreamDlq,
+    DEFAULT_REPLAY_LEASE, DEFAULT_REPLAY_MARKER_RETENTION, DEFAULT_STREAM_PREFIX, DeadLetter,
+    DeadLetterEntry, ReplayOutcome, Retention, StreamDlq,
 };

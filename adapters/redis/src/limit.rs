@@ -14,6 +14,19 @@
 //! the Redis server (`TIME` in the script, [`Clock::Server`]), so that
 //! clients with skewed clocks still agree.
 //!
+//! **Caller clocks.** A key's state is kept on the server for as long as
+//! it can still matter, measured on the server's clock. On the caller's
+//! clock that is longer than it looks: another caller may be behind, or
+//! the caller's clock may run slower than the server's. So in
+//! [`Clock::Caller`] mode keys are kept `(settle time) ×`
+//! [`CALLER_RATE_BOUND_PPM`] stretch `+ 2 ×` [`CALLER_OFFSET_BOUND`], and
+//! the decisions equal guard-core's for every caller whose clock is within
+//! ±60 s of the server's and runs within ±1% of its rate (a key kept
+//! longer than needed decides as a new key would, so the margin never
+//! changes a decision, it only costs memory: keys live up to two minutes
+//! longer). Outside that bound a key may expire early and admit as a new
+//! key. [`Clock::Server`] needs no margin.
+//!
 //! Keys (the hash tag keeps each key's data in one cluster slot):
 //! sliding window `<prefix>:{<key>}` and `<prefix>:{<key>}:seq`; buckets
 //! `<prefix>:{<key>}:tb` or `:lb`. Keys expire once their state equals a
@@ -49,17 +62,46 @@ impl Clock {
     }
 }
 
+/// The largest offset between a caller's clock and the server's for
+/// which [`Clock::Caller`] decisions equal guard-core's.
+pub const CALLER_OFFSET_BOUND: Duration = Duration::from_secs(60);
+
+/// The largest rate difference (parts per million) between a caller's
+/// clock and the server's for which [`Clock::Caller`] decisions equal
+/// guard-core's.
+pub const CALLER_RATE_BOUND_PPM: u64 = 10_000;
+
 /// Reads `now` in microseconds from ARGV[1], or from the server's clock
-/// when it is empty.
+/// when it is empty, and defines `keep_ms(us)`: how long (server
+/// milliseconds, at least 1) to keep state that settles `us` caller
+/// microseconds from now. On the server's clock that is exact; on a
+/// caller's it is stretched for a clock up to CALLER_RATE_BOUND_PPM slower
+/// and extended by twice CALLER_OFFSET_BOUND, for a caller that far behind
+/// another (each within the bound of the server).
 const NOW: &str = r"
 local now
-if ARGV[1] == '' then
+local caller = ARGV[1] ~= ''
+if caller then
+  now = tonumber(ARGV[1])
+else
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-else
-  now = tonumber(ARGV[1])
+end
+local function keep_ms(us)
+  if not caller then
+    return math.max(1, math.ceil(us / 1000))
+  end
+  return math.ceil(us * STRETCH / 1000) + MARGIN_MS
 end
 ";
+
+/// [`NOW`] with the caller-clock bounds filled in.
+fn now_preamble() -> String {
+    let stretch = 1_000_000.0 / (1_000_000 - CALLER_RATE_BOUND_PPM) as f64;
+    let margin_ms = 2 * CALLER_OFFSET_BOUND.as_millis();
+    NOW.replace("STRETCH", &format!("{stretch:.9}"))
+        .replace("MARGIN_MS", &margin_ms.to_string())
+}
 
 /// GCRA: KEYS[1] holds the settle instant. ARGV: now, interval, tolerance.
 /// Returns {1, 0} admitted, or {0, wait} in microseconds.
@@ -77,7 +119,7 @@ if now > base then base = now end
 local settles = base + interval
 -- Keep the key exactly until the bucket has settled; after that it
 -- decides as a new key would, so it may go.
-redis.call('SET', KEYS[1], string.format('%.0f', settles), 'PX', math.ceil((settles - now) / 1000))
+redis.call('SET', KEYS[1], string.format('%.0f', settles), 'PX', keep_ms(settles - now))
 return {1, 0}
 ";
 
@@ -86,6 +128,8 @@ return {1, 0}
 const WINDOW: &str = r"
 local window = tonumber(ARGV[2])
 local limit = tonumber(ARGV[3])
+-- A denial measures its wait from the caller's own reading.
+local reading = now
 local newest = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
 if newest[2] and tonumber(newest[2]) > now then now = tonumber(newest[2]) end
 if now - window >= 0 then
@@ -94,13 +138,13 @@ end
 if redis.call('ZCARD', KEYS[1]) < limit then
   local seq = redis.call('INCR', KEYS[2])
   redis.call('ZADD', KEYS[1], string.format('%.0f', now), string.format('%.0f', now) .. ':' .. seq)
-  local ttl = math.ceil(window / 1000)
+  local ttl = keep_ms(window)
   redis.call('PEXPIRE', KEYS[1], ttl)
   redis.call('PEXPIRE', KEYS[2], ttl)
   return {1, 0}
 end
 local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-return {0, tonumber(oldest[2]) + window - now}
+return {0, tonumber(oldest[2]) + window - reading}
 ";
 
 /// Checks a user key: not empty, no braces (they would change the hash
@@ -220,7 +264,7 @@ impl<V> RedisBucket<V> {
     /// microseconds or empty for the server's clock, the interval and the
     /// tolerance in microseconds), for tools that load it themselves.
     pub fn script_source() -> String {
-        format!("{NOW}{GCRA}")
+        format!("{}{GCRA}", now_preamble())
     }
 
     /// The Redis key of `key`.
@@ -319,7 +363,7 @@ impl RedisSlidingWindow {
     /// µs or empty for server time, window in µs, limit), e.g. to load it
     /// into `redis-benchmark` for a side-by-side measurement.
     pub fn script_source() -> String {
-        format!("{NOW}{WINDOW}")
+        format!("{}{WINDOW}", now_preamble())
     }
 
     /// The Redis keys of `key`: the log and its sequence.

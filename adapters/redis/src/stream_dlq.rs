@@ -6,16 +6,33 @@
 //! `<prefix>:{<topic>}:dlq:claim:<id>`. The default prefix is the
 //! original's `stream:topic`.
 //!
-//! Replay is idempotent: an entry replayed twice is delivered once.
-//! Replay back to a stream is one script (check, `XADD`, record); replay
-//! to a handler claims the entry with a lease, calls the handler, then
-//! records it, so concurrent replays deliver once and a failed handler
-//! leaves the entry replayable.
+//! Replay back to the origin stream is idempotent, across cluster slots
+//! too: the origin stream rarely shares the topic's hash tag, so the
+//! replay is two atomic steps, each in one slot. First, in the origin's
+//! slot, a script appends the entry to the origin stream and sets a
+//! marker `<prefix>:replay:{<origin's hash tag>}:<topic>:<id>` in the
+//! same step, or, if the marker exists, appends nothing; then the entry
+//! is recorded as replayed in the topic's slot. A process that dies
+//! between the two steps leaves the marker, so the next replay appends
+//! nothing and only records: no entry is replayed twice and none is lost.
+//! The limit: markers expire after the marker retention
+//! ([`DEFAULT_REPLAY_MARKER_RETENTION`], a day), so two replays of one
+//! entry could both append only if one of them stalls for longer than
+//! that between its check and its append.
+//!
+//! Replay to a handler claims the entry with a lease (a token of its
+//! own), calls the handler, then records it; a failed handler releases
+//! its own claim only and leaves the entry replayable. It delivers once
+//! **if the handler finishes within the replay lease** (30 s by default):
+//! a handler that outlives its lease may run while another replay holds
+//! a new claim, and its outcome then says so
+//! ([`ReplayOutcome::ReplayedAfterLease`]).
 
 use std::fmt;
 use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use guard_std::TokenIds;
 use redis::Script;
 use redis::streams::StreamRangeReply;
 
@@ -27,6 +44,10 @@ pub const DEFAULT_STREAM_PREFIX: &str = "stream:topic";
 
 /// How long a replay to a handler may take before another replay may try.
 pub const DEFAULT_REPLAY_LEASE: Duration = Duration::from_secs(30);
+
+/// How long the marker of a replay to the origin stream is kept (see the
+/// module notes).
+pub const DEFAULT_REPLAY_MARKER_RETENTION: Duration = Duration::from_secs(24 * 3600);
 
 /// How much of a topic's dead letters are kept.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,6 +105,10 @@ pub enum ReplayOutcome {
     Missing,
     /// Another replay holds the entry's claim.
     InProgress,
+    /// Delivered to the handler, but the handler finished after its
+    /// replay lease had expired: another replay may have delivered the
+    /// entry too.
+    ReplayedAfterLease,
     /// The entry names no origin stream to go back to.
     NoOrigin,
 }
@@ -111,36 +136,45 @@ end
 return id
 ";
 
-/// Replays an entry back to its origin stream once. KEYS: dlq, replayed,
-/// origin. ARGV: id.
-const REPLAY_TO_STREAM: &str = r"
-if redis.call('ZSCORE', KEYS[2], ARGV[1]) then return {'already'} end
-local entries = redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1])
-if #entries == 0 then return {'missing'} end
-local fields = entries[1][2]
-local payload = ''
-for i = 1, #fields, 2 do
-  if fields[i] == 'payload' then payload = fields[i + 1] end
-end
-local new_id = redis.call('XADD', KEYS[3], '*', 'payload', payload, 'replayed_from', ARGV[1])
-redis.call('ZADD', KEYS[2], tonumber(string.match(ARGV[1], '^(%d+)')), ARGV[1])
-return {'replayed', new_id}
+/// Appends a dead letter to its origin stream unless its marker says it
+/// was appended already; sets the marker in the same step. KEYS: origin,
+/// marker (one slot: the marker carries the origin's hash tag). ARGV:
+/// marker retention ms, payload, dead letter id. Returns the id appended
+/// now, or the one appended before.
+const APPEND_TO_ORIGIN: &str = r"
+local before = redis.call('GET', KEYS[2])
+if before then return {'already', before} end
+local id = redis.call('XADD', KEYS[1], '*', 'payload', ARGV[2], 'replayed_from', ARGV[3])
+redis.call('SET', KEYS[2], id, 'PX', ARGV[1])
+return {'replayed', id}
 ";
 
 /// Claims an entry for a handler replay. KEYS: dlq, replayed, claim.
-/// ARGV: id, lease ms.
+/// ARGV: id, lease ms, claim token.
 const CLAIM: &str = r"
 if redis.call('ZSCORE', KEYS[2], ARGV[1]) then return 'already' end
 if #redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1]) == 0 then return 'missing' end
-if redis.call('SET', KEYS[3], '1', 'NX', 'PX', ARGV[2]) then return 'claimed' end
+if redis.call('SET', KEYS[3], ARGV[3], 'NX', 'PX', ARGV[2]) then return 'claimed' end
 return 'busy'
 ";
 
-/// Records a handler replay and drops its claim. KEYS: replayed, claim.
+/// Records a replay. KEYS: replayed, claim (for a handler replay). ARGV:
+/// id, claim token. Drops the claim only if it is still this replay's;
+/// returns 1 if it was (or there is none), 0 if the lease had expired.
 const RECORD: &str = r"
 redis.call('ZADD', KEYS[1], tonumber(string.match(ARGV[1], '^(%d+)')), ARGV[1])
-redis.call('DEL', KEYS[2])
-return 1
+if not KEYS[2] then return 1 end
+if redis.call('GET', KEYS[2]) == ARGV[2] then
+  redis.call('DEL', KEYS[2])
+  return 1
+end
+return 0
+";
+
+/// Drops a claim if it is still this replay's. KEYS: claim; ARGV: token.
+const UNCLAIM: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
 ";
 
 /// A topic's dead letters in a Redis stream, with admin operations.
@@ -149,10 +183,13 @@ pub struct StreamDlq {
     prefix: String,
     retention: Retention,
     lease: Duration,
+    marker_retention: Duration,
     send: Script,
-    replay: Script,
+    append: Script,
     claim: Script,
     record: Script,
+    unclaim: Script,
+    ids: TokenIds,
 }
 
 impl fmt::Debug for StreamDlq {
@@ -187,10 +224,13 @@ impl StreamDlq {
             prefix: DEFAULT_STREAM_PREFIX.to_owned(),
             retention: Retention::Unbounded,
             lease: DEFAULT_REPLAY_LEASE,
+            marker_retention: DEFAULT_REPLAY_MARKER_RETENTION,
             send: Script::new(SEND),
-            replay: Script::new(REPLAY_TO_STREAM),
+            append: Script::new(APPEND_TO_ORIGIN),
             claim: Script::new(CLAIM),
             record: Script::new(RECORD),
+            unclaim: Script::new(UNCLAIM),
+            ids: TokenIds::new(),
         }
     }
 
@@ -215,6 +255,24 @@ impl StreamDlq {
     pub fn with_replay_lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
+    }
+
+    /// How long the marker of a replay to the origin stream is kept (at
+    /// least 1 ms); see the module notes.
+    pub fn with_replay_marker_retention(mut self, retention: Duration) -> Self {
+        self.marker_retention = retention;
+        self
+    }
+
+    /// The marker of entry `id` of `topic` replayed to `origin`: in the
+    /// origin's cluster slot (its hash tag, as Redis computes it).
+    fn marker_key(&self, topic: &str, origin: &str, id: &str) -> Result<String, RedisGuardError> {
+        Ok(format!(
+            "{}:replay:{{{}}}:{}:{id}",
+            self.prefix,
+            hash_tag(origin),
+            checked_topic(topic)?
+        ))
     }
 
     /// The stream of `topic`: `<prefix>:{<topic>}:dlq`.
@@ -340,12 +398,16 @@ impl StreamDlq {
         Ok(topics)
     }
 
-    /// Replays entry `id` back to the stream it came from, once.
+    /// Replays entry `id` back to the stream it came from, once (see the
+    /// module notes: two steps, each atomic in its own slot).
     pub async fn replay_to_origin(
         &self,
         topic: &str,
         id: &str,
     ) -> Result<ReplayOutcome, RedisGuardError> {
+        if self.is_replayed(topic, id).await? {
+            return Ok(ReplayOutcome::AlreadyReplayed);
+        }
         let Some(entry) = self
             .range(topic, id, 1)
             .await?
@@ -357,14 +419,24 @@ impl StreamDlq {
         let Some(origin) = entry.origin_stream else {
             return Ok(ReplayOutcome::NoOrigin);
         };
-        let mut invocation = self.replay.prepare_invoke();
-        invocation
-            .key(self.stream_key(topic)?)
-            .key(self.replayed_key(topic)?)
-            .key(origin)
+        let mut append = self.append.prepare_invoke();
+        append
+            .key(&origin)
+            .key(self.marker_key(topic, &origin, id)?)
+            .arg(millis(self.marker_retention))
+            .arg(entry.payload)
             .arg(id);
-        let reply: Vec<String> = self.conn.invoke(&invocation).await?;
-        outcome(&reply)
+        let appended: Vec<String> = self.conn.invoke(&append).await?;
+        let outcome = match appended.first().map(String::as_str) {
+            Some("replayed") => ReplayOutcome::Replayed(appended.get(1).cloned()),
+            // Appended by a replay that died before it recorded.
+            Some("already") => ReplayOutcome::AlreadyReplayed,
+            _ => return Err(RedisGuardError::UnexpectedReply(format!("{appended:?}"))),
+        };
+        let mut record = self.record.prepare_invoke();
+        record.key(self.replayed_key(topic)?).arg(id);
+        let _: i64 = self.conn.invoke(&record).await?;
+        Ok(outcome)
     }
 
     /// Replays entry `id` to `handler`, once: an `Err` from the handler
@@ -380,17 +452,16 @@ impl StreamDlq {
         Fut: Future<Output = Result<(), E>>,
     {
         let claim_key = format!("{}:claim:{id}", self.stream_key(topic)?);
+        // This replay's own token: only it may drop its claim.
+        let token = self.ids.next_id().to_string();
         let mut claim = self.claim.prepare_invoke();
         claim
             .key(self.stream_key(topic)?)
             .key(self.replayed_key(topic)?)
             .key(&claim_key)
             .arg(id)
-            .arg(
-                u64::try_from(self.lease.as_millis())
-                    .unwrap_or(u64::MAX)
-                    .max(1),
-            );
+            .arg(millis(self.lease))
+            .arg(&token);
         let claimed: String = self.conn.invoke(&claim).await?;
         match claimed.as_str() {
             "claimed" => {}
@@ -412,12 +483,19 @@ impl StreamDlq {
                 record
                     .key(self.replayed_key(topic)?)
                     .key(&claim_key)
-                    .arg(id);
-                let _: i64 = self.conn.invoke(&record).await?;
-                Ok(Ok(ReplayOutcome::Replayed(None)))
+                    .arg(id)
+                    .arg(&token);
+                let in_time: i64 = self.conn.invoke(&record).await?;
+                Ok(Ok(if in_time == 1 {
+                    ReplayOutcome::Replayed(None)
+                } else {
+                    ReplayOutcome::ReplayedAfterLease
+                }))
             }
             Err(e) => {
-                let _: u64 = self.conn.query(redis::cmd("DEL").arg(&claim_key)).await?;
+                let mut unclaim = self.unclaim.prepare_invoke();
+                unclaim.key(&claim_key).arg(&token);
+                let _: i64 = self.conn.invoke(&unclaim).await?;
                 Ok(Err(e))
             }
         }
@@ -433,13 +511,19 @@ impl StreamDlq {
     }
 }
 
-fn outcome(reply: &[String]) -> Result<ReplayOutcome, RedisGuardError> {
-    match reply.first().map(String::as_str) {
-        Some("replayed") => Ok(ReplayOutcome::Replayed(reply.get(1).cloned())),
-        Some("already") => Ok(ReplayOutcome::AlreadyReplayed),
-        Some("missing") => Ok(ReplayOutcome::Missing),
-        _ => Err(RedisGuardError::UnexpectedReply(format!("{reply:?}"))),
-    }
+/// Whole milliseconds, at least 1 (a zero PX is an error in Redis).
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+/// The part of `key` Redis hashes for its cluster slot: the text between
+/// the first `{` and the first `}` after it, if not empty; else the key.
+fn hash_tag(key: &str) -> &str {
+    key.split_once('{')
+        .and_then(|(_, rest)| rest.split_once('}'))
+        .map(|(tag, _)| tag)
+        .filter(|tag| !tag.is_empty())
+        .unwrap_or(key)
 }
 
 fn parse_entry(id: redis::streams::StreamId) -> DeadLetterEntry {

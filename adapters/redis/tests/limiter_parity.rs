@@ -10,7 +10,8 @@ use guard_core::limit::{
 use guard_core::time::Instant;
 use guard_redis::testkit::{RedisCluster, RedisServer};
 use guard_redis::{
-    Clock, RedisConnection, RedisLeakyBucket, RedisSlidingWindow, RedisTokenBucket, Topology,
+    CALLER_OFFSET_BOUND, CALLER_RATE_BOUND_PPM, Clock, RedisConnection, RedisLeakyBucket,
+    RedisSlidingWindow, RedisTokenBucket, Topology,
 };
 
 fn connect(topology: Topology) -> RedisConnection {
@@ -324,4 +325,135 @@ fn each_decision_and_each_acquisition_is_one_round_trip() {
     });
     assert_eq!(calls(&server, "evalsha"), 300, "one EVALSHA per decision");
     assert_eq!(calls(&server, "eval"), 0);
+}
+
+/// A caller's clock: `offset` from real time, running `ppm` slower.
+#[derive(Clone, Copy)]
+struct CallerClock {
+    offset_ms: i64,
+    slow_ppm: u64,
+}
+
+impl CallerClock {
+    fn read(&self, base_ms: u64, elapsed: Duration) -> Instant {
+        let us = elapsed.as_micros() as u64 * (1_000_000 - self.slow_ppm) / 1_000_000;
+        Instant::from_micros((base_ms as i64 + self.offset_ms) as u64 * 1_000 + us)
+    }
+}
+
+/// Calls every limiter at `now` and checks Redis against guard-core.
+struct Parity {
+    token: (Limiter<TokenBucket>, RedisTokenBucket),
+    leaky: (Limiter<LeakyBucket>, RedisLeakyBucket),
+    window: (Limiter<SlidingWindow<8>>, RedisSlidingWindow),
+}
+
+impl Parity {
+    fn new(conn: &RedisConnection, interval: Duration, prefix: &str) -> Self {
+        let token = TokenBucket::new(2, Rate::per(1, interval)).unwrap();
+        let leaky = LeakyBucket::new(2, Rate::per(1, interval)).unwrap();
+        let window = SlidingWindow::<8>::new(interval, 2).unwrap();
+        Parity {
+            token: (
+                Limiter::new(token),
+                RedisTokenBucket::new(conn.clone(), token)
+                    .unwrap()
+                    .with_prefix(&format!("{prefix}tb"))
+                    .unwrap(),
+            ),
+            leaky: (
+                Limiter::new(leaky),
+                RedisLeakyBucket::new(conn.clone(), leaky)
+                    .unwrap()
+                    .with_prefix(&format!("{prefix}lb"))
+                    .unwrap(),
+            ),
+            window: (
+                Limiter::new(window),
+                RedisSlidingWindow::new(conn.clone(), window)
+                    .unwrap()
+                    .with_prefix(&format!("{prefix}rl"))
+                    .unwrap(),
+            ),
+        }
+    }
+
+    fn check(&mut self, what: &str, now: Instant) {
+        let clock = Clock::Caller(now);
+        let token = smol::block_on(self.token.1.check("k", clock)).unwrap();
+        assert_eq!(token, self.token.0.check(now), "token bucket: {what}");
+        let leaky = smol::block_on(self.leaky.1.check("k", clock)).unwrap();
+        assert_eq!(leaky, self.leaky.0.check(now), "leaky bucket: {what}");
+        let window = smol::block_on(self.window.1.check("k", clock)).unwrap();
+        assert_eq!(window, self.window.0.check(now), "sliding window: {what}");
+    }
+}
+
+#[test]
+fn a_caller_clock_at_the_slow_bound_decides_as_guard_core() {
+    let server = RedisServer::start().expect("redis-server");
+    let conn = connect(Topology::Standalone { url: server.url() });
+    // 1% slow: after 3 s of real time it reads 2.97 s, so state that
+    // settles 3 s (caller) after the first calls must still be there.
+    let slow = CallerClock {
+        offset_ms: 0,
+        slow_ppm: CALLER_RATE_BOUND_PPM,
+    };
+    let mut parity = Parity::new(&conn, Duration::from_secs(3), "slow");
+    let base = 1_700_000_000_000;
+    let start = std::time::Instant::now();
+    for i in 0..3 {
+        parity.check(&format!("burst call {i}"), slow.read(base, start.elapsed()));
+    }
+    std::thread::sleep(Duration::from_millis(3_005));
+    let elapsed = start.elapsed();
+    assert!(
+        elapsed < Duration::from_millis(3_030),
+        "overslept: {elapsed:?}"
+    );
+    parity.check(
+        "after the state settled on the server's clock but not the caller's",
+        slow.read(base, elapsed),
+    );
+}
+
+#[test]
+fn callers_with_skewed_clocks_decide_as_guard_core_on_the_same_trace() {
+    let server = RedisServer::start().expect("redis-server");
+    let conn = connect(Topology::Standalone { url: server.url() });
+    let bound = CALLER_OFFSET_BOUND.as_millis() as i64;
+    // Replicas up to the bound either side of the server, sharing keys;
+    // guard-core sees the same trace of their readings.
+    let replicas = [
+        CallerClock {
+            offset_ms: bound,
+            slow_ppm: 0,
+        },
+        CallerClock {
+            offset_ms: -bound,
+            slow_ppm: CALLER_RATE_BOUND_PPM,
+        },
+        CallerClock {
+            offset_ms: 5_000,
+            slow_ppm: 0,
+        },
+        CallerClock {
+            offset_ms: 0,
+            slow_ppm: CALLER_RATE_BOUND_PPM / 2,
+        },
+    ];
+    let mut parity = Parity::new(&conn, Duration::from_millis(100), "skew");
+    let base = 1_700_000_000_000;
+    let start = std::time::Instant::now();
+    let mut s = 0x9e37_79b9_7f4a_7c15_u64;
+    for i in 0..60 {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        let replica = replicas[(s % replicas.len() as u64) as usize];
+        // Real time passes: beyond an interval, so keys written on the
+        // caller's clock would have expired on the server's.
+        std::thread::sleep(Duration::from_millis(s % 150));
+        parity.check(&format!("call {i}"), replica.read(base, start.elapsed()));
+    }
 }

@@ -248,3 +248,96 @@ fn a_cluster_keeps_each_topic_in_one_slot_and_lists_every_master() {
         assert_eq!(listed, expected, "topics on all three masters");
     });
 }
+
+#[test]
+fn replay_to_origin_crosses_cluster_slots_once_even_after_a_crash_between_its_steps() {
+    let cluster = RedisCluster::start().expect("redis cluster");
+    let conn = connect(Topology::Cluster {
+        nodes: cluster.urls(),
+    });
+    let dlq = StreamDlq::new(conn.clone());
+    smol::block_on(async {
+        for i in 0..12 {
+            // The normal case: the origin stream has no `{topic}` tag, so
+            // it lives in another slot than the topic's keys.
+            let (topic, origin) = ("failed-readings", format!("readings-{i}"));
+            let id = dlq
+                .send(topic, &letter(format!("r{i}").as_bytes(), Some(&origin)))
+                .await
+                .unwrap();
+            let replayed = dlq.replay_to_origin(topic, &id).await.unwrap();
+            assert!(
+                matches!(replayed, ReplayOutcome::Replayed(Some(_))),
+                "{origin}: {replayed:?}"
+            );
+            assert_eq!(
+                dlq.replay_to_origin(topic, &id).await.unwrap(),
+                ReplayOutcome::AlreadyReplayed
+            );
+            // A replay that died after appending and before recording:
+            // the record is gone, the append is not repeated.
+            let replayed_key = format!("{}:replayed", dlq.stream_key(topic).unwrap());
+            let _: u64 = conn
+                .query(redis::cmd("ZREM").arg(&replayed_key).arg(&id))
+                .await
+                .unwrap();
+            assert!(!dlq.is_replayed(topic, &id).await.unwrap());
+            assert_eq!(
+                dlq.replay_to_origin(topic, &id).await.unwrap(),
+                ReplayOutcome::AlreadyReplayed
+            );
+            assert!(dlq.is_replayed(topic, &id).await.unwrap(), "recorded now");
+            let len: u64 = conn.query(redis::cmd("XLEN").arg(&origin)).await.unwrap();
+            assert_eq!(len, 1, "{origin}: appended once");
+        }
+    });
+}
+
+#[test]
+fn a_handler_replay_drops_only_its_own_claim_and_says_when_it_outlived_its_lease() {
+    let server = RedisServer::start().expect("redis-server");
+    let conn = connect(Topology::Standalone { url: server.url() });
+    // A replays with a short lease; B and C with a long one.
+    let dlq = StreamDlq::new(conn.clone()).with_replay_lease(Duration::from_millis(100));
+    let patient = StreamDlq::new(conn).with_replay_lease(Duration::from_secs(5));
+    let id = smol::block_on(dlq.send("orders", &letter(b"o", None))).unwrap();
+    let sleep = |ms| async_io::Timer::after(Duration::from_millis(ms));
+    smol::block_on(async {
+        // A's handler outlives its lease and fails; B claims meanwhile.
+        let a = dlq.replay_with("orders", &id, |_| async {
+            sleep(300).await;
+            Err::<(), _>("downstream down")
+        });
+        let b = async {
+            sleep(150).await;
+            patient
+                .replay_with("orders", &id, |_| async {
+                    sleep(400).await;
+                    Ok::<(), &str>(())
+                })
+                .await
+        };
+        // After A failed, B's claim must still stand.
+        let c = async {
+            sleep(350).await;
+            patient
+                .replay_with("orders", &id, |_| async { Ok::<(), &str>(()) })
+                .await
+        };
+        let (a, (b, c)) = futures_lite::future::zip(a, futures_lite::future::zip(b, c)).await;
+        assert_eq!(a.unwrap(), Err("downstream down"));
+        assert_eq!(
+            c.unwrap(),
+            Ok(ReplayOutcome::InProgress),
+            "A's failure dropped B's claim"
+        );
+        assert_eq!(b.unwrap(), Ok(ReplayOutcome::Replayed(None)));
+    });
+    // A handler that outlives its lease is told so.
+    let id = smol::block_on(dlq.send("orders", &letter(b"p", None))).unwrap();
+    let late = smol::block_on(dlq.replay_with("orders", &id, |_| async {
+        sleep(200).await;
+        Ok::<(), ()>(())
+    }));
+    assert_eq!(late.unwrap(), Ok(ReplayOutcome::ReplayedAfterLease));
+}
