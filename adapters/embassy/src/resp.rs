@@ -274,17 +274,26 @@ fn number(digits: &[u8]) -> Result<i64, ParseError> {
     if digits.is_empty() || digits.len() > 19 {
         return Err(ParseError::BadNumber);
     }
+    // Accumulated towards the sign it will have: i64::MIN has no positive
+    // counterpart, so a positive accumulation would refuse it.
     let mut n: i64 = 0;
     for &d in digits {
         if !d.is_ascii_digit() {
             return Err(ParseError::BadNumber);
         }
+        let digit = i64::from(d - b'0');
         n = n
             .checked_mul(10)
-            .and_then(|n| n.checked_add(i64::from(d - b'0')))
+            .and_then(|n| {
+                if negative {
+                    n.checked_sub(digit)
+                } else {
+                    n.checked_add(digit)
+                }
+            })
             .ok_or(ParseError::BadNumber)?;
     }
-    Ok(if negative { -n } else { n })
+    Ok(n)
 }
 
 /// A length field: `None` for -1.
@@ -404,6 +413,27 @@ mod tests {
         };
         let inner: heapless::Vec<Frame<'_>, 2> = inner.iter().collect();
         assert_eq!(inner.as_slice(), &[Frame::Simple(b"OK"), Frame::Bulk(None)]);
+    }
+
+    #[test]
+    fn integers_cover_the_whole_i64_range() {
+        assert_eq!(
+            parse(b":-9223372036854775808\r\n"),
+            Ok(Some((Frame::Integer(i64::MIN), 23)))
+        );
+        assert_eq!(
+            parse(b":9223372036854775807\r\n"),
+            Ok(Some((Frame::Integer(i64::MAX), 22)))
+        );
+        assert_eq!(parse(b":-0\r\n"), Ok(Some((Frame::Integer(0), 5))));
+        assert_eq!(
+            parse(b":9223372036854775808\r\n"),
+            Err(ParseError::BadNumber)
+        );
+        assert_eq!(
+            parse(b":-9223372036854775809\r\n"),
+            Err(ParseError::BadNumber)
+        );
     }
 
     #[test]

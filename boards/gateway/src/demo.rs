@@ -71,6 +71,14 @@ pub struct DemoReport {
     pub takeover: Option<Duration>,
 }
 
+impl DemoReport {
+    /// Whether the run kept the guard's promises: slots ran, none twice,
+    /// none missed. The demo exits with status 1 otherwise.
+    pub fn kept_promises(&self) -> bool {
+        self.slots > 0 && self.duplicates == 0 && self.missed == 0
+    }
+}
+
 impl fmt::Display for DemoReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "replicas          {}", self.replicas)?;

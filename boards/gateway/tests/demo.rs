@@ -22,4 +22,22 @@ fn the_demo_runs_every_slot_once_and_hands_over_the_lead() {
     assert!(takeover < Duration::from_millis(500), "{report}");
     assert_eq!(report.executions.iter().sum::<usize>(), report.slots);
     assert!(report.to_string().contains("duplicates        0"));
+    assert!(report.kept_promises());
+    // A missed slot, a duplicate or no slot at all fails the run (exit 1).
+    for broken in [
+        demo::DemoReport {
+            missed: 1,
+            ..report.clone()
+        },
+        demo::DemoReport {
+            duplicates: 1,
+            ..report.clone()
+        },
+        demo::DemoReport {
+            slots: 0,
+            ..report.clone()
+        },
+    ] {
+        assert!(!broken.kept_promises(), "{broken}");
+    }
 }

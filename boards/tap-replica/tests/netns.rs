@@ -5,8 +5,10 @@
 //! protected resource judges by fences, takeover within ttl + interval,
 //! the replicas reconnect and go on, every heartbeat slot run once.
 //!
-//! Needs root (namespaces, TAP devices). Without root it fails with a
-//! message saying so, unless `GUARD_SKIP_NETNS=1` skips it. The namespace,
+//! Needs root (namespaces, TAP devices), so it is ignored by a plain
+//! `cargo test` and reported as such, never as passed; the test script
+//! runs it with `--ignored` as root. Asked for without root, it fails
+//! with a message saying so. The namespace,
 //! its devices and every process started are removed at the end, also on
 //! failure.
 
@@ -167,17 +169,12 @@ fn promotions(lines: &Lines) -> Vec<(usize, Instant, u64)> {
 }
 
 #[test]
+#[ignore = "needs root: run as root with `cargo test -p guard-tap-replica --test netns -- --ignored`"]
 fn three_tap_replicas_one_leader_at_a_time_takeover_and_each_slot_once() {
-    if !is_root() {
-        if std::env::var("GUARD_SKIP_NETNS").as_deref() == Ok("1") {
-            eprintln!("skipped: not root and GUARD_SKIP_NETNS=1");
-            return;
-        }
-        panic!(
-            "this test creates a network namespace and TAP devices and needs root; \
-             run it as root, or set GUARD_SKIP_NETNS=1 to skip it"
-        );
-    }
+    assert!(
+        is_root(),
+        "this test creates a network namespace and TAP devices and needs root"
+    );
     let mut ns = Namespace::create();
     ns.exec(&["ip", "link", "set", "lo", "up"]);
     ns.exec(&["ip", "link", "add", "br0", "type", "bridge"]);
