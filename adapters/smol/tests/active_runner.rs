@@ -391,3 +391,49 @@ fn without_a_locker_the_replica_is_always_active() {
         ]
     );
 }
+
+#[test]
+fn the_lease_check_gives_the_fence_only_until_the_renew_deadline() {
+    // Renewals hang: the deadline (ttl 1 s - drift 100 ms after the
+    // acquire was sent) is what ends the lease, on the runner's clock.
+    let config = wrapped(RenewMode::NeverAnswers, false);
+    let runner = ActiveRunner::new(&config, &scope())
+        .unwrap()
+        .with_settings(settings())
+        .unwrap();
+    let lease = runner.lease_check();
+    assert_eq!(lease.fence(), None, "not running: not leading");
+    let (handle, ctl) = control();
+    let started = Instant::now();
+    let task = thread::spawn(move || {
+        smol::block_on(runner.run(ctl, |_| async { Ok::<(), String>(()) }, |_| async {}))
+    });
+    let (mut first_seen, mut valid_until) = (None, None);
+    while started.elapsed() < Duration::from_millis(1_300) {
+        match lease.fence() {
+            Some(fence) => {
+                assert!(fence > 0);
+                first_seen.get_or_insert(started.elapsed());
+                valid_until = Some(started.elapsed());
+            }
+            None if valid_until.is_some() => break,
+            None => {}
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+    let valid_until = valid_until.expect("the fence was given while leading");
+    // The acquire was sent before the fence was first seen, so the
+    // deadline (send time + ttl - drift) is at most 900 ms after that.
+    let lasted = valid_until - first_seen.unwrap();
+    assert!(
+        lasted < Duration::from_millis(900),
+        "handed out the fence {lasted:?} after the grant, past ttl - drift"
+    );
+    assert!(
+        lasted > Duration::from_millis(700),
+        "the lease ended early, {lasted:?} after the grant"
+    );
+    assert_eq!(lease.fence(), None);
+    handle.stop();
+    task.join().unwrap();
+}
