@@ -46,8 +46,8 @@ impl Gcra {
             capacity,
             interval_nanos: interval,
         };
-        // A u32 times a u128 below 2^64 cannot overflow u128; the checked
-        // form also covers an interval above 2^64 (then it is refused).
+        // An interval is at most about 1.8e28 ns (Duration::MAX), so times a
+        // u32 it fits u128; checked all the same, so no input can wrap it.
         let span = match interval.checked_mul(capacity as u128) {
             Some(span) => span,
             None => return Err(too_long),
