@@ -359,12 +359,54 @@ fn received_with_fences(lines: &Lines, endpoint: &str) -> Vec<(usize, u64, Strin
         .collect()
 }
 
-#[test]
-fn a_paused_leader_does_not_handle_what_arrived_after_its_deadline() {
+/// Where the paused-leader tests publish.
+#[derive(Clone)]
+enum Source {
+    /// Redis Pub/Sub on channel `alerts.fire`.
+    Redis(String),
+    /// MQTT topic `alerts/fire` on a broker's port.
+    Mqtt(u16),
+}
+
+impl Source {
+    /// A function that publishes one payload.
+    fn publisher(&self) -> Box<dyn FnMut(String)> {
+        match self.clone() {
+            Source::Redis(url) => {
+                let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
+                Box::new(move |payload| {
+                    let _: i64 = redis::cmd("PUBLISH")
+                        .arg("alerts.fire")
+                        .arg(payload)
+                        .query(&mut conn)
+                        .unwrap();
+                })
+            }
+            Source::Mqtt(port) => {
+                use rumqttc::{Client, MqttOptions, QoS};
+                let (client, mut connection) = Client::new(
+                    MqttOptions::new("paused-leader-publisher", "127.0.0.1", port),
+                    64,
+                );
+                thread::spawn(move || for _ in connection.iter() {});
+                Box::new(move |payload| {
+                    client
+                        .publish("alerts/fire", QoS::AtLeastOnce, false, payload)
+                        .unwrap();
+                })
+            }
+        }
+    }
+}
+
+/// Three processes share one elected endpoint `alerts`; the leader is
+/// paused (SIGSTOP) for twice the lease while messages keep coming, then
+/// resumed. Nothing may be handled twice, and the paused leader must not
+/// handle anything under its expired lease after it wakes.
+fn a_paused_leader_acts_late_on_nothing(endpoint: &str, source: &Source, server: &RedisServer) {
     const TTL_MS: u64 = 3_000;
-    let server = RedisServer::start().expect("redis-server");
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("pubsub.toml");
+    let path = dir.path().join("paused.toml");
     std::fs::write(
         &path,
         format!(
@@ -379,27 +421,15 @@ owner = "it"
 active_ttl_ms = {TTL_MS}
 active_interval_ms = 500
 
-[[endpoints]]
-name = "alerts"
-kind = "redis-pubsub"
-patterns = ["alerts.*"]
-"#,
+{endpoint}"#,
             server.url()
         ),
     )
     .unwrap();
     let lines: Lines = Arc::default();
     let processes: Vec<Process> = (0..3).map(|id| start(id, &path, &lines)).collect();
-    let client = redis::Client::open(server.url()).unwrap();
-    let mut conn = client.get_connection().unwrap();
-    let mut publish = |payload: String| -> i64 {
-        redis::cmd("PUBLISH")
-            .arg("alerts.fire")
-            .arg(payload)
-            .query(&mut conn)
-            .unwrap()
-    };
     // A probe shows which process subscribed.
+    let mut publish = source.publisher();
     let mut probe = 0;
     let leader = loop {
         assert!(
@@ -417,15 +447,11 @@ patterns = ["alerts.*"]
 
     // Publish every 20 ms throughout: before, during and after the pause.
     let publisher = {
-        let url = server.url();
+        let source = source.clone();
         thread::spawn(move || {
-            let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
+            let mut publish = source.publisher();
             for i in 0..600 {
-                let _: i64 = redis::cmd("PUBLISH")
-                    .arg("alerts.fire")
-                    .arg(format!("m{i}"))
-                    .query(&mut conn)
-                    .unwrap();
+                publish(format!("m{i}"));
                 thread::sleep(Duration::from_millis(20));
             }
         })
@@ -472,4 +498,23 @@ patterns = ["alerts.*"]
             .all(|l| !l.contains(&format!(" fence={old_fence} "))),
         "the paused leader handled under its expired lease: {late:?}"
     );
+}
+
+#[test]
+fn a_paused_pubsub_leader_does_not_handle_what_arrived_after_its_deadline() {
+    let server = RedisServer::start().expect("redis-server");
+    let endpoint =
+        "[[endpoints]]\nname = \"alerts\"\nkind = \"redis-pubsub\"\npatterns = [\"alerts.*\"]\n";
+    a_paused_leader_acts_late_on_nothing(endpoint, &Source::Redis(server.url()), &server);
+}
+
+#[test]
+fn a_paused_mqtt_leader_does_not_handle_what_arrived_after_its_deadline() {
+    let server = RedisServer::start().expect("redis-server");
+    let broker = Mosquitto::start().expect("mosquitto");
+    let endpoint = format!(
+        "[[endpoints]]\nname = \"alerts\"\nkind = \"mqtt\"\nhost = \"127.0.0.1\"\nport = {}\nfilter = \"alerts/#\"\nguard = true\n",
+        broker.port()
+    );
+    a_paused_leader_acts_late_on_nothing(&endpoint, &Source::Mqtt(broker.port()), &server);
 }
