@@ -257,3 +257,27 @@ fn concurrent_new_keys_share_one_slot_without_over_admitting() {
         assert_eq!(table.len(), 1);
     });
 }
+
+#[test]
+fn a_checked_lease_never_pairs_one_grant_s_fence_with_another_s_deadline() {
+    use guard_core::guard::{Lease, SharedLease};
+    loom::model(|| {
+        let lease = Arc::new(SharedLease::<CriticalSectionRawMutex>::new());
+        lease.publish(Some(Lease::new(1, Instant::from_millis(100))));
+        let runtime = {
+            let lease = lease.clone();
+            // Demoted, then promoted again under a later grant.
+            thread::spawn(move || {
+                lease.publish(None);
+                lease.publish(Some(Lease::new(2, Instant::from_millis(300))));
+            })
+        };
+        // At 200 ms grant 1 has expired and grant 2 has not: only fence 2
+        // may be handed out, never fence 1 with grant 2's deadline.
+        let seen = lease.check(Instant::from_millis(200));
+        assert!(seen.is_none() || seen == Some(2), "{seen:?}");
+        runtime.join().unwrap();
+        assert_eq!(lease.check(Instant::from_millis(200)), Some(2));
+        assert_eq!(lease.check(Instant::from_millis(300)), None);
+    });
+}

@@ -24,9 +24,9 @@
 
 use core::cell::Cell;
 
-use embassy_sync::blocking_mutex::Mutex;
 use embassy_sync::blocking_mutex::raw::RawMutex;
 
+use crate::sync::BlockingMutex;
 use crate::time::Instant;
 
 /// A held lease: its fence, and the renew deadline on the holder's own
@@ -72,14 +72,23 @@ impl Lease {
 /// a critical section on a microcontroller and a thread mutex on a server;
 /// `new` is `const`, so it can be a `static`.
 pub struct SharedLease<M: RawMutex> {
-    inner: Mutex<M, Cell<Option<Lease>>>,
+    inner: BlockingMutex<M, Cell<Option<Lease>>>,
 }
 
 impl<M: RawMutex> SharedLease<M> {
     /// Not leading.
+    #[cfg(not(guard_loom))]
     pub const fn new() -> Self {
         SharedLease {
-            inner: Mutex::new(Cell::new(None)),
+            inner: BlockingMutex::new(Cell::new(None)),
+        }
+    }
+
+    /// Not leading (loom's mutex has no `const` constructor).
+    #[cfg(guard_loom)]
+    pub fn new() -> Self {
+        SharedLease {
+            inner: BlockingMutex::new(Cell::new(None)),
         }
     }
 
