@@ -5,6 +5,8 @@ use core::time::Duration;
 use guard_core::guard::ActiveConfig;
 use guard_core::lock::Ttl;
 
+use crate::clock::{Clock, ClockSync};
+
 /// Who a fault hits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Target {
@@ -55,6 +57,15 @@ pub enum Fault {
         /// How long the service is unavailable.
         downtime: Duration,
     },
+    /// The lock service restarts without persistence: it answers nothing
+    /// for `downtime`, then comes back empty (no lease, no fence counter;
+    /// its replica resynchronises from it and is empty too).
+    Restart {
+        /// When.
+        at: Duration,
+        /// How long the service is unavailable.
+        downtime: Duration,
+    },
 }
 
 impl Fault {
@@ -64,9 +75,22 @@ impl Fault {
             Fault::Crash { at, .. }
             | Fault::Pause { at, .. }
             | Fault::Partition { at, .. }
-            | Fault::Failover { at, .. } => *at,
+            | Fault::Failover { at, .. }
+            | Fault::Restart { at, .. } => *at,
         }
     }
+}
+
+/// How the lock service derives a grant's fence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FenceRule {
+    /// `max(counter + 1, server time in µs)`, stored as the counter: a
+    /// service that lost the counter (a promoted replica, a restart without
+    /// persistence) still hands out larger fences, unless the granting
+    /// node's clock reads no more than the largest fence lost.
+    ServerTime,
+    /// `counter + 1`: a lost counter hands out fences again.
+    PlainCounter,
 }
 
 /// Scheduled work deduplicated by slot (a OnceGuard per slot).
@@ -98,10 +122,19 @@ pub struct WorldConfig {
     pub replicas: usize,
     /// Simulated time.
     pub duration: Duration,
-    /// Each replica's clock offset is uniform in `-max_offset..=max_offset`.
+    /// Each replica's clock is steered to an offset uniform in
+    /// `-max_offset..=max_offset` (a free clock starts there).
     pub max_offset: Duration,
-    /// Each replica's rate error is uniform in `-max..=max` ppm.
+    /// Each clock's oscillator rate error is uniform in `-max..=max` ppm.
     pub max_drift_ppm: i64,
+    /// How every clock (replicas' and lock-service nodes') is disciplined;
+    /// `None`: they drift freely, without bound (a fault).
+    pub clock_sync: Option<ClockSync>,
+    /// Each lock-service node's clock is steered to an offset uniform in
+    /// `-service_max_offset..=service_max_offset`.
+    pub service_max_offset: Duration,
+    /// How the lock service derives fences.
+    pub fence_rule: FenceRule,
     /// One-way latency bounds of every link.
     pub latency: (Duration, Duration),
     /// Probability that a message is lost.
@@ -137,6 +170,9 @@ impl WorldConfig {
             duration: Duration::from_secs(60),
             max_offset: Duration::from_millis(50),
             max_drift_ppm: 100,
+            clock_sync: Some(ClockSync::NTP),
+            service_max_offset: Duration::from_millis(5),
+            fence_rule: FenceRule::ServerTime,
             latency: (Duration::from_micros(200), Duration::from_millis(5)),
             loss: 0.0,
             duplication: 0.0,
@@ -161,5 +197,30 @@ impl WorldConfig {
             }),
             faults: Vec::new(),
         }
+    }
+
+    /// The largest offset of a replica's wall clock from true time over
+    /// the run.
+    pub fn clock_bound(&self) -> Duration {
+        Clock::bound(
+            self.max_offset,
+            self.max_drift_ppm,
+            self.clock_sync,
+            self.duration,
+        )
+    }
+
+    /// The most two lock-service nodes' wall clocks disagree by, and the
+    /// most one node's wall clock can step back by, over the run: twice a
+    /// node's bound. A fence derived from server time cannot repeat or go
+    /// backwards when every failover's and restart's downtime exceeds it
+    /// (the lost grant came before the fault, the next one after it).
+    pub fn service_clock_disagreement(&self) -> Duration {
+        2 * Clock::bound(
+            self.service_max_offset,
+            self.max_drift_ppm,
+            self.clock_sync,
+            self.duration,
+        )
     }
 }

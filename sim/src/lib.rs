@@ -1,13 +1,18 @@
 //! guard-sim: a deterministic simulator of many replicas running guard's
 //! guards against one lock service, under clock skew and drift, message
-//! loss and duplication, partitions, crashes, stop-the-world pauses and
-//! lock-service failover with lost writes.
+//! loss and duplication, partitions, crashes, stop-the-world pauses,
+//! lock-service failover with lost writes and lock-service restarts that
+//! lose everything.
 //!
 //! Each replica runs guard-core's own [`ActiveGuard`](guard_core::guard::ActiveGuard)
 //! (driven through its sans-IO interface), [`OnceGuard`](guard_core::guard::OnceGuard)
 //! per schedule slot (its `allow` future polled against a simulated
 //! locker), [`SlotTimer`](guard_core::slot::SlotTimer) on its own wall
-//! clock and a sliding-window limiter on its own monotonic clock. Time is
+//! clock and a sliding-window limiter on its own monotonic clock. Clocks
+//! (the replicas' and the lock-service nodes') are disciplined as NTP
+//! keeps real ones: bounded offsets, wall clocks stepped both ways at each
+//! correction, monotonic clocks that only slew; free-drifting clocks are a
+//! fault. The lock service derives fences from its own wall clock. Time is
 //! virtual and event-driven: the world jumps to the next deadline. One
 //! `u64` seed decides every random choice, so a seed replays a run exactly
 //! (same event-log hash).
@@ -26,9 +31,11 @@
 //!
 //! Invariants checked as it runs or at the end: at most one run per slot
 //! (missed slots counted); a lock service that grants one live lease per
-//! key; with fencing on, no stale side effect accepted; after a leader
-//! crash a standby leads within ttl + interval + a round trip; no limiter
-//! admits more than its limit per window.
+//! key; with fencing on, no stale side effect accepted and fences that
+//! never repeat nor go backwards (through failovers and restarts); clocks
+//! within their bound; after a leader crash a standby leads within ttl +
+//! interval + a round trip; no limiter admits more than its limit per
+//! window.
 
 pub mod clock;
 pub mod config;
@@ -41,7 +48,8 @@ pub mod server;
 pub mod svg;
 pub mod world;
 
-pub use config::{Fault, LimiterConfig, SlotConfig, Target, WorldConfig};
+pub use clock::{Clock, ClockSync};
+pub use config::{Fault, FenceRule, LimiterConfig, SlotConfig, Target, WorldConfig};
 pub use report::{Report, Timeline};
 pub use scenario::Scenario;
 pub use world::World;

@@ -2,7 +2,7 @@
 
 use std::fmt::{self, Write as _};
 
-use crate::clock::{Nanos, ReplicaClock};
+use crate::clock::{Clock, Nanos};
 use crate::resource::Effect;
 
 /// Counts and checks of one run.
@@ -48,9 +48,18 @@ pub struct Report {
     pub accepted_stale: u64,
     /// Stale side effects refused (fencing on).
     pub rejected_stale: u64,
-    /// Side effects by a second leader under a fence already used: the
-    /// lock service handed one fence out twice (lost writes).
+    /// Whether the resource rejected stale fences (the scenario promises
+    /// fencing).
+    pub fencing: bool,
+    /// Side effects by a second lease grant under a fence already used:
+    /// the lock service handed one fence out twice.
     pub fence_reused: u64,
+    /// Side effects whose fence was out of grant order against the newest
+    /// accepted one (a newer lease's fence below an older one's).
+    pub fence_out_of_order: u64,
+    /// Grants of the leader key whose fence was not above every earlier
+    /// grant's: the fences went backwards or repeated.
+    pub fence_regressions: u64,
     /// Lock-service writes lost by failovers.
     pub lost_writes: u64,
 
@@ -67,6 +76,14 @@ pub struct Report {
     pub partitions: u64,
     /// Lock-service failovers.
     pub failovers: u64,
+    /// Lock-service restarts without persistence.
+    pub restarts: u64,
+
+    /// The largest offset of a replica's wall clock from true time seen at
+    /// a slot timer, in nanoseconds.
+    pub largest_clock_offset_ns: u64,
+    /// The bound the clocks promise for it.
+    pub clock_bound_ns: u64,
 }
 
 impl Report {
@@ -110,6 +127,14 @@ impl fmt::Display for Report {
             ("stale effects accepted", self.accepted_stale.to_string()),
             ("stale effects rejected", self.rejected_stale.to_string()),
             ("fence handed out twice", self.fence_reused.to_string()),
+            (
+                "fence out of grant order",
+                self.fence_out_of_order.to_string(),
+            ),
+            (
+                "grants not above earlier fences",
+                self.fence_regressions.to_string(),
+            ),
             ("lock writes lost", self.lost_writes.to_string()),
             (
                 "limiter admitted / denied",
@@ -118,8 +143,16 @@ impl fmt::Display for Report {
             (
                 "faults",
                 format!(
-                    "{} crashes, {} pauses, {} partitions, {} failovers",
-                    self.crashes, self.pauses, self.partitions, self.failovers
+                    "{} crashes, {} pauses, {} partitions, {} failovers, {} restarts",
+                    self.crashes, self.pauses, self.partitions, self.failovers, self.restarts
+                ),
+            ),
+            (
+                "largest clock offset",
+                format!(
+                    "{} (bound {})",
+                    ms(self.largest_clock_offset_ns),
+                    ms(self.clock_bound_ns)
                 ),
             ),
             ("violations", self.violations.len().to_string()),
@@ -166,7 +199,7 @@ pub struct Grant {
 pub struct FaultSpan {
     /// Who (`usize::MAX`: the lock service).
     pub replica: usize,
-    /// "crash", "pause", "partition" or "failover".
+    /// "crash", "pause", "partition", "failover" or "restart".
     pub kind: &'static str,
     /// From.
     pub from: Nanos,
@@ -180,7 +213,7 @@ pub struct Timeline {
     /// Replicas.
     pub replicas: usize,
     /// Their clocks.
-    pub clocks: Vec<ReplicaClock>,
+    pub clocks: Vec<Clock>,
     /// Terms as leader.
     pub terms: Vec<Term>,
     /// Lease grants of the leader key.
@@ -198,7 +231,7 @@ const KEPT: usize = 20_000;
 
 impl Timeline {
     /// An empty timeline of `replicas`.
-    pub fn new(replicas: usize, clocks: Vec<ReplicaClock>) -> Self {
+    pub fn new(replicas: usize, clocks: Vec<Clock>) -> Self {
         Timeline {
             replicas,
             clocks,

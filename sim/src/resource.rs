@@ -1,5 +1,10 @@
 //! The protected resource: it records every side effect with its fence
 //! and, when fencing is on, rejects those older than the newest it saw.
+//!
+//! Each effect also carries the number of the lease grant its writer leads
+//! under (the order in which the lock service granted the leader key), which
+//! a real resource does not see but lets the simulator check the fences
+//! themselves: one fence per grant, and fences in grant order.
 
 use std::collections::HashMap;
 
@@ -35,9 +40,11 @@ pub struct Effect {
 pub struct Resource {
     fencing: bool,
     newest_fence: u64,
-    /// Who first wrote with the newest fence: a second writer with the same
-    /// fence means the lock service handed one fence out twice.
-    newest_writer: Option<usize>,
+    /// The grant of the newest fence's first writer.
+    newest_grant: Option<u64>,
+    /// The grant that first wrote with each fence: a second grant writing
+    /// with one fence means the lock service handed that fence out twice.
+    writers: HashMap<u64, u64>,
     /// Side effects, in arrival order (capped for the timeline).
     pub effects: Vec<Effect>,
     /// Counts by verdict.
@@ -46,8 +53,12 @@ pub struct Resource {
     pub accepted_stale: u64,
     /// Stale effects refused (fencing on).
     pub rejected_stale: u64,
-    /// Effects by a second writer under an already used fence.
+    /// Effects by a second grant under an already used fence.
     pub fence_reused: u64,
+    /// Effects whose fence is out of grant order against the newest
+    /// accepted: a newer grant's fence below it, or an older grant's above
+    /// it (the lock service's fences went backwards).
+    pub fence_out_of_order: u64,
     /// Runs per scheduled slot (Unix ms of the slot).
     pub slot_runs: HashMap<u64, u32>,
 }
@@ -61,18 +72,34 @@ impl Resource {
         Resource {
             fencing,
             newest_fence: 0,
-            newest_writer: None,
+            newest_grant: None,
+            writers: HashMap::new(),
             effects: Vec::new(),
             accepted: 0,
             accepted_stale: 0,
             rejected_stale: 0,
             fence_reused: 0,
+            fence_out_of_order: 0,
             slot_runs: HashMap::new(),
         }
     }
 
-    /// A leader's side effect arrives.
-    pub fn write(&mut self, at: Nanos, replica: usize, fence: u64) -> Verdict {
+    /// A side effect of `replica`, leading under lease grant number `grant`
+    /// with `fence`, arrives.
+    pub fn write(&mut self, at: Nanos, replica: usize, fence: u64, grant: u64) -> Verdict {
+        // One fence, one grant: the invariant a fence derivation must keep.
+        let first = *self.writers.entry(fence).or_insert(grant);
+        if first != grant {
+            self.fence_reused += 1;
+        }
+        // Fences in grant order: a stale leader's fence is lower *and* its
+        // grant older; anything else means the fences went backwards.
+        if let Some(newest) = self.newest_grant
+            && fence != self.newest_fence
+            && (fence < self.newest_fence) != (grant < newest)
+        {
+            self.fence_out_of_order += 1;
+        }
         let verdict = if fence < self.newest_fence {
             if self.fencing {
                 self.rejected_stale += 1;
@@ -82,12 +109,9 @@ impl Resource {
                 Verdict::AcceptedStale
             }
         } else {
-            if fence == self.newest_fence && self.newest_writer.is_some_and(|w| w != replica) {
-                self.fence_reused += 1;
-            }
-            if fence > self.newest_fence || self.newest_writer.is_none() {
+            if fence > self.newest_fence || self.newest_grant.is_none() {
                 self.newest_fence = fence;
-                self.newest_writer = Some(replica);
+                self.newest_grant = Some(grant);
             }
             self.accepted += 1;
             Verdict::Accepted

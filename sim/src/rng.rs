@@ -60,10 +60,14 @@ impl Default for LogHash {
 impl LogHash {
     /// Mixes `words` into the hash.
     pub fn add(&mut self, words: &[u64]) {
-        for w in words {
-            for b in w.to_le_bytes() {
-                self.0 ^= u64::from(b);
+        for &w in words {
+            // Byte by byte, little-endian, as FNV-1a is defined; shifts
+            // rather than a byte iterator keep unoptimised builds quick.
+            let mut shift = 0;
+            while shift < 64 {
+                self.0 ^= (w >> shift) & 0xff;
                 self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
+                shift += 8;
             }
         }
     }

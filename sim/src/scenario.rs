@@ -34,6 +34,20 @@ pub enum Scenario {
     /// Slot deduplication alone, on a quiet network, as fast as it goes
     /// (the throughput benchmark's scenario).
     Once,
+    /// The lock service fails over more often than its replica lags: every
+    /// failover loses the newest grants, fence counters included. Fences
+    /// derived from server time still only grow; a slot may run twice (the
+    /// limit of asynchronous replication).
+    RapidFailover,
+    /// The lock service restarts without persistence, again and again,
+    /// under running replicas: it comes back with no lease and no fence
+    /// counter. Fences derived from server time still only grow; the old
+    /// leader's effects are rejected; a slot may run twice.
+    RestartWithoutPersistence,
+    /// Clocks without discipline, skewed as in `skew-below`: their drift
+    /// accumulates until offsets pass the slot key's retention and slots
+    /// run twice (over a simulated day), as on machines without NTP.
+    FreeDrift,
 }
 
 /// Appends `fault(rng, second)` at whole seconds from `first` on, every
@@ -56,7 +70,7 @@ fn recurring(
 
 impl Scenario {
     /// Every scenario.
-    pub const ALL: [Scenario; 7] = [
+    pub const ALL: [Scenario; 10] = [
         Scenario::SkewBelow,
         Scenario::SkewAbove,
         Scenario::PartitionedLeader,
@@ -64,6 +78,9 @@ impl Scenario {
         Scenario::LongPause,
         Scenario::CrashLoop,
         Scenario::Once,
+        Scenario::RapidFailover,
+        Scenario::RestartWithoutPersistence,
+        Scenario::FreeDrift,
     ];
 
     /// Its name on the command line.
@@ -76,6 +93,9 @@ impl Scenario {
             Scenario::LongPause => "long-pause",
             Scenario::CrashLoop => "crash-loop",
             Scenario::Once => "once",
+            Scenario::RapidFailover => "rapid-failover",
+            Scenario::RestartWithoutPersistence => "restart-without-persistence",
+            Scenario::FreeDrift => "free-drift",
         }
     }
 
@@ -136,9 +156,42 @@ impl Scenario {
                 recurring(&mut c.faults, &mut rng, secs, (8, 5, 8, 4), |rng, at| {
                     Fault::Failover {
                         at: at + Duration::from_millis(rng.below(1000)),
-                        downtime: Duration::from_millis(50 + rng.below(200)),
+                        downtime: Duration::from_millis(100 + rng.below(200)),
                     }
                 });
+            }
+            Scenario::RapidFailover => {
+                // Failovers 0 to 3 s apart (1.5 s on average) against a
+                // replica 3.5 s behind: each takes back the grants, fence
+                // counters and slot claims of the seconds before it. Each
+                // downtime (100 ms or more) exceeds how far the two nodes'
+                // clocks can disagree, so server-time fences still grow.
+                c.replication_lag = ttl + Duration::from_millis(500);
+                recurring(&mut c.faults, &mut rng, secs, (5, 3, 1, 2), |rng, at| {
+                    Fault::Failover {
+                        at: at + Duration::from_millis(rng.below(1000)),
+                        downtime: Duration::from_millis(100 + rng.below(200)),
+                    }
+                });
+            }
+            Scenario::RestartWithoutPersistence => {
+                // Restarts every 5 to 10 s, each down 100 ms to 1 s: longer
+                // than the node's clock can step back, so a fence drawn
+                // from it after the restart exceeds every one before.
+                recurring(&mut c.faults, &mut rng, secs, (5, 3, 5, 5), |rng, at| {
+                    Fault::Restart {
+                        at: at + Duration::from_millis(rng.below(1000)),
+                        downtime: Duration::from_millis(100 + rng.below(900)),
+                    }
+                });
+            }
+            Scenario::FreeDrift => {
+                // skew-below's clocks, left to drift: slot deduplication
+                // alone, so a long run is quick.
+                c.clock_sync = None;
+                c.max_offset = Duration::from_secs(4);
+                c.active = None;
+                c.limiter = None;
             }
             Scenario::LongPause => {
                 recurring(&mut c.faults, &mut rng, secs, (5, 10, 15, 5), |rng, at| {
@@ -172,11 +225,12 @@ impl Scenario {
     }
 
     /// Checks the guarantees that hold on every seed: no violation, no
-    /// stale side effect accepted (fencing on), each slot at most once
-    /// (except beyond the key retention or after a failover that lost the
-    /// slot's claim), never two acting leaders where
-    /// nothing pauses them or splits the lock service. The reasons it
-    /// fails, if any.
+    /// stale side effect accepted (fencing on), fences that never repeat
+    /// or go backwards (fencing on), clocks within their bound, each slot
+    /// at most once (except beyond the key retention, with clocks left to
+    /// drift, or after a failover or restart that lost the slot's claim),
+    /// never two acting leaders where nothing pauses them or loses the
+    /// lock service's data. The reasons it fails, if any.
     pub fn check_safety(self, report: &Report) -> Result<(), Vec<String>> {
         let mut wrong: Vec<String> = report.violations.clone();
         let mut expect = |ok: bool, what: &str| {
@@ -188,9 +242,35 @@ impl Scenario {
             report.accepted_stale == 0,
             "no stale side effect accepted (fencing is on)",
         );
-        // Beyond the key retention, and when a failover loses the write of
-        // a slot claim, a slot may run twice: the documented limits.
-        if !matches!(self, Scenario::SkewAbove | Scenario::Failover) {
+        if report.fencing {
+            // Where fencing is promised, a fence is only worth anything if
+            // the lock service never hands it out twice nor a lower one
+            // after a higher: failovers and restarts included.
+            expect(report.fence_reused == 0, "no fence handed out twice");
+            expect(
+                report.fence_out_of_order == 0,
+                "no newer lease offers a fence below an older one's",
+            );
+            expect(
+                report.fence_regressions == 0,
+                "each grant's fence above every earlier grant's",
+            );
+        }
+        expect(
+            report.largest_clock_offset_ns <= report.clock_bound_ns,
+            "clocks stay within their bound",
+        );
+        // Beyond the key retention, with clocks that drift without bound,
+        // and when a failover or a restart loses the write of a slot claim,
+        // a slot may run twice: the documented limits.
+        if !matches!(
+            self,
+            Scenario::SkewAbove
+                | Scenario::Failover
+                | Scenario::RapidFailover
+                | Scenario::RestartWithoutPersistence
+                | Scenario::FreeDrift
+        ) {
             expect(report.duplicate_runs == 0, "each slot runs at most once");
         }
         if matches!(
@@ -245,6 +325,26 @@ impl Scenario {
                 expect(
                     !report.takeovers.is_empty(),
                     "leader crashes are taken over",
+                );
+            }
+            Scenario::RapidFailover => {
+                expect(report.lost_writes > 0, "the failovers lose writes");
+                expect(
+                    report.rejected_stale > 0,
+                    "fencing rejects the old leaders' side effects",
+                );
+            }
+            Scenario::RestartWithoutPersistence => {
+                expect(report.restarts > 0, "the lock service restarts");
+                expect(
+                    report.rejected_stale > 0,
+                    "fencing rejects the old leader's side effects",
+                );
+            }
+            Scenario::FreeDrift => {
+                expect(
+                    report.duplicate_runs > 0,
+                    "drift carries clocks past the retention: slots run twice",
                 );
             }
             Scenario::SkewBelow | Scenario::Once => {}

@@ -1,11 +1,18 @@
-//! A lock service with Redis semantics: TTLs on the server's clock,
-//! `SET NX` plus a fence counter in one script, compare-and-expire,
-//! compare-and-delete; and asynchronous replication to a replica that a
-//! failover promotes, losing the writes it had not received.
+//! A lock service with Redis semantics: TTLs on the serving node's wall
+//! clock, `SET NX` plus a fence in one script, compare-and-expire,
+//! compare-and-delete; asynchronous replication to a replica that a
+//! failover promotes, losing the writes it had not received; and restarts
+//! without persistence, which lose everything.
+//!
+//! The fence of a grant is `max(counter + 1, server time in µs)`, stored as
+//! the counter ([`FenceRule::ServerTime`]), so a node that lost the counter
+//! still hands out larger fences while its wall clock reads more than the
+//! largest fence lost. [`FenceRule::PlainCounter`] is the old derivation.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
-use crate::clock::Nanos;
+use crate::clock::{Clock, Nanos};
+use crate::config::FenceRule;
 
 /// One lock entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -14,14 +21,15 @@ pub struct Lease {
     pub token: u128,
     /// Its fence.
     pub fence: u64,
-    /// When it expires, on the server's clock.
+    /// When it expires, on the clock of the node that wrote it (Redis
+    /// replicates absolute expiries).
     pub expires_at: Nanos,
 }
 
 /// A request to the lock service.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LockOp {
-    /// `SET key token NX PX ttl` and `INCR fence:key` in one script.
+    /// `SET key token NX PX ttl` and the fence of `fence:key` in one script.
     Acquire {
         /// The key.
         key: String,
@@ -59,6 +67,24 @@ pub enum LockReply {
     Done,
     /// Not held by this token.
     NotHeld,
+}
+
+/// What a write replaced: applying it in reverse restores the store to
+/// before the write (the replica's view, which has not received it).
+#[derive(Clone, Debug)]
+struct Undo {
+    key: String,
+    lease: Option<Lease>,
+    fence: Option<u64>,
+}
+
+/// The serving node's clock at one instant.
+#[derive(Clone, Copy, Debug)]
+struct Now {
+    /// Its wall reading in nanoseconds since the run's start (expiries).
+    local: Nanos,
+    /// Its wall reading in microseconds since the Unix epoch (`TIME`).
+    micros: u64,
 }
 
 /// The data a lock service keeps: leases and fence counters.
@@ -102,75 +128,115 @@ impl Store {
         }
     }
 
-    /// Applies `op` at `now`; the reply and whether it wrote.
-    fn apply(&mut self, op: &LockOp, now: Nanos) -> (LockReply, bool) {
+    /// What a write to `key` is about to replace.
+    fn before(&self, key: &str) -> Undo {
+        Undo {
+            key: key.to_owned(),
+            lease: self.leases.get(key).copied(),
+            fence: self.fences.get(key).copied(),
+        }
+    }
+
+    /// Puts back what a write replaced.
+    fn undo(&mut self, undo: Undo) {
+        match undo.lease {
+            Some(lease) => self.set(&undo.key, lease),
+            None => self.delete(&undo.key),
+        }
+        match undo.fence {
+            Some(fence) => self.fences.insert(undo.key, fence),
+            None => self.fences.remove(&undo.key),
+        };
+    }
+
+    /// Applies `op` at `now`; the reply and, if it wrote, what it replaced.
+    fn apply(&mut self, op: &LockOp, now: Now, rule: FenceRule) -> (LockReply, Option<Undo>) {
         match op {
             LockOp::Acquire { key, token, ttl_ns } => {
-                if self.live(key, now).is_some() {
-                    return (LockReply::Busy, false);
+                if self.live(key, now.local).is_some() {
+                    return (LockReply::Busy, None);
                 }
-                let fence = self.fences.entry(key.clone()).or_insert(0);
-                *fence += 1;
-                let fence = *fence;
+                let undo = self.before(key);
+                let counter = self.fences.get(key).copied().unwrap_or(0);
+                let fence = match rule {
+                    // The invariant the tests hold: fences of a key only
+                    // grow, across failovers and restarts, while the
+                    // granting node's clock reads more than the largest
+                    // fence lost.
+                    FenceRule::ServerTime => (counter + 1).max(now.micros),
+                    FenceRule::PlainCounter => counter + 1,
+                };
+                self.fences.insert(key.clone(), fence);
                 self.set(
                     key,
                     Lease {
                         token: *token,
                         fence,
-                        expires_at: now + ttl_ns,
+                        expires_at: now.local + ttl_ns,
                     },
                 );
-                (LockReply::Granted(fence), true)
+                (LockReply::Granted(fence), Some(undo))
             }
-            LockOp::Renew { key, token, ttl_ns } => match self.live(key, now) {
+            LockOp::Renew { key, token, ttl_ns } => match self.live(key, now.local) {
                 Some(lease) if lease.token == *token => {
+                    let undo = self.before(key);
                     self.set(
                         key,
                         Lease {
-                            expires_at: now + ttl_ns,
+                            expires_at: now.local + ttl_ns,
                             ..lease
                         },
                     );
-                    (LockReply::Done, true)
+                    (LockReply::Done, Some(undo))
                 }
-                _ => (LockReply::NotHeld, false),
+                _ => (LockReply::NotHeld, None),
             },
-            LockOp::Release { key, token } => match self.live(key, now) {
+            LockOp::Release { key, token } => match self.live(key, now.local) {
                 Some(lease) if lease.token == *token => {
+                    let undo = self.before(key);
                     self.delete(key);
-                    (LockReply::Done, true)
+                    (LockReply::Done, Some(undo))
                 }
-                _ => (LockReply::NotHeld, false),
+                _ => (LockReply::NotHeld, None),
             },
         }
     }
 }
 
-/// The lock service: a primary that answers, and a replica that applies
-/// the primary's writes `replication_lag_ns` later (Redis replicates
-/// asynchronously; a script's effects travel together).
+/// The lock service: two nodes, each with its own clock. The primary
+/// answers; the replica has every write the primary made more than
+/// `replication_lag_ns` ago (Redis replicates asynchronously; a script's
+/// effects travel together). One store holds the primary's data, and the
+/// writes not yet replicated keep what they replaced, so a failover takes
+/// them back and the replica's data is what remains.
 #[derive(Debug)]
 pub struct LockService {
-    primary: Store,
-    replica: Store,
-    /// Writes on their way to the replica: (apply at, op, primary's time).
-    in_transit: VecDeque<(Nanos, LockOp, Nanos)>,
+    store: Store,
+    /// Writes on their way to the replica: (replicated at, what it replaced).
+    in_transit: VecDeque<(Nanos, Undo)>,
     replication_lag_ns: u64,
-    /// Unavailable until this time (a failover in progress).
+    /// The nodes' clocks; `primary` indexes the one serving.
+    clocks: [Clock; 2],
+    primary: usize,
+    fence_rule: FenceRule,
+    /// Unavailable until this time (a failover or restart in progress).
     down_until: Nanos,
     ops_since_sweep: u32,
-    /// Writes the last failover lost.
+    /// Writes the failovers lost.
     pub lost_writes: u64,
 }
 
 impl LockService {
-    /// A service whose replica lags by `replication_lag_ns`.
-    pub fn new(replication_lag_ns: u64) -> Self {
+    /// A service whose replica lags by `replication_lag_ns`, whose nodes
+    /// keep `clocks` and derive fences by `fence_rule`.
+    pub fn new(replication_lag_ns: u64, clocks: [Clock; 2], fence_rule: FenceRule) -> Self {
         LockService {
-            primary: Store::default(),
-            replica: Store::default(),
+            store: Store::default(),
             in_transit: VecDeque::new(),
             replication_lag_ns,
+            clocks,
+            primary: 0,
+            fence_rule,
             down_until: 0,
             ops_since_sweep: 0,
             lost_writes: 0,
@@ -182,50 +248,68 @@ impl LockService {
         now >= self.down_until
     }
 
-    /// Handles `op` at `now`; `None` while a failover is in progress (the
-    /// request is lost, the client times out).
+    /// The serving node's clock at true time `now`.
+    fn node_now(&self, now: Nanos) -> Now {
+        let clock = &self.clocks[self.primary];
+        Now {
+            local: clock.local_ns(now),
+            micros: clock.wall_micros(now),
+        }
+    }
+
+    /// Handles `op` at `now`; `None` while a failover or restart is in
+    /// progress (the request is lost, the client times out).
     pub fn handle(&mut self, op: &LockOp, now: Nanos) -> Option<LockReply> {
         if !self.is_up(now) {
             return None;
         }
         self.replicate(now);
+        let node = self.node_now(now);
         self.ops_since_sweep += 1;
         if self.ops_since_sweep >= 1024 {
             self.ops_since_sweep = 0;
-            self.primary.sweep(now);
-            self.replica.sweep(now);
+            self.store.sweep(node.local);
         }
-        let (reply, wrote) = self.primary.apply(op, now);
-        if wrote {
+        let (reply, undo) = self.store.apply(op, node, self.fence_rule);
+        if let Some(undo) = undo {
             self.in_transit
-                .push_back((now + self.replication_lag_ns, op.clone(), now));
+                .push_back((now + self.replication_lag_ns, undo));
         }
         Some(reply)
     }
 
-    /// Applies to the replica every write that has reached it by `now`.
+    /// Forgets what the writes the replica has received by `now` replaced:
+    /// a failover no longer takes them back.
     fn replicate(&mut self, now: Nanos) {
-        while self.in_transit.front().is_some_and(|(at, _, _)| *at <= now) {
-            if let Some((_, op, written_at)) = self.in_transit.pop_front() {
-                // The replica executes the write as the primary did, at the
-                // primary's time (Redis propagates absolute expiries).
-                let _ = self.replica.apply(&op, written_at);
-            }
+        while self.in_transit.front().is_some_and(|(at, _)| *at <= now) {
+            self.in_transit.pop_front();
         }
     }
 
     /// The replica becomes the primary at `now`, unavailable for
-    /// `downtime_ns`; writes it had not received are lost.
+    /// `downtime_ns`; writes it had not received are lost. The old primary
+    /// rejoins as its replica, resynchronised.
     pub fn fail_over(&mut self, now: Nanos, downtime_ns: u64) {
         self.replicate(now);
         self.lost_writes += self.in_transit.len() as u64;
+        while let Some((_, undo)) = self.in_transit.pop_back() {
+            self.store.undo(undo);
+        }
+        self.primary = 1 - self.primary;
+        self.down_until = now + downtime_ns;
+    }
+
+    /// The primary restarts at `now` without persistence: unavailable for
+    /// `downtime_ns`, then empty (the replica resynchronises from it, so it
+    /// is empty too). Its clock runs on.
+    pub fn restart(&mut self, now: Nanos, downtime_ns: u64) {
+        self.store = Store::default();
         self.in_transit.clear();
-        self.primary = self.replica.clone();
         self.down_until = now + downtime_ns;
     }
 
     /// The live lease of `key` by the primary's view.
     pub fn holder(&self, key: &str, now: Nanos) -> Option<Lease> {
-        self.primary.live(key, now)
+        self.store.live(key, self.node_now(now).local)
     }
 }

@@ -1,5 +1,6 @@
 //! The timeline as an SVG picture: one lane per replica (terms as leader,
-//! faults, side effects) and one for the lock service (leases, failovers).
+//! faults, side effects) and one for the lock service (leases, failovers,
+//! restarts).
 
 use std::fmt::Write as _;
 
@@ -33,7 +34,7 @@ pub fn render(timeline: &Timeline, title: &str) -> String {
             .clocks
             .get(r)
             .copied()
-            .unwrap_or(crate::clock::ReplicaClock::EXACT);
+            .unwrap_or(crate::clock::Clock::EXACT);
         let _ = write!(
             s,
             r##"<text x="10" y="{:.1}">replica {r}</text><text x="10" y="{:.1}" fill="#666">{:+} ms {:+} ppm</text><line x1="{LEFT}" x2="{:.1}" y1="{:.1}" y2="{:.1}" stroke="#ddd"/>"##,
@@ -58,6 +59,7 @@ pub fn render(timeline: &Timeline, title: &str) -> String {
             "crash" => ("#e57373", f.replica),
             "pause" => ("#ffb74d", f.replica),
             "partition" => ("#90a4ae", f.replica),
+            "restart" => ("#4dd0e1", timeline.replicas),
             _ => ("#ba68c8", timeline.replicas),
         };
         let y = lane_y(lane.min(timeline.replicas));
@@ -120,7 +122,7 @@ pub fn render(timeline: &Timeline, title: &str) -> String {
     let legend_y = service + LANE + 10.0;
     let _ = write!(
         s,
-        r##"<text x="10" y="{legend_y:.1}"><tspan fill="#43a047">■ leader</tspan>  <tspan fill="#1e88e5">━ lease</tspan>  <tspan fill="#2e7d32">● effect accepted</tspan>  <tspan fill="#000">● stale, rejected</tspan>  <tspan fill="#d32f2f">● stale, accepted</tspan>  <tspan fill="#e57373">■ crash</tspan>  <tspan fill="#ffb74d">■ pause</tspan>  <tspan fill="#90a4ae">■ partition</tspan>  <tspan fill="#ba68c8">■ failover</tspan></text><text x="10" y="{:.1}" fill="#666">0 s … {:.1} s of simulated time</text>"##,
+        r##"<text x="10" y="{legend_y:.1}"><tspan fill="#43a047">■ leader</tspan>  <tspan fill="#1e88e5">━ lease</tspan>  <tspan fill="#2e7d32">● effect accepted</tspan>  <tspan fill="#000">● stale, rejected</tspan>  <tspan fill="#d32f2f">● stale, accepted</tspan>  <tspan fill="#e57373">■ crash</tspan>  <tspan fill="#ffb74d">■ pause</tspan>  <tspan fill="#90a4ae">■ partition</tspan>  <tspan fill="#ba68c8">■ failover</tspan>  <tspan fill="#4dd0e1">■ restart</tspan></text><text x="10" y="{:.1}" fill="#666">0 s … {:.1} s of simulated time</text>"##,
         legend_y + 18.0,
         timeline.end as f64 / 1e9
     );

@@ -1,7 +1,6 @@
 //! The world: replicas, the lock service, the network and the protected
 //! resource, advanced event by event in virtual time.
 
-use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
@@ -14,7 +13,7 @@ use guard_core::lock::{Scope, Token};
 use guard_core::slot::{Every, SlotTimer};
 use guard_core::time::Instant;
 
-use crate::clock::{EPOCH_MS, Nanos, ReplicaClock};
+use crate::clock::{Clock, EPOCH_MS, Nanos};
 use crate::config::{Fault, Target, WorldConfig};
 use crate::locker::{Answer, SimLocker, TimedOut, token_id, ttl_nanos};
 use crate::report::{Report, Timeline};
@@ -67,8 +66,9 @@ enum Event {
     },
     /// A request's time-out at a replica.
     Timeout { r: usize, epoch: u64, id: u64 },
-    /// A side effect reaches the resource.
-    AtResource { r: usize, fence: u64 },
+    /// A side effect reaches the resource, from a leader under lease grant
+    /// number `grant`.
+    AtResource { r: usize, fence: u64, grant: u64 },
     /// A fault starts.
     FaultStart(usize),
     /// A crashed replica restarts.
@@ -107,9 +107,44 @@ impl Event {
     }
 }
 
+/// An event waiting in the queue: the earliest `at` first, and among
+/// equal times the first scheduled (`seq`), so a run is deterministic. The
+/// event itself waits in the world's slab at `slot`, so the heap moves only
+/// these three words.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Queued {
+    at: Nanos,
+    seq: u64,
+    slot: usize,
+}
+
+impl PartialOrd for Queued {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Queued {
+    /// Reversed: the heap pops the greatest, which must be the earliest.
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (other.at, other.seq).cmp(&(self.at, self.seq))
+    }
+}
+
+/// A replica's current term as leader.
+#[derive(Clone, Copy, Debug)]
+struct Term {
+    /// The fence it acts under.
+    fence: u64,
+    /// Since when.
+    since: Nanos,
+    /// The number of the lease grant it leads under.
+    grant: u64,
+}
+
 /// One replica's live state; a crash drops it and a restart builds anew.
 struct Replica {
-    clock: ReplicaClock,
+    clock: Clock,
     epoch: u64,
     up: bool,
     paused_until: Nanos,
@@ -120,7 +155,9 @@ struct Replica {
     timer_tag: u64,
     timer_at: Option<Nanos>,
     work_tag: u64,
-    leading: Option<(u64, Nanos)>,
+    /// The number of the newest grant of the leader key it was answered.
+    last_grant: u64,
+    leading: Option<Term>,
     slots: Option<SlotTimer<Every>>,
     claims: HashMap<u64, Claim>,
     limiter: Option<Limiter<SlidingWindow<WINDOW_CAP>>>,
@@ -133,8 +170,10 @@ pub struct World {
     rng: Rng,
     now: Nanos,
     end: Nanos,
-    queue: BinaryHeap<Reverse<(Nanos, u64)>>,
-    events: HashMap<u64, Event>,
+    queue: BinaryHeap<Queued>,
+    /// The queued events, by slot; `free` lists the empty slots.
+    events: Vec<Option<Event>>,
+    free: Vec<usize>,
     next_seq: u64,
     replicas: Vec<Replica>,
     service: LockService,
@@ -149,6 +188,11 @@ pub struct World {
     leading_now: usize,
     leading_changed_at: Nanos,
     crashed_at: HashMap<usize, Nanos>,
+    /// The grant number of each token granted the leader key, in grant
+    /// order.
+    grants: HashMap<u128, u64>,
+    /// The largest fence granted for the leader key so far.
+    highest_leader_fence: Option<u64>,
     scope: Scope,
 }
 
@@ -171,26 +215,37 @@ impl World {
             ));
         }
         let mut rng = Rng::new(config.seed);
-        let offset = i64::try_from(nanos(config.max_offset)).unwrap_or(i64::MAX);
-        let clocks: Vec<ReplicaClock> = (0..config.replicas)
-            .map(|_| ReplicaClock {
-                offset_ns: rng.signed(offset),
-                drift_ppm: rng.signed(config.max_drift_ppm),
-            })
+        let mut clock = |max_offset| {
+            let offset = i64::try_from(nanos(max_offset)).unwrap_or(i64::MAX);
+            let offset_ns = rng.signed(offset);
+            let drift_ppm = rng.signed(config.max_drift_ppm);
+            Clock::new(offset_ns, drift_ppm, config.clock_sync, &mut rng)
+        };
+        let clocks: Vec<Clock> = (0..config.replicas)
+            .map(|_| clock(config.max_offset))
             .collect();
+        let service_clocks = [
+            clock(config.service_max_offset),
+            clock(config.service_max_offset),
+        ];
         let scope = Scope::new("sim")
             .and_then(|s| s.segment("job", "tick"))
             .map_err(|e| e.to_string())?;
         let mut world = World {
             end: nanos(config.duration),
-            service: LockService::new(nanos(config.replication_lag)),
+            service: LockService::new(
+                nanos(config.replication_lag),
+                service_clocks,
+                config.fence_rule,
+            ),
             resource: Resource::new(config.fencing),
             timeline: Timeline::new(config.replicas, clocks.clone()),
             report: Report::new(config.seed, config.replicas),
             rng,
             now: 0,
             queue: BinaryHeap::new(),
-            events: HashMap::new(),
+            events: Vec::new(),
+            free: Vec::new(),
             next_seq: 0,
             replicas: Vec::new(),
             hash: LogHash::default(),
@@ -198,6 +253,8 @@ impl World {
             leading_now: 0,
             leading_changed_at: 0,
             crashed_at: HashMap::new(),
+            grants: HashMap::new(),
+            highest_leader_fence: None,
             scope,
             config,
         };
@@ -214,8 +271,21 @@ impl World {
     fn schedule(&mut self, at: Nanos, event: Event) {
         let seq = self.next_seq;
         self.next_seq += 1;
-        self.events.insert(seq, event);
-        self.queue.push(Reverse((at.max(self.now), seq)));
+        let slot = match self.free.pop() {
+            Some(slot) => {
+                self.events[slot] = Some(event);
+                slot
+            }
+            None => {
+                self.events.push(Some(event));
+                self.events.len() - 1
+            }
+        };
+        self.queue.push(Queued {
+            at: at.max(self.now),
+            seq,
+            slot,
+        });
     }
 
     /// Runs to the end; `progress` is called with the fraction done, about
@@ -223,24 +293,25 @@ impl World {
     pub fn run(mut self, mut progress: impl FnMut(f64)) -> (Report, Timeline) {
         let tenth = (self.end / 10).max(1);
         let mut next_progress = tenth;
-        while let Some(Reverse((at, seq))) = self.queue.pop() {
-            if at > self.end {
+        while let Some(queued) = self.queue.pop() {
+            if queued.at > self.end {
                 break;
             }
-            self.now = at;
+            self.now = queued.at;
             while self.now >= next_progress {
                 progress(next_progress as f64 / self.end.max(1) as f64);
                 next_progress += tenth;
             }
-            if let Some(event) = self.events.remove(&seq) {
-                self.dispatch(seq, event);
+            if let Some(event) = self.events[queued.slot].take() {
+                self.free.push(queued.slot);
+                self.dispatch(queued, event);
             }
         }
         self.now = self.end;
         self.finish()
     }
 
-    fn dispatch(&mut self, seq: u64, event: Event) {
+    fn dispatch(&mut self, queued: Queued, event: Event) {
         if let Some((r, epoch)) = event.owner() {
             let replica = &self.replicas[r];
             if !replica.up || replica.epoch != epoch {
@@ -249,8 +320,13 @@ impl World {
             if replica.paused_until > self.now {
                 // Paused: everything the replica would do waits, in order.
                 let resume = replica.paused_until;
-                self.events.insert(seq, event);
-                self.queue.push(Reverse((resume, seq)));
+                let slot = self.free.pop().unwrap_or(queued.slot);
+                self.events[slot] = Some(event);
+                self.queue.push(Queued {
+                    at: resume,
+                    slot,
+                    ..queued
+                });
                 return;
             }
         }
@@ -263,7 +339,7 @@ impl World {
             | Event::Work { r, .. }
             | Event::LimitRequest { r, .. }
             | Event::Restart { r } => (*r, 0),
-            Event::AtResource { r, fence } => (*r, *fence),
+            Event::AtResource { r, fence, .. } => (*r, *fence),
             Event::FaultStart(i) => (usize::MAX, *i as u64),
         };
         self.hash.add(&[self.now, event.kind(), r as u64, data]);
@@ -284,8 +360,8 @@ impl World {
             Event::AtService { r, epoch, id, op } => self.at_service(r, epoch, id, &op),
             Event::AtReplica { r, id, reply, .. } => self.at_replica(r, id, Ok(reply)),
             Event::Timeout { r, id, .. } => self.at_replica(r, id, Err(TimedOut)),
-            Event::AtResource { r, fence } => {
-                let verdict = self.resource.write(self.now, r, fence);
+            Event::AtResource { r, fence, grant } => {
+                let verdict = self.resource.write(self.now, r, fence, grant);
                 self.hash.add(&[verdict as u64]);
             }
             Event::FaultStart(i) => self.start_fault(i),
@@ -323,7 +399,7 @@ impl World {
         {
             let timer = SlotTimer::new(every, wall);
             if let Some(next) = timer.next_fire() {
-                let at = self.replicas[r].clock.true_time_of_wall(next);
+                let at = self.replicas[r].clock.true_time_of_wall(next, self.now);
                 self.schedule(at, Event::SlotFire { r, epoch });
             }
             self.replicas[r].slots = Some(timer);
@@ -386,6 +462,16 @@ impl World {
                     before.fence
                 ));
             }
+            // Fences never go backwards: each grant's above every earlier
+            // one's, across failovers and restarts.
+            if self.highest_leader_fence.is_some_and(|h| fence <= h) {
+                self.report.fence_regressions += 1;
+            }
+            self.highest_leader_fence = self.highest_leader_fence.max(Some(fence));
+            if let LockOp::Acquire { token, .. } = op {
+                let number = self.grants.len() as u64 + 1;
+                self.grants.entry(*token).or_insert(number);
+            }
             self.timeline.lease(self.now, self.now + ttl_ns, fence, r);
         }
         if self.replicas[r].partitioned_until > self.now {
@@ -405,6 +491,10 @@ impl World {
     fn at_replica(&mut self, r: usize, id: u64, answer: Answer) {
         let local = self.local(r);
         if let Some(call) = self.replicas[r].lease_calls.remove(&id) {
+            if let (LeaseCall::Acquire(token), Ok(LockReply::Granted(_))) = (call, answer) {
+                // A promotion this answer brings leads under this grant.
+                self.replicas[r].last_grant = self.grants.get(&token).copied().unwrap_or(0);
+            }
             if let Some(guard) = self.replicas[r].guard.as_mut() {
                 match call {
                     LeaseCall::Acquire(token) => guard.handle_acquired(
@@ -528,7 +618,12 @@ impl World {
     }
 
     fn promote(&mut self, r: usize, fence: u64) {
-        self.replicas[r].leading = Some((fence, self.now));
+        let grant = self.replicas[r].last_grant;
+        self.replicas[r].leading = Some(Term {
+            fence,
+            since: self.now,
+            grant,
+        });
         self.replicas[r].work_tag += 1;
         self.report.promotions += 1;
         if let Some(lost) = self.leader_lost_at.take() {
@@ -550,8 +645,8 @@ impl World {
     }
 
     fn demote(&mut self, r: usize) {
-        if let Some((fence, since)) = self.replicas[r].leading.take() {
-            self.timeline.led(r, since, self.now, fence);
+        if let Some(term) = self.replicas[r].leading.take() {
+            self.timeline.led(r, term.since, self.now, term.fence);
         }
         self.replicas[r].work_tag += 1;
         let count = self.acting_leaders();
@@ -567,7 +662,14 @@ impl World {
             return u64::MAX;
         };
         let interval = nanos(active.interval());
-        let stretch = interval * self.config.max_drift_ppm.unsigned_abs() / 1_000_000 + 1;
+        // The slowest monotonic clock runs behind by its drift plus the
+        // discipline's slew.
+        let slew = self
+            .config
+            .clock_sync
+            .map_or(0, |s| s.max_slew_ppm.unsigned_abs());
+        let rate = self.config.max_drift_ppm.unsigned_abs() + slew;
+        let stretch = interval * rate / 1_000_000 + 1;
         ttl_nanos(active.ttl()) + interval + stretch + 3 * nanos(self.config.latency.1)
     }
 
@@ -575,11 +677,11 @@ impl World {
         if self.replicas[r].work_tag != tag {
             return;
         }
-        let Some((fence, _)) = self.replicas[r].leading else {
+        let Some(Term { fence, grant, .. }) = self.replicas[r].leading else {
             return;
         };
         for delay in self.deliveries_reliable() {
-            self.schedule(self.now + delay, Event::AtResource { r, fence });
+            self.schedule(self.now + delay, Event::AtResource { r, fence, grant });
         }
         let epoch = self.replicas[r].epoch;
         let next = self.now + nanos(self.config.work_period);
@@ -594,7 +696,10 @@ impl World {
     }
 
     fn fire_slot(&mut self, r: usize) {
-        let wall = self.replicas[r].clock.wall(self.now);
+        let clock = self.replicas[r].clock;
+        let wall = clock.wall(self.now);
+        let offset = clock.wall_offset_ns(self.now).unsigned_abs();
+        self.report.largest_clock_offset_ns = self.report.largest_clock_offset_ns.max(offset);
         let epoch = self.replicas[r].epoch;
         let Some(timer) = self.replicas[r].slots.as_mut() else {
             return;
@@ -604,10 +709,7 @@ impl World {
         };
         let next = timer.next_fire();
         if let Some(next) = next {
-            let at = self.replicas[r]
-                .clock
-                .true_time_of_wall(next)
-                .max(self.now + 1);
+            let at = self.replicas[r].clock.true_time_of_wall(next, self.now + 1);
             self.schedule(at, Event::SlotFire { r, epoch });
         }
         self.report.slot_fires += 1;
@@ -716,9 +818,9 @@ impl World {
                 let until = self.now + nanos(length);
                 // A leader had just decided a side effect: it leaves when
                 // the pause ends, with the fence it had then.
-                if let Some((fence, _)) = self.replicas[r].leading {
+                if let Some(Term { fence, grant, .. }) = self.replicas[r].leading {
                     let delay = self.deliveries_reliable()[0];
-                    self.schedule(until + delay, Event::AtResource { r, fence });
+                    self.schedule(until + delay, Event::AtResource { r, fence, grant });
                 }
                 self.replicas[r].paused_until = until;
                 let count = self.acting_leaders();
@@ -740,6 +842,12 @@ impl World {
                 self.report.failovers += 1;
                 self.timeline.failover(self.now);
             }
+            Fault::Restart { downtime, .. } => {
+                self.service.restart(self.now, nanos(downtime));
+                self.report.restarts += 1;
+                let until = self.now + nanos(downtime);
+                self.timeline.fault(usize::MAX, "restart", self.now, until);
+            }
         }
     }
 
@@ -748,8 +856,8 @@ impl World {
             self.timeline.fault(r, "crash", since, self.end);
         }
         for r in 0..self.replicas.len() {
-            if let Some((fence, since)) = self.replicas[r].leading {
-                self.timeline.led(r, since, self.end, fence);
+            if let Some(term) = self.replicas[r].leading {
+                self.timeline.led(r, term.since, self.end, term.fence);
             }
         }
         self.set_leading_count(0);
@@ -760,12 +868,13 @@ impl World {
             // outside the run.
             let period = nanos(slots.period);
             let period_ms = period / 1_000_000;
-            let margin_ms = period_ms + nanos(self.config.max_offset) / 1_000_000;
+            let bound = nanos(self.config.clock_bound());
+            let margin_ms = period_ms + bound.div_ceil(1_000_000);
             let first = (EPOCH_MS + margin_ms).div_ceil(period_ms) * period_ms;
             let last = EPOCH_MS
                 + self
                     .end
-                    .saturating_sub(period + nanos(self.config.max_offset))
+                    .saturating_sub(period + bound)
                     .saturating_sub(period)
                     / 1_000_000;
             let mut slot = first;
@@ -788,6 +897,9 @@ impl World {
         self.report.accepted_stale = self.resource.accepted_stale;
         self.report.rejected_stale = self.resource.rejected_stale;
         self.report.fence_reused = self.resource.fence_reused;
+        self.report.fence_out_of_order = self.resource.fence_out_of_order;
+        self.report.fencing = self.config.fencing;
+        self.report.clock_bound_ns = nanos(self.config.clock_bound());
         self.report.lost_writes = self.service.lost_writes;
         self.report.log_hash = self.hash.value();
         self.report.takeover_bound_ns = self.takeover_bound();
@@ -798,7 +910,7 @@ impl World {
 }
 
 impl Replica {
-    fn fresh(clock: ReplicaClock, epoch: u64, r: usize) -> Self {
+    fn fresh(clock: Clock, epoch: u64, r: usize) -> Self {
         Replica {
             clock,
             epoch,
@@ -811,6 +923,7 @@ impl Replica {
             timer_tag: 0,
             timer_at: None,
             work_tag: 0,
+            last_grant: 0,
             leading: None,
             slots: None,
             claims: HashMap::new(),

@@ -1,14 +1,16 @@
 //! `guard-sim --seed S --replicas N --duration D --scenario NAME`: runs one
 //! simulated world, prints the seed first, progress, a summary table and
-//! the scenario's verdict, and writes an SVG timeline.
+//! the scenario's verdict, and writes an SVG timeline. `--scenario all`
+//! runs every scenario in turn (the long-run check: `--duration 604800`
+//! for a simulated week) and prints each one's verdict and wall time.
 
 use std::io::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use guard_sim::{Scenario, World, svg};
+use guard_sim::{FenceRule, Scenario, World, svg};
 
 /// A deterministic simulator of guard's guards across replicas.
 #[derive(Parser, Debug)]
@@ -24,15 +26,32 @@ struct Args {
     #[arg(long, default_value_t = 120)]
     duration: u64,
     /// skew-below, skew-above, partitioned-leader, failover, long-pause,
-    /// crash-loop or once.
+    /// crash-loop, once, rapid-failover, restart-without-persistence,
+    /// free-drift, or all (each in turn).
     #[arg(long, default_value = "crash-loop")]
     scenario: String,
     /// Turn the resource's fence check off (to see what fencing prevents).
     #[arg(long)]
     no_fencing: bool,
-    /// Where to write the SVG timeline.
+    /// Derive fences from the plain counter alone (to see a lost counter
+    /// hand fences out again).
+    #[arg(long)]
+    plain_fence_counter: bool,
+    /// Leave every clock undisciplined, drifting without bound.
+    #[arg(long)]
+    free_clocks: bool,
+    /// Where to write the SVG timeline (with `--scenario all`, one per
+    /// scenario, named after it).
     #[arg(long, default_value = "guard-sim.svg")]
     svg: PathBuf,
+}
+
+/// How one run ended.
+enum Outcome {
+    /// Every guarantee held.
+    Held,
+    /// A guarantee broke.
+    Broken,
 }
 
 fn main() -> ExitCode {
@@ -44,43 +63,88 @@ fn main() -> ExitCode {
     });
     // The seed first, so any run can be replayed.
     println!("seed {seed}");
-    let scenario = match Scenario::from_name(&args.scenario) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("guard-sim: {e}");
-            return ExitCode::from(2);
+    let scenarios = if args.scenario == "all" {
+        Scenario::ALL.to_vec()
+    } else {
+        match Scenario::from_name(&args.scenario) {
+            Ok(s) => vec![s],
+            Err(e) => {
+                eprintln!("guard-sim: {e}");
+                return ExitCode::from(2);
+            }
         }
     };
+    let many = scenarios.len() > 1;
+    let mut broken = Vec::new();
+    for scenario in scenarios {
+        let svg = if many {
+            args.svg
+                .with_file_name(format!("guard-sim-{}.svg", scenario.name()))
+        } else {
+            args.svg.clone()
+        };
+        match run(&args, seed, scenario, &svg) {
+            Ok(Outcome::Held) => {}
+            Ok(Outcome::Broken) => broken.push(scenario.name()),
+            Err(e) => {
+                eprintln!("guard-sim: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    if many {
+        if broken.is_empty() {
+            println!("all scenarios: guarantees hold");
+        } else {
+            println!("guarantees broken in: {}", broken.join(", "));
+        }
+    }
+    if broken.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// Runs `scenario` as `args` say, prints its report and verdict and writes
+/// its timeline to `svg`.
+fn run(args: &Args, seed: u64, scenario: Scenario, svg: &Path) -> Result<Outcome, String> {
     let mut config = scenario.config(seed, args.replicas, Duration::from_secs(args.duration));
     config.fencing = !args.no_fencing;
-    let world = match World::new(config) {
-        Ok(w) => w,
-        Err(e) => {
-            eprintln!("guard-sim: {e}");
-            return ExitCode::from(2);
-        }
-    };
+    if args.plain_fence_counter {
+        config.fence_rule = FenceRule::PlainCounter;
+    }
+    if args.free_clocks {
+        config.clock_sync = None;
+    }
+    let world = World::new(config)?;
     let started = Instant::now();
     let (report, timeline) = world.run(|done| {
         eprint!("\r{:>3.0}% simulated", done * 100.0);
         let _ = std::io::stderr().flush();
     });
-    eprintln!(
-        "\r100% simulated in {:.2} s",
-        started.elapsed().as_secs_f64()
-    );
-    println!("scenario {}", scenario.name());
+    let took = started.elapsed().as_secs_f64();
+    eprintln!("\r100% simulated in {took:.2} s");
+    println!("scenario {} ({took:.2} s)", scenario.name());
     print!("{report}");
+    let flags: String = [
+        (args.no_fencing, " --no-fencing"),
+        (args.plain_fence_counter, " --plain-fence-counter"),
+        (args.free_clocks, " --free-clocks"),
+    ]
+    .iter()
+    .filter(|(on, _)| *on)
+    .map(|(_, flag)| *flag)
+    .collect();
     let title = format!(
-        "guard-sim {} --seed {seed} --replicas {} --duration {}{}",
+        "guard-sim {} --seed {seed} --replicas {} --duration {}{flags}",
         scenario.name(),
         args.replicas,
         args.duration,
-        if args.no_fencing { " --no-fencing" } else { "" }
     );
-    match std::fs::write(&args.svg, svg::render(&timeline, &title)) {
-        Ok(()) => println!("timeline written to {}", args.svg.display()),
-        Err(e) => eprintln!("guard-sim: could not write {}: {e}", args.svg.display()),
+    match std::fs::write(svg, svg::render(&timeline, &title)) {
+        Ok(()) => println!("timeline written to {}", svg.display()),
+        Err(e) => eprintln!("guard-sim: could not write {}: {e}", svg.display()),
     }
     // A broken guarantee fails the run; a seed whose races did not show
     // what the scenario is for (say, no stale effect to reject) does not.
@@ -88,7 +152,7 @@ fn main() -> ExitCode {
         for w in wrong {
             println!("verdict: NOT as expected: {w}");
         }
-        return ExitCode::FAILURE;
+        return Ok(Outcome::Broken);
     }
     match scenario.check(&report) {
         Ok(()) => println!("verdict: as expected"),
@@ -98,5 +162,5 @@ fn main() -> ExitCode {
             }
         }
     }
-    ExitCode::SUCCESS
+    Ok(Outcome::Held)
 }
