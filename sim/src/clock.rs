@@ -98,12 +98,18 @@ pub struct Clock {
     pub offset_ns: i64,
     /// The oscillator's rate error in parts per million (positive: fast).
     pub drift_ppm: i64,
-    /// The discipline; `None`: the clock drifts freely.
-    pub sync: Option<ClockSync>,
+    /// The discipline; `None`: the clock drifts freely. Private: the
+    /// values below are derived from it.
+    sync: Option<ClockSync>,
     /// Seeds each correction's error and slew.
     seed: u64,
     /// The first correction comes at `phase + poll`.
     phase_ns: u64,
+    /// `sync`'s poll, correction error and half the slew a poll allows, in
+    /// nanoseconds (zero for a free clock), computed once.
+    poll_ns: u64,
+    step_ns: u64,
+    span_ns: u64,
 }
 
 impl Clock {
@@ -118,6 +124,9 @@ impl Clock {
             sync: None,
             seed: 0,
             phase_ns: 0,
+            poll_ns: 0,
+            step_ns: 0,
+            span_ns: 0,
         }
     }
 
@@ -127,13 +136,25 @@ impl Clock {
     pub fn new(offset_ns: i64, drift_ppm: i64, sync: Option<ClockSync>, rng: &mut Rng) -> Self {
         let seed = rng.next_u64();
         let phase_ns = sync.map_or(0, |s| rng.below(nanos(s.poll)));
+        let poll_ns = sync.map_or(0, |s| nanos(s.poll).max(1));
+        let span = sync.map_or(0, |s| {
+            u128::from(poll_ns) * u128::from(s.max_slew_ppm.unsigned_abs()) / 2_000_000
+        });
         Clock {
             offset_ns,
             drift_ppm,
             sync,
             seed,
             phase_ns,
+            poll_ns,
+            step_ns: sync.map_or(0, |s| nanos(s.step_error)),
+            span_ns: u64::try_from(span).unwrap_or(0),
         }
+    }
+
+    /// The discipline; `None`: the clock drifts freely.
+    pub const fn sync(&self) -> Option<ClockSync> {
+        self.sync
     }
 
     /// A number in `-max..=max` drawn for correction `k` (`salt` tells the
@@ -145,18 +166,11 @@ impl Clock {
     }
 
     /// The index of the segment that contains true time `t`.
-    fn index(&self, t: u128) -> u64 {
-        match self.sync {
-            None => 0,
-            Some(s) => {
-                let poll = u128::from(nanos(s.poll).max(1));
-                let first_end = u128::from(self.phase_ns) + poll;
-                if t < first_end {
-                    0
-                } else {
-                    u64::try_from((t - u128::from(self.phase_ns)) / poll).unwrap_or(u64::MAX)
-                }
-            }
+    fn index(&self, t: u64) -> u64 {
+        if self.sync.is_none() || t < self.phase_ns + self.poll_ns {
+            0
+        } else {
+            (t - self.phase_ns) / self.poll_ns
         }
     }
 
@@ -165,7 +179,7 @@ impl Clock {
     /// never exceeds it; the first is zero (the monotonic clock starts at
     /// zero with the run).
     fn segment(&self, k: u64) -> Segment {
-        let Some(s) = self.sync else {
+        if self.sync.is_none() {
             return Segment {
                 start: 0,
                 len: 1,
@@ -174,7 +188,7 @@ impl Clock {
                 bounded: false,
             };
         };
-        let poll = i128::from(nanos(s.poll).max(1));
+        let poll = i128::from(self.poll_ns);
         let phase = i128::from(self.phase_ns);
         let start = if k == 0 {
             0
@@ -182,15 +196,17 @@ impl Clock {
             phase + i128::from(k) * poll
         };
         let end = phase + (i128::from(k) + 1) * poll;
-        let span = u64::try_from(
-            nanos(s.poll) as u128 * u128::from(s.max_slew_ppm.unsigned_abs()) / 2_000_000,
-        )
-        .unwrap_or(0);
-        let point = |k: u64| if k == 0 { 0 } else { self.noise(k, 2, span) };
+        let point = |k: u64| {
+            if k == 0 {
+                0
+            } else {
+                self.noise(k, 2, self.span_ns)
+            }
+        };
         Segment {
             start,
             len: end - start,
-            step: self.noise(k, 1, nanos(s.step_error)),
+            step: self.noise(k, 1, self.step_ns),
             phase: (point(k), point(k + 1)),
             bounded: true,
         }
@@ -235,16 +251,24 @@ impl Clock {
     /// run's start (never negative: a clock set before the start reads
     /// zero there).
     pub fn local_ns(&self, t: Nanos) -> u64 {
-        let seg = self.segment(self.index(u128::from(t)));
+        let seg = self.segment(self.index(t));
         let local = Self::eval(self.wall_line(&seg), &seg, i128::from(t));
         u64::try_from(local.max(0)).unwrap_or(u64::MAX)
     }
 
     /// The wall clock's offset from true time at `t`, in nanoseconds.
     pub fn wall_offset_ns(&self, t: Nanos) -> i64 {
-        let seg = self.segment(self.index(u128::from(t)));
+        self.wall_and_offset(t).1
+    }
+
+    /// The wall reading at `t` and its offset from true time in
+    /// nanoseconds, computed once.
+    pub fn wall_and_offset(&self, t: Nanos) -> (UnixMillis, i64) {
+        let seg = self.segment(self.index(t));
         let local = Self::eval(self.wall_line(&seg), &seg, i128::from(t));
-        i64::try_from(local - i128::from(t)).unwrap_or(i64::MAX)
+        let offset = i64::try_from(local - i128::from(t)).unwrap_or(i64::MAX);
+        let local = u64::try_from(local.max(0)).unwrap_or(u64::MAX);
+        (UnixMillis(EPOCH_MS + local / 1_000_000), offset)
     }
 
     /// The monotonic reading: what `Instant` a replica's guard sees. The
@@ -252,7 +276,7 @@ impl Clock {
     /// It never goes backwards: within a segment it is a line of positive
     /// slope, and segments meet end to end.
     pub fn monotonic(&self, t: Nanos) -> Instant {
-        let seg = self.segment(self.index(u128::from(t)));
+        let seg = self.segment(self.index(t));
         let local = Self::eval(self.monotonic_line(&seg), &seg, i128::from(t));
         Instant::from_nanos(u64::try_from(local.max(0)).unwrap_or(u64::MAX))
     }
@@ -265,7 +289,13 @@ impl Clock {
     /// The wall reading in microseconds since the Unix epoch (what Redis's
     /// `TIME` returns), for fences.
     pub fn wall_micros(&self, t: Nanos) -> u64 {
-        EPOCH_MS * 1_000 + self.local_ns(t) / 1_000
+        Self::micros_of_local(self.local_ns(t))
+    }
+
+    /// The Unix time in microseconds of a local wall reading (from
+    /// [`Self::local_ns`]).
+    pub const fn micros_of_local(local_ns: u64) -> u64 {
+        EPOCH_MS * 1_000 + local_ns / 1_000
     }
 
     /// The earliest true time at which the monotonic reading reaches `at`
@@ -275,7 +305,7 @@ impl Clock {
         // Near `at / (1 + drift)`; the phase moves it by less than a
         // segment, so a step or two either way finds the right one.
         let guess = value * PPM / (PPM + i128::from(self.drift_ppm)).max(1);
-        let mut k = self.index(u128::try_from(guess.max(0)).unwrap_or(0));
+        let mut k = self.index(u64::try_from(guess.max(0)).unwrap_or(u64::MAX));
         loop {
             let seg = self.segment(k);
             let line = self.monotonic_line(&seg);
@@ -298,7 +328,7 @@ impl Clock {
     /// reached can come again: only the time after `from` counts.
     pub fn true_time_of_wall(&self, at: UnixMillis, from: Nanos) -> Nanos {
         let value = i128::from(at.0.saturating_sub(EPOCH_MS)) * 1_000_000;
-        let mut k = self.index(u128::from(from));
+        let mut k = self.index(from);
         loop {
             let seg = self.segment(k);
             let line = self.wall_line(&seg);

@@ -250,10 +250,10 @@ impl LockService {
 
     /// The serving node's clock at true time `now`.
     fn node_now(&self, now: Nanos) -> Now {
-        let clock = &self.clocks[self.primary];
+        let local = self.clocks[self.primary].local_ns(now);
         Now {
-            local: clock.local_ns(now),
-            micros: clock.wall_micros(now),
+            local,
+            micros: Clock::micros_of_local(local),
         }
     }
 

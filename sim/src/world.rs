@@ -696,9 +696,8 @@ impl World {
     }
 
     fn fire_slot(&mut self, r: usize) {
-        let clock = self.replicas[r].clock;
-        let wall = clock.wall(self.now);
-        let offset = clock.wall_offset_ns(self.now).unsigned_abs();
+        let (wall, offset) = self.replicas[r].clock.wall_and_offset(self.now);
+        let offset = offset.unsigned_abs();
         self.report.largest_clock_offset_ns = self.report.largest_clock_offset_ns.max(offset);
         let epoch = self.replicas[r].epoch;
         let Some(timer) = self.replicas[r].slots.as_mut() else {
