@@ -221,7 +221,7 @@ impl Clock {
         (a, b)
     }
 
-    /// The wall offset's line within `seg`, like [`Self::monotonic_line`]:
+    /// The wall reading's line within `seg`, like [`Self::monotonic_line`]:
     /// the wall clock runs at the monotonic clock's rate (one oscillator,
     /// one slew) and a correction steps it to bias + error.
     fn wall_line(&self, seg: &Segment) -> (i128, i128) {
