@@ -7,6 +7,7 @@
 #   GUARD_BENCH=1 scripts/test.sh   also runs the benchmarks for real and
 #                                   rewrites benches/RESULTS.md
 #   GUARD_SIM_SEEDS=50 scripts/test.sh   simulates more random seeds per scenario
+#   GUARD_SIM_LONG=1 scripts/test.sh    also runs every simulator scenario for a simulated week
 #   LOOM_MAX_PREEMPTIONS=5 scripts/test.sh   explores more interleavings
 #   GUARD_FUZZ_SECONDS=600 scripts/test.sh   fuzzes each target longer
 set -euo pipefail
@@ -108,9 +109,13 @@ size -A boards/mps2-an386/target/thumbv7em-none-eabihf/release/guard-firmware-mp
 step "the main job: three replicas, every slot once (exit 1 on a duplicate)"
 cargo run --release --locked -p guard-gateway -- demo --seconds 4
 
-step "the simulator: a lock-service failover that lost writes, caught by fencing"
-cargo run --release --locked -p guard-sim -- --seed 1 --scenario failover --duration 120 \
-    --svg target/guard-sim-failover.svg
+step "the simulator: every scenario for a simulated day on five replicas"
+cargo run --release --locked -p guard-sim -- --seed 1 --scenario all --duration 86400 --replicas 5 \
+    --svg target/guard-sim.svg
+if [ "${GUARD_SIM_LONG:-0}" = "1" ]; then
+    step "the simulator: every scenario for a simulated week on five replicas"
+    GUARD_SIM_LONG=1 cargo test --release --locked -p guard-sim --test scenarios a_simulated_week -- --nocapture
+fi
 
 step "fuzz targets: build each, run each for ${GUARD_FUZZ_SECONDS:-15} s"
 rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
