@@ -13,10 +13,10 @@ use std::time::{Duration, Instant};
 use guard_benches::publish;
 use guard_core::limit::{Rate, SlidingWindow, TokenBucket};
 use guard_core::lock::{Locker, Ttl};
-use guard_redis::testkit::RedisServer;
 use guard_redis::{
     Clock, RedisConnection, RedisLocker, RedisSlidingWindow, RedisTokenBucket, Topology,
 };
+use guard_testkit::RedisServer;
 
 const KEYSPACE: u64 = 100_000;
 

@@ -11,8 +11,8 @@ use futures_lite::future;
 use guard_core::lock::redis::InvalidRedisKey;
 use guard_core::lock::{LeaseRenewer, Locker, Renewal, Ttl, UnlockError};
 use guard_embassy::{RespError, RespLocker};
-use guard_redis::testkit::RedisServer;
 use guard_redis::{RedisConnection, RedisLocker, Topology};
+use guard_testkit::RedisServer;
 
 type Socket = FromFutures<async_net::TcpStream>;
 type Embedded = RespLocker<CriticalSectionRawMutex, Socket>;

@@ -33,8 +33,6 @@
 
 mod connection;
 mod endpoint;
-#[cfg(feature = "testkit")]
-pub mod testkit;
 
 use std::fmt;
 use std::time::Duration;

@@ -7,17 +7,17 @@ use std::time::Duration;
 
 use guard_core::guard::ActiveConfig;
 use guard_core::lock::{Locker, Ttl};
-use guard_mqtt::testkit::Mosquitto;
 use guard_mqtt::{MqttEndpoint, MqttError, MqttOptions, Subscription};
 use guard_smol::{RunHandle, control};
 use guard_std::{GuardConfig, LocalLocker, SharedLocker};
+use guard_testkit::Mosquitto;
 
 /// Payload → the replicas that handled it, in order, with the fence each
 /// was told.
 type Seen = Arc<Mutex<BTreeMap<String, Vec<(usize, Option<u64>)>>>>;
 
 fn wait_until(limit: Duration, done: impl FnMut() -> bool) -> bool {
-    guard_std::testkit::wait_until("condition", limit, done).is_ok()
+    guard_testkit::wait_until("condition", limit, done).is_ok()
 }
 
 fn options(broker: &Mosquitto, id: usize) -> MqttOptions {
@@ -226,7 +226,7 @@ fn plain_subscription_with_a_guard_is_handled_by_the_leader_only() {
 fn guarded_endpoint_without_a_broker_keeps_releasing_the_lease() {
     // Nobody listens on the port: every promotion fails and releases, so
     // the lease is free between attempts and the endpoint never serves.
-    let port = guard_mqtt::testkit::free_port().unwrap();
+    let port = guard_testkit::free_port().unwrap();
     let locker = SharedLocker::new(LocalLocker::new());
     let config = GuardConfig::new().with_locker(locker.clone());
     let scope = config.scope("endpoint/mqtt").unwrap();

@@ -16,8 +16,6 @@
 //! - [`RedisConnection`]: standalone, sentinel or cluster, every request
 //!   bounded by a timeout the caller sets.
 //!
-//! Feature `testkit` starts real `redis-server` processes for tests.
-//!
 //! ```no_run
 //! # smol::block_on(async {
 //! use std::time::Duration;
@@ -40,8 +38,6 @@ mod error;
 mod limit;
 mod locker;
 mod stream_dlq;
-#[cfg(feature = "testkit")]
-pub mod testkit;
 
 pub use connection::{RedisConnection, Topology};
 pub use dedup::{

@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use guard_core::dedup::BloomParams;
 use guard_core::time::Instant;
-use guard_redis::testkit::RedisServer;
 use guard_redis::{
     Clock, RedisBloomDeduplicator, RedisConnection, RedisSetDeduplicator,
     RedisWindowedDeduplicator, Topology,
 };
+use guard_testkit::RedisServer;
 
 fn connect(server: &RedisServer) -> RedisConnection {
     smol::block_on(RedisConnection::connect(

@@ -11,12 +11,12 @@ use guard_core::guard::ActiveConfig;
 use guard_core::lock::Ttl;
 use guard_core::retry::{Classifier, RetryPolicy};
 use guard_redis::endpoint::ConsumeStats;
-use guard_redis::testkit::{RedisServer, free_port};
 use guard_redis::{
     PubSubEndpoint, RedisConnection, RedisLocker, StreamConsumer, StreamDlq, Topology,
 };
 use guard_smol::{RunHandle, control};
 use guard_std::{GuardConfig, SharedLocker};
+use guard_testkit::{RedisServer, free_port};
 
 fn connect(server: &RedisServer) -> RedisConnection {
     smol::block_on(RedisConnection::connect(
@@ -33,7 +33,7 @@ fn sync_conn(server: &RedisServer) -> redis::Connection {
 }
 
 fn wait_until(limit: Duration, done: impl FnMut() -> bool) -> bool {
-    guard_std::testkit::wait_until("condition", limit, done).is_ok()
+    guard_testkit::wait_until("condition", limit, done).is_ok()
 }
 
 // ---------------------------------------------------------------- Pub/Sub

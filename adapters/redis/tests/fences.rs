@@ -8,10 +8,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use guard_core::guard::ActiveConfig;
 use guard_core::lock::{Locker, Scope, Ttl};
-use guard_redis::testkit::RedisServer;
 use guard_redis::{RedisConnection, RedisLocker, Topology};
 use guard_smol::{ActiveRunner, control};
 use guard_std::{GuardConfig, SharedLocker};
+use guard_testkit::RedisServer;
 
 fn connect(server: &RedisServer) -> RedisConnection {
     smol::block_on(RedisConnection::connect(

@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 use guard_core::guard::{ActiveConfig, DemoteReason, FailPolicy, OnceGuard, OnceOutcome};
 use guard_core::lock::{Scope, Ttl};
 use guard_core::slot::Every;
-use guard_redis::testkit::RedisServer;
 use guard_redis::{RedisConnection, RedisLocker, Topology};
 use guard_smol::{ActiveRunner, Scheduler, control};
 use guard_std::{GuardConfig, SharedLocker};
+use guard_testkit::RedisServer;
 
 fn redis_config(server: &RedisServer) -> GuardConfig {
     let conn = smol::block_on(RedisConnection::connect(

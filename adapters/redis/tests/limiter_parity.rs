@@ -8,11 +8,11 @@ use guard_core::limit::{
     Decision, LeakyBucket, Limiter, LimiterError, Rate, SlidingWindow, TokenBucket,
 };
 use guard_core::time::Instant;
-use guard_redis::testkit::{RedisCluster, RedisServer};
 use guard_redis::{
     CALLER_OFFSET_BOUND, CALLER_RATE_BOUND_PPM, Clock, RedisConnection, RedisLeakyBucket,
     RedisSlidingWindow, RedisTokenBucket, Topology,
 };
+use guard_testkit::{RedisCluster, RedisServer};
 
 fn connect(topology: Topology) -> RedisConnection {
     smol::block_on(RedisConnection::connect(topology, Duration::from_secs(2))).expect("connect")

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use guard_redis::testkit::{RedisCluster, RedisSentinel, RedisServer, SENTINEL_SERVICE};
 use guard_redis::{RedisConnection, RedisLocker, Topology, lock_keys};
+use guard_testkit::{RedisCluster, RedisSentinel, RedisServer, SENTINEL_SERVICE};
 
 const TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -16,7 +16,7 @@ fn connect(topology: Topology) -> RedisLocker {
 fn standalone_passes_the_locker_contract() {
     let server = RedisServer::start().expect("redis-server");
     let locker = connect(Topology::Standalone { url: server.url() });
-    guard_std::contract::run_all(&locker, "guard:test:standalone", 20);
+    guard_testkit::contract::run_all(&locker, "guard:test:standalone", 20);
 }
 
 #[test]
@@ -27,9 +27,9 @@ fn cluster_passes_the_locker_contract_without_crossslot_errors() {
     });
     // Keys spread over many slots; each lock and its fence share one.
     for i in 0..20 {
-        guard_std::contract::exclusivity(&locker, &format!("guard:once:job{i}:slot"));
+        guard_testkit::contract::exclusivity(&locker, &format!("guard:once:job{i}:slot"));
     }
-    guard_std::contract::run_all(&locker, "guard:test:cluster", 20);
+    guard_testkit::contract::run_all(&locker, "guard:test:cluster", 20);
     let (lock, fence) = lock_keys("", "guard:once:schedule:router=r1:1767225600000").unwrap();
     let node = &cluster.nodes()[0];
     let slot_of = |k: &str| node.command(&format!("CLUSTER KEYSLOT {k}")).unwrap();
@@ -47,7 +47,7 @@ fn sentinel_passes_the_locker_contract() {
         sentinels: vec![sentinel.sentinel_url()],
         service: SENTINEL_SERVICE.into(),
     });
-    guard_std::contract::run_all(&locker, "guard:test:sentinel", 20);
+    guard_testkit::contract::run_all(&locker, "guard:test:sentinel", 20);
 }
 
 #[test]
@@ -124,7 +124,7 @@ fn a_prefix_namespaces_environments() {
 
 #[test]
 fn an_unreachable_server_is_a_clear_error() {
-    let port = guard_redis::testkit::free_port().unwrap();
+    let port = guard_testkit::free_port().unwrap();
     let err = smol::block_on(RedisConnection::connect(
         Topology::Standalone {
             url: format!("redis://127.0.0.1:{port}/"),

@@ -4,8 +4,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread;
 use std::time::Duration;
 
-use guard_redis::testkit::{RedisCluster, RedisServer};
 use guard_redis::{DeadLetter, RedisConnection, ReplayOutcome, Retention, StreamDlq, Topology};
+use guard_testkit::{RedisCluster, RedisServer};
 
 fn connect(topology: Topology) -> RedisConnection {
     smol::block_on(RedisConnection::connect(topology, Duration::from_secs(2))).expect("connect")

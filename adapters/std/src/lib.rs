@@ -27,8 +27,6 @@
 
 mod clock;
 pub mod config;
-#[cfg(feature = "contract")]
-pub mod contract;
 mod cron_schedule;
 mod local_locker;
 pub mod metered;
@@ -36,8 +34,6 @@ pub mod metrics;
 pub mod ratelimit;
 mod shared;
 mod sync;
-#[cfg(feature = "testkit")]
-pub mod testkit;
 mod token_ids;
 
 pub use clock::{Clock, ManualClock, SystemClock};

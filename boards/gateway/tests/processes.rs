@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use guard_mqtt::testkit::Mosquitto;
-use guard_redis::testkit::{RedisServer, free_port};
+use guard_testkit::Mosquitto;
+use guard_testkit::{RedisServer, free_port};
 
 const TTL_MS: u64 = 2_000;
 const INTERVAL_MS: u64 = 250;
@@ -218,7 +218,7 @@ fn received(lines: &Lines, endpoint: &str) -> BTreeMap<String, Vec<usize>> {
 }
 
 fn wait_for(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
-    guard_std::testkit::wait_until("condition", limit, &mut done).is_ok()
+    guard_testkit::wait_until("condition", limit, &mut done).is_ok()
 }
 
 #[test]

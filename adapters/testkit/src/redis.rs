@@ -1,4 +1,4 @@
-//! Real Redis servers for tests (feature `testkit`).
+//! Real Redis servers for tests.
 //!
 //! Each server is a `redis-server` child process on a free 127.0.0.1 port,
 //! with no persistence and its own temporary directory, stopped by PID
@@ -14,8 +14,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-pub use guard_std::testkit::{HarnessError, find_binary, free_port};
-use guard_std::testkit::{binary, wait_until};
+use crate::process::{HarnessError, binary, free_port, wait_until};
 
 /// Sends one inline command and reads one reply line (enough for PING,
 /// INFO fields, CLUSTER INFO and SENTINEL queries in the harness).

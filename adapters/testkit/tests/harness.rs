@@ -1,6 +1,6 @@
 //! The test harness itself.
 
-use guard_redis::testkit::{RedisServer, find_binary};
+use guard_testkit::{RedisServer, find_binary};
 
 #[test]
 fn a_missing_binary_names_its_debian_package() {

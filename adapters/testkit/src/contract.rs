@@ -1,4 +1,4 @@
-//! The Locker contract, as a suite every backend runs (feature `contract`).
+//! The Locker contract, as a suite every backend runs.
 //!
 //! Each check takes a fresh `namespace` for its keys, so backends shared
 //! between tests (a Redis server) do not interfere. Checks panic with a
@@ -6,7 +6,7 @@
 //! milliseconds), because a remote backend expires keys on its own clock.
 //!
 //! ```
-//! guard_std::contract::run_all(&guard_std::LocalLocker::new(), "doc", 50);
+//! guard_testkit::contract::run_all(&guard_std::LocalLocker::new(), "doc", 50);
 //! ```
 
 use std::collections::HashSet;

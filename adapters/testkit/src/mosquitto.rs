@@ -1,4 +1,4 @@
-//! A real Mosquitto broker for tests (feature `testkit`).
+//! A real Mosquitto broker for tests.
 //!
 //! The broker is a `mosquitto` child process on a free 127.0.0.1 port,
 //! with a generated configuration (`listener <port> 127.0.0.1`,
@@ -11,8 +11,7 @@ use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-pub use guard_std::testkit::{HarnessError, free_port};
-use guard_std::testkit::{find_binary, wait_until};
+use crate::process::{HarnessError, find_binary, free_port, wait_until};
 
 /// One `mosquitto` process.
 pub struct Mosquitto {

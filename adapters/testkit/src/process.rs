@@ -1,9 +1,6 @@
-//! Helpers for tests that start their own servers (feature `testkit`):
-//! find a binary (naming the Debian package when it is missing), pick a
-//! free loopback port, wait for readiness.
-//!
-//! The server harnesses themselves live with their backends
-//! (`guard_redis::testkit`, `guard_mqtt::testkit`).
+//! Helpers for tests that start their own servers: find a binary (naming
+//! the Debian package when it is missing), pick a free loopback port, wait
+//! for readiness.
 
 use std::fmt;
 use std::net::TcpListener;

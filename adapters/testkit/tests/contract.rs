@@ -2,5 +2,5 @@
 
 #[test]
 fn local_locker_passes_the_locker_contract() {
-    guard_std::contract::run_all(&guard_std::LocalLocker::new(), "contract", 50);
+    guard_testkit::contract::run_all(&guard_std::LocalLocker::new(), "contract", 50);
 }

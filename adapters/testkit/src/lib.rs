@@ -1,0 +1,25 @@
+//! guard-testkit: what guard's own tests share, as a development
+//! dependency only (not published).
+//!
+//! - [`contract`]: the `Locker` contract suite every backend runs;
+//! - [`RedisServer`], [`RedisCluster`], [`RedisSentinel`]: real
+//!   `redis-server` processes, and [`Mosquitto`]: a real broker, each on a
+//!   free 127.0.0.1 port with its own temporary directory, stopped by PID
+//!   when dropped (also when a test panics);
+//! - [`free_port`], [`wait_until`], [`binary`]: helpers for any other
+//!   server a test starts (a missing binary names its Debian package).
+//!
+//! ```no_run
+//! let server = guard_testkit::RedisServer::start()?;
+//! println!("redis at {}", server.url());
+//! # Ok::<(), guard_testkit::HarnessError>(())
+//! ```
+
+pub mod contract;
+mod mosquitto;
+mod process;
+mod redis;
+
+pub use mosquitto::Mosquitto;
+pub use process::{HarnessError, binary, find_binary, free_port, wait_until};
+pub use redis::{RedisCluster, RedisSentinel, RedisServer, SENTINEL_SERVICE};
