@@ -113,7 +113,7 @@ fn a_hung_renewal_demotes_by_the_renew_deadline() {
     let control = leak();
     let started = std::time::Instant::now();
     let runner = device(0, Arc::new(RenewHangs(LocalLocker::new())), control, &seen);
-    let demoted = guard_std::testkit::wait_until("demotion", Duration::from_secs(2), || {
+    let demoted = guard_testkit::wait_until("demotion", Duration::from_secs(2), || {
         seen.lock().unwrap().len() == 2
     });
     let elapsed = started.elapsed();
