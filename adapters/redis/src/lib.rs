@@ -1,4 +1,6 @@
-//! guard-redis: Redis backends for guard, on the `redis` crate under smol.
+//! guard-redis: Redis backends for guard, on the `redis` crate (a seam:
+//! storage and scripts, no runtime policy; the sources built on it live in
+//! guard-endpoints).
 //!
 //! - [`RedisLocker`]: `Locker` + `LeaseRenewer` with fencing: one script
 //!   takes the lock (`SET NX PX`) and increments a fence counter in the
@@ -10,9 +12,6 @@
 //!   [`RedisBloomDeduplicator`]: `check_and_mark` atomic across processes.
 //! - [`StreamDlq`]: a persistent dead-letter queue per topic on Redis
 //!   Streams, with listing, replay (idempotent), delete, purge, retention.
-//! - [`PubSubEndpoint`] (one active subscriber across replicas) and
-//!   [`StreamConsumer`] (a consumer group: ack, retry, dead letters,
-//!   claims of a dead consumer's entries): see [`endpoint`].
 //! - [`RedisConnection`]: standalone, sentinel or cluster, every request
 //!   bounded by a timeout the caller sets.
 //!
@@ -33,7 +32,6 @@
 
 mod connection;
 mod dedup;
-pub mod endpoint;
 mod error;
 mod limit;
 mod locker;
@@ -43,7 +41,6 @@ pub use connection::{RedisConnection, Topology};
 pub use dedup::{
     BACKSTOP_MARGIN, RedisBloomDeduplicator, RedisSetDeduplicator, RedisWindowedDeduplicator,
 };
-pub use endpoint::{PubSubEndpoint, PubSubMessage, StreamConsumer, StreamMessage};
 pub use error::RedisGuardError;
 pub use limit::{
     CALLER_OFFSET_BOUND, CALLER_RATE_BOUND_PPM, Clock, LEAKY_BUCKET_PREFIX, RedisBucket,

@@ -26,7 +26,6 @@
 //! ```
 
 mod clock;
-pub mod config;
 mod cron_schedule;
 mod local_locker;
 pub mod metered;

@@ -7,10 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use guard_core::retry::{Classifier, RetryPolicy};
-use guard_mqtt::{MqttEndpoint, MqttOptions, Subscription};
-use guard_redis::{PubSubEndpoint, RedisConnection, StreamConsumer, StreamDlq, Topology};
+use guard_endpoints::config::{EndpointConfig, EndpointKind, FileConfig};
+use guard_endpoints::mqtt::{MqttEndpoint, MqttOptions, Subscription};
+use guard_endpoints::redis::{PubSubEndpoint, StreamConsumer};
+use guard_redis::{RedisConnection, StreamDlq, Topology};
 use guard_smol::Control;
-use guard_std::config::{EndpointConfig, EndpointKind, FileConfig};
 
 use crate::replica::{Built, Event, GatewayError, error};
 

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use guard_endpoints::config::FileConfig;
 use guard_gateway::demo::{self, DemoOptions};
 use guard_gateway::{prometheus, replica};
-use guard_std::config::FileConfig;
 
 /// An edge-gateway replica built on guard: scheduled jobs run once per
 /// planned slot across replicas, leader-only consumers run on one replica

@@ -8,13 +8,13 @@ use guard_core::guard::DemoteReason;
 use guard_core::limit::FullPolicy;
 use guard_core::lock::Scope;
 use guard_core::slot::{Every, UnixMillis};
+use guard_endpoints::config::{
+    Backend, FileConfig, LockerConfig, LockerKind, Policy, PolicyAlgorithm, RedisMode,
+};
 use guard_redis::{
     RedisConnection, RedisLeakyBucket, RedisLocker, RedisSlidingWindow, RedisTokenBucket, Topology,
 };
 use guard_smol::{ActiveRunner, Control, Scheduler};
-use guard_std::config::{
-    Backend, FileConfig, LockerConfig, LockerKind, Policy, PolicyAlgorithm, RedisMode,
-};
 use guard_std::ratelimit::{MemoryLimiter, RateLimiter, RateLimiterRegistry};
 use guard_std::{CronSchedule, GuardConfig, LocalLocker, SharedLocker};
 

@@ -2,7 +2,7 @@
 //! with the message it gets.
 
 use guard_core::guard::FailPolicy;
-use guard_std::config::{
+use guard_endpoints::config::{
     AlgorithmName, Backend, ConfigError, FileConfig, LockerKind, PolicyAlgorithm, RedisMode,
 };
 
@@ -268,7 +268,7 @@ share_group = "gateways"
 
 #[test]
 fn endpoints_of_each_kind_parse() {
-    use guard_std::config::EndpointKind;
+    use guard_endpoints::config::EndpointKind;
     let c = FileConfig::from_toml(ENDPOINTS).unwrap();
     let kinds: Vec<EndpointKind> = c.endpoints.iter().map(|e| e.kind).collect();
     assert_eq!(

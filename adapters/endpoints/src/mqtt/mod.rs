@@ -1,4 +1,4 @@
-//! guard-mqtt: MQTT endpoints that apply the seeds' rule, on smol.
+//! MQTT sources, with the seeds' rule, on smol.
 //!
 //! - A **shared subscription** (`$share/<group>/<filter>`) is delivered by
 //!   the broker to one member of the group: replicas subscribe with the
@@ -19,7 +19,7 @@
 //!
 //! ```no_run
 //! # smol::block_on(async {
-//! use guard_mqtt::{MqttEndpoint, MqttOptions, Subscription};
+//! use guard_endpoints::mqtt::{MqttEndpoint, MqttOptions, Subscription};
 //!
 //! let options = MqttOptions::new("127.0.0.1", 1883, "gateway-1")?;
 //! let endpoint = MqttEndpoint::new(options, Subscription::shared("gateways", "sensors/+/temp")?);
@@ -27,7 +27,7 @@
 //! endpoint
 //!     .run(control, |message| async move { println!("{}: {:?}", message.topic, message.payload) })
 //!     .await;
-//! # Ok::<(), guard_mqtt::MqttError>(())
+//! # Ok::<(), guard_endpoints::mqtt::MqttError>(())
 //! # });
 //! ```
 

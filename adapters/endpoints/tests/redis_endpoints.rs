@@ -10,10 +10,8 @@ use futures_lite::future;
 use guard_core::guard::ActiveConfig;
 use guard_core::lock::Ttl;
 use guard_core::retry::{Classifier, RetryPolicy};
-use guard_redis::endpoint::ConsumeStats;
-use guard_redis::{
-    PubSubEndpoint, RedisConnection, RedisLocker, StreamConsumer, StreamDlq, Topology,
-};
+use guard_endpoints::redis::{ConsumeStats, PubSubEndpoint, StreamConsumer, StreamMessage};
+use guard_redis::{RedisConnection, RedisLocker, StreamDlq, Topology};
 use guard_smol::{RunHandle, control};
 use guard_std::{GuardConfig, SharedLocker};
 use guard_testkit::{RedisServer, free_port};
@@ -415,7 +413,7 @@ fn streams_failures_are_retried_then_dead_lettered_and_acknowledged() {
     let calls: Arc<Mutex<BTreeMap<String, u32>>> = Arc::default();
     let mut handler = {
         let calls = calls.clone();
-        move |message: guard_redis::StreamMessage| {
+        move |message: StreamMessage| {
             let payload = String::from_utf8(message.payload().unwrap().to_vec()).unwrap();
             *calls.lock().unwrap().entry(payload.clone()).or_default() += 1;
             async move {

@@ -1,4 +1,4 @@
-//! Endpoints that apply the seeds' rule: single delivery where the source
+//! Redis sources, with the seeds' rule: single delivery where the source
 //! gives it, a guard where it does not.
 //!
 //! - [`PubSubEndpoint`]: Pub/Sub broadcasts, so one replica subscribes at

@@ -5,7 +5,7 @@
 //! (the original warned and used defaults).
 //!
 //! ```
-//! let config = guard_std::config::FileConfig::from_toml(r#"
+//! let config = guard_endpoints::config::FileConfig::from_toml(r#"
 //!     [locker]
 //!     kind = "redis"
 //!     url = "redis://127.0.0.1:6379/"
@@ -18,7 +18,7 @@
 //!     every_ms = 1000
 //! "#)?;
 //! assert_eq!(config.schedules[0].router, "heartbeat");
-//! # Ok::<(), guard_std::config::ConfigError>(())
+//! # Ok::<(), guard_endpoints::config::ConfigError>(())
 //! ```
 
 use std::collections::BTreeMap;
@@ -31,7 +31,7 @@ use guard_core::limit::{LeakyBucket, Rate, SlidingWindow, TokenBucket};
 use guard_core::lock::Ttl;
 use serde::Deserialize;
 
-use crate::cron_schedule::CronSchedule;
+use guard_std::CronSchedule;
 
 /// A configuration that cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq)]

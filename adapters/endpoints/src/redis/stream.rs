@@ -23,9 +23,7 @@ use guard_smol::{Control, TimerDelay};
 use redis::Value;
 use redis::streams::{StreamAutoClaimReply, StreamId, StreamReadReply};
 
-use crate::connection::RedisConnection;
-use crate::error::RedisGuardError;
-use crate::stream_dlq::{DeadLetter, StreamDlq};
+use guard_redis::{DeadLetter, RedisConnection, RedisGuardError, StreamDlq};
 
 /// Entries read per round, new or claimed.
 pub const DEFAULT_BATCH: usize = 10;

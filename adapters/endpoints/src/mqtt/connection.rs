@@ -9,7 +9,7 @@ use futures_lite::future;
 use guard_smol::LeaseCheck;
 use rumqttc::{AsyncClient, Event, EventLoop, Incoming, QoS, SubscribeReasonCode};
 
-use crate::{MqttError, MqttMessage, MqttOptions};
+use super::{MqttError, MqttMessage, MqttOptions};
 
 /// Requests queued between event-loop polls.
 const REQUEST_CAPACITY: usize = 64;

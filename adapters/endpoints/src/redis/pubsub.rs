@@ -18,7 +18,7 @@
 //! Pub/Sub keeps nothing: messages published while no replica is
 //! subscribed (a failover, a restart) are lost. The guard removes
 //! duplicate consumption; it does not make Pub/Sub at-least-once. Use a
-//! stream and [`crate::StreamConsumer`] where messages must not be lost.
+//! stream and [`super::StreamConsumer`] where messages must not be lost.
 
 use std::fmt;
 use std::future::Future;
@@ -31,7 +31,7 @@ use guard_smol::{ActiveRunner, Control};
 use guard_std::GuardConfig;
 use redis::aio::PubSubStream;
 
-use crate::error::RedisGuardError;
+use guard_redis::RedisGuardError;
 
 /// The original's limit on waiting for the subscription confirmations.
 pub const DEFAULT_CONFIRM_TIMEOUT: Duration = Duration::from_secs(3);
@@ -56,7 +56,7 @@ pub struct PubSubMessage {
 ///
 /// ```no_run
 /// # smol::block_on(async {
-/// use guard_redis::PubSubEndpoint;
+/// use guard_endpoints::redis::PubSubEndpoint;
 /// use guard_std::GuardConfig;
 ///
 /// # let config = GuardConfig::new();

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use guard_core::guard::ActiveConfig;
 use guard_core::lock::{Locker, Ttl};
-use guard_mqtt::{MqttEndpoint, MqttError, MqttOptions, Subscription};
+use guard_endpoints::mqtt::{MqttEndpoint, MqttError, MqttOptions, Subscription};
 use guard_smol::{RunHandle, control};
 use guard_std::{GuardConfig, LocalLocker, SharedLocker};
 use guard_testkit::Mosquitto;

@@ -9,8 +9,8 @@ use guard_core::lock::Scope;
 use guard_smol::{ActiveRunner, Control};
 use guard_std::GuardConfig;
 
-use crate::connection::Connection;
-use crate::{MqttError, MqttMessage, MqttOptions, Subscription};
+use super::connection::Connection;
+use super::{MqttError, MqttMessage, MqttOptions, Subscription};
 
 /// An MQTT subscription served by one replica; see the crate
 /// documentation for which kind to use.
@@ -23,7 +23,7 @@ pub struct MqttEndpoint {
 
 /// What woke the serving side of a guarded endpoint.
 enum Next {
-    Ended(crate::connection::Ended),
+    Ended(super::connection::Ended),
     Command(Result<Option<Promotion>, async_channel::RecvError>),
 }
 

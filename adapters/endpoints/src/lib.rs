@@ -1,0 +1,20 @@
+//! guard-endpoints: the integration layer. It applies the seeds' delivery
+//! rule to real sources and parses the gateway's configuration once into
+//! validated types; the adapters under it stay seams (time, IO, storage,
+//! runtime).
+//!
+//! The rule: where the source delivers each message to one consumer, use
+//! that and add no guard (a guard would turn legitimate redeliveries into
+//! losses); where it broadcasts, elect one consumer by lease and check the
+//! lease before every handler call.
+//!
+//! - [`redis`]: [`redis::PubSubEndpoint`] (broadcast: one elected
+//!   subscriber) and [`redis::StreamConsumer`] (a consumer group: ack,
+//!   retry, dead letters, claims of a dead consumer's entries);
+//! - [`mqtt`]: [`mqtt::MqttEndpoint`] with a shared subscription (the
+//!   broker delivers once) or a plain one (broadcast, optionally elected);
+//! - [`config`]: the TOML configuration of a gateway replica.
+
+pub mod config;
+pub mod mqtt;
+pub mod redis;
