@@ -13,8 +13,11 @@
 //!   retry, dead letters, claims of a dead consumer's entries);
 //! - [`mqtt`]: [`mqtt::MqttEndpoint`] with a shared subscription (the
 //!   broker delivers once) or a plain one (broadcast, optionally elected);
+//! - [`admission`]: rate limits that act on every message of an endpoint,
+//!   and the dead letters of the ones refused;
 //! - [`config`]: the TOML configuration of a gateway replica.
 
+pub mod admission;
 pub mod config;
 pub mod mqtt;
 pub mod redis;

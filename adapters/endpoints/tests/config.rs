@@ -1,10 +1,14 @@
 //! The TOML configuration: a valid file, and each kind of invalid value
 //! with the message it gets.
 
+use std::time::Duration;
+
 use guard_core::guard::FailPolicy;
 use guard_endpoints::config::{
-    AlgorithmName, Backend, ConfigError, FileConfig, LockerKind, PolicyAlgorithm, RedisMode,
+    Backend, Config, ConfigError, EndpointLimit, LimitKey, Locker, MqttDelivery, PolicyAlgorithm,
+    Source, Timing, WhenLimited,
 };
+use guard_redis::Topology;
 
 const VALID: &str = r#"
 [ratelimit]
@@ -56,63 +60,108 @@ prometheus = "127.0.0.1:9000"
 "#;
 
 fn error(text: &str) -> String {
-    FileConfig::from_toml(text).unwrap_err().to_string()
+    Config::from_toml(text).unwrap_err().to_string()
+}
+
+/// A schedule, so that a section under test is not refused as a file
+/// that does nothing.
+const JOB: &str = "[[schedules]]\nrouter = \"r0\"\nevery_ms = 1000\n";
+
+fn error_with_job(text: &str) -> String {
+    error(&format!("{JOB}{text}"))
 }
 
 #[test]
-fn a_valid_file_parses_with_every_section() {
-    let c = FileConfig::from_toml(VALID).unwrap();
-    assert!(c.ratelimit.enabled);
-    assert_eq!(
-        c.ratelimit.policies["api"].algorithm,
-        AlgorithmName::TokenBucket
-    );
-    let policies = c.ratelimit.resolved().unwrap();
-    let names: Vec<_> = policies.iter().map(|p| p.name.as_str()).collect();
+fn a_valid_file_parses_into_validated_types() {
+    let c = Config::from_toml(VALID).unwrap();
+    let limits = c.ratelimit.as_ref().expect("enabled");
+    let names: Vec<_> = limits.policies.iter().map(|p| p.name.as_str()).collect();
     assert_eq!(
         names,
         ["api", "uplink", "default"],
         "the default limiter is added"
     );
-    assert_eq!(policies[0].backend, Backend::Redis);
+    assert_eq!(limits.policies[0].backend, Backend::Redis);
     assert!(matches!(
-        policies[1].algorithm,
+        limits.policies[0].algorithm,
+        PolicyAlgorithm::TokenBucket(b) if b.capacity() == 20
+    ));
+    assert!(matches!(
+        limits.policies[1].algorithm,
         PolicyAlgorithm::LeakyBucket(_)
     ));
-    assert!(matches!(policies[2].algorithm, PolicyAlgorithm::Sliding(w) if w.limit() == 100));
-    assert_eq!(policies[2].key_prefix, "guard:rl");
-    assert_eq!(
-        (c.locker.kind, c.locker.mode),
-        (LockerKind::Redis, RedisMode::Standalone)
+    assert!(
+        matches!(limits.policies[2].algorithm, PolicyAlgorithm::Sliding(w) if w.limit() == 100)
     );
-    assert_eq!(c.guards.fail_policy(), FailPolicy::FailOpen);
-    assert_eq!(c.guards.active().unwrap().interval().as_millis(), 500);
+    assert_eq!(limits.policies[2].key_prefix, "guard:rl");
+    let Locker::Redis(redis) = &c.locker else {
+        panic!("a Redis locker: {:?}", c.locker)
+    };
+    assert_eq!(
+        redis.topology,
+        Topology::Standalone {
+            url: "redis://127.0.0.1:6379/".into()
+        }
+    );
+    assert_eq!(redis.prefix, "prod1");
+    assert_eq!(redis.request_timeout, Duration::from_millis(300));
+    assert_eq!(c.guards.fail_policy, FailPolicy::FailOpen);
+    assert_eq!(c.guards.active.interval(), Duration::from_millis(500));
+    assert_eq!(c.guards.once_ttl.as_duration(), Duration::from_secs(600));
     assert_eq!(c.schedules.len(), 2);
-    assert_eq!(c.active[0].name, "sensors");
-    assert_eq!(c.metrics.prometheus.as_deref(), Some("127.0.0.1:9000"));
+    assert!(matches!(c.schedules[1].timing, Timing::Cron(_)));
+    assert_eq!(c.active, ["sensors"]);
+    assert_eq!(
+        c.metrics.prometheus,
+        Some("127.0.0.1:9000".parse().unwrap())
+    );
 }
 
 #[test]
-fn an_empty_file_is_a_single_process_with_defaults() {
-    let c = FileConfig::from_toml("").unwrap();
-    assert_eq!(c.locker.kind, LockerKind::None);
-    assert!(!c.ratelimit.enabled);
-    assert_eq!(c.guards.once_ttl().unwrap().as_duration().as_secs(), 3600);
+fn a_file_that_configures_nothing_is_refused() {
+    for text in [
+        "",
+        "[locker]\nkind = \"local\"\n",
+        "[ratelimit]\nenabled = true\n",
+    ] {
+        assert_eq!(
+            Config::from_toml(text).unwrap_err(),
+            ConfigError::Empty,
+            "{text:?}"
+        );
+    }
+    assert!(ConfigError::Empty.to_string().contains("[[schedules]]"));
+}
+
+#[test]
+fn defaults_are_a_single_process() {
+    let c = Config::from_toml(JOB).unwrap();
+    assert_eq!(c.locker, Locker::None);
+    assert!(c.ratelimit.is_none());
+    assert_eq!(c.guards.once_ttl.as_duration().as_secs(), 3600);
+    assert_eq!(c.guards.fail_policy, FailPolicy::FailClosed);
 }
 
 #[test]
 fn unknown_keys_are_named() {
     let e = error("[locker]\nkind = \"local\"\nurll = \"x\"\n");
-    assert!(e.contains("unknown field `urll`"), "{e}");
+    assert!(
+        e.contains("`locker.urll` = set: expected no such key here"),
+        "{e}"
+    );
     let e = error("[ratelimit]\nenabeld = true\n");
-    assert!(e.contains("enabeld"), "{e}");
+    assert!(e.contains("`ratelimit.enabeld`"), "{e}");
     let e = error("[nonsense]\n");
-    assert!(e.contains("nonsense"), "{e}");
+    assert!(e.contains("`nonsense`"), "{e}");
 }
 
 #[test]
 fn bad_enumerations_name_the_allowed_values() {
     let e = error("[ratelimit.policies.x]\nalgorithm = \"fixed-window\"\n");
+    assert!(
+        e.contains("`ratelimit.policies.x.algorithm` = \"fixed-window\""),
+        "{e}"
+    );
     assert!(
         e.contains("fixed-window") && e.contains("`sliding`, `token-bucket`, `leaky-bucket`"),
         "{e}"
@@ -136,8 +185,9 @@ fn bad_enumerations_name_the_allowed_values() {
 
 #[test]
 fn a_locker_prefix_with_a_brace_is_refused_before_it_reaches_redis() {
-    let e =
-        error("[locker]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:6379/\"\nprefix = \"p{\"\n");
+    let e = error_with_job(
+        "[locker]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:6379/\"\nprefix = \"p{\"\n",
+    );
     assert!(
         e.contains("`locker.prefix` = \"p{\"") && e.contains("without '{' or '}'"),
         "{e}"
@@ -153,11 +203,11 @@ fn out_of_range_values_name_the_key_value_and_range() {
     let cases = [
         (
             "[ratelimit]\nenabled = true\nwindow_ms = 0\n",
-            "`ratelimit.policies.default.window_ms` = 0: expected a positive number of milliseconds",
+            "`ratelimit.window_ms` = 0: expected a positive number of milliseconds",
         ),
         (
             "[ratelimit]\nenabled = true\nlimit = 0\n",
-            "`ratelimit.policies.default.limit` = 0: expected between 1 and 4096",
+            "`ratelimit.limit` = 0: expected between 1 and 4096",
         ),
         (
             "[ratelimit]\nenabled = true\n[ratelimit.policies.api]\nalgorithm = \"token-bucket\"\ncapacity = 0\n",
@@ -187,11 +237,11 @@ fn out_of_range_values_name_the_key_value_and_range() {
         ),
         (
             "[[schedules]]\nrouter = \"\"\nevery_ms = 1000\n",
-            "`schedules[0].router` = \"\": expected a non-empty router id",
+            "`schedules[1].router` = \"\": expected a non-empty router id",
         ),
         (
             "[[schedules]]\nrouter = \"r\"\n",
-            "`schedules[0].every_ms` = missing: expected `every_ms` or `cron`",
+            "`schedules[1].every_ms` = missing: expected `every_ms` or `cron`",
         ),
         (
             "[[schedules]]\nrouter = \"r\"\nevery_ms = 1000\ncron = \"* * * * * *\"\n",
@@ -199,11 +249,11 @@ fn out_of_range_values_name_the_key_value_and_range() {
         ),
         (
             "[[schedules]]\nrouter = \"r\"\ncron = \"* * * * *\"\n",
-            "`schedules[0].cron` = \"* * * * *\"",
+            "`schedules[1].cron` = \"* * * * *\"",
         ),
         (
             "[[schedules]]\nrouter = \"r\"\nevery_ms = 1000\n[[schedules]]\nrouter = \"r\"\nevery_ms = 5000\n",
-            "`schedules[1].router` = \"r\": expected a router id unique",
+            "`schedules[2].router` = \"r\": expected a router id unique",
         ),
         (
             "[metrics]\nprometheus = \"localhost\"\n",
@@ -211,7 +261,7 @@ fn out_of_range_values_name_the_key_value_and_range() {
         ),
     ];
     for (text, expected) in cases {
-        let e = error(text);
+        let e = error_with_job(text);
         assert!(
             e.contains(expected),
             "{text:?}\n gave: {e}\n wanted: {expected}"
@@ -220,20 +270,105 @@ fn out_of_range_values_name_the_key_value_and_range() {
 }
 
 #[test]
-fn wrong_types_are_parse_errors_naming_the_key() {
-    let e = error("[ratelimit]\nwindow_ms = -5\n");
-    assert!(e.contains("window_ms"), "{e}");
-    let e = error("[guards]\nowner = 7\n");
-    assert!(e.contains("owner"), "{e}");
+fn wrong_types_name_the_key_the_value_and_what_is_allowed() {
+    let cases = [
+        (
+            "[ratelimit]\nwindow_ms = -5\n",
+            "`ratelimit.window_ms` = -5: expected a whole number from 0 to 18446744073709551615",
+        ),
+        (
+            "[ratelimit.policies.api]\nalgorithm = \"token-bucket\"\ncapacity = -1\n",
+            "`ratelimit.policies.api.capacity` = -1: expected a whole number from 0 to 4294967295",
+        ),
+        (
+            "[guards]\nowner = 7\n",
+            "`guards.owner` = 7: expected a string",
+        ),
+        (
+            "[ratelimit]\nenabled = \"yes\"\n",
+            "`ratelimit.enabled` = \"yes\": expected true or false",
+        ),
+        (
+            "[[endpoints]]\nname = \"m\"\nkind = \"mqtt\"\nhost = \"h\"\nfilter = \"t\"\nport = 70000\n",
+            "`endpoints[0].port` = 70000: expected a whole number from 0 to 65535",
+        ),
+    ];
+    for (text, expected) in cases {
+        let e = error_with_job(text);
+        assert!(
+            e.contains(expected),
+            "{text:?}\n gave: {e}\n wanted: {expected}"
+        );
+    }
     assert!(matches!(
-        FileConfig::from_toml("[guards"),
-        Err(ConfigError::Parse(_))
+        Config::from_toml("[guards"),
+        Err(ConfigError::Syntax(_))
     ));
 }
 
 #[test]
+fn redis_urls_are_checked_and_named() {
+    for (text, key) in [
+        (
+            "[locker]\nkind = \"redis\"\nurl = \"http://127.0.0.1:6379/\"\n",
+            "`locker.url` = \"http://127.0.0.1:6379/\"",
+        ),
+        (
+            "[locker]\nkind = \"redis\"\nmode = \"cluster\"\nurls = [\"redis://a:7000\", \"tcp://b\"]\n",
+            "`locker.urls[1]` = \"tcp://b\"",
+        ),
+        (
+            "[[endpoints]]\nname = \"x\"\nkind = \"redis-pubsub\"\nurl = \"127.0.0.1:6379\"\npatterns = [\"p\"]\n",
+            "`endpoints[0].url` = \"127.0.0.1:6379\"",
+        ),
+    ] {
+        let e = error_with_job(text);
+        assert!(
+            e.contains(key) && e.contains("expected a Redis URL"),
+            "{text}: {e}"
+        );
+    }
+    let c = Config::from_toml(&format!(
+        "{JOB}[locker]\nkind = \"redis\"\nurl = \"redis://user:pw@host:6380/2\"\n"
+    ))
+    .unwrap();
+    assert!(matches!(c.locker, Locker::Redis(_)));
+}
+
+#[test]
+fn secrets_come_from_the_environment() {
+    let text = format!(
+        "{JOB}[locker]\nkind = \"redis\"\nurl = \"redis://:${{REDIS_PASSWORD}}@${{REDIS_HOST}}:6379/\"\n"
+    );
+    let env = |name: &str| match name {
+        "REDIS_PASSWORD" => Some("s3cret".to_owned()),
+        "REDIS_HOST" => Some("10.0.0.5".to_owned()),
+        _ => None,
+    };
+    let c = Config::from_toml_with_env(&text, env).unwrap();
+    let Locker::Redis(redis) = c.locker else {
+        panic!("redis")
+    };
+    assert_eq!(
+        redis.topology,
+        Topology::Standalone {
+            url: "redis://:s3cret@10.0.0.5:6379/".into()
+        }
+    );
+    let e = Config::from_toml_with_env(&text, |_| None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("`locker.url`")
+            && e.contains("the environment variable REDIS_PASSWORD to be set"),
+        "{e}"
+    );
+    assert!(!e.contains("s3cret"));
+}
+
+#[test]
 fn a_missing_file_is_a_read_error() {
-    let e = FileConfig::from_path(std::path::Path::new("/nonexistent/gateway.toml")).unwrap_err();
+    let e = Config::from_path(std::path::Path::new("/nonexistent/gateway.toml")).unwrap_err();
     assert!(
         e.to_string()
             .starts_with("cannot read the configuration: /nonexistent/gateway.toml"),
@@ -267,19 +402,66 @@ share_group = "gateways"
 "#;
 
 #[test]
-fn endpoints_of_each_kind_parse() {
-    use guard_endpoints::config::EndpointKind;
-    let c = FileConfig::from_toml(ENDPOINTS).unwrap();
-    let kinds: Vec<EndpointKind> = c.endpoints.iter().map(|e| e.kind).collect();
+fn endpoints_of_each_kind_parse_into_their_own_type() {
+    let c = Config::from_toml(ENDPOINTS).unwrap();
+    let Source::RedisPubsub(pubsub) = &c.endpoints[0].source else {
+        panic!("{:?}", c.endpoints[0])
+    };
+    assert_eq!(pubsub.url, "redis://127.0.0.1:6379/", "the locker's URL");
+    let Source::RedisStream(stream) = &c.endpoints[1].source else {
+        panic!("{:?}", c.endpoints[1])
+    };
     assert_eq!(
-        kinds,
-        [
-            EndpointKind::RedisPubsub,
-            EndpointKind::RedisStream,
-            EndpointKind::Mqtt
-        ]
+        (stream.stream.as_str(), stream.group.as_str()),
+        ("orders", "billing")
     );
-    assert_eq!(c.endpoints[2].share_group.as_deref(), Some("gateways"));
+    assert_eq!(stream.url, None, "shares the locker's connection");
+    assert_eq!(stream.retry.max_attempts(), 3);
+    let Source::Mqtt(mqtt) = &c.endpoints[2].source else {
+        panic!("{:?}", c.endpoints[2])
+    };
+    assert_eq!(mqtt.port, 1883);
+    assert_eq!(mqtt.delivery, MqttDelivery::Shared("gateways".into()));
+}
+
+#[test]
+fn endpoints_name_a_limiter_that_exists() {
+    let limited = format!(
+        "{ENDPOINTS}\n[ratelimit]\nenabled = true\n[ratelimit.policies.uplink]\nalgorithm = \"token-bucket\"\ncapacity = 5\nrate_per_second = 5\n\n[[endpoints]]\nname = \"x\"\nkind = \"redis-stream\"\nstream = \"s\"\ngroup = \"g\"\nlimit = \"uplink\"\nlimit_key = \"field:device\"\nmax_wait_ms = 250\n"
+    );
+    let c = Config::from_toml(&limited).unwrap();
+    assert_eq!(
+        c.endpoints[3].limit,
+        Some(EndpointLimit {
+            limiter: "uplink".into(),
+            key: LimitKey::Field("device".into()),
+            when_limited: WhenLimited::Wait(Duration::from_millis(250)),
+        })
+    );
+    let e = error(&limited.replace("limit = \"uplink\"", "limit = \"downlink\""));
+    assert!(
+        e.contains(
+            "`endpoints[3].limit` = \"downlink\": expected one of the limiters: uplink, default"
+        ),
+        "{e}"
+    );
+    let e = error(&format!(
+        "{ENDPOINTS}[[endpoints]]\nname = \"x\"\nkind = \"mqtt\"\nhost = \"h\"\nfilter = \"t\"\nlimit = \"uplink\"\n"
+    ));
+    assert!(
+        e.contains("none exists: set [ratelimit] enabled = true"),
+        "{e}"
+    );
+    let e = error(&limited.replace("limit_key = \"field:device\"", "limit_key = \"everything\""));
+    assert!(
+        e.contains("`endpoints[3].limit_key` = \"everything\""),
+        "{e}"
+    );
+    let e = error(&limited.replace(
+        "max_wait_ms = 250",
+        "when_limited = \"dead-letter\"\nmax_wait_ms = 250",
+    ));
+    assert!(e.contains("no `max_wait_ms` with when_limited"), "{e}");
 }
 
 #[test]
@@ -288,15 +470,15 @@ fn endpoint_mistakes_name_the_key_and_what_is_expected() {
     let cases = [
         (
             "name = \"x\"\nkind = \"redis-pubsub\"",
-            "`endpoints[3].patterns` = missing: expected at least one channel pattern",
+            "`endpoints[3].patterns` = []: expected at least one channel pattern",
         ),
         (
             "name = \"x\"\nkind = \"redis-stream\"\nstream = \"s\"",
-            "`endpoints[3].group` = missing",
+            "`endpoints[3].group` = missing: expected a value",
         ),
         (
             "name = \"x\"\nkind = \"mqtt\"\nhost = \"h\"\nfilter = \"t\"\npatterns = [\"p\"]",
-            "`endpoints[3].patterns` = set: expected no `patterns` for kind Mqtt",
+            "`endpoints[3].patterns` = set: expected no such key here",
         ),
         (
             "name = \"x\"\nkind = \"mqtt\"\nhost = \"h\"\nfilter = \"t\"\nshare_group = \"g\"\nguard = true",
@@ -306,13 +488,16 @@ fn endpoint_mistakes_name_the_key_and_what_is_expected() {
             "name = \"orders\"\nkind = \"mqtt\"\nhost = \"h\"\nfilter = \"t\"",
             "`endpoints[3].name` = \"orders\": expected a unique name",
         ),
-        ("name = \"x\"\nkind = \"kafka\"", "unknown variant `kafka`"),
+        (
+            "name = \"x\"\nkind = \"kafka\"",
+            "`endpoints[3].kind` = \"kafka\": expected one of `redis-pubsub`, `redis-stream`, `mqtt`",
+        ),
     ];
     for (extra, expected) in cases {
         let message = error(&with(extra));
         assert!(message.contains(expected), "{extra}: {message}");
     }
-    // A Redis endpoint needs a URL when there is no standalone Redis locker.
+    // A Redis endpoint needs a URL when there is no Redis locker.
     let message = error(
         "[[endpoints]]\nname = \"x\"\nkind = \"redis-stream\"\nstream = \"s\"\ngroup = \"g\"",
     );

@@ -42,6 +42,15 @@ pub fn record_promoted(key: &str) {
     metrics::gauge!(ACTIVE_LEADER, "key" => key.to_owned()).set(1.0);
 }
 
+/// Records that this replica competes for lease `key` and does not lead
+/// it yet: `guard_active_leader{key}` 0, and the transition family
+/// present at zero, so a standby is visible before anything happens.
+pub fn record_standby(key: &str) {
+    metrics::gauge!(ACTIVE_LEADER, "key" => key.to_owned()).set(0.0);
+    metrics::counter!(ACTIVE_TRANSITIONS, "key" => key.to_owned(), "transition" => "promoted", "reason" => "")
+        .increment(0);
+}
+
 /// Records work refused after the renew deadline of lease `key`.
 pub fn record_refused_late(key: &str) {
     metrics::counter!(ACTIVE_REFUSED_LATE, "key" => key.to_owned()).increment(1);

@@ -1,111 +1,190 @@
 //! `[[endpoints]]`: each configured source becomes a task of the replica
-//! that reports every handled message as an [`Event::Received`].
+//! that reports every handled message as an [`Event::Received`], after
+//! its limiter (if any) admitted it.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
 
-use guard_core::retry::{Classifier, RetryPolicy};
-use guard_endpoints::config::{EndpointConfig, EndpointKind, FileConfig};
+use guard_core::retry::Classifier;
+use guard_endpoints::admission::{Admission, DEAD_LETTERS, Undelivered, Verdict};
+use guard_endpoints::config::{Config, Endpoint, EndpointLimit, LimitKey, MqttDelivery, Source};
 use guard_endpoints::mqtt::{MqttEndpoint, MqttOptions, Subscription};
-use guard_endpoints::redis::{PubSubEndpoint, StreamConsumer};
+use guard_endpoints::redis::{PubSubEndpoint, StreamConsumer, StreamMessage};
 use guard_redis::{RedisConnection, StreamDlq, Topology};
 use guard_smol::Control;
+use guard_std::metered::MeteredDeadLetterQueue;
+use guard_std::{Clock, SystemClock};
 
-use crate::replica::{Built, Event, GatewayError, error};
+use crate::replica::{Built, Content, Event, GatewayError, error, limiter};
 
 /// A task of the replica.
 pub(crate) type Task = Pin<Box<dyn Future<Output = ()>>>;
 
-/// The default MQTT port.
-const MQTT_PORT: u16 = 1883;
+type Emit = Arc<dyn Fn(Event) + Send + Sync>;
 
-/// Reports a handled message of endpoint `name` as an event.
-fn reporter(
-    emit: Arc<dyn Fn(Event) + Send + Sync>,
+/// Text of bytes, invalid UTF-8 replaced.
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// One endpoint's limiter, with the key it limits by, and where the
+/// messages it refuses go when the source keeps nothing itself.
+struct Gate {
+    admission: Admission,
+    key: LimitKey,
     name: String,
-) -> impl Fn(String, Option<u64>, &[u8]) {
-    move |from, fence, payload| {
-        emit(Event::Received {
-            endpoint: name.clone(),
-            from,
-            fence,
-            payload: String::from_utf8_lossy(payload).into_owned(),
-        });
+    dead_letters: Arc<MeteredDeadLetterQueue<Undelivered, String, DEAD_LETTERS>>,
+    clock: SystemClock,
+}
+
+impl Gate {
+    fn new(built: &Built, name: &str, limit: &EndpointLimit) -> Result<Self, GatewayError> {
+        Ok(Gate {
+            admission: Admission::new(limiter(built, &limit.limiter)?, limit.when_limited),
+            key: limit.key.clone(),
+            name: name.to_owned(),
+            dead_letters: Arc::new(MeteredDeadLetterQueue::new(name)),
+            clock: SystemClock::new(),
+        })
+    }
+
+    /// The limiter key of a message from `from` (its channel or topic),
+    /// or, for a stream entry, with its `fields`.
+    fn key_of<'a>(&'a self, from: &'a str, fields: Option<&'a StreamMessage>) -> &'a str {
+        match &self.key {
+            LimitKey::Source => &self.name,
+            LimitKey::Topic => from,
+            LimitKey::Field(field) => fields
+                .and_then(|m| m.field(field))
+                .and_then(|v| std::str::from_utf8(v).ok())
+                .unwrap_or(""),
+        }
+    }
+
+    /// Admits a broadcast message or keeps it as a dead letter: true when
+    /// the handler may run. A full dead-letter queue hands the message
+    /// back, and then it waits for the limiter however long that takes
+    /// (back-pressure), so nothing is lost here.
+    async fn pass(&self, from: &str, payload: &[u8], emit: &Emit) -> bool {
+        let why = match self.admission.admit(self.key_of(from, None)).await {
+            Verdict::Admitted => return true,
+            Verdict::Refused(why) => why,
+        };
+        let message = Undelivered {
+            from: from.to_owned(),
+            payload: payload.to_vec(),
+        };
+        match self
+            .dead_letters
+            .add(message, Some(why.to_string()), 1, self.clock.now())
+        {
+            Ok(()) => {
+                log::warn!("endpoint {}: {from}: {why}; dead-lettered", self.name);
+                emit(Event::DeadLettered {
+                    endpoint: self.name.clone(),
+                    from: from.to_owned(),
+                    reason: why.to_string(),
+                });
+                false
+            }
+            Err(_) => {
+                log::warn!(
+                    "endpoint {}: {from}: {why}; the dead-letter queue is full, waiting for the limiter",
+                    self.name
+                );
+                match self
+                    .admission
+                    .admit_eventually(self.key_of(from, None))
+                    .await
+                {
+                    Ok(()) => true,
+                    Err(failed) => {
+                        // Nowhere left to keep it: said loudly and counted.
+                        log::error!("endpoint {}: {from}: {failed}; message dropped", self.name);
+                        metrics::counter!(guard_std::metrics::SINK_DROPPED, "name" => self.name.clone())
+                            .increment(1);
+                        false
+                    }
+                }
+            }
+        }
     }
 }
 
 /// Builds the task of `entry`. Only the stream endpoint connects here
-/// (a URL of its own); the others connect when they subscribe.
+/// (a URL of its own, or the locker's connection); the others connect
+/// when they subscribe.
 pub(crate) async fn start(
-    entry: &EndpointConfig,
+    entry: &Endpoint,
     built: &Built,
-    config: &FileConfig,
+    config: &Config,
     identity: &str,
     control: Control,
-    emit: Arc<dyn Fn(Event) + Send + Sync>,
+    emit: Emit,
 ) -> Result<Task, GatewayError> {
     let name = entry.name.clone();
-    let report = reporter(emit, name.clone());
     let context = |e: &dyn std::fmt::Display| error(format!("endpoint {name}: {e}"));
-    let timing = config.guards.active().map_err(|e| context(&e))?;
-    let redis_url = || {
-        entry
-            .url
-            .clone()
-            .or_else(|| config.locker.url.clone())
-            .unwrap_or_default()
+    let gate = match &entry.limit {
+        Some(limit) => Some(Arc::new(Gate::new(built, &name, limit)?)),
+        None => None,
     };
-    match entry.kind {
-        EndpointKind::RedisPubsub => {
+    let timing = config.guards.active;
+    match &entry.source {
+        Source::RedisPubsub(source) => {
             let scope = built
                 .guards
                 .scope("endpoint/redis")
-                .and_then(|s| s.segment("node", &entry.name))
+                .and_then(|s| s.segment("node", &name))
                 .map_err(|e| context(&e))?;
-            let patterns: Vec<&str> = entry.patterns.iter().map(String::as_str).collect();
-            let endpoint = PubSubEndpoint::new(&redis_url(), &built.guards, &scope, &patterns)
+            let patterns: Vec<&str> = source.patterns.iter().map(String::as_str).collect();
+            let endpoint = PubSubEndpoint::new(&source.url, &built.guards, &scope, &patterns)
                 .and_then(|e| e.with_settings(timing))
                 .map_err(|e| context(&e))?;
             Ok(Box::pin(async move {
                 endpoint
                     .run(control, |message| {
-                        report(message.channel, Some(message.fence), &message.payload);
-                        async {}
+                        let (gate, emit, name) = (gate.clone(), emit.clone(), name.clone());
+                        async move {
+                            if let Some(gate) = &gate
+                                && !gate.pass(&message.channel, &message.payload, &emit).await
+                            {
+                                return;
+                            }
+                            emit(Event::Received {
+                                endpoint: name,
+                                from: message.channel,
+                                fence: Some(message.fence),
+                                content: Content::Payload(text(&message.payload)),
+                            });
+                        }
                     })
                     .await;
             }))
         }
-        EndpointKind::RedisStream => {
-            let conn = match (&entry.url, &built.redis) {
+        Source::RedisStream(source) => {
+            let conn = match (&source.url, &built.redis) {
                 (None, Some(shared)) => shared.clone(),
-                _ => RedisConnection::connect(
-                    Topology::Standalone { url: redis_url() },
-                    Duration::from_millis(config.locker.request_timeout_ms),
+                (url, _) => RedisConnection::connect(
+                    Topology::Standalone {
+                        url: url.clone().unwrap_or_default(),
+                    },
+                    config
+                        .redis_locker()
+                        .map_or(std::time::Duration::from_millis(500), |l| l.request_timeout),
                 )
                 .await
                 .map_err(|e| context(&e))?,
             };
-            let mut retry = RetryPolicy::new();
-            if let Some(retries) = entry.retries {
-                retry = retry.with_max_attempts(retries);
-            }
-            if let Some(ms) = entry.retry_delay_ms {
-                retry = retry.with_initial_delay(Duration::from_millis(ms));
-            }
-            let stream = entry.stream.clone().unwrap_or_default();
-            let group = entry.group.clone().unwrap_or_default();
-            let mut consumer = StreamConsumer::new(conn.clone(), &stream, &group, identity)
-                .map_err(|e| context(&e))?
-                .with_retry(retry)
-                .map_err(|e| context(&e))?;
-            if let Some(ms) = entry.claim_idle_ms {
-                consumer = consumer
-                    .with_claim_idle(Duration::from_millis(ms))
+            let mut consumer =
+                StreamConsumer::new(conn.clone(), &source.stream, &source.group, identity)
+                    .map_err(|e| context(&e))?
+                    .with_retry(source.retry)
+                    .map_err(|e| context(&e))?
+                    .with_claim_idle(source.claim_idle)
                     .map_err(|e| context(&e))?;
-            }
-            if let Some(topic) = &entry.dead_letter_topic {
+            if let Some(topic) = &source.dead_letter_topic {
                 consumer = consumer
                     .with_dead_letters(StreamDlq::new(conn), topic)
                     .map_err(|e| context(&e))?;
@@ -113,37 +192,56 @@ pub(crate) async fn start(
             Ok(Box::pin(async move {
                 let stats = consumer
                     .run(control, Classifier::retry_all(), |message| {
-                        report(
-                            message.id.clone(),
-                            None,
-                            message.payload().unwrap_or_default(),
-                        );
-                        async { Ok::<(), String>(()) }
+                        let (gate, emit, name) = (gate.clone(), emit.clone(), name.clone());
+                        async move {
+                            // A refusal fails the entry: it is retried,
+                            // then dead-lettered or left pending, never
+                            // dropped.
+                            if let Some(gate) = &gate
+                                && let Verdict::Refused(why) = gate
+                                    .admission
+                                    .admit(gate.key_of(&message.id, Some(&message)))
+                                    .await
+                            {
+                                return Err(why.to_string());
+                            }
+                            let fields: BTreeMap<&String, &Vec<u8>> =
+                                message.fields.iter().collect();
+                            emit(Event::Received {
+                                endpoint: name,
+                                from: message.id.clone(),
+                                fence: None,
+                                content: Content::Fields(
+                                    fields
+                                        .into_iter()
+                                        .map(|(k, v)| (k.clone(), text(v)))
+                                        .collect(),
+                                ),
+                            });
+                            Ok::<(), String>(())
+                        }
                     })
                     .await;
                 log::info!("endpoint {name}: {stats:?}");
             }))
         }
-        EndpointKind::Mqtt => {
-            let client_id = format!("{}-{identity}", entry.name);
-            let options = MqttOptions::new(
-                entry.host.as_deref().unwrap_or_default(),
-                entry.port.unwrap_or(MQTT_PORT),
-                &client_id,
-            )
-            .map_err(|e| context(&e))?;
-            let filter = entry.filter.as_deref().unwrap_or_default();
-            let subscription = match &entry.share_group {
-                Some(group) => Subscription::shared(group, filter),
-                None => Subscription::plain(filter),
+        Source::Mqtt(source) => {
+            let client_id = format!("{name}-{identity}");
+            let options =
+                MqttOptions::new(&source.host, source.port, &client_id).map_err(|e| context(&e))?;
+            let subscription = match &source.delivery {
+                MqttDelivery::Shared(group) => Subscription::shared(group, &source.filter),
+                MqttDelivery::Broadcast | MqttDelivery::Elected => {
+                    Subscription::plain(&source.filter)
+                }
             }
             .map_err(|e| context(&e))?;
             let mut endpoint = MqttEndpoint::new(options, subscription);
-            if entry.guard {
+            if source.delivery == MqttDelivery::Elected {
                 let scope = built
                     .guards
                     .scope("endpoint/mqtt")
-                    .and_then(|s| s.segment("node", &entry.name))
+                    .and_then(|s| s.segment("node", &name))
                     .map_err(|e| context(&e))?;
                 endpoint = endpoint
                     .with_guard(&built.guards, &scope)
@@ -153,11 +251,26 @@ pub(crate) async fn start(
             Ok(Box::pin(async move {
                 endpoint
                     .run(control, |message| {
-                        report(message.topic, message.fence, &message.payload);
-                        async {}
+                        let (gate, emit, name) = (gate.clone(), emit.clone(), name.clone());
+                        async move {
+                            if let Some(gate) = &gate
+                                && !gate.pass(&message.topic, &message.payload, &emit).await
+                            {
+                                return;
+                            }
+                            emit(Event::Received {
+                                endpoint: name,
+                                from: message.topic,
+                                fence: message.fence,
+                                content: Content::Payload(text(&message.payload)),
+                            });
+                        }
                     })
                     .await;
             }))
         }
+        _ => Err(context(
+            &"this kind of endpoint is not supported by the gateway",
+        )),
     }
 }

@@ -1,13 +1,16 @@
-//! `guard-gateway`: run an edge-gateway replica, or the multi-replica demo.
+//! `guard-gateway`: run an edge-gateway replica, check its configuration,
+//! or run the multi-replica demo.
 
-use std::io::Write;
-use std::path::PathBuf;
+use std::io::{IsTerminal, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use guard_endpoints::config::FileConfig;
+use guard_endpoints::config::Config;
 use guard_gateway::demo::{self, DemoOptions};
 use guard_gateway::{prometheus, replica};
 
@@ -36,8 +39,8 @@ enum Command {
         seconds: u64,
     },
     /// Run one replica from a configuration file (see gateway.toml). Each
-    /// execution and each leadership change is printed on stdout, one per
-    /// line; logs go to stderr (RUST_LOG=info by default).
+    /// execution, leadership change and handled message is printed on
+    /// stdout, one per line; logs go to stderr (RUST_LOG=info by default).
     Run {
         /// The TOML configuration.
         #[arg(long, short)]
@@ -47,39 +50,77 @@ enum Command {
         /// `replica-<process id>`).
         #[arg(long)]
         replica: Option<String>,
+        /// Serve /metrics, /healthz and /readyz here instead of the
+        /// file's `metrics.prometheus` (a second replica on the same
+        /// host needs a port of its own).
+        #[arg(long)]
+        metrics: Option<SocketAddr>,
+    },
+    /// Validate a configuration file without connecting to anything;
+    /// prints what it configures, or the first mistake (exit 2).
+    Check {
+        /// The TOML configuration.
+        #[arg(long, short)]
+        config: PathBuf,
     },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    // On a terminal the demo keeps a status line at the bottom: each log
+    // line first clears it, so the two never glue together.
+    let status_line = std::io::stderr().is_terminal();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
+        .format(move |out, record| {
+            if status_line {
+                write!(out, "\r\x1b[2K")?;
+            }
+            writeln!(
+                out,
+                "[{} {}] {}",
+                record.level(),
+                record.target(),
+                record.args()
+            )
+        })
+        .init();
     match cli.command {
-        Command::Demo { replicas, seconds } => run_demo(replicas, seconds),
-        Command::Run { config, replica } => {
+        Command::Demo { replicas, seconds } => run_demo(replicas, seconds, status_line),
+        Command::Run {
+            config,
+            replica,
+            metrics,
+        } => {
             let identity = replica.unwrap_or_else(|| format!("replica-{}", std::process::id()));
-            run_replica(&config, &identity)
+            run_replica(&config, &identity, metrics)
         }
+        Command::Check { config } => check(&config),
     }
 }
 
-fn run_demo(replicas: u64, seconds: u64) -> ExitCode {
+fn run_demo(replicas: u64, seconds: u64, status_line: bool) -> ExitCode {
     let options = DemoOptions {
         replicas: usize::try_from(replicas).unwrap_or(3),
         duration: Duration::from_secs(seconds),
         ..DemoOptions::default()
     };
     let report = demo::run(&options, |p| {
+        if !status_line {
+            return; // a log file gets the report only
+        }
         let leader = p
             .leader
             .map_or("none".to_owned(), |l| format!("replica {l}"));
         eprint!(
-            "\r{:>5.1}s  slots run: {:<4} leader: {leader}   ",
+            "\r\x1b[2K{:>5.1}s  slots run: {:<4} leader: {leader}",
             p.elapsed.as_secs_f32(),
             p.slots
         );
         let _ = std::io::stderr().flush();
     });
-    eprintln!();
+    if status_line {
+        eprintln!();
+    }
     match report {
         Ok(report) => {
             print!("{report}");
@@ -96,20 +137,30 @@ fn run_demo(replicas: u64, seconds: u64) -> ExitCode {
     }
 }
 
-fn run_replica(path: &std::path::Path, identity: &str) -> ExitCode {
-    let config = match FileConfig::from_path(path) {
+fn check(path: &Path) -> ExitCode {
+    match Config::from_path(path) {
+        Ok(config) => {
+            print!("{}", replica::summary(&config));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run_replica(path: &Path, identity: &str, metrics: Option<SocketAddr>) -> ExitCode {
+    let config = match Config::from_path(path) {
         Ok(config) => config,
         Err(e) => {
             eprintln!("{e}");
             return ExitCode::from(2);
         }
     };
-    if let Some(address) = &config.metrics.prometheus {
-        match address
-            .parse()
-            .map_err(|e: std::net::AddrParseError| e.to_string())
-            .and_then(|a| prometheus::serve(a).map_err(|e| e.to_string()))
-        {
+    let ready = Arc::new(AtomicBool::new(false));
+    if let Some(address) = metrics.or(config.metrics.prometheus) {
+        match prometheus::serve(address, ready.clone()) {
             Ok(bound) => log::info!("metrics at http://{bound}/metrics"),
             Err(e) => {
                 eprintln!("cannot serve metrics on {address}: {e}");
@@ -127,7 +178,7 @@ fn run_replica(path: &std::path::Path, identity: &str) -> ExitCode {
         let _ = writeln!(out, "{event}");
         let _ = out.flush();
     });
-    match smol::block_on(replica::run(&config, identity, control, emit)) {
+    match smol::block_on(replica::run(&config, identity, control, emit, ready)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("{e}");

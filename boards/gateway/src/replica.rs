@@ -2,21 +2,21 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use guard_core::guard::DemoteReason;
 use guard_core::limit::FullPolicy;
-use guard_core::lock::Scope;
-use guard_core::slot::{Every, UnixMillis};
+use guard_core::slot::UnixMillis;
+use guard_endpoints::admission::{Admission, Verdict};
 use guard_endpoints::config::{
-    Backend, FileConfig, LockerConfig, LockerKind, Policy, PolicyAlgorithm, RedisMode,
+    Backend, Config, Locker, Policy, PolicyAlgorithm, Source, Timing, WhenLimited,
 };
 use guard_redis::{
-    RedisConnection, RedisLeakyBucket, RedisLocker, RedisSlidingWindow, RedisTokenBucket, Topology,
+    RedisConnection, RedisLeakyBucket, RedisLocker, RedisSlidingWindow, RedisTokenBucket,
 };
 use guard_smol::{ActiveRunner, Control, Scheduler};
-use guard_std::ratelimit::{MemoryLimiter, RateLimiter, RateLimiterRegistry};
-use guard_std::{CronSchedule, GuardConfig, LocalLocker, SharedLocker};
+use guard_std::ratelimit::{MemoryLimiter, NamedRateLimiter, RateLimiter, RateLimiterRegistry};
+use guard_std::{GuardConfig, LocalLocker, SharedLocker};
 
 use crate::endpoint;
 
@@ -55,9 +55,55 @@ pub enum Event {
         /// The lease's fence, checked valid just before the handler ran
         /// (elected endpoints; `None` where the source delivers once).
         fence: Option<u64>,
-        /// The payload, as text (invalid UTF-8 replaced).
-        payload: String,
+        /// What it carried.
+        content: Content,
     },
+    /// A message the endpoint's limiter refused, kept as a dead letter.
+    DeadLettered {
+        /// The endpoint.
+        endpoint: String,
+        /// Where it came from.
+        from: String,
+        /// Why.
+        reason: String,
+    },
+    /// A scheduled run its limiter refused: the slot was skipped.
+    Skipped {
+        /// The router.
+        router: String,
+        /// The planned slot.
+        slot: UnixMillis,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// A handled message's content, as text (invalid UTF-8 replaced).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Content {
+    /// A Pub/Sub or MQTT payload.
+    Payload(String),
+    /// A stream entry's fields, by name.
+    Fields(Vec<(String, String)>),
+}
+
+impl fmt::Display for Content {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Content::Payload(text) => write!(f, "payload={text}"),
+            Content::Fields(fields) => {
+                let mut first = true;
+                for (name, value) in fields {
+                    if !first {
+                        f.write_str(" ")?;
+                    }
+                    first = false;
+                    write!(f, "{name}={value}")?;
+                }
+                Ok(())
+            }
+        }
+    }
 }
 
 impl fmt::Display for Event {
@@ -80,12 +126,25 @@ impl fmt::Display for Event {
                 endpoint,
                 from,
                 fence,
-                payload,
+                content,
             } => write!(
                 f,
-                "received endpoint={endpoint} from={from} fence={} payload={payload}",
+                "received endpoint={endpoint} from={from} fence={} {content}",
                 fence.map_or("-".into(), |x| x.to_string())
             ),
+            Event::DeadLettered {
+                endpoint,
+                from,
+                reason,
+            } => write!(
+                f,
+                "dead-lettered endpoint={endpoint} from={from} reason={reason}"
+            ),
+            Event::Skipped {
+                router,
+                slot,
+                reason,
+            } => write!(f, "skipped router={router} slot={slot} reason={reason}"),
         }
     }
 }
@@ -106,22 +165,6 @@ pub(crate) fn error(message: impl fmt::Display) -> GatewayError {
     GatewayError(message.to_string())
 }
 
-/// The Redis deployment of a `[locker]` section.
-pub fn topology(locker: &LockerConfig) -> Topology {
-    match locker.mode {
-        RedisMode::Standalone => Topology::Standalone {
-            url: locker.url.clone().unwrap_or_default(),
-        },
-        RedisMode::Sentinel => Topology::Sentinel {
-            sentinels: locker.urls.clone(),
-            service: locker.service.clone().unwrap_or_default(),
-        },
-        RedisMode::Cluster => Topology::Cluster {
-            nodes: locker.urls.clone(),
-        },
-    }
-}
-
 /// What a configuration builds: the guards' shared config, the rate
 /// limiters, and the Redis connection when there is one.
 pub struct Built {
@@ -135,45 +178,42 @@ pub struct Built {
 }
 
 /// Connects what `config` names: a Redis locker that cannot be reached is
-/// an error; a Redis rate-limit backend that cannot be reached is one too,
+/// an error; a Redis rate-limit backend without a Redis locker is one too,
 /// unless `ratelimit.fallback_to_memory` is set, which then warns.
-pub async fn build(config: &FileConfig) -> Result<Built, GatewayError> {
-    let timeout = Duration::from_millis(config.locker.request_timeout_ms);
-    let redis = if config.locker.kind == LockerKind::Redis {
-        Some(
-            RedisConnection::connect(topology(&config.locker), timeout)
+pub async fn build(config: &Config) -> Result<Built, GatewayError> {
+    let redis = match config.redis_locker() {
+        Some(locker) => Some(
+            RedisConnection::connect(locker.topology.clone(), locker.request_timeout)
                 .await
                 .map_err(|e| error(format!("cannot reach the Redis locker: {e}")))?,
-        )
-    } else {
-        None
+        ),
+        None => None,
     };
-    let locker = match (config.locker.kind, &redis) {
-        (LockerKind::None, _) => None,
-        (LockerKind::Local, _) => Some(SharedLocker::new(LocalLocker::new())),
-        (LockerKind::Redis, Some(conn)) => Some(SharedLocker::new(
+    let locker = match (&config.locker, &redis) {
+        (Locker::Local, _) => Some(SharedLocker::new(LocalLocker::new())),
+        (Locker::Redis(l), Some(conn)) => Some(SharedLocker::new(
             RedisLocker::new(conn.clone())
-                .with_prefix(&config.locker.prefix)
+                .with_prefix(&l.prefix)
                 .map_err(error)?,
         )),
-        (LockerKind::Redis, None) => None,
+        _ => None,
     };
     let mut guards = GuardConfig::new().with_owner(config.guards.owner.clone());
     if let Some(locker) = locker {
         guards = guards.with_locker(locker);
     }
     let mut limiters: Vec<(String, Arc<dyn RateLimiter>)> = Vec::new();
-    if config.ratelimit.enabled {
-        for policy in config.ratelimit.resolved().map_err(error)? {
+    if let Some(ratelimit) = &config.ratelimit {
+        for policy in &ratelimit.policies {
             let limiter = match (policy.backend, &redis) {
-                (Backend::Memory, _) => memory(&policy, config.ratelimit.memory_keys),
-                (Backend::Redis, Some(conn)) => remote(&policy, conn)?,
-                (Backend::Redis, None) if config.ratelimit.fallback_to_memory => {
+                (Backend::Memory, _) => memory(policy, ratelimit.memory_keys),
+                (Backend::Redis, Some(conn)) => remote(policy, conn)?,
+                (Backend::Redis, None) if ratelimit.fallback_to_memory => {
                     log::warn!(
                         "rate limiter {}: Redis backend without a Redis locker to connect with; using memory (fallback_to_memory = true)",
                         policy.name
                     );
-                    memory(&policy, config.ratelimit.memory_keys)
+                    memory(policy, ratelimit.memory_keys)
                 }
                 (Backend::Redis, None) => {
                     return Err(error(format!(
@@ -222,28 +262,75 @@ fn remote(policy: &Policy, conn: &RedisConnection) -> Result<Arc<dyn RateLimiter
     built.map_err(|e| error(format!("rate limiter {name}: {e}")))
 }
 
+/// The limiter `name`, which validation made sure exists.
+pub(crate) fn limiter(built: &Built, name: &str) -> Result<Arc<NamedRateLimiter>, GatewayError> {
+    built
+        .limiters
+        .get(name)
+        .cloned()
+        .ok_or_else(|| error(format!("no rate limiter named {name:?}")))
+}
+
+/// Makes every documented metric family visible from the start (at zero
+/// for what has not happened yet), so a dashboard or an alert never
+/// waits for the first event to know the series exists.
+fn announce_metrics(config: &Config, built: &Built) {
+    use guard_std::metrics::{RETRY_ATTEMPTS, RL_ALLOWED, RL_DENIED, SINK_DROPPED};
+    for name in built.limiters.names() {
+        metrics::counter!(RL_ALLOWED, "name" => name.to_owned()).increment(0);
+        metrics::counter!(RL_DENIED, "name" => name.to_owned()).increment(0);
+    }
+    for endpoint in &config.endpoints {
+        metrics::counter!(SINK_DROPPED, "name" => endpoint.name.clone()).increment(0);
+        if let Source::RedisStream(stream) = &endpoint.source {
+            metrics::counter!(RETRY_ATTEMPTS, "name" => stream.stream.clone()).increment(0);
+        }
+    }
+}
+
 /// Runs one replica until `control` stops it, reporting every event to
 /// `emit`. `identity` tells this replica from the others that run the
-/// same file: it names its stream consumers and MQTT clients.
+/// same file: it names its stream consumers and MQTT clients. `ready` is
+/// set once the locker has answered.
 pub async fn run(
-    config: &FileConfig,
+    config: &Config,
     identity: &str,
     control: Control,
     emit: Arc<dyn Fn(Event) + Send + Sync>,
+    ready: Arc<AtomicBool>,
 ) -> Result<(), GatewayError> {
     let built = build(config).await?;
     if !built.limiters.is_empty() {
         log::info!("rate limiters: {}", built.limiters.names().join(", "));
     }
+    announce_metrics(config, &built);
     let mut scheduler = Scheduler::new(built.guards.clone())
-        .with_slot_ttl(config.guards.once_ttl().map_err(error)?)
-        .with_fail_policy(config.guards.fail_policy());
+        .with_slot_ttl(config.guards.once_ttl)
+        .with_fail_policy(config.guards.fail_policy);
     for schedule in &config.schedules {
         let router = schedule.router.clone();
         let emit = emit.clone();
+        let gate = match &schedule.limit {
+            Some(limit) => Some(Admission::new(
+                limiter(&built, &limit.limiter)?,
+                WhenLimited::Wait(limit.max_wait),
+            )),
+            None => None,
+        };
         let job = move |run: guard_smol::JobRun| {
-            let (emit, router) = (emit.clone(), router.clone());
+            let (emit, router, gate) = (emit.clone(), router.clone(), gate.clone());
             async move {
+                if let Some(gate) = &gate
+                    && let Verdict::Refused(why) = gate.admit(&router).await
+                {
+                    log::warn!("schedule {router} slot {}: {why}; skipped", run.slot);
+                    emit(Event::Skipped {
+                        router,
+                        slot: run.slot,
+                        reason: why.to_string(),
+                    });
+                    return;
+                }
                 emit(Event::Executed {
                     router,
                     slot: run.slot,
@@ -251,36 +338,29 @@ pub async fn run(
                 })
             }
         };
-        let added = match (&schedule.every_ms, &schedule.cron) {
-            (Some(ms), _) => scheduler.add_job(
-                &schedule.router,
-                &schedule.chain,
-                Every::new(Duration::from_millis(*ms)).map_err(error)?,
-                job,
-            ),
-            (None, Some(cron)) => scheduler.add_job(
-                &schedule.router,
-                &schedule.chain,
-                cron.parse::<CronSchedule>().map_err(error)?,
-                job,
-            ),
-            (None, None) => continue, // refused by validation
-        };
-        added.map_err(error)?;
+        match &schedule.timing {
+            Timing::Every(every) => {
+                scheduler.add_job(&schedule.router, &schedule.chain, *every, job)
+            }
+            Timing::Cron(cron) => {
+                scheduler.add_job(&schedule.router, &schedule.chain, (**cron).clone(), job)
+            }
+        }
+        .map_err(error)?;
     }
-    let timing = config.guards.active().map_err(error)?;
     let executor = smol::LocalExecutor::new();
     let mut tasks = Vec::new();
-    for entry in &config.active {
+    for name in &config.active {
         let scope = built
             .guards
             .scope("consumer")
-            .and_then(|s| s.segment("name", &entry.name))
+            .and_then(|s| s.segment("name", name))
             .map_err(error)?;
         let runner = ActiveRunner::new(&built.guards, &scope)
-            .and_then(|r| r.with_settings(timing))
+            .and_then(|r| r.with_settings(config.guards.active))
             .map_err(error)?;
-        let (name, promoted, demoted) = (entry.name.clone(), emit.clone(), emit.clone());
+        guard_std::metrics::record_standby(runner.key());
+        let (name, promoted, demoted) = (name.clone(), emit.clone(), emit.clone());
         let control = control.clone();
         tasks.push(executor.spawn(async move {
             let name2 = name.clone();
@@ -318,6 +398,8 @@ pub async fn run(
         tasks.push(executor.spawn(task));
     }
     tasks.push(executor.spawn(scheduler.run(control)));
+    // Everything is connected and the locker has answered.
+    ready.store(true, Ordering::Release);
     executor
         .run(async {
             for task in tasks {
@@ -325,13 +407,94 @@ pub async fn run(
             }
         })
         .await;
+    ready.store(false, Ordering::Release);
     Ok(())
 }
 
-/// A consumer's lease scope (for tests and tools).
-pub fn consumer_scope(guards: &GuardConfig, name: &str) -> Result<Scope, GatewayError> {
-    guards
-        .scope("consumer")
-        .and_then(|s| s.segment("name", name))
-        .map_err(error)
+/// What `config` configures, for `guard-gateway check`: one line a
+/// section, no secrets (URLs are not printed).
+pub fn summary(config: &Config) -> String {
+    let locker = match &config.locker {
+        Locker::None => "none (every guard allows: a single process)".to_owned(),
+        Locker::Local => "local (in this process)".to_owned(),
+        Locker::Redis(l) => {
+            let mode = match &l.topology {
+                guard_redis::Topology::Standalone { .. } => "standalone",
+                guard_redis::Topology::Sentinel { .. } => "sentinel",
+                guard_redis::Topology::Cluster { .. } => "cluster",
+            };
+            format!("redis ({mode}), prefix {:?}", l.prefix)
+        }
+        _ => "another kind".to_owned(),
+    };
+    let schedules: Vec<String> = config
+        .schedules
+        .iter()
+        .map(|s| match &s.timing {
+            Timing::Every(every) => format!("{} every {:?}", s.router, every.period()),
+            Timing::Cron(_) => format!("{} on a cron expression", s.router),
+        })
+        .collect();
+    let endpoints: Vec<String> = config
+        .endpoints
+        .iter()
+        .map(|e| {
+            let kind = match &e.source {
+                Source::RedisPubsub(_) => "redis-pubsub, elected subscriber".to_owned(),
+                Source::RedisStream(s) => format!("redis-stream, consumer group {}", s.group),
+                Source::Mqtt(m) => match &m.delivery {
+                    guard_endpoints::config::MqttDelivery::Shared(g) => {
+                        format!("mqtt, shared subscription {g}")
+                    }
+                    guard_endpoints::config::MqttDelivery::Broadcast => {
+                        "mqtt, broadcast".to_owned()
+                    }
+                    guard_endpoints::config::MqttDelivery::Elected => {
+                        "mqtt, elected subscriber".to_owned()
+                    }
+                },
+                _ => "another kind".to_owned(),
+            };
+            let limit = e
+                .limit
+                .as_ref()
+                .map_or(String::new(), |l| format!(", limited by {}", l.limiter));
+            format!("{} ({kind}{limit})", e.name)
+        })
+        .collect();
+    let limiters: Vec<String> = config
+        .ratelimit
+        .iter()
+        .flat_map(|r| &r.policies)
+        .map(|p| {
+            let algorithm = match p.algorithm {
+                PolicyAlgorithm::Sliding(_) => "sliding",
+                PolicyAlgorithm::TokenBucket(_) => "token-bucket",
+                PolicyAlgorithm::LeakyBucket(_) => "leaky-bucket",
+            };
+            let backend = match p.backend {
+                Backend::Memory => "memory",
+                Backend::Redis => "redis",
+            };
+            format!("{} ({algorithm}, {backend})", p.name)
+        })
+        .collect();
+    let list = |items: &[String]| {
+        if items.is_empty() {
+            "none".to_owned()
+        } else {
+            items.join(", ")
+        }
+    };
+    format!(
+        "configuration is valid\nlocker     {locker}\nschedules  {}\nactive     {}\nendpoints  {}\nlimiters   {}\nmetrics    {}\n",
+        list(&schedules),
+        list(&config.active),
+        list(&endpoints),
+        list(&limiters),
+        config
+            .metrics
+            .prometheus
+            .map_or("none".to_owned(), |a| a.to_string()),
+    )
 }

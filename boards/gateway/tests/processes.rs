@@ -198,10 +198,423 @@ fn a_bad_configuration_is_refused_with_its_key() {
 
 #[test]
 fn the_example_configuration_is_valid() {
-    guard_endpoints::config::FileConfig::from_path(
+    guard_endpoints::config::Config::from_path(
         &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("gateway.toml"),
     )
     .expect("gateway.toml");
+}
+
+/// A GET of `path` on 127.0.0.1:`port`: the status line and the body.
+fn http_get(port: u16, path: &str) -> (String, String) {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("metrics endpoint");
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    (
+        head.lines().next().unwrap_or("").to_owned(),
+        body.to_owned(),
+    )
+}
+
+/// The value of the first sample of `series` (a metric name with its
+/// labels, as Prometheus prints them) in `text`.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(series))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+fn run_command(args: &[&str], config: &std::path::Path) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_guard-gateway"))
+        .args(args)
+        .arg(config)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn an_empty_configuration_is_refused_and_check_validates_without_connecting() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty.toml");
+    std::fs::write(&empty, "").unwrap();
+    let output = run_command(&["run", "--config"], &empty);
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("the configuration does nothing"),
+        "{stderr}"
+    );
+
+    // The shipped example names a Redis and a broker nobody runs here:
+    // `check` still validates it, connecting to nothing.
+    let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("gateway.toml");
+    let output = run_command(&["check", "--config"], &example);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{stdout}");
+    assert!(stdout.starts_with("configuration is valid"), "{stdout}");
+    assert!(
+        stdout.contains("telemetry (mqtt, shared subscription gateways, limited by uplink)"),
+        "{stdout}"
+    );
+    assert!(
+        !stdout.contains("redis://"),
+        "no URLs (secrets) printed: {stdout}"
+    );
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "[[schedules]]\nrouter = \"r\"\nevery_ms = -1\n").unwrap();
+    let output = run_command(&["check", "--config"], &bad);
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("`schedules[0].every_ms` = -1"), "{stderr}");
+}
+
+/// The shipped example file, with only the addresses of this test's
+/// servers put in.
+fn example_with(redis: u16, mqtt: u16, metrics: u16) -> String {
+    let text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("gateway.toml"),
+    )
+    .unwrap();
+    let replaced = text
+        .replace("127.0.0.1:6379", &format!("127.0.0.1:{redis}"))
+        .replace("port = 1883", &format!("port = {mqtt}"))
+        .replace("127.0.0.1:9000", &format!("127.0.0.1:{metrics}"));
+    for original in ["127.0.0.1:6379", "port = 1883", "127.0.0.1:9000"] {
+        assert!(
+            text.contains(original),
+            "the example no longer has {original}"
+        );
+    }
+    replaced
+}
+
+#[test]
+fn the_shipped_example_starts_and_serves_each_of_its_endpoints() {
+    let server = RedisServer::start().expect("redis-server");
+    let broker = Mosquitto::start().expect("mosquitto");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gateway.toml");
+    let metrics = free_port().unwrap();
+    std::fs::write(&path, example_with(server.port(), broker.port(), metrics)).unwrap();
+    let lines: Lines = Arc::default();
+    let first = start(0, &path, &lines);
+    // A second replica from the same file: its own name and metrics port.
+    let second_metrics = free_port().unwrap();
+    let second = {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_guard-gateway"))
+            .args(["run", "--replica", "replica-1", "--metrics"])
+            .arg(format!("127.0.0.1:{second_metrics}"))
+            .arg("--config")
+            .arg(&path)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("guard-gateway");
+        let stdout = child.stdout.take().unwrap();
+        let lines = lines.clone();
+        thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                lines.lock().unwrap().push((1, Instant::now(), line));
+            }
+        });
+        Process(child)
+    };
+    for port in [metrics, second_metrics] {
+        assert!(
+            wait_for(Duration::from_secs(15), || {
+                TcpStream::connect(("127.0.0.1", port)).is_ok()
+                    && http_get(port, "/readyz").0.contains("200")
+            }),
+            "replica on metrics port {port} never became ready: {:?}",
+            lines.lock().unwrap()
+        );
+        assert!(http_get(port, "/healthz").0.contains("200"));
+        assert!(http_get(port, "/nothing-here").0.contains("404"));
+    }
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    // The Pub/Sub endpoint's elected subscriber is in place once a probe
+    // reaches someone.
+    assert!(
+        wait_for(Duration::from_secs(10), || {
+            let _: i64 = redis::cmd("PUBLISH")
+                .arg("alerts.fire")
+                .arg("probe")
+                .query(&mut conn)
+                .unwrap();
+            thread::sleep(Duration::from_millis(100));
+            !received(&lines, "alerts").is_empty()
+        }),
+        "nobody subscribed to alerts.*"
+    );
+    thread::sleep(Duration::from_millis(500)); // both joined the MQTT share group
+    for i in 0..5 {
+        let _: i64 = redis::cmd("PUBLISH")
+            .arg("alerts.fire")
+            .arg(format!("a{i}"))
+            .query(&mut conn)
+            .unwrap();
+        let _: String = redis::cmd("XADD")
+            .arg("orders")
+            .arg("*")
+            .arg("payload")
+            .arg(format!("o{i}"))
+            .arg("customer")
+            .arg("c7")
+            .query(&mut conn)
+            .unwrap();
+    }
+    let telemetry: Vec<Vec<u8>> = (0..5).map(|i| format!("t{i}").into_bytes()).collect();
+    broker.publish("sensors/temp", &telemetry).unwrap();
+    let all = wait_for(Duration::from_secs(10), || {
+        received(&lines, "alerts")
+            .keys()
+            .filter(|p| p.starts_with('a'))
+            .count()
+            == 5
+            && received(&lines, "orders").len() == 5
+            && received(&lines, "telemetry").len() == 5
+    });
+    let seen = lines.lock().unwrap().clone();
+    assert!(all, "not every endpoint served its messages: {seen:?}");
+    // A stream entry prints all its fields.
+    assert!(
+        seen.iter()
+            .any(|(_, _, l)| l.starts_with("received endpoint=orders")
+                && l.ends_with("customer=c7 payload=o0")),
+        "{seen:?}"
+    );
+    for (endpoint, by) in [
+        ("orders", received(&lines, "orders")),
+        ("telemetry", received(&lines, "telemetry")),
+    ] {
+        assert!(
+            by.values().all(|ids| ids.len() == 1),
+            "{endpoint} handled twice: {by:?}"
+        );
+    }
+    // Every documented metric family is on /metrics; the telemetry
+    // limiter counted its five admissions across the two replicas.
+    let families = [
+        "guard_rl_allowed_total",
+        "guard_rl_denied_total",
+        "guard_sink_dropped_total",
+        "guard_once_total",
+        "guard_active_transitions_total",
+        "guard_active_leader",
+        "guard_dlq_size",
+        "guard_retry_attempts_total",
+    ];
+    let (_, first_text) = http_get(metrics, "/metrics");
+    let (_, second_text) = http_get(second_metrics, "/metrics");
+    for family in families {
+        assert!(
+            first_text.contains(family),
+            "{family} missing from /metrics:\n{first_text}"
+        );
+    }
+    let allowed: f64 = [&first_text, &second_text]
+        .iter()
+        .filter_map(|t| sample(t, "guard_rl_allowed_total{name=\"uplink\"}"))
+        .sum();
+    assert_eq!(allowed, 5.0, "{first_text}\n{second_text}");
+    // A standby exports 0 for the lease it does not hold.
+    let leaders: Vec<f64> = [&first_text, &second_text]
+        .iter()
+        .filter_map(|t| {
+            t.lines()
+                .find(|l| l.starts_with("guard_active_leader{") && l.contains("sensors"))
+                .and_then(|l| l.rsplit(' ').next())
+                .and_then(|v| v.parse().ok())
+        })
+        .collect();
+    assert_eq!(
+        leaders.iter().sum::<f64>(),
+        1.0,
+        "one leader, one standby at 0: {leaders:?}"
+    );
+    assert_eq!(
+        leaders.len(),
+        2,
+        "both replicas export the gauge: {leaders:?}"
+    );
+    drop((first, second));
+}
+
+fn limited_config(redis: &str, metrics: u16, endpoint: &str) -> String {
+    format!(
+        r#"
+[locker]
+kind = "redis"
+url = "{redis}"
+
+[ratelimit]
+enabled = true
+[ratelimit.policies.slow]
+algorithm = "token-bucket"
+capacity = 5
+rate_per_second = 10
+
+[metrics]
+prometheus = "127.0.0.1:{metrics}"
+
+{endpoint}"#
+    )
+}
+
+#[test]
+fn a_rate_limited_stream_handles_at_the_limit_and_loses_nothing() {
+    let server = RedisServer::start().expect("redis-server");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limited.toml");
+    let metrics = free_port().unwrap();
+    std::fs::write(
+        &path,
+        limited_config(
+            &server.url(),
+            metrics,
+            "[[endpoints]]\nname = \"orders\"\nkind = \"redis-stream\"\nstream = \"orders\"\ngroup = \"billing\"\nlimit = \"slow\"\nmax_wait_ms = 60000\n",
+        ),
+    )
+    .unwrap();
+    let lines: Lines = Arc::default();
+    let _process = start(0, &path, &lines);
+    assert!(wait_for(Duration::from_secs(10), || {
+        TcpStream::connect(("127.0.0.1", metrics)).is_ok()
+            && http_get(metrics, "/readyz").0.contains("200")
+    }));
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    // 40 entries at once, far faster than 10 a second after a burst of 5.
+    let started = Instant::now();
+    for i in 0..40 {
+        let _: String = redis::cmd("XADD")
+            .arg("orders")
+            .arg("*")
+            .arg("payload")
+            .arg(format!("o{i}"))
+            .query(&mut conn)
+            .unwrap();
+    }
+    assert!(
+        wait_for(Duration::from_secs(15), || received(&lines, "orders").len()
+            == 40),
+        "not all entries handled: {:?}",
+        received(&lines, "orders").len()
+    );
+    let elapsed = started.elapsed();
+    // (40 - 5) entries at 10 a second: at least 3.5 s.
+    assert!(
+        elapsed >= Duration::from_millis(3_300),
+        "handled 40 in {elapsed:?}: the limit did not act"
+    );
+    assert!(
+        elapsed <= Duration::from_millis(6_000),
+        "handled 40 in {elapsed:?}: far slower than the limit"
+    );
+    let by = received(&lines, "orders");
+    assert!(
+        by.values().all(|ids| ids.len() == 1),
+        "handled twice: {by:?}"
+    );
+    let (_, text) = http_get(metrics, "/metrics");
+    assert_eq!(
+        sample(&text, "guard_rl_allowed_total{name=\"slow\"}"),
+        Some(40.0),
+        "{text}"
+    );
+    let denied = sample(&text, "guard_rl_denied_total{name=\"slow\"}").unwrap_or(0.0);
+    assert!(denied >= 1.0, "refusals are counted: {text}");
+    let pending: Vec<redis::Value> = redis::cmd("XPENDING")
+        .arg("orders")
+        .arg("billing")
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(
+        pending.first(),
+        Some(&redis::Value::Int(0)),
+        "nothing left pending: {pending:?}"
+    );
+}
+
+#[test]
+fn a_rate_limited_broadcast_dead_letters_what_it_refuses_and_loses_nothing() {
+    let server = RedisServer::start().expect("redis-server");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limited.toml");
+    let metrics = free_port().unwrap();
+    std::fs::write(
+        &path,
+        limited_config(
+            &server.url(),
+            metrics,
+            "[[endpoints]]\nname = \"alerts\"\nkind = \"redis-pubsub\"\npatterns = [\"alerts.*\"]\nlimit = \"slow\"\nwhen_limited = \"dead-letter\"\n",
+        ),
+    )
+    .unwrap();
+    let lines: Lines = Arc::default();
+    let _process = start(0, &path, &lines);
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    assert!(wait_for(Duration::from_secs(10), || {
+        redis::cmd("PUBSUB")
+            .arg("NUMPAT")
+            .query::<i64>(&mut conn)
+            .unwrap()
+            == 1
+    }));
+    for i in 0..20 {
+        let _: i64 = redis::cmd("PUBLISH")
+            .arg("alerts.fire")
+            .arg(format!("a{i}"))
+            .query(&mut conn)
+            .unwrap();
+    }
+    let count = |prefix: &str| {
+        lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, _, l)| l.starts_with(prefix))
+            .count()
+    };
+    assert!(
+        wait_for(Duration::from_secs(10), || count(
+            "received endpoint=alerts"
+        ) + count(
+            "dead-lettered endpoint=alerts"
+        ) == 20),
+        "{:?}",
+        lines.lock().unwrap()
+    );
+    let (handled, refused) = (
+        count("received endpoint=alerts"),
+        count("dead-lettered endpoint=alerts"),
+    );
+    assert!(
+        (5..=7).contains(&handled),
+        "a burst of 5 (and what refilled meanwhile): {handled}"
+    );
+    let (_, text) = http_get(metrics, "/metrics");
+    assert_eq!(
+        sample(&text, "guard_dlq_size{topic=\"alerts\"}"),
+        Some(refused as f64),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "guard_rl_denied_total{name=\"slow\"}"),
+        Some(refused as f64),
+        "{text}"
+    );
 }
 
 /// Payload → the processes that handled it, for one endpoint.

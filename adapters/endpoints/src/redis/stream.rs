@@ -334,9 +334,14 @@ impl StreamConsumer {
         let mut retry = RetryExecutor::new(self.retry, classifier).map_err(|e| {
             RedisGuardError::InvalidInput(format!("stream consumer retry policy: {e}"))
         })?;
+        let mut calls = 0;
         let result = retry
-            .run(&mut TimerDelay, |_attempt| handler(entry.clone()))
+            .run(&mut TimerDelay, |attempt| {
+                calls = attempt;
+                handler(entry.clone())
+            })
             .await;
+        guard_std::metrics::record_retry_attempts(&self.stream, calls);
         let failure = match result {
             Ok(()) => {
                 self.ack(&entry.id).await?;

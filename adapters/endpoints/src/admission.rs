@@ -1,0 +1,144 @@
+//! Rate limits that act: every message of a limited endpoint passes its
+//! limiter before the handler sees it.
+//!
+//! A refused message waits for the time the limiter names and asks again,
+//! up to the endpoint's `max_wait`; then, or at once with
+//! `when_limited = "dead-letter"`, it is refused for good and the caller
+//! dead-letters it. Nothing is dropped: a stream entry goes to its
+//! dead-letter stream (or stays pending), a broadcast message to the
+//! endpoint's in-memory dead letters ([`DEAD_LETTERS`]). A limiter that
+//! cannot answer (a Redis backend down) refuses, saying why.
+//!
+//! ```
+//! # smol::block_on(async {
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use guard_core::limit::{FullPolicy, Rate, TokenBucket};
+//! use guard_endpoints::admission::{Admission, Verdict};
+//! use guard_endpoints::config::WhenLimited;
+//! use guard_std::ratelimit::{MemoryLimiter, NamedRateLimiter};
+//!
+//! let bucket = TokenBucket::new(1, Rate::per(1, Duration::from_secs(60)))?;
+//! let limiter = NamedRateLimiter::new("uplink", Arc::new(MemoryLimiter::new(bucket, 16, FullPolicy::DenyNewKeys)));
+//! let gate = Admission::new(Arc::new(limiter), WhenLimited::DeadLetter);
+//! assert_eq!(gate.admit("sensors").await, Verdict::Admitted);
+//! assert!(matches!(gate.admit("sensors").await, Verdict::Refused(_)));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # });
+//! ```
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use guard_core::limit::Decision;
+use guard_std::ratelimit::NamedRateLimiter;
+
+use crate::config::WhenLimited;
+
+/// Why a message was not admitted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// The limiter still refused after the endpoint's longest wait (zero
+    /// with `when_limited = "dead-letter"`).
+    Limited {
+        /// How long the message waited.
+        waited: Duration,
+    },
+    /// The limiter could not decide (its backend failed).
+    LimiterFailed(String),
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::Limited { waited } => write!(f, "rate limited (waited {waited:?})"),
+            Refusal::LimiterFailed(e) => write!(f, "the rate limiter failed: {e}"),
+        }
+    }
+}
+
+/// The outcome of [`Admission::admit`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Hand the message to the handler.
+    Admitted,
+    /// Do not: dead-letter it.
+    Refused(Refusal),
+}
+
+/// One endpoint's limiter and what to do when it refuses.
+#[derive(Clone, Debug)]
+pub struct Admission {
+    limiter: Arc<NamedRateLimiter>,
+    when_limited: WhenLimited,
+}
+
+impl Admission {
+    /// Messages pass `limiter` (its decisions counted under its name);
+    /// a refused one waits or not as `when_limited` says.
+    pub fn new(limiter: Arc<NamedRateLimiter>, when_limited: WhenLimited) -> Self {
+        Admission {
+            limiter,
+            when_limited,
+        }
+    }
+
+    /// The limiter's name.
+    pub fn name(&self) -> &str {
+        self.limiter.name()
+    }
+
+    /// Asks until the limiter admits `key`, however long that takes
+    /// (back-pressure, for a message that has nowhere else to go); only a
+    /// failing limiter ends it, with its error.
+    pub async fn admit_eventually(&self, key: &str) -> Result<(), Refusal> {
+        loop {
+            match self.limiter.check(key).await {
+                Ok(Decision::Allowed) => return Ok(()),
+                Ok(Decision::Denied { retry_after }) => {
+                    async_io::Timer::after(retry_after).await;
+                }
+                Err(e) => return Err(Refusal::LimiterFailed(e.to_string())),
+            }
+        }
+    }
+
+    /// Asks the limiter for `key`, waiting between refusals for the time
+    /// it names, as long as the policy allows.
+    pub async fn admit(&self, key: &str) -> Verdict {
+        let started = Instant::now();
+        let max_wait = match self.when_limited {
+            WhenLimited::Wait(max) => max,
+            WhenLimited::DeadLetter => Duration::ZERO,
+        };
+        loop {
+            match self.limiter.check(key).await {
+                Ok(Decision::Allowed) => return Verdict::Admitted,
+                Ok(Decision::Denied { retry_after }) => {
+                    let waited = started.elapsed();
+                    // Waiting past the bound would only end in a refusal.
+                    if waited.saturating_add(retry_after) > max_wait {
+                        return Verdict::Refused(Refusal::Limited { waited });
+                    }
+                    async_io::Timer::after(retry_after).await;
+                }
+                Err(e) => return Verdict::Refused(Refusal::LimiterFailed(e.to_string())),
+            }
+        }
+    }
+}
+
+/// Refused messages a broadcast endpoint keeps in memory (in a
+/// `guard_std::MeteredDeadLetterQueue`: bounded, `guard_dlq_size{topic}`
+/// kept up to date, a full queue hands the message back).
+pub const DEAD_LETTERS: usize = 1024;
+
+/// A message an endpoint could not hand over: where it came from and its
+/// payload.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Undelivered {
+    /// The channel or topic.
+    pub from: String,
+    /// The payload.
+    pub payload: Vec<u8>,
+}

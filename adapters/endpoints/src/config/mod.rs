@@ -1,0 +1,387 @@
+//! A gateway replica's configuration, from a TOML file, parsed once into
+//! validated types.
+//!
+//! Every mistake is an error that names the dotted key, the value given
+//! and what is allowed, type errors included (`` `ratelimit.policies.api.capacity`
+//! = -1: expected a whole number from 0 to 4294967295 ``); unknown keys,
+//! keys of another endpoint kind and a file that configures nothing are
+//! refused. Nothing falls back silently (the original warned and used
+//! defaults). What comes out cannot be invalid: a [`Config`] holds
+//! guard-core's validated values (a [`Ttl`], an [`ActiveConfig`] that
+//! passed `validate`, limiter parameters), so its users have no "refused
+//! by validation" branches.
+//!
+//! URL and host values may name environment variables, `${NAME}`, so that
+//! a secret (a Redis URL with a password) stays out of the file; an unset
+//! variable is an error naming the key and the variable.
+//!
+//! ```
+//! use guard_endpoints::config::{Config, Timing};
+//!
+//! let config = Config::from_toml(r#"
+//!     [locker]
+//!     kind = "local"
+//!
+//!     [[schedules]]
+//!     router = "heartbeat"
+//!     every_ms = 1000
+//! "#)?;
+//! assert!(matches!(config.schedules[0].timing, Timing::Every(_)));
+//! # Ok::<(), guard_endpoints::config::ConfigError>(())
+//! ```
+
+mod raw;
+mod resolve;
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use guard_core::guard::{ActiveConfig, FailPolicy};
+use guard_core::limit::{LeakyBucket, SlidingWindow, TokenBucket};
+use guard_core::lock::Ttl;
+use guard_core::retry::RetryPolicy;
+use guard_core::slot::Every;
+use guard_redis::Topology;
+use guard_std::CronSchedule;
+
+/// A configuration that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The file could not be read.
+    Read(String),
+    /// Not valid TOML.
+    Syntax(String),
+    /// A value that is missing, of the wrong type, out of range or
+    /// inconsistent with another.
+    Invalid {
+        /// The dotted key, e.g. `ratelimit.policies.api.capacity`.
+        key: String,
+        /// The value given (`missing` or `set` where there is none to show).
+        value: String,
+        /// What is allowed.
+        expected: String,
+    },
+    /// The file configures nothing a replica would do.
+    Empty,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigError::Read(e) => write!(f, "cannot read the configuration: {e}"),
+            ConfigError::Syntax(e) => write!(f, "invalid configuration: {e}"),
+            ConfigError::Invalid {
+                key,
+                value,
+                expected,
+            } => write!(
+                f,
+                "invalid configuration: `{key}` = {value}: expected {expected}"
+            ),
+            ConfigError::Empty => f.write_str(
+                "the configuration does nothing: give at least one [[schedules]], [[active]] or [[endpoints]] entry",
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+pub(crate) fn invalid(
+    key: impl Into<String>,
+    value: impl fmt::Display,
+    expected: impl Into<String>,
+) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.into(),
+        value: value.to_string(),
+        expected: expected.into(),
+    }
+}
+
+/// A whole, validated configuration.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Config {
+    /// The lock service.
+    pub locker: Locker,
+    /// Guard settings.
+    pub guards: Guards,
+    /// Scheduled jobs, each run once per slot across replicas.
+    pub schedules: Vec<Schedule>,
+    /// Leader-only consumers (one active replica each), by name.
+    pub active: Vec<String>,
+    /// The rate limiters, when `[ratelimit] enabled = true`.
+    pub ratelimit: Option<RateLimits>,
+    /// Message sources.
+    pub endpoints: Vec<Endpoint>,
+    /// Metrics and health.
+    pub metrics: Metrics,
+}
+
+/// Which lock service the guards use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Locker {
+    /// None: every guard allows (a single process).
+    None,
+    /// In this process.
+    Local,
+    /// Redis, shared by every replica.
+    Redis(RedisLocker),
+}
+
+/// `[locker] kind = "redis"`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisLocker {
+    /// Standalone, sentinel or cluster, with URLs checked.
+    pub topology: Topology,
+    /// The key prefix (no braces).
+    pub prefix: String,
+    /// Each request's timeout.
+    pub request_timeout: Duration,
+}
+
+/// `[guards]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Guards {
+    /// The tenant, a segment of every scope.
+    pub owner: String,
+    /// How long a once-guard claim (a schedule slot) is kept.
+    pub once_ttl: Ttl,
+    /// What once-guards do on a backend error.
+    pub fail_policy: FailPolicy,
+    /// Active-guard lease timing, validated.
+    pub active: ActiveConfig,
+}
+
+/// `[[schedules]]`: one job.
+#[derive(Debug, Clone)]
+pub struct Schedule {
+    /// The router id: part of the dedup key.
+    pub router: String,
+    /// The chain (may be empty).
+    pub chain: String,
+    /// When it runs.
+    pub timing: Timing,
+    /// The limiter each run must pass, if any (keyed by the router).
+    pub limit: Option<ScheduleLimit>,
+}
+
+/// When a scheduled job runs.
+#[derive(Debug, Clone)]
+pub enum Timing {
+    /// Epoch-aligned intervals.
+    Every(Every),
+    /// A cron expression with seconds, in UTC (boxed: a parsed cron
+    /// expression is large).
+    Cron(Box<CronSchedule>),
+}
+
+/// A schedule's limiter: a run waits up to `max_wait` for it, then the
+/// slot is skipped, logged and counted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScheduleLimit {
+    /// The limiter's name, one of `[ratelimit.policies]` (or the default).
+    pub limiter: String,
+    /// How long a run may wait to be admitted.
+    pub max_wait: Duration,
+}
+
+/// Where limiter state lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// In this process.
+    Memory,
+    /// In Redis (the locker's connection), shared by every replica.
+    Redis,
+}
+
+/// The most admissions a sliding window tracks per key.
+pub const MAX_SLIDING_LIMIT: usize = 4096;
+
+/// A policy's algorithm with validated parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PolicyAlgorithm {
+    /// A sliding window.
+    Sliding(SlidingWindow<MAX_SLIDING_LIMIT>),
+    /// A token bucket.
+    TokenBucket(TokenBucket),
+    /// A leaky bucket.
+    LeakyBucket(LeakyBucket),
+}
+
+/// A named limiter, resolved against the defaults and validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    /// Its name.
+    pub name: String,
+    /// Its backend.
+    pub backend: Backend,
+    /// Its algorithm.
+    pub algorithm: PolicyAlgorithm,
+    /// Its Redis key prefix.
+    pub key_prefix: String,
+}
+
+/// `[ratelimit]`, enabled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RateLimits {
+    /// Every policy, the default one included.
+    pub policies: Vec<Policy>,
+    /// The default limiter's name.
+    pub default_name: String,
+    /// Keys tracked per in-memory limiter.
+    pub memory_keys: usize,
+    /// Use memory, with a warning, when a Redis backend has no Redis
+    /// locker to share; otherwise that is an error.
+    pub fallback_to_memory: bool,
+}
+
+/// `[[endpoints]]`: a message source.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    /// Its unique name: part of its lease key and MQTT client id.
+    pub name: String,
+    /// What it is and where.
+    pub source: Source,
+    /// The limiter each message must pass, if any.
+    pub limit: Option<EndpointLimit>,
+}
+
+/// An endpoint's source.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Source {
+    /// Redis Pub/Sub: a broadcast, so one replica subscribes at a time.
+    RedisPubsub(PubSubSource),
+    /// A Redis Streams consumer group: single delivery by the group.
+    RedisStream(StreamSource),
+    /// MQTT.
+    Mqtt(MqttSource),
+}
+
+/// `kind = "redis-pubsub"`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PubSubSource {
+    /// The server (the locker's URL unless given).
+    pub url: String,
+    /// Channel patterns (`PSUBSCRIBE` syntax), at least one.
+    pub patterns: Vec<String>,
+}
+
+/// `kind = "redis-stream"`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamSource {
+    /// The server; `None`: the locker's connection.
+    pub url: Option<String>,
+    /// The stream key.
+    pub stream: String,
+    /// The consumer group, the same on every replica.
+    pub group: String,
+    /// Entries idle this long on a dead consumer are taken over.
+    pub claim_idle: Duration,
+    /// Retries of a failing entry.
+    pub retry: RetryPolicy,
+    /// Dead-letter topic for entries whose retries are spent; without
+    /// one they stay pending.
+    pub dead_letter_topic: Option<String>,
+}
+
+/// `kind = "mqtt"`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MqttSource {
+    /// The broker's host.
+    pub host: String,
+    /// The broker's port.
+    pub port: u16,
+    /// The topic filter.
+    pub filter: String,
+    /// Who receives each message.
+    pub delivery: MqttDelivery,
+}
+
+/// How an MQTT endpoint subscribes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MqttDelivery {
+    /// `$share/<group>/<filter>`: the broker gives each message to one
+    /// member; no guard.
+    Shared(String),
+    /// A plain subscription on every replica: a broadcast.
+    Broadcast,
+    /// A plain subscription on the elected replica only.
+    Elected,
+}
+
+/// The limiter an endpoint's messages must pass.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointLimit {
+    /// The limiter's name, one of `[ratelimit.policies]` (or the default).
+    pub limiter: String,
+    /// What a message is limited by.
+    pub key: LimitKey,
+    /// What happens to a message the limiter refuses.
+    pub when_limited: WhenLimited,
+}
+
+/// What an endpoint's limiter key is taken from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LimitKey {
+    /// The whole source: one budget for the endpoint.
+    Source,
+    /// The channel or topic the message came on.
+    Topic,
+    /// A field of a stream entry (`field:<name>`); an entry without it
+    /// is limited under the empty key.
+    Field(String),
+}
+
+/// What happens to a message the limiter refuses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WhenLimited {
+    /// Wait until admitted, at most this long; then dead-letter it.
+    Wait(Duration),
+    /// Dead-letter it at once.
+    DeadLetter,
+}
+
+/// `[metrics]`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Metrics {
+    /// Serve `/metrics`, `/healthz` and `/readyz` on this address.
+    pub prometheus: Option<SocketAddr>,
+}
+
+impl Config {
+    /// Parses and validates TOML text; `${NAME}` reads the process's
+    /// environment.
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        Self::from_toml_with_env(text, |name| std::env::var(name).ok())
+    }
+
+    /// As [`from_toml`](Self::from_toml), with `${NAME}` looked up by `env`.
+    pub fn from_toml_with_env(
+        text: &str,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        resolve::config(raw::parse(text)?, &env)
+    }
+
+    /// Reads, parses and validates a file.
+    pub fn from_path(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::Read(format!("{}: {e}", path.display())))?;
+        Self::from_toml(&text)
+    }
+
+    /// The Redis locker, if any.
+    pub fn redis_locker(&self) -> Option<&RedisLocker> {
+        match &self.locker {
+            Locker::Redis(redis) => Some(redis),
+            _ => None,
+        }
+    }
+}

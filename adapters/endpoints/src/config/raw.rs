@@ -1,0 +1,371 @@
+//! The file as written: serde structs that mirror the TOML, with unknown
+//! keys refused. They never leave this module's parent: [`super::Config`]
+//! is built from them once, validated.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use super::{ConfigError, invalid};
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct File {
+    #[serde(default)]
+    pub ratelimit: Option<RateLimit>,
+    #[serde(default)]
+    pub locker: Locker,
+    #[serde(default)]
+    pub guards: Guards,
+    #[serde(default)]
+    pub schedules: Vec<Schedule>,
+    #[serde(default)]
+    pub active: Vec<Active>,
+    /// Read as tables first: each is then read as its `kind`'s struct,
+    /// so that errors inside an entry keep their full key path (serde
+    /// loses it inside an internally tagged enum).
+    #[serde(default)]
+    pub endpoints: Vec<toml::Table>,
+    #[serde(default)]
+    pub metrics: Metrics,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(super) enum Backend {
+    #[default]
+    Memory,
+    Redis,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(super) enum Algorithm {
+    #[default]
+    Sliding,
+    TokenBucket,
+    LeakyBucket,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RateLimit {
+    pub enabled: bool,
+    pub backend: Backend,
+    pub window_ms: u64,
+    pub limit: u32,
+    pub key_prefix: String,
+    pub default_name: String,
+    pub fallback_to_memory: bool,
+    pub memory_keys: u64,
+    pub policies: BTreeMap<String, Policy>,
+}
+
+impl Default for RateLimit {
+    fn default() -> Self {
+        RateLimit {
+            enabled: false,
+            backend: Backend::Memory,
+            window_ms: 1000,
+            limit: 100,
+            key_prefix: "guard:rl".to_owned(),
+            default_name: "default".to_owned(),
+            fallback_to_memory: false,
+            memory_keys: 65_536,
+            policies: BTreeMap::new(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Policy {
+    #[serde(default)]
+    pub algorithm: Algorithm,
+    pub backend: Option<Backend>,
+    pub window_ms: Option<u64>,
+    pub limit: Option<u32>,
+    pub capacity: Option<u32>,
+    pub rate_per_second: Option<u32>,
+    pub key_prefix: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(super) enum LockerKind {
+    #[default]
+    None,
+    Local,
+    Redis,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(super) enum RedisMode {
+    #[default]
+    Standalone,
+    Sentinel,
+    Cluster,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct Locker {
+    pub kind: LockerKind,
+    pub mode: RedisMode,
+    pub url: Option<String>,
+    pub urls: Vec<String>,
+    pub service: Option<String>,
+    pub request_timeout_ms: u64,
+    pub prefix: String,
+}
+
+impl Default for Locker {
+    fn default() -> Self {
+        Locker {
+            kind: LockerKind::None,
+            mode: RedisMode::Standalone,
+            url: None,
+            urls: Vec::new(),
+            service: None,
+            request_timeout_ms: 500,
+            prefix: String::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(super) enum FailPolicy {
+    #[default]
+    Closed,
+    Open,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct Guards {
+    pub owner: String,
+    pub once_ttl_s: u64,
+    pub fail_policy: FailPolicy,
+    pub active_ttl_ms: u64,
+    pub active_interval_ms: u64,
+}
+
+impl Default for Guards {
+    fn default() -> Self {
+        Guards {
+            owner: String::new(),
+            once_ttl_s: 3600,
+            fail_policy: FailPolicy::Closed,
+            active_ttl_ms: 15_000,
+            active_interval_ms: 5_000,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Schedule {
+    pub router: String,
+    #[serde(default)]
+    pub chain: String,
+    pub every_ms: Option<u64>,
+    pub cron: Option<String>,
+    pub limit: Option<String>,
+    pub max_wait_ms: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Active {
+    pub name: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(super) enum WhenLimited {
+    Wait,
+    DeadLetter,
+}
+
+/// One `[[endpoints]]` entry, told apart by `kind`; each kind accepts its
+/// own keys only.
+#[derive(Debug)]
+pub(super) enum Endpoint {
+    RedisPubsub(PubSub),
+    RedisStream(Stream),
+    Mqtt(Mqtt),
+}
+
+impl Endpoint {
+    pub fn name(&self) -> &str {
+        match self {
+            Endpoint::RedisPubsub(e) => &e.name,
+            Endpoint::RedisStream(e) => &e.name,
+            Endpoint::Mqtt(e) => &e.name,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct PubSub {
+    pub name: String,
+    pub url: Option<String>,
+    #[serde(default)]
+    pub patterns: Vec<String>,
+    pub limit: Option<String>,
+    pub limit_key: Option<String>,
+    pub when_limited: Option<WhenLimited>,
+    pub max_wait_ms: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Stream {
+    pub name: String,
+    pub url: Option<String>,
+    pub stream: String,
+    pub group: String,
+    pub claim_idle_ms: Option<u64>,
+    pub retries: Option<u32>,
+    pub retry_delay_ms: Option<u64>,
+    pub dead_letter_topic: Option<String>,
+    pub limit: Option<String>,
+    pub limit_key: Option<String>,
+    pub when_limited: Option<WhenLimited>,
+    pub max_wait_ms: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Mqtt {
+    pub name: String,
+    pub host: String,
+    pub port: Option<u16>,
+    pub filter: String,
+    pub share_group: Option<String>,
+    #[serde(default)]
+    pub guard: bool,
+    pub limit: Option<String>,
+    pub limit_key: Option<String>,
+    pub when_limited: Option<WhenLimited>,
+    pub max_wait_ms: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Metrics {
+    pub prometheus: Option<String>,
+}
+
+/// Parses TOML text into the file's structs and its endpoints; a type
+/// error, an unknown key or a missing one names its dotted key.
+pub(super) fn parse(text: &str) -> Result<(File, Vec<Endpoint>), ConfigError> {
+    let deserializer =
+        toml::Deserializer::parse(text).map_err(|e| ConfigError::Syntax(e.to_string()))?;
+    let mut file: File = serde_path_to_error::deserialize(deserializer).map_err(|e| {
+        let path = e.path().to_string();
+        translate(&path, e.inner().message())
+    })?;
+    let endpoints = std::mem::take(&mut file.endpoints)
+        .into_iter()
+        .enumerate()
+        .map(|(i, table)| endpoint(i, table))
+        .collect::<Result<_, _>>()?;
+    Ok((file, endpoints))
+}
+
+/// Entry `i` of `[[endpoints]]`, read as its kind's struct.
+fn endpoint(i: usize, mut table: toml::Table) -> Result<Endpoint, ConfigError> {
+    let at = format!("endpoints[{i}]");
+    let kinds = "one of `redis-pubsub`, `redis-stream`, `mqtt`";
+    let kind = match table.remove("kind") {
+        Some(toml::Value::String(kind)) => kind,
+        Some(other) => return Err(invalid(format!("{at}.kind"), other, kinds)),
+        None => return Err(invalid(format!("{at}.kind"), "missing", kinds)),
+    };
+    fn read<T: serde::de::DeserializeOwned>(
+        at: &str,
+        table: toml::Table,
+    ) -> Result<T, ConfigError> {
+        serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
+            let inner = e.path().to_string();
+            let path = if inner == "." || inner.is_empty() {
+                at.to_owned()
+            } else {
+                format!("{at}.{inner}")
+            };
+            translate(&path, e.inner().message())
+        })
+    }
+    match kind.as_str() {
+        "redis-pubsub" => read(&at, table).map(Endpoint::RedisPubsub),
+        "redis-stream" => read(&at, table).map(Endpoint::RedisStream),
+        "mqtt" => read(&at, table).map(Endpoint::Mqtt),
+        other => Err(invalid(format!("{at}.kind"), format!("{other:?}"), kinds)),
+    }
+}
+
+/// Turns serde's words into the key, the value and what is allowed.
+fn translate(path: &str, message: &str) -> ConfigError {
+    let key = |field: &str| match path {
+        "" | "." => field.to_owned(),
+        _ => format!("{path}.{field}"),
+    };
+    let quoted = |text: &str| text.split('`').nth(1).map(str::to_owned);
+    if let Some(rest) = message
+        .strip_prefix("invalid value: ")
+        .or_else(|| message.strip_prefix("invalid type: "))
+    {
+        let (found, expected) = rest
+            .split_once(", expected ")
+            .unwrap_or((rest, "another value"));
+        let value = quoted(found)
+            .or_else(|| found.strip_prefix("string ").map(str::to_owned))
+            .unwrap_or_else(|| found.to_owned());
+        return invalid(path, value, expected_in_words(expected));
+    }
+    if let Some(rest) = message.strip_prefix("unknown field ") {
+        let (field, allowed) = rest.split_once(", expected ").unwrap_or((rest, ""));
+        let field = quoted(field).unwrap_or_else(|| field.to_owned());
+        let allowed = allowed.strip_prefix("one of ").unwrap_or(allowed);
+        // The path names the unknown key itself.
+        let at = if path.ends_with(field.as_str()) {
+            path.to_owned()
+        } else {
+            key(&field)
+        };
+        return invalid(at, "set", format!("no such key here (known: {allowed})"));
+    }
+    if let Some(rest) = message.strip_prefix("unknown variant ") {
+        let (value, allowed) = rest.split_once(", expected ").unwrap_or((rest, ""));
+        let value = quoted(value).unwrap_or_else(|| value.to_owned());
+        // An endpoint's kind is its tag: the path stops at the entry.
+        let key = if path.ends_with(']') {
+            key("kind")
+        } else {
+            path.to_owned()
+        };
+        return invalid(key, format!("{value:?}"), allowed.to_owned());
+    }
+    if let Some(field) = message.strip_prefix("missing field ") {
+        let field = quoted(field).unwrap_or_else(|| field.to_owned());
+        return invalid(key(&field), "missing", "a value: this key is required");
+    }
+    ConfigError::Syntax(format!("`{path}`: {message}"))
+}
+
+/// serde's type names, in a person's words.
+fn expected_in_words(expected: &str) -> String {
+    let whole = |max: u64| format!("a whole number from 0 to {max}");
+    match expected {
+        "u8" => whole(u64::from(u8::MAX)),
+        "u16" => whole(u64::from(u16::MAX)),
+        "u32" => whole(u64::from(u32::MAX)),
+        "u64" | "usize" => whole(u64::MAX),
+        "a boolean" => "true or false".to_owned(),
+        other => other.to_owned(),
+    }
+}

@@ -1,0 +1,718 @@
+//! From the file as written to a validated [`Config`]: every check that
+//! parsing alone cannot make, each error naming its dotted key.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use guard_core::guard::{ActiveConfig, FailPolicy};
+use guard_core::limit::{LeakyBucket, Rate, SlidingWindow, TokenBucket};
+use guard_core::lock::Ttl;
+use guard_core::retry::RetryPolicy;
+use guard_core::slot::Every;
+use guard_redis::Topology;
+use guard_std::CronSchedule;
+
+use super::raw;
+use super::{
+    Backend, Config, ConfigError, Endpoint, EndpointLimit, Guards, LimitKey, Locker, Metrics,
+    MqttDelivery, MqttSource, Policy, PolicyAlgorithm, PubSubSource, RateLimits, RedisLocker,
+    Schedule, ScheduleLimit, Source, StreamSource, Timing, WhenLimited, invalid,
+};
+
+/// The default MQTT port.
+const MQTT_PORT: u16 = 1883;
+/// How long a limited message waits by default before it is dead-lettered.
+const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(5);
+/// The stream consumer's defaults (the original's).
+const DEFAULT_CLAIM_IDLE: Duration = Duration::from_secs(30);
+const DEFAULT_RETRIES: u32 = 3;
+const DEFAULT_RETRY_DELAY: Duration = Duration::from_millis(100);
+
+type Env<'e> = &'e dyn Fn(&str) -> Option<String>;
+
+pub(super) fn config(
+    (file, entries): (raw::File, Vec<raw::Endpoint>),
+    env: Env<'_>,
+) -> Result<Config, ConfigError> {
+    if file.schedules.is_empty() && file.active.is_empty() && entries.is_empty() {
+        return Err(ConfigError::Empty);
+    }
+    let locker = locker(&file.locker, env)?;
+    let ratelimit = match &file.ratelimit {
+        Some(r) if r.enabled => Some(rate_limits(r)?),
+        Some(r) => {
+            rate_limits(r)?; // checked even while disabled
+            None
+        }
+        None => None,
+    };
+    let limiters: Vec<&str> = ratelimit
+        .iter()
+        .flat_map(|r| r.policies.iter().map(|p| p.name.as_str()))
+        .collect();
+    let guards = guards(&file.guards)?;
+    let schedules = schedules(&file.schedules, &limiters)?;
+    let mut active = Vec::new();
+    for (i, a) in file.active.iter().enumerate() {
+        if a.name.is_empty() {
+            return Err(invalid(
+                format!("active[{i}].name"),
+                "\"\"",
+                "a non-empty name",
+            ));
+        }
+        active.push(a.name.clone());
+    }
+    let locker_url = match &locker {
+        Locker::Redis(RedisLocker {
+            topology: Topology::Standalone { url },
+            ..
+        }) => Some(url.as_str()),
+        _ => None,
+    };
+    let has_redis = matches!(locker, Locker::Redis(_));
+    let mut names = HashSet::new();
+    let mut endpoints = Vec::new();
+    for (i, e) in entries.iter().enumerate() {
+        let key = |field: &str| format!("endpoints[{i}].{field}");
+        if e.name().is_empty() {
+            return Err(invalid(key("name"), "\"\"", "a non-empty name"));
+        }
+        if !names.insert(e.name()) {
+            return Err(invalid(
+                key("name"),
+                format!("{:?}", e.name()),
+                "a unique name",
+            ));
+        }
+        endpoints.push(endpoint(e, &key, env, locker_url, has_redis, &limiters)?);
+    }
+    let metrics = Metrics {
+        prometheus: match &file.metrics.prometheus {
+            None => None,
+            Some(address) => Some(address.parse().map_err(|_| {
+                invalid(
+                    "metrics.prometheus",
+                    format!("{address:?}"),
+                    "an address such as \"127.0.0.1:9000\"",
+                )
+            })?),
+        },
+    };
+    Ok(Config {
+        locker,
+        guards,
+        schedules,
+        active,
+        ratelimit,
+        endpoints,
+        metrics,
+    })
+}
+
+/// `value` with every `${NAME}` replaced from `env`.
+fn expand(key: &str, value: &str, env: Env<'_>) -> Result<String, ConfigError> {
+    let mut out = String::new();
+    let mut rest = value;
+    while let Some(start) = rest.find("${") {
+        let Some(len) = rest[start + 2..].find('}') else {
+            return Err(invalid(
+                key,
+                format!("{value:?}"),
+                "`${NAME}` closed by `}`",
+            ));
+        };
+        let name = &rest[start + 2..start + 2 + len];
+        let found = env(name).ok_or_else(|| {
+            invalid(
+                key,
+                format!("{value:?}"),
+                format!("the environment variable {name} to be set"),
+            )
+        })?;
+        out.push_str(&rest[..start]);
+        out.push_str(&found);
+        rest = &rest[start + 3 + len..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// A Redis URL, expanded and checked (scheme, host, port).
+fn redis_url(key: &str, value: &str, env: Env<'_>) -> Result<String, ConfigError> {
+    let url = expand(key, value, env)?;
+    // The value as written in the errors: an expanded secret is never
+    // echoed.
+    let Some(parsed) = redis::parse_redis_url(&url) else {
+        return Err(invalid(
+            key,
+            format!("{value:?}"),
+            "a Redis URL: redis://host:port/, rediss:// (TLS), or redis+unix:///path",
+        ));
+    };
+    if let Err(e) = redis::IntoConnectionInfo::into_connection_info(url.as_str()) {
+        let expected = if parsed.scheme().starts_with("rediss") {
+            "redis:// (this build has no TLS support for rediss://)".to_owned()
+        } else {
+            format!(
+                "a usable Redis URL ({})",
+                e.detail().unwrap_or("not understood")
+            )
+        };
+        return Err(invalid(key, format!("{value:?}"), expected));
+    }
+    Ok(url)
+}
+
+fn locker(l: &raw::Locker, env: Env<'_>) -> Result<Locker, ConfigError> {
+    let redis_only = |set: bool, field: &str| {
+        if set && l.kind != raw::LockerKind::Redis {
+            Err(invalid(
+                format!("locker.{field}"),
+                "set",
+                "no such key unless kind = \"redis\"",
+            ))
+        } else {
+            Ok(())
+        }
+    };
+    redis_only(l.url.is_some(), "url")?;
+    redis_only(!l.urls.is_empty(), "urls")?;
+    redis_only(l.service.is_some(), "service")?;
+    match l.kind {
+        raw::LockerKind::None => return Ok(Locker::None),
+        raw::LockerKind::Local => return Ok(Locker::Local),
+        raw::LockerKind::Redis => {}
+    }
+    let prefix = l.prefix.trim();
+    if guard_core::lock::redis::check_prefix(prefix).is_err() {
+        // A brace would move the hash tag that keeps a lock and its fence
+        // counter in one cluster slot: every acquisition would fail with
+        // CROSSSLOT at run time.
+        return Err(invalid(
+            "locker.prefix",
+            format!("{:?}", l.prefix),
+            "a prefix without '{' or '}' (they would move the Redis Cluster hash tag)",
+        ));
+    }
+    if l.request_timeout_ms == 0 {
+        return Err(invalid(
+            "locker.request_timeout_ms",
+            0,
+            "a positive number of milliseconds",
+        ));
+    }
+    let urls = |field: &str| -> Result<Vec<String>, ConfigError> {
+        if l.urls.is_empty() {
+            return Err(invalid(
+                format!("locker.{field}"),
+                "[]",
+                "at least one sentinel or cluster node URL",
+            ));
+        }
+        l.urls
+            .iter()
+            .enumerate()
+            .map(|(i, u)| redis_url(&format!("locker.urls[{i}]"), u, env))
+            .collect()
+    };
+    let topology = match l.mode {
+        raw::RedisMode::Standalone => {
+            let url = l.url.as_deref().ok_or_else(|| {
+                invalid(
+                    "locker.url",
+                    "missing",
+                    "a Redis URL such as \"redis://127.0.0.1:6379/\"",
+                )
+            })?;
+            Topology::Standalone {
+                url: redis_url("locker.url", url, env)?,
+            }
+        }
+        raw::RedisMode::Sentinel => Topology::Sentinel {
+            sentinels: urls("urls")?,
+            service: l.service.clone().filter(|s| !s.is_empty()).ok_or_else(|| {
+                invalid("locker.service", "missing", "the monitored service name")
+            })?,
+        },
+        raw::RedisMode::Cluster => Topology::Cluster {
+            nodes: urls("urls")?,
+        },
+    };
+    Ok(Locker::Redis(RedisLocker {
+        topology,
+        prefix: prefix.to_owned(),
+        request_timeout: Duration::from_millis(l.request_timeout_ms),
+    }))
+}
+
+fn guards(g: &raw::Guards) -> Result<Guards, ConfigError> {
+    let once_ttl = Ttl::from_secs(g.once_ttl_s).map_err(|_| {
+        invalid(
+            "guards.once_ttl_s",
+            g.once_ttl_s,
+            "a positive number of seconds",
+        )
+    })?;
+    let ttl = Ttl::from_millis(g.active_ttl_ms).map_err(|_| {
+        invalid(
+            "guards.active_ttl_ms",
+            g.active_ttl_ms,
+            "a positive number of milliseconds",
+        )
+    })?;
+    if g.active_interval_ms == 0 {
+        return Err(invalid(
+            "guards.active_interval_ms",
+            0,
+            "a positive number of milliseconds",
+        ));
+    }
+    let active = ActiveConfig::new()
+        .with_ttl(ttl)
+        .with_interval(Duration::from_millis(g.active_interval_ms));
+    active
+        .validate()
+        .map_err(|e| invalid("guards.active_ttl_ms", g.active_ttl_ms, e.to_string()))?;
+    Ok(Guards {
+        owner: g.owner.clone(),
+        once_ttl,
+        fail_policy: match g.fail_policy {
+            raw::FailPolicy::Closed => FailPolicy::FailClosed,
+            raw::FailPolicy::Open => FailPolicy::FailOpen,
+        },
+        active,
+    })
+}
+
+fn schedules(list: &[raw::Schedule], limiters: &[&str]) -> Result<Vec<Schedule>, ConfigError> {
+    let mut routers = HashSet::new();
+    let mut out = Vec::new();
+    for (i, s) in list.iter().enumerate() {
+        let key = |field: &str| format!("schedules[{i}].{field}");
+        if s.router.is_empty() {
+            return Err(invalid(
+                key("router"),
+                "\"\"",
+                "a non-empty router id (it is part of the dedup key)",
+            ));
+        }
+        if !routers.insert((s.chain.as_str(), s.router.as_str())) {
+            return Err(invalid(
+                key("router"),
+                format!("{:?}", s.router),
+                "a router id unique within its chain",
+            ));
+        }
+        let timing = match (s.every_ms, &s.cron) {
+            (Some(ms), None) => {
+                Timing::Every(Every::new(Duration::from_millis(ms)).map_err(|_| {
+                    invalid(key("every_ms"), ms, "a positive number of milliseconds")
+                })?)
+            }
+            (None, Some(cron)) => {
+                Timing::Cron(Box::new(cron.parse::<CronSchedule>().map_err(|e| {
+                    invalid(key("cron"), format!("{cron:?}"), e.to_string())
+                })?))
+            }
+            (Some(_), Some(_)) => {
+                return Err(invalid(
+                    key("cron"),
+                    "set",
+                    "either `every_ms` or `cron`, not both",
+                ));
+            }
+            (None, None) => {
+                return Err(invalid(key("every_ms"), "missing", "`every_ms` or `cron`"));
+            }
+        };
+        let limit = match &s.limit {
+            None => {
+                if s.max_wait_ms.is_some() {
+                    return Err(invalid(
+                        key("max_wait_ms"),
+                        "set",
+                        "no `max_wait_ms` without `limit`",
+                    ));
+                }
+                None
+            }
+            Some(name) => Some(ScheduleLimit {
+                limiter: limiter_name(&key("limit"), name, limiters)?,
+                max_wait: s
+                    .max_wait_ms
+                    .map_or(DEFAULT_MAX_WAIT, Duration::from_millis),
+            }),
+        };
+        out.push(Schedule {
+            router: s.router.clone(),
+            chain: s.chain.clone(),
+            timing,
+            limit,
+        });
+    }
+    Ok(out)
+}
+
+/// A limiter a schedule or endpoint names: one that exists.
+fn limiter_name(key: &str, name: &str, limiters: &[&str]) -> Result<String, ConfigError> {
+    if limiters.contains(&name) {
+        return Ok(name.to_owned());
+    }
+    let expected = if limiters.is_empty() {
+        "a limiter, but none exists: set [ratelimit] enabled = true".to_owned()
+    } else {
+        format!("one of the limiters: {}", limiters.join(", "))
+    };
+    Err(invalid(key, format!("{name:?}"), expected))
+}
+
+fn rate_limits(r: &raw::RateLimit) -> Result<RateLimits, ConfigError> {
+    if r.memory_keys == 0 {
+        return Err(invalid(
+            "ratelimit.memory_keys",
+            0,
+            "a positive number of keys",
+        ));
+    }
+    let memory_keys = usize::try_from(r.memory_keys)
+        .map_err(|_| invalid("ratelimit.memory_keys", r.memory_keys, "fewer keys"))?;
+    if r.default_name.is_empty() {
+        return Err(invalid(
+            "ratelimit.default_name",
+            "\"\"",
+            "a non-empty name",
+        ));
+    }
+    let mut policies = Vec::new();
+    for (name, p) in &r.policies {
+        policies.push(policy(r, name, p, &format!("ratelimit.policies.{name}"))?);
+    }
+    if !r.policies.contains_key(&r.default_name) {
+        // The top-level window and limit make the default limiter, as in
+        // the original starter.
+        let default = raw::Policy {
+            algorithm: raw::Algorithm::Sliding,
+            backend: None,
+            window_ms: None,
+            limit: None,
+            capacity: None,
+            rate_per_second: None,
+            key_prefix: None,
+        };
+        policies.push(policy(r, &r.default_name, &default, "ratelimit")?);
+    }
+    Ok(RateLimits {
+        policies,
+        default_name: r.default_name.clone(),
+        memory_keys,
+        fallback_to_memory: r.fallback_to_memory,
+    })
+}
+
+/// One policy; `at` is where its keys are written (`ratelimit` for the
+/// default one, built from the top-level keys).
+fn policy(
+    r: &raw::RateLimit,
+    name: &str,
+    p: &raw::Policy,
+    at: &str,
+) -> Result<Policy, ConfigError> {
+    let key = |field: &str| format!("{at}.{field}");
+    let only = |set: bool, field: &str, algorithm: &str| {
+        if set {
+            Err(invalid(
+                key(field),
+                "set",
+                format!("no `{field}` for algorithm {algorithm}"),
+            ))
+        } else {
+            Ok(())
+        }
+    };
+    let algorithm = match p.algorithm {
+        raw::Algorithm::Sliding => {
+            only(p.capacity.is_some(), "capacity", "sliding")?;
+            only(p.rate_per_second.is_some(), "rate_per_second", "sliding")?;
+            let window_ms = p.window_ms.unwrap_or(r.window_ms);
+            let limit = p.limit.unwrap_or(r.limit);
+            if window_ms == 0 {
+                return Err(invalid(
+                    key("window_ms"),
+                    window_ms,
+                    "a positive number of milliseconds",
+                ));
+            }
+            let window =
+                SlidingWindow::new(Duration::from_millis(window_ms), limit).map_err(|_| {
+                    invalid(
+                        key("limit"),
+                        limit,
+                        format!("between 1 and {}", super::MAX_SLIDING_LIMIT),
+                    )
+                })?;
+            PolicyAlgorithm::Sliding(window)
+        }
+        raw::Algorithm::TokenBucket | raw::Algorithm::LeakyBucket => {
+            let algorithm = if p.algorithm == raw::Algorithm::TokenBucket {
+                "token-bucket"
+            } else {
+                "leaky-bucket"
+            };
+            only(p.window_ms.is_some(), "window_ms", algorithm)?;
+            only(p.limit.is_some(), "limit", algorithm)?;
+            let capacity = p.capacity.unwrap_or(100);
+            let per_second = p.rate_per_second.unwrap_or(100);
+            if capacity == 0 {
+                return Err(invalid(key("capacity"), 0, "a positive number"));
+            }
+            if per_second == 0 {
+                return Err(invalid(key("rate_per_second"), 0, "a positive number"));
+            }
+            let rate = Rate::per_second(per_second);
+            let refused = |e: guard_core::limit::LimiterError| {
+                invalid(key("capacity"), capacity, e.to_string())
+            };
+            if p.algorithm == raw::Algorithm::TokenBucket {
+                PolicyAlgorithm::TokenBucket(TokenBucket::new(capacity, rate).map_err(refused)?)
+            } else {
+                PolicyAlgorithm::LeakyBucket(LeakyBucket::new(capacity, rate).map_err(refused)?)
+            }
+        }
+    };
+    let key_prefix = p.key_prefix.clone().unwrap_or_else(|| r.key_prefix.clone());
+    if key_prefix.trim().is_empty() || key_prefix.contains(['{', '}']) {
+        return Err(invalid(
+            key("key_prefix"),
+            format!("{key_prefix:?}"),
+            "a non-empty prefix without braces",
+        ));
+    }
+    let backend = match p.backend.unwrap_or(r.backend) {
+        raw::Backend::Memory => Backend::Memory,
+        raw::Backend::Redis => Backend::Redis,
+    };
+    Ok(Policy {
+        name: name.to_owned(),
+        backend,
+        algorithm,
+        key_prefix,
+    })
+}
+
+/// The limit keys every endpoint kind accepts.
+struct LimitKeys<'a> {
+    limit: &'a Option<String>,
+    limit_key: &'a Option<String>,
+    when_limited: Option<raw::WhenLimited>,
+    max_wait_ms: Option<u64>,
+}
+
+fn endpoint_limit(
+    keys: LimitKeys<'_>,
+    key: &dyn Fn(&str) -> String,
+    fields_allowed: bool,
+    limiters: &[&str],
+) -> Result<Option<EndpointLimit>, ConfigError> {
+    let Some(name) = keys.limit else {
+        for (set, field) in [
+            (keys.limit_key.is_some(), "limit_key"),
+            (keys.when_limited.is_some(), "when_limited"),
+            (keys.max_wait_ms.is_some(), "max_wait_ms"),
+        ] {
+            if set {
+                return Err(invalid(key(field), "set", "no such key without `limit`"));
+            }
+        }
+        return Ok(None);
+    };
+    let limit_key = match keys.limit_key.as_deref() {
+        None | Some("source") => LimitKey::Source,
+        Some("topic") => LimitKey::Topic,
+        Some(other) => match other.strip_prefix("field:") {
+            Some(field) if fields_allowed && !field.is_empty() => LimitKey::Field(field.to_owned()),
+            _ => {
+                let allowed = if fields_allowed {
+                    "\"source\", \"topic\" or \"field:<name>\""
+                } else {
+                    "\"source\" or \"topic\""
+                };
+                return Err(invalid(key("limit_key"), format!("{other:?}"), allowed));
+            }
+        },
+    };
+    let when_limited = match (keys.when_limited, keys.max_wait_ms) {
+        (Some(raw::WhenLimited::DeadLetter), Some(_)) => {
+            return Err(invalid(
+                key("max_wait_ms"),
+                "set",
+                "no `max_wait_ms` with when_limited = \"dead-letter\" (nothing waits)",
+            ));
+        }
+        (Some(raw::WhenLimited::DeadLetter), None) => WhenLimited::DeadLetter,
+        (_, wait) => WhenLimited::Wait(wait.map_or(DEFAULT_MAX_WAIT, Duration::from_millis)),
+    };
+    Ok(Some(EndpointLimit {
+        limiter: limiter_name(&key("limit"), name, limiters)?,
+        key: limit_key,
+        when_limited,
+    }))
+}
+
+fn endpoint(
+    e: &raw::Endpoint,
+    key: &dyn Fn(&str) -> String,
+    env: Env<'_>,
+    locker_url: Option<&str>,
+    has_redis: bool,
+    limiters: &[&str],
+) -> Result<Endpoint, ConfigError> {
+    let non_empty = |field: &str, value: &str, what: &str| {
+        if value.is_empty() {
+            Err(invalid(key(field), "\"\"", what))
+        } else {
+            Ok(value.to_owned())
+        }
+    };
+    let (name, source, limit) = match e {
+        raw::Endpoint::RedisPubsub(p) => {
+            let url = match (&p.url, locker_url) {
+                (Some(url), _) => redis_url(&key("url"), url, env)?,
+                (None, Some(url)) => url.to_owned(),
+                (None, None) => {
+                    return Err(invalid(
+                        key("url"),
+                        "missing",
+                        "a Redis URL (or a standalone Redis [locker] to share)",
+                    ));
+                }
+            };
+            if p.patterns.is_empty() || p.patterns.iter().any(String::is_empty) {
+                return Err(invalid(
+                    key("patterns"),
+                    format!("{:?}", p.patterns),
+                    "at least one channel pattern, none empty",
+                ));
+            }
+            let limit = endpoint_limit(
+                LimitKeys {
+                    limit: &p.limit,
+                    limit_key: &p.limit_key,
+                    when_limited: p.when_limited,
+                    max_wait_ms: p.max_wait_ms,
+                },
+                key,
+                false,
+                limiters,
+            )?;
+            let source = Source::RedisPubsub(PubSubSource {
+                url,
+                patterns: p.patterns.clone(),
+            });
+            (&p.name, source, limit)
+        }
+        raw::Endpoint::RedisStream(s) => {
+            let url = match &s.url {
+                Some(url) => Some(redis_url(&key("url"), url, env)?),
+                None if has_redis => None,
+                None => {
+                    return Err(invalid(
+                        key("url"),
+                        "missing",
+                        "a Redis URL (or a Redis [locker] to share)",
+                    ));
+                }
+            };
+            if s.claim_idle_ms == Some(0) {
+                return Err(invalid(
+                    key("claim_idle_ms"),
+                    0,
+                    "a positive number of milliseconds",
+                ));
+            }
+            if let Some(topic) = &s.dead_letter_topic
+                && (topic.is_empty() || topic.contains(['{', '}', '*', '?', '[', ']']))
+            {
+                return Err(invalid(
+                    key("dead_letter_topic"),
+                    format!("{topic:?}"),
+                    "a non-empty topic without braces or glob characters",
+                ));
+            }
+            let retry = RetryPolicy::new()
+                .with_max_attempts(s.retries.unwrap_or(DEFAULT_RETRIES))
+                .with_initial_delay(
+                    s.retry_delay_ms
+                        .map_or(DEFAULT_RETRY_DELAY, Duration::from_millis),
+                );
+            let limit = endpoint_limit(
+                LimitKeys {
+                    limit: &s.limit,
+                    limit_key: &s.limit_key,
+                    when_limited: s.when_limited,
+                    max_wait_ms: s.max_wait_ms,
+                },
+                key,
+                true,
+                limiters,
+            )?;
+            let source = Source::RedisStream(StreamSource {
+                url,
+                stream: non_empty("stream", &s.stream, "the stream key")?,
+                group: non_empty(
+                    "group",
+                    &s.group,
+                    "the consumer group, the same on every replica",
+                )?,
+                claim_idle: s
+                    .claim_idle_ms
+                    .map_or(DEFAULT_CLAIM_IDLE, Duration::from_millis),
+                retry,
+                dead_letter_topic: s.dead_letter_topic.clone(),
+            });
+            (&s.name, source, limit)
+        }
+        raw::Endpoint::Mqtt(m) => {
+            let host = expand(&key("host"), &m.host, env)?;
+            let host = non_empty("host", &host, "the broker's host")?;
+            let filter = non_empty("filter", &m.filter, "a topic filter")?;
+            let delivery = match (&m.share_group, m.guard) {
+                (Some(_), true) => {
+                    return Err(invalid(
+                        key("guard"),
+                        true,
+                        "no guard with `share_group`: the broker delivers each message to one member already",
+                    ));
+                }
+                (Some(group), false) => {
+                    MqttDelivery::Shared(non_empty("share_group", group, "a group name")?)
+                }
+                (None, true) => MqttDelivery::Elected,
+                (None, false) => MqttDelivery::Broadcast,
+            };
+            let limit = endpoint_limit(
+                LimitKeys {
+                    limit: &m.limit,
+                    limit_key: &m.limit_key,
+                    when_limited: m.when_limited,
+                    max_wait_ms: m.max_wait_ms,
+                },
+                key,
+                false,
+                limiters,
+            )?;
+            let source = Source::Mqtt(MqttSource {
+                host,
+                port: m.port.unwrap_or(MQTT_PORT),
+                filter,
+                delivery,
+            });
+            (&m.name, source, limit)
+        }
+    };
+    Ok(Endpoint {
+        name: name.clone(),
+        source,
+        limit,
+    })
+}
