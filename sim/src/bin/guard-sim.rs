@@ -40,10 +40,10 @@ struct Args {
     /// Leave every clock undisciplined, drifting without bound.
     #[arg(long)]
     free_clocks: bool,
-    /// Where to write the SVG timeline (with `--scenario all`, one per
-    /// scenario, named after it).
-    #[arg(long, default_value = "guard-sim.svg")]
-    svg: PathBuf,
+    /// Write the SVG timeline to this file (with `--scenario all`, one per
+    /// scenario, named after it); none unless asked.
+    #[arg(long)]
+    svg: Option<PathBuf>,
 }
 
 /// How one run ended.
@@ -77,13 +77,13 @@ fn main() -> ExitCode {
     let many = scenarios.len() > 1;
     let mut broken = Vec::new();
     for scenario in scenarios {
-        let svg = if many {
-            args.svg
-                .with_file_name(format!("guard-sim-{}.svg", scenario.name()))
-        } else {
-            args.svg.clone()
+        let svg = match &args.svg {
+            Some(path) if many => {
+                Some(path.with_file_name(format!("guard-sim-{}.svg", scenario.name())))
+            }
+            other => other.clone(),
         };
-        match run(&args, seed, scenario, &svg) {
+        match run(&args, seed, scenario, svg.as_deref()) {
             Ok(Outcome::Held) => {}
             Ok(Outcome::Broken) => broken.push(scenario.name()),
             Err(e) => {
@@ -106,9 +106,9 @@ fn main() -> ExitCode {
     }
 }
 
-/// Runs `scenario` as `args` say, prints its report and verdict and writes
-/// its timeline to `svg`.
-fn run(args: &Args, seed: u64, scenario: Scenario, svg: &Path) -> Result<Outcome, String> {
+/// Runs `scenario` as `args` say, prints its report and verdict and, if
+/// asked, writes its timeline to `svg`.
+fn run(args: &Args, seed: u64, scenario: Scenario, svg: Option<&Path>) -> Result<Outcome, String> {
     let mut config = scenario.config(seed, args.replicas, Duration::from_secs(args.duration));
     config.fencing = !args.no_fencing;
     if args.plain_fence_counter {
@@ -142,9 +142,11 @@ fn run(args: &Args, seed: u64, scenario: Scenario, svg: &Path) -> Result<Outcome
         args.replicas,
         args.duration,
     );
-    match std::fs::write(svg, svg::render(&timeline, &title)) {
-        Ok(()) => println!("timeline written to {}", svg.display()),
-        Err(e) => eprintln!("guard-sim: could not write {}: {e}", svg.display()),
+    if let Some(svg) = svg {
+        match std::fs::write(svg, svg::render(&timeline, &title)) {
+            Ok(()) => println!("timeline written to {}", svg.display()),
+            Err(e) => eprintln!("guard-sim: could not write {}: {e}", svg.display()),
+        }
     }
     // A broken guarantee fails the run; a seed whose races did not show
     // what the scenario is for (say, no stale effect to reject) does not.
