@@ -1,13 +1,16 @@
 //! The ActiveGuard state machine on a fake clock: the original's callback
-//! order, the renew deadline, the renew-less fallback, and random event
-//! sequences checked against the invariants.
+//! order, the renew deadline, the renew-less fallback, the mapping of lock
+//! results to its inputs, and random event sequences checked against the
+//! invariants.
 
+use std::convert::Infallible;
 use std::time::Duration;
 
 use guard_core::guard::{
-    Acquired, Action, ActiveConfig, ActiveConfigError, ActiveGuard, DemoteReason, Phase, Renewed,
+    Acquired, Action, ActiveConfig, ActiveConfigError, ActiveGuard, ActiveTiming, DemoteReason,
+    Done, Phase, Renewed,
 };
-use guard_core::lock::{Token, TokenId, Ttl};
+use guard_core::lock::{Renewal, Token, TokenId, Ttl, UnlockError};
 use guard_core::time::Instant;
 use proptest::prelude::*;
 
@@ -25,9 +28,15 @@ fn actions(g: &mut ActiveGuard) -> Vec<Action> {
     std::iter::from_fn(|| g.poll_action()).collect()
 }
 
+/// A standby at T0 with the default timing (validated: it cannot fail).
+fn standby(renewable: bool) -> ActiveGuard {
+    let Ok(g) = ActiveGuard::new(ActiveTiming::new(), renewable, T0);
+    g
+}
+
 /// 15 s lease, 5 s interval, 1.5 s drift: the defaults.
 fn leader(renewable: bool) -> ActiveGuard {
-    let mut g = ActiveGuard::new(ActiveConfig::new(), renewable, T0).unwrap();
+    let mut g = standby(renewable);
     assert_eq!(g.poll_timeout(), Some(T0), "the first attempt is immediate");
     g.handle_timeout(T0);
     assert_eq!(actions(&mut g), [Action::Acquire]);
@@ -82,11 +91,172 @@ fn impossible_timing_is_refused() {
         Err(ActiveConfigError::IntervalNotBelowDeadline)
     );
     assert!(ActiveGuard::new(late, true, T0).is_err());
+    assert_eq!(
+        ActiveTiming::try_from(late),
+        Err(ActiveConfigError::IntervalNotBelowDeadline)
+    );
+}
+
+#[test]
+fn a_guard_from_validated_timing_cannot_fail() {
+    let config = ActiveConfig::new()
+        .with_ttl(Ttl::from_secs(3).unwrap())
+        .with_interval(Duration::from_secs(1))
+        .with_drift(ms(300));
+    // Validation happens once, where the settings are given...
+    let timing: ActiveTiming = config.validate().unwrap();
+    assert_eq!(ActiveTiming::try_from(config), Ok(timing));
+    assert_eq!(ActiveConfig::from(timing), config);
+    assert_eq!(*timing.config(), config);
+    assert_eq!(timing.ttl(), config.ttl());
+    assert_eq!(timing.interval(), Duration::from_secs(1));
+    assert_eq!(timing.drift(), ms(300));
+    assert_eq!(timing.renew_deadline(), ms(2_700));
+    // ...and `ActiveGuard::new` takes the validated type: its error type is
+    // `Infallible`, so no arm handles a failure.
+    let built: Result<ActiveGuard, Infallible> = ActiveGuard::new(timing, true, T0);
+    let Ok(mut g) = built;
+    assert_eq!(g.timing(), &timing);
+    assert_eq!(g.config(), &config);
+    g.handle_timeout(T0);
+    assert_eq!(actions(&mut g), [Action::Acquire]);
+    g.handle(T0, Done::acquired(Ok::<_, Infallible>(Some(token(2)))));
+    assert_eq!(actions(&mut g), [Action::Promote { fence: 2 }]);
+    assert_eq!(g.lease().unwrap().until(), T0 + ms(2_700));
+    // The defaults are valid without a check.
+    assert_eq!(ActiveTiming::new(), ActiveConfig::new().validate().unwrap());
+    assert_eq!(ActiveTiming::default(), ActiveTiming::new());
+}
+
+/// A backend error, for the mapping.
+#[derive(Debug)]
+struct Down;
+
+#[test]
+fn each_lock_result_maps_to_the_documented_machine_input() {
+    // try_lock
+    let granted: Result<Option<Token>, Down> = Ok(Some(token(7)));
+    assert_eq!(
+        Done::acquired(granted),
+        Done::Acquired(Acquired::Granted(token(7)))
+    );
+    assert_eq!(
+        Done::acquired(Ok::<_, Down>(None)),
+        Done::Acquired(Acquired::Held)
+    );
+    assert_eq!(
+        Done::acquired(Err::<Option<Token>, _>(Down)),
+        Done::Acquired(Acquired::Failed)
+    );
+    assert_eq!(
+        Acquired::from(Ok::<_, Down>(Some(token(7)))),
+        Acquired::Granted(token(7))
+    );
+    assert_eq!(Acquired::from(Ok::<_, Down>(None)), Acquired::Held);
+    assert_eq!(
+        Acquired::from(Err::<Option<Token>, _>(Down)),
+        Acquired::Failed
+    );
+    // renew
+    assert_eq!(
+        Done::renewed(Ok::<_, Down>(Renewal::Held)),
+        Done::Renewed(Renewed::Held)
+    );
+    assert_eq!(
+        Done::renewed(Ok::<_, Down>(Renewal::Lost)),
+        Done::Renewed(Renewed::Lost)
+    );
+    assert_eq!(
+        Done::renewed(Err::<Renewal, _>(Down)),
+        Done::Renewed(Renewed::Failed)
+    );
+    assert_eq!(Renewed::from(Ok::<_, Down>(Renewal::Held)), Renewed::Held);
+    assert_eq!(Renewed::from(Ok::<_, Down>(Renewal::Lost)), Renewed::Lost);
+    assert_eq!(Renewed::from(Err::<Renewal, _>(Down)), Renewed::Failed);
+    // unlock: only Ok released; not held and a backend failure did not.
+    assert_eq!(
+        Done::released(Ok::<(), UnlockError<Down>>(())),
+        Done::Released(true)
+    );
+    assert_eq!(
+        Done::released(Err::<(), _>(UnlockError::<Down>::NotHeld)),
+        Done::Released(false)
+    );
+    assert_eq!(
+        Done::released(Err::<(), _>(UnlockError::Backend(Down))),
+        Done::Released(false)
+    );
+    // The machine's inputs convert too.
+    assert_eq!(Done::from(Acquired::Held), Done::Acquired(Acquired::Held));
+    assert_eq!(Done::from(Renewed::Lost), Done::Renewed(Renewed::Lost));
+}
+
+#[test]
+fn handle_feeds_each_result_to_its_handler() {
+    // Every answer to every operation, through `handle` and through the
+    // handler it names, from the same state: the same actions, the same
+    // state after.
+    let answers = [
+        Done::Acquired(Acquired::Granted(token(8))),
+        Done::Acquired(Acquired::Held),
+        Done::Acquired(Acquired::Failed),
+        Done::Renewed(Renewed::Held),
+        Done::Renewed(Renewed::Lost),
+        Done::Renewed(Renewed::Failed),
+        Done::Released(true),
+        Done::Released(false),
+    ];
+    let direct = |g: &mut ActiveGuard, now: Instant, done: Done| match done {
+        Done::Acquired(r) => g.handle_acquired(now, r),
+        Done::Renewed(r) => g.handle_renewed(now, r),
+        Done::Released(r) => g.handle_released(now, r),
+    };
+    // In flight: an acquire (standby), a renew (leader), a release (stop).
+    let starts: [fn() -> ActiveGuard; 3] = [
+        || {
+            let mut g = standby(true);
+            g.handle_timeout(T0);
+            actions(&mut g);
+            g
+        },
+        || {
+            let mut g = leader(true);
+            g.handle_timeout(T0 + Duration::from_secs(5));
+            actions(&mut g);
+            g
+        },
+        || {
+            let mut g = leader(true);
+            g.stop(T0 + ms(100));
+            actions(&mut g);
+            g
+        },
+    ];
+    let now = T0 + ms(5_100);
+    for start in starts {
+        for done in answers {
+            let (mut a, mut b) = (start(), start());
+            a.handle(now, done);
+            direct(&mut b, now, done);
+            assert_eq!(actions(&mut a), actions(&mut b), "{done:?}");
+            assert_eq!(
+                (a.phase(), a.lease(), a.fence(), a.poll_timeout()),
+                (b.phase(), b.lease(), b.fence(), b.poll_timeout()),
+                "{done:?}"
+            );
+        }
+    }
+    // And a failed renewal, as a locker reports it, demotes as documented.
+    let mut g = leader(true);
+    g.handle_timeout(T0 + Duration::from_secs(5));
+    actions(&mut g);
+    g.handle(now, Done::renewed(Err::<Renewal, _>(Down)));
+    assert_eq!(actions(&mut g), [Action::Demote(DemoteReason::RenewFailed)]);
 }
 
 #[test]
 fn a_standby_retries_every_interval() {
-    let mut g = ActiveGuard::new(ActiveConfig::new(), true, T0).unwrap();
+    let mut g = standby(true);
     g.handle_timeout(T0);
     assert_eq!(actions(&mut g), [Action::Acquire]);
     g.handle_acquired(T0 + ms(3), Acquired::Held);
@@ -182,7 +352,7 @@ fn the_deadline_runs_from_the_send_time_of_the_last_successful_renewal() {
 
 #[test]
 fn a_grant_too_late_to_act_on_is_released_not_promoted() {
-    let mut g = ActiveGuard::new(ActiveConfig::new(), true, T0).unwrap();
+    let mut g = standby(true);
     g.handle_timeout(T0);
     actions(&mut g);
     // The answer to an acquire sent at T0 arrives after T0 + ttl - drift.
@@ -212,7 +382,7 @@ fn stop_demotes_first_then_releases() {
 
 #[test]
 fn stopping_a_standby_emits_no_demote() {
-    let mut g = ActiveGuard::new(ActiveConfig::new(), true, T0).unwrap();
+    let mut g = standby(true);
     g.stop(T0);
     assert!(actions(&mut g).is_empty());
     assert_eq!(g.phase(), Phase::Stopped);
@@ -220,7 +390,7 @@ fn stopping_a_standby_emits_no_demote() {
 
 #[test]
 fn a_grant_that_arrives_after_stop_is_released() {
-    let mut g = ActiveGuard::new(ActiveConfig::new(), true, T0).unwrap();
+    let mut g = standby(true);
     g.handle_timeout(T0);
     actions(&mut g);
     g.stop(T0 + ms(1));
@@ -279,7 +449,7 @@ fn an_explicit_demote_steps_down_once_and_lets_a_standby_go_first() {
     assert!(actions(&mut g).is_empty(), "a second demote is a no-op");
     g.handle_released(T0 + ms(60), true);
     assert_eq!(g.poll_timeout(), Some(T0 + ms(60) + Duration::from_secs(5)));
-    let mut standby = ActiveGuard::new(ActiveConfig::new(), true, T0).unwrap();
+    let mut standby = standby(true);
     standby.demote(T0);
     assert!(actions(&mut standby).is_empty());
 }
@@ -331,7 +501,7 @@ fn the_renewless_fallback_demotes_when_the_unlock_fails() {
 
 #[test]
 fn the_lease_is_the_fence_and_the_renew_deadline_while_promoted() {
-    let mut g = ActiveGuard::new(ActiveConfig::new(), true, T0).unwrap();
+    let mut g = standby(true);
     assert_eq!(g.lease(), None, "a standby has no lease");
     let mut g = {
         g.handle_timeout(T0);

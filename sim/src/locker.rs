@@ -7,7 +7,7 @@ use std::fmt;
 use std::future::poll_fn;
 use std::task::Poll;
 
-use guard_core::lock::{Locker, Token, TokenId, Ttl, UnlockError};
+use guard_core::lock::{Locker, Renewal, Token, TokenId, Ttl, UnlockError};
 
 use crate::server::{LockOp, LockReply};
 
@@ -87,6 +87,30 @@ pub fn token_id(token: u128) -> TokenId {
     TokenId(token.to_be_bytes())
 }
 
+/// What `Locker::try_lock` returns for `answer` to an acquire with `token`.
+pub fn lock_result(token: u128, answer: Answer) -> Result<Option<Token>, TimedOut> {
+    match answer? {
+        LockReply::Granted(fence) => Ok(Some(Token::new(token_id(token), fence))),
+        _ => Ok(None),
+    }
+}
+
+/// What `LeaseRenewer::renew` returns for `answer` to a renewal.
+pub fn renew_result(answer: Answer) -> Result<Renewal, TimedOut> {
+    match answer? {
+        LockReply::Done => Ok(Renewal::Held),
+        _ => Ok(Renewal::Lost),
+    }
+}
+
+/// What `Locker::unlock` returns for `answer` to a release.
+pub fn unlock_result(answer: Answer) -> Result<(), UnlockError<TimedOut>> {
+    match answer.map_err(UnlockError::Backend)? {
+        LockReply::Done => Ok(()),
+        _ => Err(UnlockError::NotHeld),
+    }
+}
+
 impl Locker for SimLocker {
     type Error = TimedOut;
 
@@ -97,10 +121,7 @@ impl Locker for SimLocker {
             token,
             ttl_ns: ttl_nanos(ttl),
         };
-        match self.call(op).await? {
-            LockReply::Granted(fence) => Ok(Some(Token::new(token_id(token), fence))),
-            _ => Ok(None),
-        }
+        lock_result(token, self.call(op).await)
     }
 
     async fn unlock(&self, key: &str, token: &Token) -> Result<(), UnlockError<TimedOut>> {
@@ -108,10 +129,7 @@ impl Locker for SimLocker {
             key: key.to_owned(),
             token: u128::from_be_bytes(token.id().0),
         };
-        match self.call(op).await.map_err(UnlockError::Backend)? {
-            LockReply::Done => Ok(()),
-            _ => Err(UnlockError::NotHeld),
-        }
+        unlock_result(self.call(op).await)
     }
 }
 

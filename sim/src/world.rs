@@ -7,15 +7,17 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 
-use guard_core::guard::{Acquired, Action, ActiveGuard, OnceGuard, OnceOutcome, Renewed};
+use guard_core::guard::{Action, ActiveGuard, ActiveTiming, Done, OnceGuard, OnceOutcome};
 use guard_core::limit::{Limiter, SlidingWindow};
-use guard_core::lock::{Scope, Token};
+use guard_core::lock::Scope;
 use guard_core::slot::{Every, SlotTimer};
 use guard_core::time::Instant;
 
 use crate::clock::{Clock, EPOCH_MS, Nanos};
 use crate::config::{Fault, Target, WorldConfig};
-use crate::locker::{Answer, SimLocker, TimedOut, token_id, ttl_nanos};
+use crate::locker::{
+    Answer, SimLocker, TimedOut, lock_result, renew_result, ttl_nanos, unlock_result,
+};
 use crate::report::{Report, Timeline};
 use crate::resource::Resource;
 use crate::rng::{LogHash, Rng};
@@ -167,6 +169,8 @@ struct Replica {
 /// The simulated world. Build it with [`World::new`], then [`World::run`].
 pub struct World {
     config: WorldConfig,
+    /// The leader lease's timing, validated once (from `config.active`).
+    active: Option<ActiveTiming>,
     rng: Rng,
     now: Nanos,
     end: Nanos,
@@ -201,7 +205,9 @@ fn nanos(d: core::time::Duration) -> u64 {
 }
 
 impl World {
-    /// A world at time zero, replicas started, faults scheduled.
+    /// A world at time zero, replicas started, faults scheduled; an error
+    /// if the configuration cannot run (among others, lease timing that
+    /// fails `ActiveConfig::validate`).
     pub fn new(config: WorldConfig) -> Result<Self, String> {
         if config.replicas == 0 {
             return Err("a world needs at least one replica".into());
@@ -231,6 +237,11 @@ impl World {
         let scope = Scope::new("sim")
             .and_then(|s| s.segment("job", "tick"))
             .map_err(|e| e.to_string())?;
+        let active = config
+            .active
+            .map(|a| a.validate())
+            .transpose()
+            .map_err(|e| format!("bad lease config: {e}"))?;
         let mut world = World {
             end: nanos(config.duration),
             service: LockService::new(
@@ -256,6 +267,7 @@ impl World {
             grants: HashMap::new(),
             highest_leader_fence: None,
             scope,
+            active,
             config,
         };
         for (r, clock) in clocks.into_iter().enumerate() {
@@ -384,14 +396,10 @@ impl World {
         let local = self.local(r);
         let wall = self.replicas[r].clock.wall(self.now);
         let epoch = self.replicas[r].epoch;
-        if let Some(config) = self.config.active {
-            match ActiveGuard::new(config, true, local) {
-                Ok(guard) => self.replicas[r].guard = Some(guard),
-                Err(e) => self
-                    .report
-                    .violations
-                    .push(format!("bad lease config: {e:?}")),
-            }
+        if let Some(timing) = self.active {
+            // From validated timing: the error type is `Infallible`.
+            let Ok(guard) = ActiveGuard::new(timing, true, local);
+            self.replicas[r].guard = Some(guard);
             self.drive_lease(r);
         }
         if let Some(slots) = self.config.slots
@@ -496,29 +504,15 @@ impl World {
                 self.replicas[r].last_grant = self.grants.get(&token).copied().unwrap_or(0);
             }
             if let Some(guard) = self.replicas[r].guard.as_mut() {
-                match call {
-                    LeaseCall::Acquire(token) => guard.handle_acquired(
-                        local,
-                        match answer {
-                            Ok(LockReply::Granted(fence)) => {
-                                Acquired::Granted(Token::new(token_id(token), fence))
-                            }
-                            Ok(_) => Acquired::Held,
-                            Err(TimedOut) => Acquired::Failed,
-                        },
-                    ),
-                    LeaseCall::Renew => guard.handle_renewed(
-                        local,
-                        match answer {
-                            Ok(LockReply::Done) => Renewed::Held,
-                            Ok(_) => Renewed::Lost,
-                            Err(TimedOut) => Renewed::Failed,
-                        },
-                    ),
-                    LeaseCall::Release => {
-                        guard.handle_released(local, matches!(answer, Ok(LockReply::Done)));
-                    }
-                }
+                // What a `Locker` would have returned, mapped by guard-core.
+                guard.handle(
+                    local,
+                    match call {
+                        LeaseCall::Acquire(token) => Done::acquired(lock_result(token, answer)),
+                        LeaseCall::Renew => Done::renewed(renew_result(answer)),
+                        LeaseCall::Release => Done::released(unlock_result(answer)),
+                    },
+                );
             }
             self.drive_lease(r);
         } else if let Some(mut claim) = self.replicas[r].claims.remove(&id) {
@@ -546,7 +540,7 @@ impl World {
             .as_mut()
             .and_then(|g| g.poll_action())
         {
-            let ttl = self.config.active.map_or(0, |c| ttl_nanos(c.ttl()));
+            let ttl = self.active.map_or(0, |t| ttl_nanos(t.ttl()));
             let locker = self.replicas[r].locker.clone();
             match action {
                 Action::Acquire => {
@@ -658,7 +652,7 @@ impl World {
     /// latency) + interval (the standby's next attempt, stretched by the
     /// slowest clock) + a round trip for that attempt.
     pub fn takeover_bound(&self) -> u64 {
-        let Some(active) = self.config.active else {
+        let Some(active) = self.active else {
             return u64::MAX;
         };
         let interval = nanos(active.interval());

@@ -9,10 +9,10 @@ use embassy_sync::blocking_mutex::raw::RawMutex;
 use embassy_sync::signal::Signal;
 use embassy_time::Timer;
 use guard_core::guard::{
-    Acquired, Action, ActiveConfig, ActiveConfigError, ActiveGuard, DemoteReason, Phase, Renewed,
+    Action, ActiveConfig, ActiveConfigError, ActiveGuard, ActiveTiming, DemoteReason, Done, Phase,
     SharedLease,
 };
-use guard_core::lock::{LeaseRenewer, Renewal, Token, Ttl};
+use guard_core::lock::{LeaseRenewer, Token, Ttl};
 
 use crate::time::{now, to_embassy};
 
@@ -87,18 +87,17 @@ enum Heard {
 #[derive(Clone, Copy, Debug)]
 pub struct ActiveRunner<'k> {
     key: &'k str,
-    settings: ActiveConfig,
+    timing: ActiveTiming,
     release_timeout: Duration,
 }
 
 impl<'k> ActiveRunner<'k> {
     /// A runner for lease `key` (from `guard_core::lock::active_key`) with
-    /// `settings` (validated).
+    /// `settings` (validated here, once).
     pub fn new(key: &'k str, settings: ActiveConfig) -> Result<Self, ActiveConfigError> {
-        settings.validate()?;
         Ok(ActiveRunner {
             key,
-            settings,
+            timing: settings.validate()?,
             release_timeout: DEFAULT_RELEASE_TIMEOUT,
         })
     }
@@ -125,10 +124,9 @@ impl<'k> ActiveRunner<'k> {
         D: FnMut(DemoteReason) -> DF,
         DF: Future<Output = ()>,
     {
-        let ttl = self.settings.ttl();
-        let Ok(mut machine) = ActiveGuard::new(self.settings, true, now()) else {
-            return; // validated in `new`
-        };
+        let ttl = self.timing.ttl();
+        // From validated timing: the error type is `Infallible`.
+        let Ok(mut machine) = ActiveGuard::new(self.timing, true, now());
         let mut give_up_at: Option<guard_core::time::Instant> = None;
         // A promotion whose callback was not called (deadline passed
         // first): its demotion is not reported either (callbacks pair up).
@@ -182,12 +180,7 @@ impl<'k> ActiveRunner<'k> {
                 else {
                     return; // stop asked and the backend did not answer in time
                 };
-                let at = now();
-                match done {
-                    Done::Acquired(result) => machine.handle_acquired(at, result),
-                    Done::Renewed(result) => machine.handle_renewed(at, result),
-                    Done::Released(ok) => machine.handle_released(at, ok),
-                }
+                machine.handle(now(), done);
                 control.lease.publish(machine.lease());
             }
             if machine.phase() == Phase::Stopped {
@@ -299,25 +292,11 @@ enum Op {
     Release(Token),
 }
 
-/// Its result, as the machine takes it.
-enum Done {
-    Acquired(Acquired),
-    Renewed(Renewed),
-    Released(bool),
-}
-
+/// Makes the call; guard-core maps its result to the machine's input.
 async fn call<L: LeaseRenewer>(locker: &L, key: &str, ttl: Ttl, op: Op) -> Done {
     match op {
-        Op::Acquire => Done::Acquired(match locker.try_lock(key, ttl).await {
-            Ok(Some(token)) => Acquired::Granted(token),
-            Ok(None) => Acquired::Held,
-            Err(_) => Acquired::Failed,
-        }),
-        Op::Renew(token) => Done::Renewed(match locker.renew(key, &token, ttl).await {
-            Ok(Renewal::Held) => Renewed::Held,
-            Ok(Renewal::Lost) => Renewed::Lost,
-            Err(_) => Renewed::Failed,
-        }),
-        Op::Release(token) => Done::Released(locker.unlock(key, &token).await.is_ok()),
+        Op::Acquire => Done::acquired(locker.try_lock(key, ttl).await),
+        Op::Renew(token) => Done::renewed(locker.renew(key, &token, ttl).await),
+        Op::Release(token) => Done::released(locker.unlock(key, &token).await),
     }
 }

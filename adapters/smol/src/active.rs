@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use futures_lite::future;
 use guard_core::guard::{
-    Acquired, Action, ActiveConfig, ActiveConfigError, ActiveGuard, DemoteReason, Lease, Phase,
-    Renewed,
+    Action, ActiveConfig, ActiveConfigError, ActiveGuard, ActiveTiming, DemoteReason, Done, Lease,
+    Phase,
 };
 use guard_core::lock::{KeyError, Locker, Renewal, Scope, Token, Ttl, active_key};
 use guard_std::{BoxFuture, Clock, GuardConfig, SharedLocker, SystemClock};
@@ -37,13 +37,6 @@ impl fmt::Display for RunnerError {
 }
 
 impl std::error::Error for RunnerError {}
-
-/// The result of the one backend operation in flight.
-enum Done {
-    Acquired(Acquired),
-    Renewed(Renewed),
-    Released(bool),
-}
 
 /// What woke the runner.
 enum Wake {
@@ -76,7 +69,7 @@ enum Wake {
 pub struct ActiveRunner {
     config: GuardConfig,
     key: String,
-    settings: ActiveConfig,
+    timing: ActiveTiming,
     release_timeout: Duration,
     clock: SystemClock,
     lease: LeaseCheck,
@@ -89,7 +82,7 @@ impl Clone for ActiveRunner {
         ActiveRunner {
             config: self.config.clone(),
             key: self.key.clone(),
-            settings: self.settings,
+            timing: self.timing,
             release_timeout: self.release_timeout,
             clock: self.clock,
             lease: LeaseCheck::new(self.clock),
@@ -106,17 +99,16 @@ impl ActiveRunner {
         Ok(ActiveRunner {
             config: config.clone(),
             key: key.as_str().to_owned(),
-            settings: ActiveConfig::new(),
+            timing: ActiveTiming::new(),
             release_timeout: DEFAULT_RELEASE_TIMEOUT,
             clock,
             lease: LeaseCheck::new(clock),
         })
     }
 
-    /// Lease timing; validated.
+    /// Lease timing; validated here, once.
     pub fn with_settings(mut self, settings: ActiveConfig) -> Result<Self, RunnerError> {
-        settings.validate().map_err(RunnerError::Timing)?;
-        self.settings = settings;
+        self.timing = settings.validate().map_err(RunnerError::Timing)?;
         Ok(self)
     }
 
@@ -155,15 +147,9 @@ impl ActiveRunner {
             return self.run_unguarded(control, on_promoted, on_demoted).await;
         };
         let clock = self.clock;
-        let ttl = self.settings.ttl();
-        let mut machine = match ActiveGuard::new(self.settings, locker.can_renew(), clock.now()) {
-            Ok(machine) => machine,
-            Err(e) => {
-                // Settings are validated when set; this cannot happen.
-                log::error!("active guard {}: {e}", self.key);
-                return;
-            }
-        };
+        let ttl = self.timing.ttl();
+        // From validated timing: the error type is `Infallible`.
+        let Ok(mut machine) = ActiveGuard::new(self.timing, locker.can_renew(), clock.now());
         let mut in_flight: Option<BoxFuture<'_, Done>> = None;
         let mut stop_heard = false;
         let mut give_up_at: Option<std::time::Instant> = None;
@@ -258,11 +244,7 @@ impl ActiveRunner {
             match wake {
                 Wake::Done(done) => {
                     in_flight = None;
-                    match done {
-                        Done::Acquired(result) => machine.handle_acquired(now, result),
-                        Done::Renewed(result) => machine.handle_renewed(now, result),
-                        Done::Released(ok) => machine.handle_released(now, ok),
-                    }
+                    machine.handle(now, done);
                 }
                 Wake::Timeout => machine.handle_timeout(now),
                 Wake::Heard(Heard::Demote) => machine.demote(now),
@@ -320,45 +302,38 @@ impl ActiveRunner {
     }
 }
 
+// The backend calls log what went wrong; guard-core maps their results.
+
 async fn acquire(locker: &SharedLocker, key: &str, ttl: Ttl) -> Done {
-    Done::Acquired(match locker.try_lock(key, ttl).await {
-        Ok(Some(token)) => Acquired::Granted(token),
-        Ok(None) => Acquired::Held,
-        Err(e) => {
-            log::warn!("active guard {key} try lock: {e}");
-            Acquired::Failed
-        }
-    })
+    let result = locker.try_lock(key, ttl).await;
+    if let Err(e) = &result {
+        log::warn!("active guard {key} try lock: {e}");
+    }
+    Done::acquired(result)
 }
 
 async fn renew(locker: &SharedLocker, key: &str, token: Token, ttl: Ttl) -> Done {
-    Done::Renewed(match locker.renew(key, &token, ttl).await {
-        Ok(Renewal::Held) => Renewed::Held,
-        Ok(Renewal::Lost) => {
-            log::warn!("active guard {key} lost lease, demote");
-            Renewed::Lost
-        }
-        Err(e) => {
-            log::warn!("active guard {key} renew: {e}");
-            Renewed::Failed
-        }
-    })
+    let result = locker.renew(key, &token, ttl).await;
+    match &result {
+        Ok(Renewal::Held) => {}
+        Ok(Renewal::Lost) => log::warn!("active guard {key} lost lease, demote"),
+        Err(e) => log::warn!("active guard {key} renew: {e}"),
+    }
+    Done::renewed(result)
 }
 
 async fn release(locker: &SharedLocker, key: &str, token: Token, timeout: Duration) -> Done {
     let unlock = async {
-        match locker.unlock(key, &token).await {
-            Ok(()) => true,
-            Err(e) => {
-                log::warn!("active guard {key} release: {e}");
-                false
-            }
+        let result = locker.unlock(key, &token).await;
+        if let Err(e) = &result {
+            log::warn!("active guard {key} release: {e}");
         }
+        Done::released(result)
     };
     let late = async {
         async_io::Timer::after(timeout).await;
         log::warn!("active guard {key} release timed out after {timeout:?}");
-        false
+        Done::Released(false)
     };
-    Done::Released(future::or(unlock, late).await)
+    future::or(unlock, late).await
 }

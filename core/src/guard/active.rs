@@ -4,11 +4,14 @@
 //! it in a loop:
 //!
 //! 1. wait until [`ActiveGuard::poll_timeout`] (or a result, or a stop);
-//! 2. call [`ActiveGuard::handle_timeout`] / a `handle_*` result method;
+//! 2. call [`ActiveGuard::handle_timeout`], or [`ActiveGuard::handle`] with
+//!    the [`Done`] built from the locker's result (the mapping from lock
+//!    results to machine inputs lives here, once, not in each runtime);
 //! 3. execute every [`Action`] from [`ActiveGuard::poll_action`] in order.
 //!
 //! At most one backend operation is in flight at a time; a spurious timeout
-//! is a no-op.
+//! is a no-op. The timing is validated once, into an [`ActiveTiming`]; a
+//! machine built from one cannot fail.
 //!
 //! Guarantees:
 //! - **Renew deadline.** A leader demotes itself once no acquire or renew
@@ -36,7 +39,9 @@ use core::time::Duration;
 use heapless::Deque;
 
 use super::Lease;
-use crate::lock::{Token, Ttl};
+#[cfg(doc)]
+use crate::lock::{LeaseRenewer, Locker};
+use crate::lock::{Renewal, Token, Ttl, UnlockError};
 use crate::time::Instant;
 
 /// Why the leader stops acting.
@@ -188,16 +193,86 @@ impl ActiveConfig {
         self.ttl.as_duration().saturating_sub(self.drift())
     }
 
-    /// Checks that a renewal can happen before the deadline:
-    /// `interval < ttl - drift`.
-    pub const fn validate(&self) -> Result<(), ActiveConfigError> {
+    /// Checks that a renewal can happen before the deadline
+    /// (`drift < ttl` and `interval < ttl - drift`) and returns the timing
+    /// as validated: the only way to an [`ActiveTiming`].
+    pub const fn validate(&self) -> Result<ActiveTiming, ActiveConfigError> {
         if self.drift().as_nanos() >= self.ttl.as_duration().as_nanos() {
             return Err(ActiveConfigError::DriftNotBelowTtl);
         }
         if self.interval.as_nanos() >= self.renew_deadline().as_nanos() {
             return Err(ActiveConfigError::IntervalNotBelowDeadline);
         }
-        Ok(())
+        Ok(ActiveTiming { config: *self })
+    }
+}
+
+/// An [`ActiveConfig`] that passed [`ActiveConfig::validate`]: a renewal
+/// can happen before the renew deadline. Validated once, where the
+/// settings are given; an [`ActiveGuard`] built from it cannot fail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct ActiveTiming {
+    config: ActiveConfig,
+}
+
+// The defaults are valid, so `ActiveTiming::new` needs no check at run time.
+const _: () = assert!(ActiveConfig::new().validate().is_ok());
+
+impl Default for ActiveTiming {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ActiveTiming {
+    /// The defaults of [`ActiveConfig::new`] (a 15 s lease renewed every
+    /// 5 s, 1.5 s drift), valid by construction.
+    pub const fn new() -> Self {
+        ActiveTiming {
+            config: ActiveConfig::new(),
+        }
+    }
+
+    /// The settings it was validated from.
+    pub const fn config(&self) -> &ActiveConfig {
+        &self.config
+    }
+
+    /// The lease length.
+    pub const fn ttl(&self) -> Ttl {
+        self.config.ttl()
+    }
+
+    /// The renew and poll interval.
+    pub const fn interval(&self) -> Duration {
+        self.config.interval()
+    }
+
+    /// The drift margin.
+    pub const fn drift(&self) -> Duration {
+        self.config.drift()
+    }
+
+    /// How long after sending a successful acquire or renew the leader may
+    /// act: `ttl - drift`, longer than the interval.
+    pub const fn renew_deadline(&self) -> Duration {
+        self.config.renew_deadline()
+    }
+}
+
+impl TryFrom<ActiveConfig> for ActiveTiming {
+    type Error = ActiveConfigError;
+
+    /// [`ActiveConfig::validate`].
+    fn try_from(config: ActiveConfig) -> Result<Self, Self::Error> {
+        config.validate()
+    }
+}
+
+impl From<ActiveTiming> for ActiveConfig {
+    fn from(timing: ActiveTiming) -> Self {
+        timing.config
     }
 }
 
@@ -252,7 +327,8 @@ enum InFlight {
     Release { purpose: ReleaseFor },
 }
 
-/// Outcome of an acquisition, as the runtime reports it.
+/// Outcome of an acquisition, as the runtime reports it; built from
+/// [`Locker::try_lock`]'s result with [`From`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum Acquired {
@@ -264,7 +340,20 @@ pub enum Acquired {
     Failed,
 }
 
-/// Outcome of a renewal, as the runtime reports it.
+impl<E> From<Result<Option<Token>, E>> for Acquired {
+    /// `Ok(Some(token))` is [`Granted`](Acquired::Granted), `Ok(None)`
+    /// [`Held`](Acquired::Held), an error [`Failed`](Acquired::Failed).
+    fn from(result: Result<Option<Token>, E>) -> Self {
+        match result {
+            Ok(Some(token)) => Acquired::Granted(token),
+            Ok(None) => Acquired::Held,
+            Err(_) => Acquired::Failed,
+        }
+    }
+}
+
+/// Outcome of a renewal, as the runtime reports it; built from
+/// [`LeaseRenewer::renew`]'s result with [`From`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum Renewed {
@@ -277,10 +366,81 @@ pub enum Renewed {
     Failed,
 }
 
+impl<E> From<Result<Renewal, E>> for Renewed {
+    /// [`Renewal::Held`] is [`Held`](Renewed::Held), [`Renewal::Lost`]
+    /// [`Lost`](Renewed::Lost), an error [`Failed`](Renewed::Failed).
+    fn from(result: Result<Renewal, E>) -> Self {
+        match result {
+            Ok(Renewal::Held) => Renewed::Held,
+            Ok(Renewal::Lost) => Renewed::Lost,
+            Err(_) => Renewed::Failed,
+        }
+    }
+}
+
+/// The result of the one backend operation in flight, as
+/// [`ActiveGuard::handle`] takes it. A runtime builds it from what its
+/// locker returned (logging an error first, if it logs):
+///
+/// | action              | locker result                          | `Done`                               |
+/// |---------------------|----------------------------------------|--------------------------------------|
+/// | [`Action::Acquire`] | `try_lock`: `Ok(Some(token))`          | `Acquired(Acquired::Granted(token))` |
+/// |                     | `Ok(None)`                             | `Acquired(Acquired::Held)`           |
+/// |                     | `Err(_)`                               | `Acquired(Acquired::Failed)`         |
+/// | [`Action::Renew`]   | `renew`: `Ok(Renewal::Held)`           | `Renewed(Renewed::Held)`             |
+/// |                     | `Ok(Renewal::Lost)`                    | `Renewed(Renewed::Lost)`             |
+/// |                     | `Err(_)`                               | `Renewed(Renewed::Failed)`           |
+/// | [`Action::Release`] | `unlock`: `Ok(())`                     | `Released(true)`                     |
+/// |                     | `Err(NotHeld)` or `Err(Backend(_))`    | `Released(false)`                    |
+///
+/// A call the runtime gave up on (a time-out) counts as failed:
+/// `Acquired::Failed`, `Renewed::Failed`, `Released(false)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum Done {
+    /// An [`Action::Acquire`] finished; see [`ActiveGuard::handle_acquired`].
+    Acquired(Acquired),
+    /// An [`Action::Renew`] finished; see [`ActiveGuard::handle_renewed`].
+    Renewed(Renewed),
+    /// An [`Action::Release`] finished: whether the lease was released;
+    /// see [`ActiveGuard::handle_released`].
+    Released(bool),
+}
+
+impl Done {
+    /// The result of [`Locker::try_lock`] for an [`Action::Acquire`].
+    pub fn acquired<E>(result: Result<Option<Token>, E>) -> Self {
+        Done::Acquired(result.into())
+    }
+
+    /// The result of [`LeaseRenewer::renew`] for an [`Action::Renew`].
+    pub fn renewed<E>(result: Result<Renewal, E>) -> Self {
+        Done::Renewed(result.into())
+    }
+
+    /// The result of [`Locker::unlock`] for an [`Action::Release`]: released
+    /// only if `Ok` (a lease not held, or a backend failure, is not).
+    pub fn released<E>(result: Result<(), UnlockError<E>>) -> Self {
+        Done::Released(result.is_ok())
+    }
+}
+
+impl From<Acquired> for Done {
+    fn from(result: Acquired) -> Self {
+        Done::Acquired(result)
+    }
+}
+
+impl From<Renewed> for Done {
+    fn from(result: Renewed) -> Self {
+        Done::Renewed(result)
+    }
+}
+
 /// One replica's side of single-active election; see the module notes.
 #[derive(Clone, Debug)]
 pub struct ActiveGuard {
-    config: ActiveConfig,
+    timing: ActiveTiming,
     renewable: bool,
     /// The lease token held; `None` between the release and the re-acquire
     /// of the renew-less fallback.
@@ -310,14 +470,19 @@ impl ActiveGuard {
     /// says whether the locker can renew in place; without it the leader
     /// releases and re-acquires each interval (a takeover window, as in the
     /// original).
-    pub fn new(
-        config: ActiveConfig,
+    ///
+    /// `timing` is an [`ActiveTiming`], validated already: the error type
+    /// is then [`Infallible`](core::convert::Infallible), so
+    /// `let Ok(guard) = ActiveGuard::new(timing, renewable, now);` needs
+    /// no other arm. An [`ActiveConfig`] is validated here
+    /// ([`ActiveConfigError`] if its timing cannot work).
+    pub fn new<T: TryInto<ActiveTiming>>(
+        timing: T,
         renewable: bool,
         now: Instant,
-    ) -> Result<Self, ActiveConfigError> {
-        config.validate()?;
+    ) -> Result<Self, T::Error> {
         Ok(ActiveGuard {
-            config,
+            timing: timing.try_into()?,
             renewable,
             token: None,
             promoted: false,
@@ -334,7 +499,12 @@ impl ActiveGuard {
 
     /// The parameters.
     pub const fn config(&self) -> &ActiveConfig {
-        &self.config
+        self.timing.config()
+    }
+
+    /// The parameters, as validated.
+    pub const fn timing(&self) -> &ActiveTiming {
+        &self.timing
     }
 
     /// Whether this replica should be consuming (promoted, not demoted).
@@ -403,7 +573,7 @@ impl ActiveGuard {
             self.token = None;
             self.release_when_idle = false;
             self.demote_with(DemoteReason::RenewDeadline);
-            self.next_attempt = now.saturating_add(self.config.interval);
+            self.next_attempt = now.saturating_add(self.timing.interval());
             self.finish_stop_if_idle();
         }
         if self.in_flight.is_some() || self.stopping || now < self.next_attempt {
@@ -432,6 +602,17 @@ impl ActiveGuard {
         }
     }
 
+    /// Reports the result of the backend operation in flight: dispatches
+    /// to [`Self::handle_acquired`], [`Self::handle_renewed`] or
+    /// [`Self::handle_released`].
+    pub fn handle(&mut self, now: Instant, done: Done) {
+        match done {
+            Done::Acquired(result) => self.handle_acquired(now, result),
+            Done::Renewed(result) => self.handle_renewed(now, result),
+            Done::Released(released) => self.handle_released(now, released),
+        }
+    }
+
     /// Reports the result of an [`Action::Acquire`].
     pub fn handle_acquired(&mut self, now: Instant, result: Acquired) {
         let Some(InFlight::Acquire { sent_at, reacquire }) = self.in_flight else {
@@ -442,7 +623,7 @@ impl ActiveGuard {
             return;
         };
         self.in_flight = None;
-        let deadline = sent_at.saturating_add(self.config.renew_deadline());
+        let deadline = sent_at.saturating_add(self.timing.renew_deadline());
         // A re-acquire continues a leadership that may have ended meanwhile.
         let continues = reacquire && self.promoted;
         match result {
@@ -450,21 +631,21 @@ impl ActiveGuard {
                 // A re-acquire whose leadership ended while it was in
                 // flight (demoted, failed promotion): give the grant back
                 // and wait one interval, so a standby goes first.
-                self.next_attempt = now.saturating_add(self.config.interval);
+                self.next_attempt = now.saturating_add(self.timing.interval());
                 self.start_release(token, ReleaseFor::Unwanted);
             }
             Acquired::Granted(token) if now >= deadline => {
                 // Granted so late that the lease may expire on the server
                 // before anything could be done with it: never act on it.
                 self.demote_with(DemoteReason::RenewDeadline);
-                self.next_attempt = now.saturating_add(self.config.interval);
+                self.next_attempt = now.saturating_add(self.timing.interval());
                 self.start_release(token, ReleaseFor::Unwanted);
             }
             Acquired::Granted(token) => {
                 self.token = Some(token);
                 self.act_until = Some(deadline);
                 self.leader_fence = token.fence();
-                self.next_attempt = sent_at.saturating_add(self.config.interval);
+                self.next_attempt = sent_at.saturating_add(self.timing.interval());
                 if !continues {
                     self.promoted = true;
                     self.push(Action::Promote {
@@ -477,7 +658,7 @@ impl ActiveGuard {
                     // Another replica took the key in the renew-less window.
                     self.demote_with(DemoteReason::LeaseLost);
                 }
-                self.next_attempt = now.saturating_add(self.config.interval);
+                self.next_attempt = now.saturating_add(self.timing.interval());
             }
         }
         self.after_result();
@@ -490,11 +671,11 @@ impl ActiveGuard {
         };
         self.in_flight = None;
         let still_ours = self.token == Some(token);
-        let deadline = sent_at.saturating_add(self.config.renew_deadline());
+        let deadline = sent_at.saturating_add(self.timing.renew_deadline());
         match result {
             Renewed::Held if still_ours && self.promoted && now < deadline => {
                 self.act_until = Some(deadline);
-                self.next_attempt = sent_at.saturating_add(self.config.interval);
+                self.next_attempt = sent_at.saturating_add(self.timing.interval());
             }
             // Renewed for a leadership that is over (stopped, demoted, or
             // too late to act on): stop acting and give the lease back.
@@ -502,7 +683,7 @@ impl ActiveGuard {
                 self.demote_with(DemoteReason::RenewDeadline);
                 self.token = None;
                 self.release_when_idle = false;
-                self.next_attempt = now.saturating_add(self.config.interval);
+                self.next_attempt = now.saturating_add(self.timing.interval());
                 self.release_unwanted(token);
             }
             Renewed::Lost | Renewed::Failed => {
@@ -517,7 +698,7 @@ impl ActiveGuard {
                         DemoteReason::RenewFailed
                     });
                 }
-                self.next_attempt = now.saturating_add(self.config.interval);
+                self.next_attempt = now.saturating_add(self.timing.interval());
             }
         }
         self.after_result();
@@ -544,12 +725,12 @@ impl ActiveGuard {
                 if !released {
                     self.demote_with(DemoteReason::LeaseLost);
                 }
-                self.next_attempt = now.saturating_add(self.config.interval);
+                self.next_attempt = now.saturating_add(self.timing.interval());
             }
             ReleaseFor::Handover => {
                 // Wait one interval so that a standby, not this replica, is
                 // the next to acquire.
-                self.next_attempt = now.saturating_add(self.config.interval);
+                self.next_attempt = now.saturating_add(self.timing.interval());
             }
             ReleaseFor::Unwanted => {}
         }

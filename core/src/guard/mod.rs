@@ -16,8 +16,8 @@ mod lease;
 mod once;
 
 pub use active::{
-    Acquired, Action, ActiveConfig, ActiveConfigError, ActiveGuard, DEFAULT_ACTIVE_TTL,
-    DemoteReason, Phase, Renewed,
+    Acquired, Action, ActiveConfig, ActiveConfigError, ActiveGuard, ActiveTiming,
+    DEFAULT_ACTIVE_TTL, DemoteReason, Done, Phase, Renewed,
 };
 pub use lease::{Lease, SharedLease};
 pub use once::{DEFAULT_ONCE_TTL, FailPolicy, OnceEvent, OnceGuard, OnceObserver, OnceOutcome};

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use guard_core::guard::{Acquired, Action, ActiveConfig, ActiveGuard, Renewed};
-use guard_core::lock::{Token, TokenId};
+use guard_core::guard::{Action, ActiveGuard, ActiveTiming, Done};
+use guard_core::lock::{Renewal, Token, TokenId, UnlockError};
 use guard_core::time::Instant;
 
 /// Something that happens to a replica: time passes, a backend answers,
@@ -40,7 +40,7 @@ pub enum Event {
 /// renew deadline, and that at most one backend operation is in flight.
 pub struct Checker {
     guard: ActiveGuard,
-    config: ActiveConfig,
+    timing: ActiveTiming,
     renewable: bool,
     now: Instant,
     fence: u64,
@@ -55,10 +55,11 @@ impl Checker {
     /// A standby with the default timing.
     pub fn new(renewable: bool) -> Self {
         let now = Instant::from_secs(100);
-        let config = ActiveConfig::new();
+        let timing = ActiveTiming::new();
+        let Ok(guard) = ActiveGuard::new(timing, renewable, now);
         Checker {
-            guard: ActiveGuard::new(config, renewable, now).expect("default timing is valid"),
-            config,
+            guard,
+            timing,
             renewable,
             now,
             fence: 0,
@@ -70,7 +71,8 @@ impl Checker {
         }
     }
 
-    /// Applies `ev`; an `Err` names the broken invariant.
+    /// Applies `ev`; an `Err` names the broken invariant. Backend answers
+    /// arrive as a locker returns them, through guard-core's mapping.
     pub fn apply(&mut self, ev: Event) -> Result<(), String> {
         let (g, now) = (&mut self.guard, self.now);
         match ev {
@@ -81,13 +83,20 @@ impl Checker {
             Event::Granted => {
                 self.fence += 1;
                 let token = Token::new(TokenId([self.fence as u8; 16]), self.fence);
-                g.handle_acquired(now, Acquired::Granted(token));
+                g.handle(now, Done::acquired(Ok::<_, ()>(Some(token))));
             }
-            Event::Held => g.handle_acquired(now, Acquired::Held),
-            Event::AcquireFailed => g.handle_acquired(now, Acquired::Failed),
-            Event::RenewHeld => g.handle_renewed(now, Renewed::Held),
-            Event::RenewLost => g.handle_renewed(now, Renewed::Lost),
-            Event::Released(ok) => g.handle_released(now, ok),
+            Event::Held => g.handle(now, Done::acquired(Ok::<_, ()>(None))),
+            Event::AcquireFailed => g.handle(now, Done::acquired(Err::<Option<Token>, _>(()))),
+            Event::RenewHeld => g.handle(now, Done::renewed(Ok::<_, ()>(Renewal::Held))),
+            Event::RenewLost => g.handle(now, Done::renewed(Ok::<_, ()>(Renewal::Lost))),
+            Event::Released(ok) => g.handle(
+                now,
+                Done::released(if ok {
+                    Ok(())
+                } else {
+                    Err(UnlockError::<()>::NotHeld)
+                }),
+            ),
             Event::PromoteFailed => g.handle_promote_failed(now),
             Event::Demote => g.demote(now),
             Event::Stop => g.stop(now),
@@ -154,7 +163,7 @@ impl Checker {
         }
         if self.promoted {
             let send = self.last_success_send.ok_or("a leader without a success")?;
-            if self.now >= send + self.config.renew_deadline() {
+            if self.now >= send + self.timing.renew_deadline() {
                 return Err("acting past the renew deadline".into());
             }
         }
