@@ -6,27 +6,49 @@
 //! close to `N` before a set pair runs out of room. The table never evicts
 //! on its own: the caller says which values may be forgotten. This is what
 //! keeps eviction semantically transparent for limiters and deduplicators.
+//!
+//! The slots live in storage of type `B`: an inline array by default (so a
+//! table can be a `static`), or anything that lends out that array, such
+//! as a `Box<[KeyedSlot; N]>` that a caller with an allocator built on the
+//! heap. Lending the array rather than a slice keeps `N` known to the
+//! compiler, so lookups compile as they do over the inline array.
 
-use core::borrow::Borrow;
+use core::borrow::{Borrow, BorrowMut};
 use core::hash::{BuildHasher, Hash};
+use core::marker::PhantomData;
 
 /// Slots per set.
 pub(crate) const WAYS: usize = 8;
 
-/// Where an insert put the key.
-pub(crate) enum Placed<K, V> {
-    /// Into a free slot.
-    Free,
-    /// Over an entry the caller allowed to be forgotten; here it is, so
-    /// the caller can record what it forgot.
-    Replaced(K, V),
+/// One slot of a keyed table: empty, or a key and its state (the size of
+/// an `Option<(K, V)>`).
+///
+/// Its content is private: a caller builds storage from
+/// [`KeyedSlot::EMPTY`] (or `Default`) and hands it to
+/// [`crate::limit::Keyed::with_storage`], which empties the slots again
+/// in case they come from an earlier table. So the table alone decides
+/// which set each key sits in.
+#[derive(Clone, Debug)]
+pub struct KeyedSlot<K, V>(Option<(K, V)>);
+
+impl<K, V> KeyedSlot<K, V> {
+    /// An empty slot.
+    pub const EMPTY: Self = KeyedSlot(None);
 }
 
-/// A table of at most `N` keys; see the module notes.
+impl<K, V> Default for KeyedSlot<K, V> {
+    fn default() -> Self {
+        Self::EMPTY
+    }
+}
+
+/// A table of at most `N` keys in storage `B`; see the module notes.
 #[derive(Clone, Debug)]
-pub(crate) struct SetTable<K, V, const N: usize> {
-    slots: [Option<(K, V)>; N],
+pub(crate) struct SetTable<K, V, const N: usize, B = [KeyedSlot<K, V>; N]> {
+    slots: B,
     len: usize,
+    /// `B` holds the entries; this only names their types.
+    entries: PhantomData<(K, V)>,
 }
 
 /// The slot range of set `set`, for a table of `n` slots.
@@ -62,19 +84,62 @@ pub(crate) fn hash_of<K: Hash + ?Sized, S: BuildHasher>(hasher: &S, key: &K) -> 
     hasher.hash_one(key)
 }
 
-impl<K: Eq, V, const N: usize> SetTable<K, V, N> {
-    /// An empty table (usable in a `static`).
+impl<K, V, const N: usize> SetTable<K, V, N> {
+    /// An empty table with its slots inline (usable in a `static`).
     pub(crate) const fn new() -> Self {
+        Self::assert_capacity();
+        SetTable {
+            slots: [const { KeyedSlot::EMPTY }; N],
+            len: 0,
+            entries: PhantomData,
+        }
+    }
+}
+
+impl<K, V, const N: usize, B> SetTable<K, V, N, B> {
+    /// Stops the build of a table whose capacity the sets cannot divide.
+    const fn assert_capacity() {
         const {
             assert!(
                 N > 0 && (N <= WAYS || N.is_multiple_of(WAYS)),
                 "table capacity must be positive and, above 8, a multiple of 8"
             )
         };
-        SetTable {
-            slots: [const { None }; N],
+    }
+}
+
+impl<K: Eq, V, const N: usize, B: BorrowMut<[KeyedSlot<K, V>; N]>> SetTable<K, V, N, B> {
+    /// An empty table whose slots live in `slots`. Whatever they hold is
+    /// dropped first: a borrowed array may come from an earlier table, and
+    /// its entries would be counted nowhere (and, under another hasher,
+    /// sit in sets where no lookup finds them).
+    pub(crate) fn with_slots(slots: B) -> Self {
+        Self::assert_capacity();
+        let mut table = SetTable {
+            slots,
             len: 0,
-        }
+            entries: PhantomData,
+        };
+        table.clear();
+        table
+    }
+
+    /// What slot `index` holds; `None` past the end.
+    fn slot(&self, index: usize) -> Option<&Option<(K, V)>> {
+        self.slots.borrow().get(index).map(|slot| &slot.0)
+    }
+
+    /// What slot `index` holds, mutably; `None` past the end.
+    fn slot_mut(&mut self, index: usize) -> Option<&mut Option<(K, V)>> {
+        self.slots
+            .borrow_mut()
+            .get_mut(index)
+            .map(|slot| &mut slot.0)
+    }
+
+    /// Every slot's content, mutably.
+    fn slots_mut(&mut self) -> impl Iterator<Item = &mut Option<(K, V)>> {
+        self.slots.borrow_mut().iter_mut().map(|slot| &mut slot.0)
     }
 
     /// Keys stored.
@@ -90,8 +155,7 @@ impl<K: Eq, V, const N: usize> SetTable<K, V, N> {
         let [a, b] = candidate_sets(N, hash);
         let in_set = |set: usize| {
             set_range(N, set).find(|&i| {
-                self.slots
-                    .get(i)
+                self.slot(i)
                     .and_then(Option::as_ref)
                     .is_some_and(|(k, _)| k.borrow() == key)
             })
@@ -101,19 +165,16 @@ impl<K: Eq, V, const N: usize> SetTable<K, V, N> {
 
     /// The entry in slot `index`.
     pub(crate) fn entry(&self, index: usize) -> Option<&(K, V)> {
-        self.slots.get(index).and_then(Option::as_ref)
+        self.slot(index).and_then(Option::as_ref)
     }
 
     /// The entry in slot `index`, mutably.
     pub(crate) fn entry_mut(&mut self, index: usize) -> Option<&mut (K, V)> {
-        self.slots.get_mut(index).and_then(Option::as_mut)
+        self.slot_mut(index).and_then(Option::as_mut)
     }
 
-    /// Inserts a key known to be absent: into a free slot of its less loaded
-    /// candidate set, else over an entry for which `forgettable` is true,
-    /// else into a slot freed by moving one resident of its two sets to
-    /// that resident's other set (`rehash` gives a resident's hash). When
-    /// none of these exists the key and value come back.
+    /// Inserts a key known to be absent where [`Self::vacancy`] finds
+    /// room; when there is none the key and value come back.
     pub(crate) fn insert(
         &mut self,
         hash: u64,
@@ -121,51 +182,67 @@ impl<K: Eq, V, const N: usize> SetTable<K, V, N> {
         value: V,
         forgettable: impl Fn(&V) -> bool,
         rehash: impl Fn(&K) -> u64,
-    ) -> Result<Placed<K, V>, (K, V)> {
+    ) -> Result<(), (K, V)> {
+        match self.vacancy(hash, forgettable, rehash) {
+            Some(index) => {
+                self.put(index, key, value);
+                Ok(())
+            }
+            None => Err((key, value)),
+        }
+    }
+
+    /// A slot for a key known to be absent: a free slot of its less loaded
+    /// candidate set, else one whose entry `forgettable` allows to be
+    /// replaced (still there: the caller may read what it forgets), else a
+    /// slot freed by moving one resident of its two sets to that
+    /// resident's other set (`rehash` gives a resident's hash). `None`
+    /// when none of these exists.
+    ///
+    /// The caller then stores the key with [`Self::put`]: finding room
+    /// apart from storing lets a large value go from the caller's variable
+    /// straight into its slot, instead of through the stack frames of an
+    /// insert and its result (a sliding-window state of 4096 instants is
+    /// 32 KiB).
+    pub(crate) fn vacancy(
+        &mut self,
+        hash: u64,
+        forgettable: impl Fn(&V) -> bool,
+        rehash: impl Fn(&K) -> u64,
+    ) -> Option<usize> {
         let [a, b] = candidate_sets(N, hash);
         let free_in = |set: usize| {
             set_range(N, set)
-                .filter(|&i| matches!(self.slots.get(i), Some(None)))
+                .filter(|&i| matches!(self.slot(i), Some(None)))
                 .count()
         };
         let first_free =
-            |set: usize| set_range(N, set).find(|&i| matches!(self.slots.get(i), Some(None)));
+            |set: usize| set_range(N, set).find(|&i| matches!(self.slot(i), Some(None)));
         let target = if free_in(b) > free_in(a) { b } else { a };
-        if let Some(slot) = first_free(target).and_then(|i| self.slots.get_mut(i)) {
-            *slot = Some((key, value));
-            self.len = self.len.saturating_add(1);
-            return Ok(Placed::Free);
-        }
         let stale = |set: usize| {
             set_range(N, set).find(|&i| {
-                self.slots
-                    .get(i)
+                self.slot(i)
                     .and_then(Option::as_ref)
                     .is_some_and(|(_, v)| forgettable(v))
             })
         };
-        if let Some(slot) = stale(a)
+        first_free(target)
+            .or_else(|| stale(a))
             .or_else(|| stale(b))
-            .and_then(|i| self.slots.get_mut(i))
-        {
-            if let Some((old_key, old_value)) = slot.replace((key, value)) {
-                return Ok(Placed::Replaced(old_key, old_value));
-            }
-            // `stale` only finds occupied slots; were this one empty, the
-            // key still went in and the count follows.
-            self.len = self.len.saturating_add(1);
-            return Ok(Placed::Free);
-        }
-        if let Some(slot) = self
-            .move_a_resident_out(a, &rehash)
+            .or_else(|| self.move_a_resident_out(a, &rehash))
             .or_else(|| self.move_a_resident_out(b, &rehash))
-            .and_then(|i| self.slots.get_mut(i))
-        {
-            *slot = Some((key, value));
-            self.len = self.len.saturating_add(1);
-            return Ok(Placed::Free);
+    }
+
+    /// Stores `key` and `value` in slot `index` (one [`Self::vacancy`]
+    /// returned), dropping the entry it held, if any.
+    pub(crate) fn put(&mut self, index: usize, key: K, value: V) {
+        if let Some(slot) = self.slots.borrow_mut().get_mut(index) {
+            let was_free = slot.0.is_none();
+            slot.0 = Some((key, value));
+            if was_free {
+                self.len = self.len.saturating_add(1);
+            }
         }
-        Err((key, value))
     }
 
     /// Frees a slot of the full set `set` by moving one of its residents
@@ -177,17 +254,17 @@ impl<K: Eq, V, const N: usize> SetTable<K, V, N> {
     /// past 90% of the slots.
     fn move_a_resident_out(&mut self, set: usize, rehash: &impl Fn(&K) -> u64) -> Option<usize> {
         let (from, to) = set_range(N, set).find_map(|i| {
-            let (k, _) = self.slots.get(i)?.as_ref()?;
+            let (k, _) = self.slot(i)?.as_ref()?;
             let [x, y] = candidate_sets(N, rehash(k));
             let other = if x == set { y } else { x };
             if other == set {
                 return None;
             }
-            let free = set_range(N, other).find(|&j| matches!(self.slots.get(j), Some(None)))?;
+            let free = set_range(N, other).find(|&j| matches!(self.slot(j), Some(None)))?;
             Some((i, free))
         })?;
-        let resident = self.slots.get_mut(from)?.take();
-        if let Some(slot) = self.slots.get_mut(to) {
+        let resident = self.slot_mut(from)?.take();
+        if let Some(slot) = self.slot_mut(to) {
             *slot = resident;
         }
         Some(from)
@@ -199,7 +276,7 @@ impl<K: Eq, V, const N: usize> SetTable<K, V, N> {
         let [a, b] = candidate_sets(N, hash);
         set_range(N, a)
             .chain(set_range(N, b))
-            .filter_map(|i| self.slots.get(i).and_then(Option::as_ref))
+            .filter_map(|i| self.slot(i).and_then(Option::as_ref))
             .map(|(_, v)| f(v))
             .min()
     }
@@ -207,7 +284,7 @@ impl<K: Eq, V, const N: usize> SetTable<K, V, N> {
     /// Removes every entry for which `forget` is true; returns how many.
     pub(crate) fn remove_where(&mut self, mut forget: impl FnMut(&K, &V) -> bool) -> usize {
         let mut removed = 0usize;
-        for slot in self.slots.iter_mut() {
+        for slot in self.slots_mut() {
             if slot.as_ref().is_some_and(|(k, v)| forget(k, v)) {
                 *slot = None;
                 removed = removed.saturating_add(1);
@@ -220,14 +297,14 @@ impl<K: Eq, V, const N: usize> SetTable<K, V, N> {
     /// Removes `key`; returns its value.
     pub(crate) fn remove(&mut self, hash: u64, key: &K) -> Option<V> {
         let i = self.find(hash, key)?;
-        let (_, v) = self.slots.get_mut(i)?.take()?;
+        let (_, v) = self.slot_mut(i)?.take()?;
         self.len = self.len.saturating_sub(1);
         Some(v)
     }
 
     /// Removes everything.
     pub(crate) fn clear(&mut self) {
-        for slot in self.slots.iter_mut() {
+        for slot in self.slots_mut() {
             *slot = None;
         }
         self.len = 0;
@@ -236,8 +313,9 @@ impl<K: Eq, V, const N: usize> SetTable<K, V, N> {
     /// Every stored entry.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
         self.slots
+            .borrow()
             .iter()
-            .filter_map(|s| s.as_ref().map(|(k, v)| (k, v)))
+            .filter_map(|s| s.0.as_ref().map(|(k, v)| (k, v)))
     }
 }
 
@@ -277,10 +355,11 @@ mod tests {
             assert!(t.insert(h(k), k, k == 3, |_| false, |&k| h(k)).is_ok());
         }
         assert!(t.insert(h(99), 99, false, |_| false, |&k| h(k)).is_err());
-        assert!(matches!(
-            t.insert(h(99), 99, false, |forgettable| *forgettable, |&k| h(k)),
-            Ok(Placed::Replaced(3, true))
-        ));
+        // The forgettable entry is still there for the caller to read
+        // until the new key is put over it.
+        let room = t.vacancy(h(99), |forgettable| *forgettable, |&k| h(k));
+        assert_eq!(room.and_then(|i| t.entry(i)), Some(&(3, true)));
+        t.put(room.unwrap(), 99, false);
         assert!(t.find(h(3), &3).is_none());
         assert!(t.find(h(99), &99).is_some());
         assert_eq!(t.len(), 8);

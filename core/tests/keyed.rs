@@ -4,7 +4,11 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use guard_core::limit::{Decision, FullPolicy, Keyed, Limiter, Rate, SlidingWindow, TokenBucket};
+use embassy_sync::blocking_mutex::raw::CriticalSectionRawMutex;
+use guard_core::limit::{
+    Algorithm, Decision, FullPolicy, Keyed, KeyedSlot, KeyedSlots, Limiter, Rate, SharedKeyed,
+    SlidingWindow, TokenBucket,
+};
 use guard_core::time::Instant;
 
 const CAPACITY: usize = 1024;
@@ -195,4 +199,110 @@ fn a_table_of_busy_keys_fills_past_ninety_five_percent() {
     }
     let fill = table.len() as f64 / SLOTS as f64;
     assert!(fill > 0.93, "filled {fill:.3} of the slots");
+}
+
+/// The stack a test thread gets here: far below a table of 131,072 token
+/// buckets (3 MiB), so a table that passed through the stack on its way to
+/// the heap would overflow it.
+const SMALL_STACK: usize = 256 * 1024;
+
+/// `N` empty slots, written one at a time straight into the heap.
+fn boxed_slots<A: Algorithm, const N: usize>() -> Box<KeyedSlots<u64, A, N>> {
+    (0..N)
+        .map(|_| KeyedSlot::EMPTY)
+        .collect::<Box<[_]>>()
+        .try_into()
+        .unwrap_or_else(|_| unreachable!("N slots were collected"))
+}
+
+/// Runs `f` on a thread with [`SMALL_STACK`].
+fn on_a_small_stack(f: impl FnOnce() + Send + 'static) {
+    std::thread::Builder::new()
+        .stack_size(SMALL_STACK)
+        .spawn(f)
+        .unwrap()
+        .join()
+        .unwrap();
+}
+
+#[test]
+fn a_table_of_131072_keys_is_built_on_the_heap_from_a_small_stack() {
+    const KEYS: usize = 131_072;
+    on_a_small_stack(|| {
+        let bucket = TokenBucket::new(1, Rate::per_second(1)).unwrap();
+        let mut table = Keyed::with_storage(
+            bucket,
+            FullPolicy::DenyNewKeys,
+            boxed_slots::<TokenBucket, KEYS>(),
+        );
+        assert_eq!(table.capacity(), KEYS);
+        assert!(table.is_empty());
+        let t = Instant::from_secs(10);
+        // Three quarters full: each key has its one token, then none.
+        for key in 0..(KEYS as u64 / 4 * 3) {
+            assert!(table.check(&key, t).is_allowed(), "key {key}");
+            assert_eq!(
+                table.check(&key, t).retry_after(),
+                Some(Duration::from_secs(1)),
+                "key {key}"
+            );
+        }
+        assert_eq!(table.len(), KEYS / 4 * 3);
+        assert_eq!(table.stats().denied_no_room, 0);
+        // A second later every bucket has refilled once.
+        let later = t + Duration::from_secs(1);
+        assert!((0..1_000).all(|key| table.check(&key, later).is_allowed()));
+        assert!((0..1_000).all(|key| table.check(&key, later).is_denied()));
+    });
+}
+
+#[test]
+fn a_shared_table_on_the_heap_decides_through_a_shared_reference() {
+    const KEYS: usize = 131_072;
+    on_a_small_stack(|| {
+        let bucket = TokenBucket::new(2, Rate::per_second(1)).unwrap();
+        let shared: SharedKeyed<CriticalSectionRawMutex, u64, TokenBucket, KEYS, _, _> =
+            SharedKeyed::new(Keyed::with_storage(
+                bucket,
+                FullPolicy::DenyNewKeys,
+                boxed_slots::<TokenBucket, KEYS>(),
+            ));
+        let t = Instant::from_secs(10);
+        let admitted: usize = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..4)
+                .map(|_| {
+                    let shared = &shared;
+                    std::thread::Builder::new()
+                        .stack_size(SMALL_STACK)
+                        .spawn_scoped(s, move || {
+                            (0..10_000u64)
+                                .filter(|key| shared.check(key, t).is_allowed())
+                                .count()
+                        })
+                        .unwrap()
+                })
+                .collect();
+            workers.into_iter().map(|w| w.join().unwrap()).sum()
+        });
+        assert_eq!(admitted, 2 * 10_000, "two tokens per key, whoever asks");
+        assert_eq!(shared.len(), 10_000);
+    });
+}
+
+#[test]
+fn a_table_over_borrowed_slots_starts_empty_whatever_they_held() {
+    let bucket = TokenBucket::new(1, Rate::per_second(1)).unwrap();
+    let mut slots: KeyedSlots<u64, TokenBucket, 16> = [const { KeyedSlot::EMPTY }; 16];
+    let t = Instant::from_secs(10);
+    {
+        let mut first = Keyed::with_storage(bucket, FullPolicy::DenyNewKeys, &mut slots);
+        assert!((0..16).all(|key| first.check(&key, t).is_allowed()));
+        assert!(first.check(&99, t).is_denied(), "full of busy keys");
+    }
+    let mut second = Keyed::with_storage(bucket, FullPolicy::DenyNewKeys, &mut slots);
+    assert!(second.is_empty());
+    assert_eq!(second.capacity(), 16);
+    assert!(second.check(&1, t).is_allowed(), "a new table, new keys");
+    assert!(second.check(&99, t).is_allowed());
+    assert_eq!(second.len(), 2);
 }

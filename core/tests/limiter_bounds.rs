@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use embassy_sync::blocking_mutex::raw::CriticalSectionRawMutex;
 use guard_core::limit::{
-    AtomicTokenBucket, FullPolicy, Keyed, LeakyBucket, Limiter, Rate, SharedKeyed, SlidingWindow,
-    TokenBucket,
+    AtomicTokenBucket, FullPolicy, Keyed, KeyedSlot, KeyedSlots, LeakyBucket, Limiter, Rate,
+    SharedKeyed, SlidingWindow, TokenBucket,
 };
 use guard_core::time::Instant;
 use proptest::prelude::*;
@@ -487,6 +487,55 @@ proptest! {
                 let budget = window_budget(limit, window, min, max);
                 prop_assert!(admitted <= budget, "key {}: {} admitted, budget {}", key, admitted, budget);
             }
+        }
+    }
+
+    /// Where a table's slots live changes no decision: tables over boxed
+    /// slots and over a borrowed array decide every call, purge and forget
+    /// exactly as the inline table does, with the same counters, under
+    /// either policy and on readings in any order.
+    #[test]
+    fn a_keyed_table_decides_alike_wherever_its_slots_live(
+        capacity in 1u32..4,
+        amount in amount(),
+        period in period(),
+        shared_overflow in any::<bool>(),
+        calls in prop::collection::vec((0u8..24, reading(), 0u8..8), 1..150),
+    ) {
+        let Ok(bucket) = TokenBucket::new(capacity, Rate::per(amount, period)) else { return Ok(()); };
+        let policy = if shared_overflow { FullPolicy::SharedOverflow } else { FullPolicy::DenyNewKeys };
+        let mut inline: Keyed<u8, TokenBucket, 16> = Keyed::new(bucket, policy);
+        let boxed_slots: Box<KeyedSlots<u8, TokenBucket, 16>> = Box::new([const { KeyedSlot::EMPTY }; 16]);
+        let mut boxed = Keyed::with_storage(bucket, policy, boxed_slots);
+        let mut array: KeyedSlots<u8, TokenBucket, 16> = [const { KeyedSlot::EMPTY }; 16];
+        let mut borrowed = Keyed::with_storage(bucket, policy, &mut array);
+        for &(key, t, action) in &calls {
+            let now = Instant::from_nanos(t);
+            match action {
+                0 => {
+                    let purged = inline.purge(now);
+                    prop_assert_eq!(boxed.purge(now), purged);
+                    prop_assert_eq!(borrowed.purge(now), purged);
+                }
+                1 => {
+                    let forgot = inline.forget(&key);
+                    prop_assert_eq!(boxed.forget(&key), forgot);
+                    prop_assert_eq!(borrowed.forget(&key), forgot);
+                }
+                _ => {
+                    let decision = inline.check(&key, now);
+                    prop_assert_eq!(boxed.check(&key, now), decision);
+                    prop_assert_eq!(borrowed.check(&key, now), decision);
+                }
+            }
+            prop_assert_eq!(boxed.len(), inline.len());
+            prop_assert_eq!(borrowed.len(), inline.len());
+        }
+        prop_assert_eq!(boxed.stats(), inline.stats());
+        prop_assert_eq!(borrowed.stats(), inline.stats());
+        for key in 0..24u8 {
+            prop_assert_eq!(boxed.state(&key), inline.state(&key));
+            prop_assert_eq!(borrowed.state(&key), inline.state(&key));
         }
     }
 }

@@ -191,3 +191,44 @@ fn the_memory_limiter_is_bounded_and_shared_between_threads() {
     }
     assert!(limiter.len() <= limiter.capacity());
 }
+
+/// The stack a test thread gets here: far below one shard of
+/// sliding-window logs of 4096 instants (32 MiB), so a shard that passed
+/// through the stack on its way to the heap would overflow it.
+const SMALL_STACK: usize = 256 * 1024;
+
+#[test]
+fn a_memory_limiter_of_large_sliding_windows_is_built_and_used_on_a_small_stack() {
+    std::thread::Builder::new()
+        .stack_size(SMALL_STACK)
+        .spawn(|| {
+            let clock = Arc::new(ManualClock::new(UnixMillis(0)));
+            let limiter: MemoryLimiter<_, _> = MemoryLimiter::with_clock(
+                SlidingWindow::<4096>::new(Duration::from_secs(1), 3).unwrap(),
+                3_000,
+                FullPolicy::DenyNewKeys,
+                clock.clone(),
+            );
+            assert_eq!(limiter.capacity(), 3 * 1024);
+            let keys: Vec<String> = (0..2_500).map(|i| format!("client-{i}")).collect();
+            for key in &keys {
+                for _ in 0..3 {
+                    assert!(limiter.check_now(key).is_allowed(), "{key}");
+                }
+                assert_eq!(
+                    limiter.check_now(key).retry_after(),
+                    Some(Duration::from_secs(1)),
+                    "{key}"
+                );
+            }
+            assert_eq!(limiter.len(), keys.len());
+            // One window later every key has its full limit again.
+            clock.advance(Duration::from_secs(1));
+            for key in &keys {
+                assert!(limiter.check_now(key).is_allowed(), "{key}");
+            }
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+}

@@ -1,6 +1,6 @@
 //! Many keys, bounded memory: a fixed table of per-key limiter states.
 
-use core::borrow::Borrow;
+use core::borrow::{Borrow, BorrowMut};
 use core::cell::RefCell;
 use core::hash::{BuildHasher, Hash};
 
@@ -8,7 +8,8 @@ use embassy_sync::blocking_mutex::raw::RawMutex;
 
 use super::{Algorithm, Decision};
 use crate::sync::BlockingMutex;
-use crate::table::{Placed, SetTable, hash_of};
+pub use crate::table::KeyedSlot;
+use crate::table::{SetTable, hash_of};
 use crate::time::Instant;
 
 /// The default key hasher: foldhash with a fixed seed.
@@ -19,6 +20,11 @@ use crate::time::Instant;
 pub type DefaultHashState = foldhash::quality::FixedState;
 
 const DEFAULT_SEED: u64 = 0x6775_6172_645f_6b65; // "guard_ke"
+
+/// The slots of a [`Keyed`] table of `N` keys of type `K` limited by `A`:
+/// its storage, inline by default. Build it on the heap and pass it to
+/// [`Keyed::with_storage`] when it is too large for the stack.
+pub type KeyedSlots<K, A, const N: usize> = [KeyedSlot<K, <A as Algorithm>::State>; N];
 
 /// What a [`Keyed`] table does with a new key when the key's slots are all
 /// taken by keys that are still limited.
@@ -66,6 +72,38 @@ pub struct KeyedStats {
 ///
 /// `N` must be positive and, above 8, a multiple of 8.
 ///
+/// # Where the slots live
+///
+/// The `N` slots are the table's storage, of type `B`: by default an array
+/// inside the table ([`KeyedSlots`]), so that [`Keyed::new`] is a `const
+/// fn` and a table can be a `static`. A table of many keys, or of large
+/// states, is too large to build on a thread's stack and then move to the
+/// heap (as `Box::new(Keyed::new(..))` does): build its slots on the heap
+/// instead, one at a time, and hand them to [`Keyed::with_storage`]. Any
+/// `B` that lends out the array works (`BorrowMut<KeyedSlots<K, A, N>>`):
+/// a `Box` of it, or a `&mut` of one placed in a `static` cell. Decisions
+/// do not depend on where the slots live, and the table stays fixed in
+/// size either way.
+///
+/// ```
+/// use guard_core::limit::{FullPolicy, Keyed, KeyedSlot, KeyedSlots, Rate, TokenBucket};
+/// use guard_core::time::Instant;
+///
+/// const KEYS: usize = 1 << 20; // 24 MiB of slots
+/// // Collecting into a boxed slice writes each slot straight into the
+/// // heap; the conversion to an array only checks the length.
+/// let slots: Box<KeyedSlots<u64, TokenBucket, KEYS>> = (0..KEYS)
+///     .map(|_| KeyedSlot::EMPTY)
+///     .collect::<Box<[_]>>()
+///     .try_into()
+///     .expect("KEYS slots");
+/// let bucket = TokenBucket::new(1, Rate::per_second(1))?;
+/// let mut per_client = Keyed::with_storage(bucket, FullPolicy::DenyNewKeys, slots);
+/// assert_eq!(per_client.capacity(), KEYS);
+/// assert!(per_client.check(&7, Instant::from_secs(1)).is_allowed());
+/// # Ok::<(), guard_core::limit::LimiterError>(())
+/// ```
+///
 /// # Readings out of order
 ///
 /// Threads that read the clock before taking the table's lock arrive in
@@ -103,11 +141,11 @@ pub struct KeyedStats {
 /// # Ok::<(), guard_core::limit::LimiterError>(())
 /// ```
 #[derive(Clone, Debug)]
-pub struct Keyed<K, A: Algorithm, const N: usize, S = DefaultHashState> {
+pub struct Keyed<K, A: Algorithm, const N: usize, S = DefaultHashState, B = KeyedSlots<K, A, N>> {
     algorithm: A,
     policy: FullPolicy,
     hasher: S,
-    table: SetTable<K, A::State, N>,
+    table: SetTable<K, A::State, N, B>,
     overflow: A::State,
     /// Every state this table has forgotten (replaced or purged) was fresh
     /// by this instant. A key it does not hold may be one of them, so it is
@@ -126,11 +164,59 @@ impl<K: Hash + Eq + Clone, A: Algorithm, const N: usize> Keyed<K, A, N, DefaultH
 impl<K: Hash + Eq + Clone, A: Algorithm, const N: usize, S: BuildHasher> Keyed<K, A, N, S> {
     /// An empty table that hashes keys with `hasher`.
     pub const fn with_hasher(algorithm: A, policy: FullPolicy, hasher: S) -> Self {
+        Self::from_table(algorithm, policy, hasher, SetTable::new())
+    }
+}
+
+impl<K, A, const N: usize, B> Keyed<K, A, N, DefaultHashState, B>
+where
+    K: Hash + Eq + Clone,
+    A: Algorithm,
+    B: BorrowMut<KeyedSlots<K, A, N>>,
+{
+    /// An empty table with the default hasher whose slots live in
+    /// `storage` (see [Where the slots live](Keyed#where-the-slots-live)).
+    /// Whatever the slots hold is dropped: the table starts empty.
+    pub fn with_storage(algorithm: A, policy: FullPolicy, storage: B) -> Self {
+        Self::with_hasher_and_storage(
+            algorithm,
+            policy,
+            DefaultHashState::with_seed(DEFAULT_SEED),
+            storage,
+        )
+    }
+}
+
+impl<K, A, const N: usize, S, B> Keyed<K, A, N, S, B>
+where
+    K: Hash + Eq + Clone,
+    A: Algorithm,
+    S: BuildHasher,
+    B: BorrowMut<KeyedSlots<K, A, N>>,
+{
+    /// An empty table that hashes keys with `hasher` and whose slots live
+    /// in `storage`; see [`Keyed::with_storage`].
+    pub fn with_hasher_and_storage(
+        algorithm: A,
+        policy: FullPolicy,
+        hasher: S,
+        storage: B,
+    ) -> Self {
+        Self::from_table(algorithm, policy, hasher, SetTable::with_slots(storage))
+    }
+
+    /// A table over `table`, which is empty.
+    const fn from_table(
+        algorithm: A,
+        policy: FullPolicy,
+        hasher: S,
+        table: SetTable<K, A::State, N, B>,
+    ) -> Self {
         Keyed {
             algorithm,
             policy,
             hasher,
-            table: SetTable::new(),
+            table,
             overflow: A::NEW_STATE,
             forgotten_settled_by: Instant::ZERO,
             stats: KeyedStats {
@@ -166,14 +252,7 @@ impl<K: Hash + Eq + Clone, A: Algorithm, const N: usize, S: BuildHasher> Keyed<K
         {
             return self.algorithm.check(state, now);
         }
-        // An untracked key is new, unless the table forgot a state that
-        // settled after `now`: this key may have been that one, forgotten
-        // at a later reading than this (out of order) one.
-        let mut state = if now < self.forgotten_settled_by {
-            self.algorithm.state_settled_at(self.forgotten_settled_by)
-        } else {
-            A::NEW_STATE
-        };
+        let mut state = self.untracked_key_state(now);
         let decision = self.algorithm.check(&mut state, now);
         if decision.is_denied() {
             // Nothing was counted, so storing the state would change no
@@ -181,43 +260,66 @@ impl<K: Hash + Eq + Clone, A: Algorithm, const N: usize, S: BuildHasher> Keyed<K
             return decision;
         }
         let (algorithm, hasher) = (&self.algorithm, &self.hasher);
-        match self.table.insert(
-            hash,
-            to_key(),
-            state,
-            |s| algorithm.is_fresh(s, now),
-            |k| hash_of(hasher, k),
-        ) {
-            Ok(Placed::Free) => decision,
-            Ok(Placed::Replaced(_, forgotten)) => {
-                self.stats.replaced = self.stats.replaced.saturating_add(1);
-                self.remember_forgotten(&forgotten, now);
-                decision
-            }
-            Err(_) => match self.policy {
-                FullPolicy::DenyNewKeys => {
-                    self.stats.denied_no_room = self.stats.denied_no_room.saturating_add(1);
-                    // A state that never settles within the clock's range
-                    // frees its slot at the end of the clock at the earliest.
-                    let earliest = self
-                        .table
-                        .min_in_candidates(hash, |s| algorithm.fresh_at(s).unwrap_or(Instant::MAX))
-                        .unwrap_or(now);
-                    Decision::denied_until(earliest, now)
-                }
-                FullPolicy::SharedOverflow => {
-                    self.stats.overflowed = self.stats.overflowed.saturating_add(1);
-                    self.algorithm.check(&mut self.overflow, now)
-                }
-            },
+        let Some(index) =
+            self.table
+                .vacancy(hash, |s| algorithm.is_fresh(s, now), |k| hash_of(hasher, k))
+        else {
+            return self.no_room(hash, now);
+        };
+        // An entry still in the slot is one found forgettable at `now`.
+        if let Some(settled) = self
+            .table
+            .entry(index)
+            .map(|(_, forgotten)| algorithm.fresh_at(forgotten))
+        {
+            self.stats.replaced = self.stats.replaced.saturating_add(1);
+            // A forgotten state was fresh at `now`, so it settled by `now`
+            // (`fresh_at` is Some and at most `now`).
+            self.remember_forgotten(settled.unwrap_or(now));
+        }
+        // Room was found apart from storing so that the state is moved
+        // once, into its slot: a state can be large (32 KiB for a sliding
+        // window of 4096 instants), and every copy on the way (into an
+        // insert's arguments, out of its result) costs that much stack.
+        self.table.put(index, to_key(), state);
+        decision
+    }
+
+    /// The state an untracked key starts from at `now`: a new key's,
+    /// unless the table forgot a state that settled after `now`. This key
+    /// may have been that one, forgotten at a later reading than this (out
+    /// of order) one.
+    fn untracked_key_state(&self, now: Instant) -> A::State {
+        if now < self.forgotten_settled_by {
+            self.algorithm.state_settled_at(self.forgotten_settled_by)
+        } else {
+            A::NEW_STATE
         }
     }
 
-    /// Records that `state`, fresh at `now`, was forgotten.
-    fn remember_forgotten(&mut self, state: &A::State, now: Instant) {
-        // A forgotten state was fresh at `now`, so fresh_at is Some and at
-        // most `now`; `now` bounds it in any case.
-        let settled = self.algorithm.fresh_at(state).unwrap_or(now);
+    /// Decides a new key at `now` that found no room, by the policy.
+    fn no_room(&mut self, hash: u64, now: Instant) -> Decision {
+        match self.policy {
+            FullPolicy::DenyNewKeys => {
+                self.stats.denied_no_room = self.stats.denied_no_room.saturating_add(1);
+                // A state that never settles within the clock's range frees
+                // its slot at the end of the clock at the earliest.
+                let algorithm = &self.algorithm;
+                let earliest = self
+                    .table
+                    .min_in_candidates(hash, |s| algorithm.fresh_at(s).unwrap_or(Instant::MAX))
+                    .unwrap_or(now);
+                Decision::denied_until(earliest, now)
+            }
+            FullPolicy::SharedOverflow => {
+                self.stats.overflowed = self.stats.overflowed.saturating_add(1);
+                self.algorithm.check(&mut self.overflow, now)
+            }
+        }
+    }
+
+    /// Records that a state which settled at `settled` was forgotten.
+    fn remember_forgotten(&mut self, settled: Instant) {
         if settled > self.forgotten_settled_by {
             self.forgotten_settled_by = settled;
         }
@@ -304,20 +406,31 @@ impl<K: Hash + Eq + Clone, A: Algorithm, const N: usize, S: BuildHasher> Keyed<K
 /// Every method holds the lock for one bounded table operation. Should an
 /// [`Algorithm`] ever call back into the same table from `check`, the inner
 /// call is refused (denied for 1 ns) rather than deadlocking or panicking.
-pub struct SharedKeyed<M: RawMutex, K, A: Algorithm, const N: usize, S = DefaultHashState> {
-    inner: BlockingMutex<M, RefCell<Keyed<K, A, N, S>>>,
+///
+/// It shares a [`Keyed`] table wherever its slots live: one built with
+/// [`Keyed::with_storage`] keeps them on the heap.
+pub struct SharedKeyed<
+    M: RawMutex,
+    K,
+    A: Algorithm,
+    const N: usize,
+    S = DefaultHashState,
+    B = KeyedSlots<K, A, N>,
+> {
+    inner: BlockingMutex<M, RefCell<Keyed<K, A, N, S, B>>>,
 }
 
-impl<M, K, A, const N: usize, S> SharedKeyed<M, K, A, N, S>
+impl<M, K, A, const N: usize, S, B> SharedKeyed<M, K, A, N, S, B>
 where
     M: RawMutex,
     K: Hash + Eq + Clone,
     A: Algorithm,
     S: BuildHasher,
+    B: BorrowMut<KeyedSlots<K, A, N>>,
 {
     /// Shares `keyed` (usable in a `static`).
     #[cfg(not(guard_loom))]
-    pub const fn new(keyed: Keyed<K, A, N, S>) -> Self {
+    pub const fn new(keyed: Keyed<K, A, N, S, B>) -> Self {
         SharedKeyed {
             inner: BlockingMutex::new(RefCell::new(keyed)),
         }
@@ -325,7 +438,7 @@ where
 
     /// Shares `keyed` (loom's mutex has no `const` constructor).
     #[cfg(guard_loom)]
-    pub fn new(keyed: Keyed<K, A, N, S>) -> Self {
+    pub fn new(keyed: Keyed<K, A, N, S, B>) -> Self {
         SharedKeyed {
             inner: BlockingMutex::new(RefCell::new(keyed)),
         }

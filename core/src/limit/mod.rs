@@ -25,7 +25,9 @@ mod sliding_window;
 #[cfg(any(target_has_atomic = "ptr", feature = "critical-section"))]
 pub use atomic::AtomicTokenBucket;
 pub use gcra::{Bucket, BucketState, LeakyBucket, TokenBucket, Tokens, Water};
-pub use keyed::{DefaultHashState, FullPolicy, Keyed, KeyedStats, SharedKeyed};
+pub use keyed::{
+    DefaultHashState, FullPolicy, Keyed, KeyedSlot, KeyedSlots, KeyedStats, SharedKeyed,
+};
 pub use sliding_window::{SlidingWindow, WindowLog};
 
 use core::fmt;

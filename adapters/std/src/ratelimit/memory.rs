@@ -1,10 +1,13 @@
 //! An in-memory keyed limiter for servers: sharded tables of guard-core's
 //! bounded `Keyed`.
 
+use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::sync::PoisonError;
 
-use guard_core::limit::{Algorithm, Decision, FullPolicy, Keyed};
+use guard_core::limit::{
+    Algorithm, Decision, DefaultHashState, FullPolicy, Keyed, KeyedSlot, KeyedSlots,
+};
 
 use super::{LimitFuture, RateLimiter};
 use crate::clock::{Clock, SystemClock};
@@ -13,7 +16,27 @@ use crate::sync::Mutex;
 /// Keys per shard by default.
 pub const SHARD_KEYS: usize = 1024;
 
-type Shard<A, const S: usize> = Mutex<Box<Keyed<String, A, S>>>;
+/// One shard: a table whose slots are on the heap, so that building it
+/// never puts them on the stack.
+type Shard<A, const S: usize> =
+    Mutex<Keyed<String, A, S, DefaultHashState, Box<KeyedSlots<String, A, S>>>>;
+
+/// `S` empty slots, written one at a time straight into the heap: with
+/// `Box::new(Keyed::new(..))` the whole table would be built on the stack
+/// first, and one shard of sliding-window logs of 4096 instants is 32 MiB.
+fn heap_slots<A: Algorithm, const S: usize>() -> Box<KeyedSlots<String, A, S>> {
+    let mut slots = Vec::with_capacity(S);
+    // A plain loop rather than `collect`: in an unoptimised build every
+    // layer of iterator adapters keeps its own copy of the slot on the
+    // stack, and a slot can be 32 KiB.
+    for _ in 0..S {
+        slots.push(KeyedSlot::EMPTY);
+    }
+    match slots.into_boxed_slice().try_into() {
+        Ok(slots) => slots,
+        Err(_) => unreachable!("exactly S slots were pushed"),
+    }
+}
 
 /// Many keys in bounded memory, shared between threads.
 ///
@@ -22,9 +45,20 @@ type Shard<A, const S: usize> = Mutex<Box<Keyed<String, A, S>>>;
 /// different keys rarely contend. Memory is fixed at construction: only
 /// keys whose state equals a new key's are ever replaced, and a full shard
 /// applies the [`FullPolicy`].
+///
+/// Every shard's slots are built directly on the heap, so a limiter of any
+/// size can be built on any thread; besides them, building or checking
+/// puts at most a few of `A`'s per-key states on the stack. Memory is
+/// `capacity` times a slot (a `String` and `A`'s state): a
+/// `SlidingWindow<N>` stores `N` instants of 8 bytes per key, so choose
+/// the smallest `N` that holds the limit.
+///
+/// Each shard hashes keys with a seed of its own chosen at start-up, so
+/// that clients cannot aim many keys at one set of a shard to crowd out
+/// others.
 pub struct MemoryLimiter<A: Algorithm, C: Clock = SystemClock, const S: usize = SHARD_KEYS> {
     shards: Box<[Shard<A, S>]>,
-    router: std::collections::hash_map::RandomState,
+    router: RandomState,
     clock: C,
 }
 
@@ -45,12 +79,25 @@ where
 {
     /// As [`MemoryLimiter::new`], on `clock`.
     pub fn with_clock(algorithm: A, capacity: usize, policy: FullPolicy, clock: C) -> Self {
-        let shards = capacity.div_ceil(S).max(1);
+        let router = RandomState::new();
+        let count = capacity.div_ceil(S).max(1);
+        let mut shards = Vec::with_capacity(count);
+        // A loop for the same reason as in `heap_slots`: a shard holds one
+        // state of its own (the overflow state), as large as a slot's.
+        for shard in 0..count {
+            // The router's keys are random, so its hash of the shard number
+            // is a seed nobody outside can predict.
+            let seed = DefaultHashState::with_seed(router.hash_one(shard));
+            shards.push(Mutex::new(Keyed::with_hasher_and_storage(
+                algorithm.clone(),
+                policy,
+                seed,
+                heap_slots::<A, S>(),
+            )));
+        }
         MemoryLimiter {
-            shards: (0..shards)
-                .map(|_| Mutex::new(Box::new(Keyed::new(algorithm.clone(), policy))))
-                .collect(),
-            router: std::collections::hash_map::RandomState::new(),
+            shards: shards.into_boxed_slice(),
+            router,
             clock,
         }
     }
