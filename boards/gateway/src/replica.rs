@@ -5,11 +5,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use guard_core::guard::DemoteReason;
-use guard_core::limit::FullPolicy;
+use guard_core::limit::{FullPolicy, SlidingWindow};
 use guard_core::slot::UnixMillis;
 use guard_endpoints::admission::{Admission, Verdict};
 use guard_endpoints::config::{
-    Backend, Config, Locker, Policy, PolicyAlgorithm, Source, Timing, WhenLimited,
+    Backend, Config, Locker, MAX_SLIDING_LIMIT, Policy, PolicyAlgorithm, Source, Timing,
+    WhenLimited,
 };
 use guard_redis::{
     RedisConnection, RedisLeakyBucket, RedisLocker, RedisSlidingWindow, RedisTokenBucket,
@@ -232,11 +233,28 @@ pub async fn build(config: &Config) -> Result<Built, GatewayError> {
     })
 }
 
+/// A sliding window whose per-key log holds `M` instants, if its limit
+/// fits: a key costs 8 bytes per instant, so the log is sized to the
+/// configured limit's class, not to the largest limit allowed (4096
+/// instants, 32 KiB a key).
+fn sliding<const M: usize>(
+    window: SlidingWindow<MAX_SLIDING_LIMIT>,
+    keys: usize,
+) -> Option<Arc<dyn RateLimiter>> {
+    let window = SlidingWindow::<M>::new(window.window(), window.limit()).ok()?;
+    Some(Arc::new(MemoryLimiter::new(
+        window,
+        keys,
+        FullPolicy::DenyNewKeys,
+    )))
+}
+
 fn memory(policy: &Policy, keys: usize) -> Arc<dyn RateLimiter> {
     match policy.algorithm {
-        PolicyAlgorithm::Sliding(w) => {
-            Arc::new(MemoryLimiter::new(w, keys, FullPolicy::DenyNewKeys))
-        }
+        PolicyAlgorithm::Sliding(w) => sliding::<16>(w, keys)
+            .or_else(|| sliding::<128>(w, keys))
+            .or_else(|| sliding::<1024>(w, keys))
+            .unwrap_or_else(|| Arc::new(MemoryLimiter::new(w, keys, FullPolicy::DenyNewKeys))),
         PolicyAlgorithm::TokenBucket(b) => {
             Arc::new(MemoryLimiter::new(b, keys, FullPolicy::DenyNewKeys))
         }

@@ -310,20 +310,26 @@ impl StreamConsumer {
             .collect())
     }
 
-    async fn ack(&self, id: &str) -> Result<(), RedisGuardError> {
+    /// Acknowledges `ids` in one `XACK`.
+    async fn ack(&self, ids: &[String]) -> Result<(), RedisGuardError> {
+        if ids.is_empty() {
+            return Ok(());
+        }
         let mut cmd = redis::cmd("XACK");
-        cmd.arg(&self.stream).arg(&self.group).arg(id);
+        cmd.arg(&self.stream).arg(&self.group).arg(ids);
         self.conn.query::<u64>(&cmd).await.map(drop)
     }
 
-    /// Handles one entry: retries, then acknowledges on success or after
-    /// recording it as a dead letter; leaves it pending otherwise.
+    /// Handles one entry: retries, then marks it for acknowledgement on
+    /// success or after recording it as a dead letter (into `acks`);
+    /// leaves it pending otherwise.
     async fn handle<F, Fut, E>(
         &self,
         entry: StreamMessage,
         classifier: Classifier<E>,
         handler: &mut F,
         stats: &mut ConsumeStats,
+        acks: &mut Vec<String>,
     ) -> Result<(), RedisGuardError>
     where
         F: FnMut(StreamMessage) -> Fut,
@@ -344,7 +350,7 @@ impl StreamConsumer {
         guard_std::metrics::record_retry_attempts(&self.stream, calls);
         let failure = match result {
             Ok(()) => {
-                self.ack(&entry.id).await?;
+                acks.push(entry.id);
                 stats.acked += 1;
                 return Ok(());
             }
@@ -374,7 +380,7 @@ impl StreamConsumer {
                     self.stream,
                     entry.id
                 );
-                self.ack(&entry.id).await?;
+                acks.push(entry.id);
                 stats.dead_lettered += 1;
             }
             Err(e) => {
@@ -408,10 +414,22 @@ impl StreamConsumer {
         stats.claimed += claimed.len() as u64;
         let fresh = self.read_new().await?;
         let count = claimed.len() + fresh.len();
+        // One XACK for the round: every entry in it was handled (or
+        // dead-lettered) before. Should the process die first, they stay
+        // pending and are delivered again (stream delivery is at least
+        // once), never lost.
+        let mut acks = Vec::with_capacity(count);
+        let mut handled = Ok(());
         for entry in claimed.into_iter().chain(fresh) {
-            self.handle(entry, classifier, handler, stats).await?;
+            handled = self
+                .handle(entry, classifier, handler, stats, &mut acks)
+                .await;
+            if handled.is_err() {
+                break;
+            }
         }
-        Ok(count)
+        self.ack(&acks).await?;
+        handled.map(|()| count)
     }
 
     /// Consumes until `control` stops it, then returns what it did. Redis
