@@ -506,3 +506,21 @@ fn endpoint_mistakes_name_the_key_and_what_is_expected() {
         "{message}"
     );
 }
+
+#[test]
+fn the_readme_configuration_parses() {
+    let readme = include_str!("../../../README.md");
+    let section = readme
+        .split("## A gateway configuration")
+        .nth(1)
+        .expect("the README has a gateway configuration section");
+    let block = section
+        .split("```toml\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .expect("a TOML block");
+    let env = |name: &str| (name == "MQTT_HOST").then(|| "127.0.0.1".to_owned());
+    let config = Config::from_toml_with_env(block, env).expect("the README's example");
+    assert_eq!(config.endpoints[0].name, "telemetry");
+    assert!(config.endpoints[0].limit.is_some());
+}
