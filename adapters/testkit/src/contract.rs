@@ -1,194 +1,335 @@
 //! The Locker contract, as a suite every backend runs.
 //!
-//! Each check takes a fresh `namespace` for its keys, so backends shared
-//! between tests (a Redis server) do not interfere. Checks panic with a
-//! message naming the broken rule; they wait in real time (TTLs of tens of
-//! milliseconds), because a remote backend expires keys on its own clock.
+//! The suite is async and runs on one thread: the "one winner among N
+//! contenders" check races N futures joined on the caller's task, so a
+//! locker that is neither `Send` nor `Sync` (one connection behind a
+//! `NoopRawMutex`, a table in a `RefCell`, a simulated client) runs it as
+//! it is. Drive it with any executor (`futures_lite::future::block_on`,
+//! `smol::block_on` for a backend on async-io sockets).
+//!
+//! Waiting for a TTL to pass goes through the caller's `sleep`, which must
+//! wait on the backend's notion of time: a real timer for a server that
+//! expires keys on its own clock, embassy-time's timer for a locker on
+//! embassy-time, or a function that advances a simulated or manual clock
+//! (and returns at once).
+//!
+//! Each check takes a fresh `namespace` (or key) for its keys, so backends
+//! shared between tests (a Redis server) do not interfere. A check panics
+//! with a message that starts with the key and names the broken rule; a
+//! backend error panics naming the call that failed.
 //!
 //! ```
-//! guard_testkit::contract::run_all(&guard_std::LocalLocker::new(), "doc", 50);
+//! use std::time::Duration;
+//!
+//! use guard_std::{LocalLocker, ManualClock};
+//! use guard_core::slot::UnixMillis;
+//!
+//! // A locker on a manual clock: sleeping is advancing it.
+//! let clock = ManualClock::new(UnixMillis(0));
+//! let locker = LocalLocker::with_clock(clock.clone());
+//! futures_lite::future::block_on(guard_testkit::contract::run_all(
+//!     &locker,
+//!     "doc",
+//!     50,
+//!     |d: Duration| {
+//!         clock.advance(d);
+//!         std::future::ready(())
+//!     },
+//! ));
 //! ```
 
+use std::cell::Cell;
 use std::collections::HashSet;
-use std::fmt::Debug;
-use std::sync::Barrier;
-use std::thread;
+use std::fmt::Display;
+use std::future::{Future, poll_fn};
+use std::pin::Pin;
+use std::task::Poll;
 use std::time::Duration;
 
-use futures_lite::future::block_on;
 use guard_core::lock::{LeaseRenewer, Locker, Renewal, Token, Ttl, UnlockError};
+
+/// Rounds of lock and unlock in [`fences_strictly_increase`] by
+/// [`run_all`].
+pub const FENCE_ROUNDS: usize = 1_000;
 
 fn ttl(ms: u64) -> Ttl {
     Ttl::from_millis(ms).expect("positive test TTL")
 }
 
-fn grant<L: Locker>(locker: &L, key: &str, ms: u64) -> Option<Token>
-where
-    L::Error: Debug,
-{
-    block_on(locker.try_lock(key, ttl(ms))).expect("backend error in try_lock")
+fn ms(ms: u64) -> Duration {
+    Duration::from_millis(ms)
 }
 
-/// Runs every check; `contenders` concurrent acquirers race for one key.
-pub fn run_all<L>(locker: &L, namespace: &str, contenders: usize)
+fn backend<T>(key: &str, call: &str, result: Result<T, impl Display>) -> T {
+    result.unwrap_or_else(|e| panic!("{key}: backend error in {call}: {e}"))
+}
+
+async fn grant<L: Locker>(locker: &L, key: &str, ms: u64) -> Option<Token> {
+    backend(key, "try_lock", locker.try_lock(key, ttl(ms)).await)
+}
+
+async fn unlock<L: Locker>(locker: &L, key: &str, token: &Token) -> Result<(), ()> {
+    match locker.unlock(key, token).await {
+        Ok(()) => Ok(()),
+        Err(UnlockError::NotHeld) => Err(()),
+        Err(UnlockError::Backend(e)) => panic!("{key}: backend error in unlock: {e}"),
+    }
+}
+
+async fn renew<L: LeaseRenewer>(locker: &L, key: &str, token: &Token, ms: u64) -> Renewal {
+    backend(key, "renew", locker.renew(key, token, ttl(ms)).await)
+}
+
+/// Runs every check, each on keys of its own under `namespace`;
+/// `contenders` futures race for one key; `sleep(d)` waits `d` on the
+/// backend's clock.
+pub async fn run_all<L, S, F>(locker: &L, namespace: &str, contenders: usize, sleep: S)
 where
-    L: LeaseRenewer + Sync,
-    L::Error: Debug,
+    L: LeaseRenewer,
+    S: Fn(Duration) -> F,
+    F: Future,
 {
-    exclusivity(locker, &format!("{namespace}:exclusive"));
-    compare_and_delete_unlock(locker, &format!("{namespace}:unlock"));
-    expiry(locker, &format!("{namespace}:expiry"));
-    renewal(locker, &format!("{namespace}:renew"));
-    fences_strictly_increase(locker, &format!("{namespace}:fence"), 1_000);
-    one_winner_among(locker, &format!("{namespace}:race"), contenders);
+    exclusivity(locker, &format!("{namespace}:exclusive")).await;
+    compare_and_delete_unlock(locker, &format!("{namespace}:unlock")).await;
+    expiry(locker, &format!("{namespace}:expiry"), &sleep).await;
+    renewal(locker, &format!("{namespace}:renew"), &sleep).await;
+    fences_strictly_increase(locker, &format!("{namespace}:fence"), FENCE_ROUNDS).await;
+    one_winner_among(locker, &format!("{namespace}:race"), contenders).await;
 }
 
 /// A held key is refused to everyone else; other keys are independent.
-pub fn exclusivity<L: Locker>(locker: &L, key: &str)
-where
-    L::Error: Debug,
-{
+pub async fn exclusivity<L: Locker>(locker: &L, key: &str) {
     assert!(
-        grant(locker, key, 10_000).is_some(),
-        "a free key is granted"
+        grant(locker, key, 10_000).await.is_some(),
+        "{key}: a free key is granted"
     );
     assert!(
-        grant(locker, key, 10_000).is_none(),
-        "a held key is refused (None, not an error)"
+        grant(locker, key, 10_000).await.is_none(),
+        "{key}: a held key is refused (None, not an error)"
     );
     assert!(
-        grant(locker, &format!("{key}:other"), 10_000).is_some(),
-        "keys are independent"
+        grant(locker, &format!("{key}:other"), 10_000)
+            .await
+            .is_some(),
+        "{key}: keys are independent (another key is granted while this one is held)"
     );
 }
 
-/// Unlock deletes only for the holder's token.
-pub fn compare_and_delete_unlock<L: Locker>(locker: &L, key: &str)
-where
-    L::Error: Debug,
-{
-    let first = grant(locker, key, 10_000).expect("granted");
-    let other = grant(locker, &format!("{key}:x"), 10_000).expect("granted");
+/// Unlock deletes only for the holder's token (compare-and-delete).
+pub async fn compare_and_delete_unlock<L: Locker>(locker: &L, key: &str) {
+    let first = grant(locker, key, 10_000)
+        .await
+        .unwrap_or_else(|| panic!("{key}: a free key is granted"));
+    let other = grant(locker, &format!("{key}:x"), 10_000)
+        .await
+        .unwrap_or_else(|| panic!("{key}:x: a free key is granted"));
     let wrong = Token::new(*other.id(), first.fence());
     assert!(
-        matches!(
-            block_on(locker.unlock(key, &wrong)),
-            Err(UnlockError::NotHeld)
-        ),
-        "a wrong token never releases"
+        unlock(locker, key, &wrong).await.is_err(),
+        "{key}: a stale or wrong token never releases (NotHeld)"
     );
     assert!(
-        grant(locker, key, 10_000).is_none(),
-        "still held after a wrong unlock"
+        grant(locker, key, 10_000).await.is_none(),
+        "{key}: still held after an unlock with a wrong token"
     );
     assert!(
-        block_on(locker.unlock(key, &first)).is_ok(),
-        "the holder releases"
+        unlock(locker, key, &first).await.is_ok(),
+        "{key}: the holder's token releases"
     );
     assert!(
-        matches!(
-            block_on(locker.unlock(key, &first)),
-            Err(UnlockError::NotHeld)
-        ),
-        "a second unlock finds nothing"
+        unlock(locker, key, &first).await.is_err(),
+        "{key}: a second unlock with the same token finds nothing (NotHeld)"
     );
-    let second = grant(locker, key, 10_000).expect("free again after unlock");
-    assert_ne!(second.id(), first.id(), "a new grant has a new token");
-    assert!(second.fence() > first.fence(), "and a greater fence");
+    let second = grant(locker, key, 10_000)
+        .await
+        .unwrap_or_else(|| panic!("{key}: free again after the holder's unlock"));
+    assert_ne!(
+        second.id(),
+        first.id(),
+        "{key}: a new grant has a new token"
+    );
+    assert!(
+        second.fence() > first.fence(),
+        "{key}: a new grant has a greater fence ({} after {})",
+        second.fence(),
+        first.fence()
+    );
+    assert!(
+        unlock(locker, key, &first).await.is_err(),
+        "{key}: the previous holder's stale token does not release the new grant (NotHeld)"
+    );
+    assert!(
+        grant(locker, key, 10_000).await.is_none(),
+        "{key}: the new grant is still held after a stale unlock"
+    );
 }
 
 /// A granted key frees itself after its TTL, unlocked or not.
-pub fn expiry<L: Locker>(locker: &L, key: &str)
+pub async fn expiry<L, S, F>(locker: &L, key: &str, sleep: S)
 where
-    L::Error: Debug,
+    L: Locker,
+    S: Fn(Duration) -> F,
+    F: Future,
 {
-    let first = grant(locker, key, 60).expect("granted");
-    assert!(grant(locker, key, 60).is_none());
-    thread::sleep(Duration::from_millis(120));
-    let second = grant(locker, key, 60).expect("free after the TTL");
+    let first = grant(locker, key, 60)
+        .await
+        .unwrap_or_else(|| panic!("{key}: a free key is granted"));
+    assert!(
+        grant(locker, key, 60).await.is_none(),
+        "{key}: a key is held within its TTL"
+    );
+    sleep(ms(120)).await;
+    let second = grant(locker, key, 10_000)
+        .await
+        .unwrap_or_else(|| panic!("{key}: a key is free once its TTL has passed (expiry)"));
     assert!(
         second.fence() > first.fence(),
-        "the fence increases across an expiry"
+        "{key}: the fence increases across an expiry ({} after {})",
+        second.fence(),
+        first.fence()
     );
     assert!(
-        matches!(
-            block_on(locker.unlock(key, &first)),
-            Err(UnlockError::NotHeld)
-        ),
-        "an expired token releases nothing"
+        unlock(locker, key, &first).await.is_err(),
+        "{key}: an expired token releases nothing (NotHeld), not even the next holder's grant"
+    );
+    assert!(
+        grant(locker, key, 60).await.is_none(),
+        "{key}: the next holder still holds after an expired token's unlock"
     );
 }
 
-/// Renewal extends only the holder's live lease.
-pub fn renewal<L: LeaseRenewer>(locker: &L, key: &str)
+/// Renewal extends only the holder's live lease, and fails once the lease
+/// is lost.
+pub async fn renewal<L, S, F>(locker: &L, key: &str, sleep: S)
 where
-    L::Error: Debug,
+    L: LeaseRenewer,
+    S: Fn(Duration) -> F,
+    F: Future,
 {
-    let token = grant(locker, key, 150).expect("granted");
-    let renewed = block_on(locker.renew(key, &token, ttl(60_000))).expect("backend error in renew");
-    assert_eq!(renewed, Renewal::Held, "the holder renews");
-    thread::sleep(Duration::from_millis(250));
-    assert!(
-        grant(locker, key, 150).is_none(),
-        "a renewed lease outlives its first TTL"
+    let token = grant(locker, key, 150)
+        .await
+        .unwrap_or_else(|| panic!("{key}: a free key is granted"));
+    assert_eq!(
+        renew(locker, key, &token, 60_000).await,
+        Renewal::Held,
+        "{key}: the holder renews its live lease"
     );
-    let stranger = grant(locker, &format!("{key}:x"), 150).expect("granted");
+    sleep(ms(250)).await;
+    assert!(
+        grant(locker, key, 150).await.is_none(),
+        "{key}: a renewed lease outlives its first TTL (renewal extends)"
+    );
+    let stranger = grant(locker, &format!("{key}:x"), 150)
+        .await
+        .unwrap_or_else(|| panic!("{key}:x: a free key is granted"));
     let wrong = Token::new(*stranger.id(), token.fence());
     assert_eq!(
-        block_on(locker.renew(key, &wrong, ttl(60_000))).expect("backend error"),
+        renew(locker, key, &wrong, 60_000).await,
         Renewal::Lost,
-        "a wrong token renews nothing"
+        "{key}: a wrong token renews nothing"
     );
-    let short = grant(locker, &format!("{key}:short"), 50).expect("granted");
-    thread::sleep(Duration::from_millis(100));
+
+    let short = format!("{key}:short");
+    let lapsed = grant(locker, &short, 50)
+        .await
+        .unwrap_or_else(|| panic!("{short}: a free key is granted"));
+    sleep(ms(100)).await;
     assert_eq!(
-        block_on(locker.renew(&format!("{key}:short"), &short, ttl(60_000)))
-            .expect("backend error"),
+        renew(locker, &short, &lapsed, 60_000).await,
         Renewal::Lost,
-        "an expired lease cannot be renewed"
+        "{short}: an expired lease cannot be renewed"
+    );
+    let taker = grant(locker, &short, 60_000)
+        .await
+        .unwrap_or_else(|| panic!("{short}: a lapsed lease's key is free to take"));
+    assert_eq!(
+        renew(locker, &short, &lapsed, 60_000).await,
+        Renewal::Lost,
+        "{short}: a lease lost to another holder cannot be renewed"
+    );
+    assert!(
+        unlock(locker, &short, &lapsed).await.is_err(),
+        "{short}: the lost lease's token releases nothing (NotHeld)"
+    );
+    assert_eq!(
+        renew(locker, &short, &taker, 60_000).await,
+        Renewal::Held,
+        "{short}: the new holder renews"
     );
 }
 
 /// The fence strictly increases over `rounds` acquisitions of one key.
-pub fn fences_strictly_increase<L: Locker>(locker: &L, key: &str, rounds: usize)
-where
-    L::Error: Debug,
-{
+pub async fn fences_strictly_increase<L: Locker>(locker: &L, key: &str, rounds: usize) {
     let mut last = 0u64;
     for round in 0..rounds {
-        let token = grant(locker, key, 10_000).expect("free after unlock");
+        let token = grant(locker, key, 10_000)
+            .await
+            .unwrap_or_else(|| panic!("{key}: free again after the holder's unlock"));
         assert!(
             token.fence() > last,
-            "fence {} after {} at round {round}",
+            "{key}: fences strictly increase, but fence {} came after {last} at round {round}",
             token.fence(),
-            last
         );
         last = token.fence();
-        block_on(locker.unlock(key, &token)).expect("holder unlocks");
+        assert!(
+            unlock(locker, key, &token).await.is_ok(),
+            "{key}: the holder's token releases"
+        );
     }
 }
 
-/// `contenders` threads race for one key at once: exactly one wins.
-pub fn one_winner_among<L: Locker + Sync>(locker: &L, key: &str, contenders: usize)
-where
-    L::Error: Debug,
-{
-    let start = Barrier::new(contenders);
-    let winners: Vec<Token> = thread::scope(|s| {
-        let handles: Vec<_> = (0..contenders)
-            .map(|_| {
-                s.spawn(|| {
-                    start.wait();
-                    grant(locker, key, 10_000)
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .filter_map(|h| h.join().expect("contender thread"))
-            .collect()
+/// `contenders` futures race for one key, all on the caller's task:
+/// exactly one wins.
+///
+/// Every contender first reaches a start line, so none asks before all
+/// have started; with a backend that answers later, all the requests are
+/// in flight together.
+pub async fn one_winner_among<L: Locker>(locker: &L, key: &str, contenders: usize) {
+    let arrived = &Cell::new(0usize);
+    let racers = (0..contenders).map(|_| async move {
+        arrived.set(arrived.get() + 1);
+        poll_fn(|cx| {
+            if arrived.get() >= contenders {
+                Poll::Ready(())
+            } else {
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+        })
+        .await;
+        grant(locker, key, 10_000).await
     });
-    assert_eq!(winners.len(), 1, "exactly one of {contenders} wins");
+    let winners: Vec<Token> = join_all(racers).await.into_iter().flatten().collect();
+    assert_eq!(
+        winners.len(),
+        1,
+        "{key}: exactly one of {contenders} concurrent contenders wins"
+    );
     let ids: HashSet<_> = winners.iter().map(|t| *t.id()).collect();
-    assert_eq!(ids.len(), 1);
+    assert_eq!(ids.len(), 1, "{key}: the winner holds one token");
+}
+
+/// Polls every future on the caller's task until all are done; their
+/// outputs in order.
+async fn join_all<F: Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
+    let mut futures: Vec<Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
+    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    poll_fn(|cx| {
+        let mut pending = false;
+        for (future, output) in futures.iter_mut().zip(outputs.iter_mut()) {
+            if output.is_none() {
+                match future.as_mut().poll(cx) {
+                    Poll::Ready(out) => *output = Some(out),
+                    Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    })
+    .await;
+    outputs.into_iter().flatten().collect()
 }

@@ -1,6 +1,198 @@
-//! LocalLocker passes the Locker contract that every backend runs.
+//! LocalLocker passes the Locker contract that every backend runs: on the
+//! system clock (waiting in real time) and on a manual clock (waiting is
+//! advancing it). And the suite fails a locker that breaks a rule, with a
+//! message naming the rule.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::time::Duration;
+
+use futures_lite::future::block_on;
+use guard_core::lock::{LeaseRenewer, Locker, Renewal, Token, TokenId, Ttl, UnlockError};
+use guard_core::slot::UnixMillis;
+use guard_std::{LocalLocker, ManualClock};
+use guard_testkit::contract;
 
 #[test]
 fn local_locker_passes_the_locker_contract() {
-    guard_testkit::contract::run_all(&guard_std::LocalLocker::new(), "contract", 50);
+    let locker = LocalLocker::new();
+    let real_time = async_io::Timer::after;
+    block_on(contract::run_all(&locker, "contract", 50, real_time));
+}
+
+#[test]
+fn local_locker_on_a_manual_clock_passes_the_locker_contract() {
+    let clock = ManualClock::new(UnixMillis(0));
+    let locker = LocalLocker::with_clock(clock.clone());
+    block_on(contract::run_all(&locker, "manual", 50, |d: Duration| {
+        clock.advance(d);
+        std::future::ready(())
+    }));
+}
+
+// The suite itself: a locker that breaks one rule fails the check of that
+// rule, with a message naming it; a race is caught on one thread.
+
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    GrantsHeldKeys,
+    UnlocksForAnyToken,
+    NeverExpires,
+    RenewsWithoutExtending,
+    RepeatsFences,
+}
+
+/// LocalLocker on a manual clock, with one rule broken.
+struct Broken {
+    inner: LocalLocker<ManualClock>,
+    fault: Fault,
+    holders: RefCell<HashMap<String, Token>>,
+    grants: Cell<u64>,
+}
+
+impl Locker for Broken {
+    type Error = Infallible;
+
+    async fn try_lock(&self, key: &str, ttl: Ttl) -> Result<Option<Token>, Infallible> {
+        let granted = match self.fault {
+            Fault::GrantsHeldKeys => {
+                self.grants.set(self.grants.get() + 1);
+                let key = format!("{key}#{}", self.grants.get());
+                self.inner.try_lock(&key, ttl).await?
+            }
+            Fault::NeverExpires => {
+                let forever = Ttl::from_secs(3_600).unwrap();
+                self.inner.try_lock(key, forever).await?
+            }
+            Fault::RepeatsFences => self
+                .inner
+                .try_lock(key, ttl)
+                .await?
+                .map(|t| Token::new(*t.id(), 1)),
+            _ => self.inner.try_lock(key, ttl).await?,
+        };
+        if let Some(token) = granted {
+            self.holders.borrow_mut().insert(key.to_owned(), token);
+        }
+        Ok(granted)
+    }
+
+    async fn unlock(&self, key: &str, token: &Token) -> Result<(), UnlockError<Infallible>> {
+        match self.fault {
+            Fault::UnlocksForAnyToken => {
+                let holder = self.holders.borrow().get(key).copied();
+                match holder {
+                    Some(holder) => self.inner.unlock(key, &holder).await,
+                    None => Err(UnlockError::NotHeld),
+                }
+            }
+            _ => self.inner.unlock(key, token).await,
+        }
+    }
+}
+
+impl LeaseRenewer for Broken {
+    async fn renew(&self, key: &str, token: &Token, ttl: Ttl) -> Result<Renewal, Infallible> {
+        match self.fault {
+            Fault::RenewsWithoutExtending => Ok(Renewal::Held),
+            _ => self.inner.renew(key, token, ttl).await,
+        }
+    }
+}
+
+/// The message of the check that `run` panicked in.
+fn broken_rule(run: impl FnOnce()) -> String {
+    let payload =
+        catch_unwind(AssertUnwindSafe(run)).expect_err("the suite passed a broken locker");
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_locker_that_breaks_a_rule_fails_the_check_that_names_it() {
+    for (fault, rule) in [
+        (
+            Fault::GrantsHeldKeys,
+            "contract:exclusive: a held key is refused",
+        ),
+        (
+            Fault::UnlocksForAnyToken,
+            "contract:unlock: a stale or wrong token never releases",
+        ),
+        (
+            Fault::NeverExpires,
+            "contract:expiry: a key is free once its TTL has passed",
+        ),
+        (
+            Fault::RenewsWithoutExtending,
+            "contract:renew: a renewed lease outlives its first TTL",
+        ),
+        (
+            Fault::RepeatsFences,
+            "contract:unlock: a new grant has a greater fence",
+        ),
+    ] {
+        let clock = ManualClock::new(UnixMillis(0));
+        let locker = Broken {
+            inner: LocalLocker::with_clock(clock.clone()),
+            fault,
+            holders: RefCell::default(),
+            grants: Cell::new(0),
+        };
+        let message = broken_rule(|| {
+            block_on(contract::run_all(&locker, "contract", 8, |d: Duration| {
+                clock.advance(d);
+                std::future::ready(())
+            }))
+        });
+        assert!(message.contains(rule), "{fault:?}: {message}");
+    }
+}
+
+/// Checks, then yields, then takes: the race a one-thread join must catch.
+#[derive(Default)]
+struct CheckThenAct {
+    held: RefCell<HashMap<String, u64>>,
+    fence: Cell<u64>,
+}
+
+impl Locker for CheckThenAct {
+    type Error = Infallible;
+
+    async fn try_lock(&self, key: &str, _ttl: Ttl) -> Result<Option<Token>, Infallible> {
+        let free = !self.held.borrow().contains_key(key);
+        futures_lite::future::yield_now().await;
+        if !free {
+            return Ok(None);
+        }
+        self.fence.set(self.fence.get() + 1);
+        let fence = self.fence.get();
+        self.held.borrow_mut().insert(key.to_owned(), fence);
+        let mut id = [0; 16];
+        id[..8].copy_from_slice(&fence.to_le_bytes());
+        Ok(Some(Token::new(TokenId(id), fence)))
+    }
+
+    async fn unlock(&self, key: &str, _token: &Token) -> Result<(), UnlockError<Infallible>> {
+        self.held
+            .borrow_mut()
+            .remove(key)
+            .map(drop)
+            .ok_or(UnlockError::NotHeld)
+    }
+}
+
+#[test]
+fn a_check_then_act_race_is_caught_by_contenders_joined_on_one_thread() {
+    let locker = CheckThenAct::default();
+    let message = broken_rule(|| block_on(contract::one_winner_among(&locker, "race", 8)));
+    assert!(
+        message.contains("race: exactly one of 8 concurrent contenders wins"),
+        "{message}"
+    );
 }
