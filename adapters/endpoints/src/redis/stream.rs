@@ -85,7 +85,8 @@ pub struct ConsumeStats {
 /// # smol::block_on(async {
 /// use std::time::Duration;
 /// use guard_core::retry::{Classifier, RetryPolicy};
-/// use guard_redis::{RedisConnection, StreamConsumer, StreamDlq, Topology};
+/// use guard_endpoints::redis::StreamConsumer;
+/// use guard_redis::{RedisConnection, StreamDlq, Topology};
 ///
 /// let conn = RedisConnection::connect(
 ///     Topology::Standalone { url: "redis://127.0.0.1:6379/".into() },
