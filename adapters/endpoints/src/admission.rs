@@ -21,7 +21,7 @@
 //! let bucket = TokenBucket::new(1, Rate::per(1, Duration::from_secs(60)))?;
 //! let limiter = NamedRateLimiter::new("uplink", Arc::new(MemoryLimiter::new(bucket, 16, FullPolicy::DenyNewKeys)));
 //! let gate = Admission::new(Arc::new(limiter), WhenLimited::DeadLetter);
-//! assert_eq!(gate.admit("sensors").await, Verdict::Admitted);
+//! assert!(matches!(gate.admit("sensors").await, Verdict::Admitted));
 //! assert!(matches!(gate.admit("sensors").await, Verdict::Refused(_)));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! # });
@@ -31,12 +31,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use guard_core::limit::Decision;
+use guard_std::BackendError;
 use guard_std::ratelimit::NamedRateLimiter;
 
 use crate::config::WhenLimited;
 
 /// Why a message was not admitted.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
+#[non_exhaustive]
 pub enum Refusal {
     /// The limiter still refused after the endpoint's longest wait (zero
     /// with `when_limited = "dead-letter"`).
@@ -44,8 +46,9 @@ pub enum Refusal {
         /// How long the message waited.
         waited: Duration,
     },
-    /// The limiter could not decide (its backend failed).
-    LimiterFailed(String),
+    /// The limiter could not decide: its backend failed, with this error
+    /// (shared, so a refusal stays `Clone`; it is also the source).
+    LimiterFailed(Arc<BackendError>),
 }
 
 impl std::fmt::Display for Refusal {
@@ -57,8 +60,17 @@ impl std::fmt::Display for Refusal {
     }
 }
 
+impl std::error::Error for Refusal {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Refusal::Limited { .. } => None,
+            Refusal::LimiterFailed(e) => Some(&**e),
+        }
+    }
+}
+
 /// The outcome of [`Admission::admit`].
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub enum Verdict {
     /// Hand the message to the handler.
     Admitted,
@@ -98,7 +110,7 @@ impl Admission {
                 Ok(Decision::Denied { retry_after }) => {
                     async_io::Timer::after(retry_after).await;
                 }
-                Err(e) => return Err(Refusal::LimiterFailed(e.to_string())),
+                Err(e) => return Err(Refusal::LimiterFailed(Arc::new(e))),
             }
         }
     }
@@ -122,7 +134,7 @@ impl Admission {
                     }
                     async_io::Timer::after(retry_after).await;
                 }
-                Err(e) => return Verdict::Refused(Refusal::LimiterFailed(e.to_string())),
+                Err(e) => return Verdict::Refused(Refusal::LimiterFailed(Arc::new(e))),
             }
         }
     }

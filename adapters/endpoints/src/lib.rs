@@ -16,8 +16,15 @@
 //! - [`admission`]: rate limits that act on every message of an endpoint,
 //!   and the dead letters of the ones refused;
 //! - [`config`]: the TOML configuration of a gateway replica.
+//!
+//! Errors are typed: [`mqtt::MqttError`] and [`redis::EndpointError`]
+//! name the [`Parameter`] they refuse and keep their cause in
+//! [`source`](std::error::Error::source).
 
 pub mod admission;
 pub mod config;
 pub mod mqtt;
+mod parameter;
 pub mod redis;
+
+pub use parameter::Parameter;

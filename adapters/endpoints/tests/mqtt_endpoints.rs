@@ -5,10 +5,11 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
-use guard_core::guard::ActiveConfig;
+use guard_core::guard::{ActiveConfig, ActiveConfigError};
 use guard_core::lock::{Locker, Ttl};
+use guard_endpoints::Parameter;
 use guard_endpoints::mqtt::{MqttEndpoint, MqttError, MqttOptions, Subscription};
-use guard_smol::{RunHandle, control};
+use guard_smol::{RunHandle, RunnerError, control};
 use guard_std::{GuardConfig, LocalLocker, SharedLocker};
 use guard_testkit::Mosquitto;
 
@@ -281,6 +282,41 @@ fn bad_input_is_refused_with_a_reason() {
         Subscription::shared("g", "t").unwrap(),
     );
     let err = shared.with_guard(&config, &scope).unwrap_err();
-    assert!(matches!(err, MqttError::InvalidInput(_)), "{err}");
+    assert!(
+        matches!(
+            err,
+            MqttError::InvalidInput {
+                parameter: Parameter::GuardedSubscription,
+                ..
+            }
+        ),
+        "{err}"
+    );
     assert!(err.to_string().contains("no guard"), "{err}");
+    let err = MqttOptions::new("", 1883, "x").unwrap_err();
+    assert!(
+        matches!(&err, MqttError::InvalidInput { parameter: Parameter::BrokerHost, value, .. } if value.is_empty()),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_guard_that_cannot_be_built_is_the_source() {
+    let config = GuardConfig::new();
+    let scope = config.scope("endpoint/mqtt").unwrap();
+    let endpoint = MqttEndpoint::new(
+        MqttOptions::new("127.0.0.1", 1883, "x").unwrap(),
+        Subscription::plain("t").unwrap(),
+    )
+    .with_guard(&config, &scope)
+    .unwrap();
+    // A drift margin longer than the lease leaves no time to renew.
+    let err = endpoint
+        .with_guard_settings(ActiveConfig::new().with_drift(Duration::from_secs(60)))
+        .unwrap_err();
+    let timing = RunnerError::Timing(ActiveConfigError::DriftNotBelowTtl);
+    assert!(matches!(err, MqttError::Guard(e) if e == timing), "{err}");
+    let source = std::error::Error::source(&err).expect("the runner's error");
+    assert_eq!(source.downcast_ref::<RunnerError>(), Some(&timing));
+    assert!(err.to_string().contains("drift"), "{err}");
 }

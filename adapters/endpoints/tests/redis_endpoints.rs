@@ -7,12 +7,15 @@ use std::thread;
 use std::time::Duration;
 
 use futures_lite::future;
-use guard_core::guard::ActiveConfig;
+use guard_core::guard::{ActiveConfig, ActiveConfigError};
 use guard_core::lock::Ttl;
-use guard_core::retry::{Classifier, RetryPolicy};
-use guard_endpoints::redis::{ConsumeStats, PubSubEndpoint, StreamConsumer, StreamMessage};
-use guard_redis::{RedisConnection, RedisLocker, StreamDlq, Topology};
-use guard_smol::{RunHandle, control};
+use guard_core::retry::{Classifier, JitterNeedsRandom, RetryPolicy};
+use guard_endpoints::Parameter;
+use guard_endpoints::redis::{
+    ConsumeStats, EndpointError, PubSubEndpoint, StreamConsumer, StreamMessage,
+};
+use guard_redis::{RedisConnection, RedisGuardError, RedisLocker, StreamDlq, Topology};
+use guard_smol::{RunHandle, RunnerError, control};
 use guard_std::{GuardConfig, SharedLocker};
 use guard_testkit::{RedisServer, free_port};
 
@@ -231,8 +234,38 @@ fn pubsub_endpoint_rejects_bad_input() {
     let scope = config.scope("endpoint/redis").unwrap();
     let err = PubSubEndpoint::new("redis://127.0.0.1:1/", &config, &scope, &[]).unwrap_err();
     assert!(err.to_string().contains("patterns"), "{err}");
+    assert!(
+        matches!(
+            err,
+            EndpointError::InvalidInput {
+                parameter: Parameter::Patterns,
+                ..
+            }
+        ),
+        "{err}"
+    );
     let err = PubSubEndpoint::new("nonsense://x", &config, &scope, &["a"]).unwrap_err();
     assert!(err.to_string().contains("redis"), "{err}");
+    let source = std::error::Error::source(&err).expect("the backend's error");
+    assert!(
+        matches!(
+            source.downcast_ref::<RedisGuardError>(),
+            Some(RedisGuardError::Redis(_))
+        ),
+        "{source:?}"
+    );
+    // A drift margin longer than the lease leaves no time to renew.
+    let err = PubSubEndpoint::new("redis://127.0.0.1:1/", &config, &scope, &["a"])
+        .unwrap()
+        .with_settings(ActiveConfig::new().with_drift(Duration::from_secs(60)))
+        .unwrap_err();
+    let timing = RunnerError::Timing(ActiveConfigError::DriftNotBelowTtl);
+    assert!(
+        matches!(err, EndpointError::Guard(e) if e == timing),
+        "{err}"
+    );
+    let source = std::error::Error::source(&err).expect("the runner's error");
+    assert_eq!(source.downcast_ref::<RunnerError>(), Some(&timing));
 }
 
 // ---------------------------------------------------------------- Streams
@@ -465,7 +498,17 @@ fn stream_consumer_rejects_bad_input() {
     let conn = connect(&server);
     let err = StreamConsumer::new(conn.clone(), "", "g", "c").unwrap_err();
     assert!(
-        err.to_string().contains("stream must not be empty"),
+        err.to_string().contains("stream \"\": must not be empty"),
+        "{err}"
+    );
+    assert!(
+        matches!(
+            err,
+            EndpointError::InvalidInput {
+                parameter: Parameter::Stream,
+                ..
+            }
+        ),
         "{err}"
     );
     let err = StreamConsumer::new(conn.clone(), "s", "g", "c")
@@ -479,9 +522,25 @@ fn stream_consumer_rejects_bad_input() {
         .with_retry(jittery)
         .unwrap_err();
     assert!(err.to_string().contains("jitter"), "{err}");
+    let source = std::error::Error::source(&err).expect("guard-core's refusal");
+    assert_eq!(
+        source.downcast_ref::<JitterNeedsRandom>(),
+        Some(&JitterNeedsRandom)
+    );
     let err = StreamConsumer::new(conn.clone(), "s", "g", "c")
         .unwrap()
         .with_dead_letters(StreamDlq::new(conn), "bad{topic}")
         .unwrap_err();
     assert!(err.to_string().contains("topic"), "{err}");
+    let source = std::error::Error::source(&err).expect("the dead-letter queue's refusal");
+    assert!(
+        matches!(
+            source.downcast_ref::<RedisGuardError>(),
+            Some(RedisGuardError::InvalidInput {
+                parameter: guard_redis::Parameter::DeadLetterTopic,
+                ..
+            })
+        ),
+        "{source:?}"
+    );
 }

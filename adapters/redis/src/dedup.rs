@@ -11,7 +11,7 @@ use guard_core::dedup::BloomParams;
 use redis::Script;
 
 use crate::connection::RedisConnection;
-use crate::error::RedisGuardError;
+use crate::error::{Parameter, RedisGuardError};
 use crate::limit::Clock;
 
 /// The "seen log": a sorted set of items scored by when they count from.
@@ -68,21 +68,25 @@ enum Scoring {
 /// (the original's 60 s): a key nobody writes disappears by itself.
 pub const BACKSTOP_MARGIN: Duration = Duration::from_secs(60);
 
-fn micros(what: &str, d: Duration) -> Result<u64, RedisGuardError> {
+fn micros(parameter: Parameter, d: Duration) -> Result<u64, RedisGuardError> {
     let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
     if us == 0 || us >= 1 << 53 {
-        return Err(RedisGuardError::InvalidInput(format!(
-            "{what} must be between 1 µs and 2^53 µs (got {d:?})"
-        )));
+        return Err(RedisGuardError::invalid(
+            parameter,
+            format!("{d:?}"),
+            "must be between 1 µs and 2^53 µs",
+        ));
     }
     Ok(us)
 }
 
 fn checked_name(name: &str) -> Result<String, RedisGuardError> {
     if name.is_empty() || name.contains(['{', '}']) {
-        return Err(RedisGuardError::InvalidInput(format!(
-            "deduplicator name {name:?} must be non-empty and without braces"
-        )));
+        return Err(RedisGuardError::invalid(
+            Parameter::DeduplicatorName,
+            name,
+            "must be non-empty and without braces",
+        ));
     }
     Ok(format!("{{{name}}}"))
 }
@@ -202,7 +206,7 @@ impl RedisSetDeduplicator {
         ttl: Option<Duration>,
     ) -> Result<Self, RedisGuardError> {
         let ttl_us = match ttl {
-            Some(ttl) => micros("the set TTL", ttl)?,
+            Some(ttl) => micros(Parameter::DedupTtl, ttl)?,
             None => 0,
         };
         Ok(RedisSetDeduplicator {
@@ -248,7 +252,7 @@ impl RedisWindowedDeduplicator {
                 conn,
                 key: format!("{prefix}:{}", checked_name(name)?),
                 scoring: Scoring::LastSeen {
-                    window_us: micros("the window", window)?,
+                    window_us: micros(Parameter::DedupWindow, window)?,
                 },
                 script: Script::new(SEEN),
             },
@@ -312,16 +316,20 @@ impl RedisBloomDeduplicator {
         params: BloomParams,
     ) -> Result<Self, RedisGuardError> {
         if params.bits == 0 || params.bits > MAX_BITS {
-            return Err(RedisGuardError::InvalidInput(format!(
-                "a Redis Bloom filter holds 1 to 2^32 bits (asked for {})",
-                params.bits
-            )));
+            return Err(RedisGuardError::invalid(
+                Parameter::BloomBits,
+                params.bits.to_string(),
+                "a Redis Bloom filter holds 1 to 2^32 bits (a Redis string holds at most 512 MiB)",
+            ));
         }
         if params.hashes == 0 || params.hashes > guard_core::dedup::MAX_HASHES {
-            return Err(RedisGuardError::InvalidInput(format!(
-                "{} hash functions",
-                params.hashes
-            )));
+            return Err(RedisGuardError::refused_by(
+                Parameter::BloomHashes,
+                params.hashes.to_string(),
+                guard_core::dedup::BloomError::HashesOutOfRange {
+                    hashes: params.hashes,
+                },
+            ));
         }
         let bits_key = format!("{prefix}:{}", checked_name(name)?);
         Ok(RedisBloomDeduplicator {

@@ -14,6 +14,9 @@
 //!   Streams, with listing, replay (idempotent), delete, purge, retention.
 //! - [`RedisConnection`]: standalone, sentinel or cluster, every request
 //!   bounded by a timeout the caller sets.
+//! - [`RedisGuardError`]: what fails, typed: a refused key or parameter
+//!   names its [`Parameter`], the value and the rule, and keeps the check
+//!   that refused it (guard-core's) as its `source()`.
 //!
 //! ```no_run
 //! # smol::block_on(async {
@@ -41,7 +44,7 @@ pub use connection::{RedisConnection, Topology};
 pub use dedup::{
     BACKSTOP_MARGIN, RedisBloomDeduplicator, RedisSetDeduplicator, RedisWindowedDeduplicator,
 };
-pub use error::RedisGuardError;
+pub use error::{Parameter, RedisGuardError};
 pub use limit::{
     CALLER_OFFSET_BOUND, CALLER_RATE_BOUND_PPM, Clock, LEAKY_BUCKET_PREFIX, RedisBucket,
     RedisLeakyBucket, RedisSlidingWindow, RedisTokenBucket, SLIDING_WINDOW_PREFIX,

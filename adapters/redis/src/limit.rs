@@ -41,7 +41,7 @@ use guard_core::time::Instant;
 use redis::Script;
 
 use crate::connection::RedisConnection;
-use crate::error::RedisGuardError;
+use crate::error::{Parameter, RedisGuardError};
 
 /// Where a limiter's `now` comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -151,14 +151,18 @@ return {0, tonumber(oldest[2]) + window - reading}
 /// tag and split a key's data over cluster slots). Colons are fine.
 fn checked_key(key: &str) -> Result<&str, RedisGuardError> {
     if key.is_empty() {
-        return Err(RedisGuardError::InvalidInput(
-            "a rate-limit key must not be empty".into(),
+        return Err(RedisGuardError::invalid(
+            Parameter::RateLimitKey,
+            key,
+            "must not be empty",
         ));
     }
     if key.contains(['{', '}']) {
-        return Err(RedisGuardError::InvalidInput(format!(
-            "rate-limit key {key:?} contains a brace: braces select the Redis Cluster hash slot and are not allowed in keys"
-        )));
+        return Err(RedisGuardError::invalid(
+            Parameter::RateLimitKey,
+            key,
+            "contains a brace: braces select the Redis Cluster hash slot and are not allowed in keys",
+        ));
     }
     Ok(key)
 }
@@ -166,24 +170,34 @@ fn checked_key(key: &str) -> Result<&str, RedisGuardError> {
 fn checked_prefix(prefix: &str) -> Result<String, RedisGuardError> {
     let prefix = prefix.trim();
     if prefix.is_empty() || prefix.contains(['{', '}']) {
-        return Err(RedisGuardError::InvalidInput(format!(
-            "key prefix {prefix:?} must be non-empty and without braces"
-        )));
+        return Err(RedisGuardError::invalid(
+            Parameter::LimiterPrefix,
+            prefix,
+            "must be non-empty and without braces",
+        ));
     }
     Ok(prefix.to_owned())
 }
 
-fn whole_micros(what: &str, d: Duration) -> Result<u64, RedisGuardError> {
+fn whole_micros(parameter: Parameter, d: Duration) -> Result<u64, RedisGuardError> {
     let nanos = d.as_nanos();
     if nanos == 0 || !nanos.is_multiple_of(1_000) {
-        return Err(RedisGuardError::InvalidInput(format!(
-            "{what} of {d:?} is not a whole, positive number of microseconds (Redis limiters work in microseconds)"
-        )));
+        return Err(RedisGuardError::invalid(
+            parameter,
+            format!("{d:?}"),
+            "must be a whole, positive number of microseconds (Redis limiters work in microseconds)",
+        ));
     }
     u64::try_from(nanos / 1_000)
         .ok()
         .filter(|us| *us < 1 << 53)
-        .ok_or_else(|| RedisGuardError::InvalidInput(format!("{what} of {d:?} is too long")))
+        .ok_or_else(|| {
+            RedisGuardError::invalid(
+                parameter,
+                format!("{d:?}"),
+                "is too long (Redis limiters count in microseconds below 2^53)",
+            )
+        })
 }
 
 fn decision(reply: (i64, i64)) -> Result<Decision, RedisGuardError> {
@@ -241,12 +255,14 @@ impl<V> RedisBucket<V> {
         prefix: &str,
         suffix: &'static str,
     ) -> Result<Self, RedisGuardError> {
-        let interval_us = whole_micros("the refill interval", bucket.interval())?;
+        let interval_us = whole_micros(Parameter::RefillInterval, bucket.interval())?;
         let tolerance_us =
             interval_us.saturating_mul(u64::from(bucket.capacity()).saturating_sub(1));
         if tolerance_us >= 1 << 53 {
-            return Err(RedisGuardError::InvalidInput(
-                "capacity × interval is too long for Redis".into(),
+            return Err(RedisGuardError::invalid(
+                Parameter::BucketSpan,
+                format!("{} × {:?}", bucket.capacity(), bucket.interval()),
+                "is too long for Redis (Redis limiters count in microseconds below 2^53)",
             ));
         }
         Ok(RedisBucket {
@@ -347,7 +363,7 @@ impl RedisSlidingWindow {
         Ok(RedisSlidingWindow {
             conn,
             prefix: SLIDING_WINDOW_PREFIX.to_owned(),
-            window_us: whole_micros("the window", window.window())?,
+            window_us: whole_micros(Parameter::SlidingWindow, window.window())?,
             limit: window.limit(),
             script: Script::new(&Self::script_source()),
         })
@@ -393,7 +409,7 @@ impl<V: Send + Sync> guard_std::ratelimit::RateLimiter for RedisBucket<V> {
         guard_std::ratelimit::LimitFuture::Pending(Box::pin(async move {
             RedisBucket::check(self, key, Clock::Server)
                 .await
-                .map_err(guard_std::ratelimit::LimitError::new)
+                .map_err(guard_std::BackendError::new)
         }))
     }
 }
@@ -404,7 +420,7 @@ impl guard_std::ratelimit::RateLimiter for RedisSlidingWindow {
         guard_std::ratelimit::LimitFuture::Pending(Box::pin(async move {
             RedisSlidingWindow::check(self, key, Clock::Server)
                 .await
-                .map_err(guard_std::ratelimit::LimitError::new)
+                .map_err(guard_std::BackendError::new)
         }))
     }
 }

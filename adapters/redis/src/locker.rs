@@ -3,21 +3,30 @@
 use std::fmt;
 
 use guard_core::lock::redis::{
-    ACQUIRE_SCRIPT as ACQUIRE, RELEASE_SCRIPT as RELEASE, RENEW_SCRIPT as RENEW, RedisKeys,
-    check_prefix,
+    ACQUIRE_SCRIPT as ACQUIRE, InvalidRedisKey, RELEASE_SCRIPT as RELEASE, RENEW_SCRIPT as RENEW,
+    RedisKeys, check_prefix,
 };
 use guard_core::lock::{LeaseRenewer, Locker, Renewal, Token, TokenId, Ttl, UnlockError};
 use guard_std::TokenIds;
 use redis::Script;
 
 use crate::connection::RedisConnection;
-use crate::error::RedisGuardError;
+use crate::error::{Parameter, RedisGuardError};
 
 /// The Redis keys of lock `key`: `(lock, fence counter)`, as laid out by
 /// [`guard_core::lock::redis`] (shared with the embedded locker).
+///
+/// A key or prefix guard-core refuses is
+/// [`RedisGuardError::InvalidInput`] naming the key (or the prefix, when
+/// the prefix is at fault), with guard-core's [`InvalidRedisKey`] as its
+/// source.
 pub fn lock_keys(prefix: &str, key: &str) -> Result<(String, String), RedisGuardError> {
-    let keys = RedisKeys::new(prefix, key)
-        .map_err(|e| RedisGuardError::InvalidInput(format!("lock key {key:?}: {e}")))?;
+    let keys = RedisKeys::new(prefix, key).map_err(|e| match e {
+        InvalidRedisKey::BraceInPrefix => {
+            RedisGuardError::refused_by(Parameter::LockerPrefix, prefix, e)
+        }
+        _ => RedisGuardError::refused_by(Parameter::LockKey, key, e),
+    })?;
     Ok((keys.lock().to_string(), keys.fence().to_string()))
 }
 
@@ -68,7 +77,7 @@ impl RedisLocker {
     pub fn with_prefix(mut self, prefix: &str) -> Result<Self, RedisGuardError> {
         let prefix = prefix.trim();
         check_prefix(prefix)
-            .map_err(|e| RedisGuardError::InvalidInput(format!("locker prefix {prefix:?}: {e}")))?;
+            .map_err(|e| RedisGuardError::refused_by(Parameter::LockerPrefix, prefix, e))?;
         self.prefix = if prefix.is_empty() || prefix.ends_with(':') {
             prefix.to_owned()
         } else {

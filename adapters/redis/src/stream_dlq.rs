@@ -37,7 +37,7 @@ use redis::Script;
 use redis::streams::StreamRangeReply;
 
 use crate::connection::RedisConnection;
-use crate::error::RedisGuardError;
+use crate::error::{Parameter, RedisGuardError};
 
 /// The original's stream prefix.
 pub const DEFAULT_STREAM_PREFIX: &str = "stream:topic";
@@ -96,6 +96,7 @@ pub struct DeadLetterEntry {
 
 /// What a replay did.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ReplayOutcome {
     /// Delivered now; for a stream replay, the new entry's id.
     Replayed(Option<String>),
@@ -203,9 +204,11 @@ impl fmt::Debug for StreamDlq {
 
 fn checked_topic(topic: &str) -> Result<&str, RedisGuardError> {
     if topic.is_empty() || topic.contains(['{', '}', '*', '?', '[', ']']) {
-        return Err(RedisGuardError::InvalidInput(format!(
-            "topic {topic:?} must be non-empty and contain no braces or glob characters"
-        )));
+        return Err(RedisGuardError::invalid(
+            Parameter::DeadLetterTopic,
+            topic,
+            "must be non-empty and contain no braces or glob characters",
+        ));
     }
     Ok(topic)
 }
@@ -237,9 +240,11 @@ impl StreamDlq {
     /// Keys under `prefix` (non-empty, no braces or glob characters).
     pub fn with_prefix(mut self, prefix: &str) -> Result<Self, RedisGuardError> {
         if prefix.is_empty() || prefix.contains(['{', '}', '*', '?', '[', ']']) {
-            return Err(RedisGuardError::InvalidInput(format!(
-                "stream prefix {prefix:?} must be non-empty and contain no braces or glob characters"
-            )));
+            return Err(RedisGuardError::invalid(
+                Parameter::DeadLetterPrefix,
+                prefix,
+                "must be non-empty and contain no braces or glob characters",
+            ));
         }
         self.prefix = prefix.to_owned();
         Ok(self)

@@ -9,8 +9,8 @@ use guard_core::limit::{
 };
 use guard_core::time::Instant;
 use guard_redis::{
-    CALLER_OFFSET_BOUND, CALLER_RATE_BOUND_PPM, Clock, RedisConnection, RedisLeakyBucket,
-    RedisSlidingWindow, RedisTokenBucket, Topology,
+    CALLER_OFFSET_BOUND, CALLER_RATE_BOUND_PPM, Clock, Parameter, RedisConnection, RedisGuardError,
+    RedisLeakyBucket, RedisSlidingWindow, RedisTokenBucket, Topology,
 };
 use guard_testkit::{RedisCluster, RedisServer};
 
@@ -208,10 +208,29 @@ fn bad_keys_and_parameters_are_clear_errors() {
     )
     .unwrap_err();
     assert!(thirds.to_string().contains("microseconds"), "{thirds}");
+    assert!(
+        matches!(
+            thirds,
+            RedisGuardError::InvalidInput {
+                parameter: Parameter::RefillInterval,
+                ..
+            }
+        ),
+        "{thirds}"
+    );
     let prefix = RedisTokenBucket::new(conn, TokenBucket::new(1, Rate::per_second(1)).unwrap())
         .unwrap()
         .with_prefix("{x}");
-    assert!(prefix.is_err());
+    assert!(
+        matches!(
+            prefix,
+            Err(RedisGuardError::InvalidInput {
+                parameter: Parameter::LimiterPrefix,
+                ..
+            })
+        ),
+        "{prefix:?}"
+    );
 }
 
 #[test]

@@ -38,5 +38,5 @@ mod token_ids;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use cron_schedule::{CronError, CronSchedule};
 pub use local_locker::{DEFAULT_SWEEP_INTERVAL, LocalLocker};
-pub use shared::{BoxFuture, DynLocker, GuardConfig, LockerError, SharedLocker};
+pub use shared::{BackendError, BoxFuture, DynLocker, GuardConfig, LockerError, SharedLocker};
 pub use token_ids::TokenIds;

@@ -11,28 +11,47 @@ use guard_core::lock::{DEFAULT_PREFIX, KeyError, Locker, Renewal, Scope, Token, 
 /// A boxed, `Send` future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// A backend error behind a [`SharedLocker`], with its message kept.
+/// A backend's error behind a `dyn` handle: what a [`SharedLocker`] and a
+/// [`RateLimiter`](crate::ratelimit::RateLimiter) return when the store
+/// under them fails (Redis unreachable, a table full, ...).
+///
+/// It shows the backend's message and returns the backend's error from
+/// [`source`](std::error::Error::source); [`downcast_ref`](Self::downcast_ref)
+/// recovers the concrete type (for example `guard_redis::RedisGuardError`).
 #[derive(Debug)]
-pub struct LockerError(Box<dyn std::error::Error + Send + Sync>);
+pub struct BackendError(Box<dyn std::error::Error + Send + Sync>);
 
-impl LockerError {
+impl BackendError {
     /// Wraps a backend error.
     pub fn new(error: impl std::error::Error + Send + Sync + 'static) -> Self {
-        LockerError(Box::new(error))
+        BackendError(Box::new(error))
+    }
+
+    /// The backend's error, if it is an `E`.
+    pub fn downcast_ref<E: std::error::Error + 'static>(&self) -> Option<&E> {
+        self.0.downcast_ref()
+    }
+
+    /// The backend's error.
+    pub fn into_inner(self) -> Box<dyn std::error::Error + Send + Sync> {
+        self.0
     }
 }
 
-impl fmt::Display for LockerError {
+impl fmt::Display for BackendError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Display::fmt(&self.0, f)
     }
 }
 
-impl std::error::Error for LockerError {
+impl std::error::Error for BackendError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         Some(&*self.0)
     }
 }
+
+/// The error of a [`SharedLocker`]: a [`BackendError`].
+pub type LockerError = BackendError;
 
 /// A locker behind a pointer: object-safe, with `Send` futures. Each
 /// backend implements it for its concrete type (whose futures are known to
@@ -48,14 +67,14 @@ pub trait DynLocker: Send + Sync {
         &'a self,
         key: &'a str,
         ttl: Ttl,
-    ) -> BoxFuture<'a, Result<Option<Token>, LockerError>>;
+    ) -> BoxFuture<'a, Result<Option<Token>, BackendError>>;
 
     /// [`Locker::unlock`].
     fn unlock<'a>(
         &'a self,
         key: &'a str,
         token: &'a Token,
-    ) -> BoxFuture<'a, Result<(), UnlockError<LockerError>>>;
+    ) -> BoxFuture<'a, Result<(), UnlockError<BackendError>>>;
 
     /// Whether [`renew`](Self::renew) extends a lease in place.
     fn can_renew(&self) -> bool;
@@ -67,7 +86,7 @@ pub trait DynLocker: Send + Sync {
         key: &'a str,
         token: &'a Token,
         ttl: Ttl,
-    ) -> BoxFuture<'a, Result<Renewal, LockerError>>;
+    ) -> BoxFuture<'a, Result<Renewal, BackendError>>;
 }
 
 /// Implements [`DynLocker`] for a concrete type that implements
@@ -87,12 +106,12 @@ macro_rules! impl_dyn_locker {
                 &'a self,
                 key: &'a str,
                 ttl: ::guard_core::lock::Ttl,
-            ) -> $crate::BoxFuture<'a, ::core::result::Result<::core::option::Option<::guard_core::lock::Token>, $crate::LockerError>>
+            ) -> $crate::BoxFuture<'a, ::core::result::Result<::core::option::Option<::guard_core::lock::Token>, $crate::BackendError>>
             {
                 ::std::boxed::Box::pin(async move {
                     ::guard_core::lock::Locker::try_lock(self, key, ttl)
                         .await
-                        .map_err($crate::LockerError::new)
+                        .map_err($crate::BackendError::new)
                 })
             }
 
@@ -100,7 +119,7 @@ macro_rules! impl_dyn_locker {
                 &'a self,
                 key: &'a str,
                 token: &'a ::guard_core::lock::Token,
-            ) -> $crate::BoxFuture<'a, ::core::result::Result<(), ::guard_core::lock::UnlockError<$crate::LockerError>>>
+            ) -> $crate::BoxFuture<'a, ::core::result::Result<(), ::guard_core::lock::UnlockError<$crate::BackendError>>>
             {
                 ::std::boxed::Box::pin(async move {
                     ::guard_core::lock::Locker::unlock(self, key, token)
@@ -108,7 +127,7 @@ macro_rules! impl_dyn_locker {
                         .map_err(|e| match e {
                             ::guard_core::lock::UnlockError::NotHeld => ::guard_core::lock::UnlockError::NotHeld,
                             ::guard_core::lock::UnlockError::Backend(e) => {
-                                ::guard_core::lock::UnlockError::Backend($crate::LockerError::new(e))
+                                ::guard_core::lock::UnlockError::Backend($crate::BackendError::new(e))
                             }
                         })
                 })
@@ -123,11 +142,11 @@ macro_rules! impl_dyn_locker {
                 key: &'a str,
                 token: &'a ::guard_core::lock::Token,
                 ttl: ::guard_core::lock::Ttl,
-            ) -> $crate::BoxFuture<'a, ::core::result::Result<::guard_core::lock::Renewal, $crate::LockerError>> {
+            ) -> $crate::BoxFuture<'a, ::core::result::Result<::guard_core::lock::Renewal, $crate::BackendError>> {
                 ::std::boxed::Box::pin(async move {
                     ::guard_core::lock::LeaseRenewer::renew(self, key, token, ttl)
                         .await
-                        .map_err($crate::LockerError::new)
+                        .map_err($crate::BackendError::new)
                 })
             }
         }
@@ -182,22 +201,22 @@ impl SharedLocker {
     }
 
     /// Renews `key` if the backend can; an error says it cannot.
-    pub async fn renew(&self, key: &str, token: &Token, ttl: Ttl) -> Result<Renewal, LockerError> {
+    pub async fn renew(&self, key: &str, token: &Token, ttl: Ttl) -> Result<Renewal, BackendError> {
         if !self.0.can_renew() {
-            return Err(LockerError::new(RenewUnsupported));
+            return Err(BackendError::new(RenewUnsupported));
         }
         self.0.renew(key, token, ttl).await
     }
 }
 
 impl Locker for SharedLocker {
-    type Error = LockerError;
+    type Error = BackendError;
 
-    async fn try_lock(&self, key: &str, ttl: Ttl) -> Result<Option<Token>, LockerError> {
+    async fn try_lock(&self, key: &str, ttl: Ttl) -> Result<Option<Token>, BackendError> {
         self.0.try_lock(key, ttl).await
     }
 
-    async fn unlock(&self, key: &str, token: &Token) -> Result<(), UnlockError<LockerError>> {
+    async fn unlock(&self, key: &str, token: &Token) -> Result<(), UnlockError<BackendError>> {
         self.0.unlock(key, token).await
     }
 }

@@ -8,11 +8,14 @@ use std::time::Duration;
 use futures_lite::future::block_on;
 use guard_core::limit::{FullPolicy, Rate, SlidingWindow, TokenBucket};
 use guard_core::slot::UnixMillis;
-use guard_std::ManualClock;
+use std::error::Error;
+
 use guard_std::metrics::{RL_ALLOWED, RL_DENIED, SINK_DROPPED};
 use guard_std::ratelimit::{
-    DenyPolicy, MemoryLimiter, RateLimiter, RateLimiterRegistry, RateLimitingSink, Sink, SinkError,
+    DenyPolicy, LimitFuture, MemoryLimiter, RateLimiter, RateLimiterRegistry, RateLimitingSink,
+    Sink, SinkError,
 };
+use guard_std::{BackendError, ManualClock};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 
 fn bucket(capacity: u32) -> Arc<dyn RateLimiter> {
@@ -158,6 +161,53 @@ fn the_error_policy_names_the_key() {
             .starts_with("Rate limited for key: sensor-7"),
         "{err}"
     );
+}
+
+/// A backend that cannot be reached.
+#[derive(Debug, PartialEq)]
+struct Unreachable;
+
+impl std::fmt::Display for Unreachable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("backend unreachable")
+    }
+}
+
+impl std::error::Error for Unreachable {}
+
+/// A limiter whose backend always fails.
+struct Failing;
+
+impl RateLimiter for Failing {
+    fn check<'a>(&'a self, _key: &'a str) -> LimitFuture<'a> {
+        LimitFuture::Ready(Some(Err(BackendError::new(Unreachable))))
+    }
+}
+
+#[test]
+fn a_failing_backend_is_the_source_of_the_sink_s_error() {
+    let sink = RateLimitingSink::new(
+        "uplink",
+        Arc::new(Failing),
+        |v: &(String, u32)| v.0.clone(),
+        Collect::default(),
+        DenyPolicy::Error,
+    );
+    let err = block_on(sink.send(("sensor-7".into(), 1))).unwrap_err();
+    assert!(matches!(&err, SinkError::Limiter(_)), "{err:?}");
+    assert_eq!(err.to_string(), "rate limiter backend: backend unreachable");
+    let backend = err.source().expect("the backend error");
+    let wrapped = backend
+        .downcast_ref::<BackendError>()
+        .expect("a BackendError");
+    assert_eq!(wrapped.downcast_ref::<Unreachable>(), Some(&Unreachable));
+    assert_eq!(
+        wrapped
+            .source()
+            .and_then(|e| e.downcast_ref::<Unreachable>()),
+        Some(&Unreachable)
+    );
+    assert!(sink.inner().0.lock().unwrap().is_empty());
 }
 
 #[test]

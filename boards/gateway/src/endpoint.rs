@@ -17,7 +17,7 @@ use guard_smol::Control;
 use guard_std::metered::MeteredDeadLetterQueue;
 use guard_std::{Clock, SystemClock};
 
-use crate::replica::{Built, Content, Event, GatewayError, error, limiter};
+use crate::replica::{Built, Content, Event, GatewayError, limiter};
 
 /// A task of the replica.
 pub(crate) type Task = Pin<Box<dyn Future<Output = ()>>>;
@@ -125,7 +125,10 @@ pub(crate) async fn start(
     emit: Emit,
 ) -> Result<Task, GatewayError> {
     let name = entry.name.clone();
-    let context = |e: &dyn std::fmt::Display| error(format!("endpoint {name}: {e}"));
+    let context = |source: Box<dyn std::error::Error + Send + Sync>| GatewayError::Endpoint {
+        name: name.clone(),
+        source,
+    };
     let gate = match &entry.limit {
         Some(limit) => Some(Arc::new(Gate::new(built, &name, limit)?)),
         None => None,
@@ -137,11 +140,11 @@ pub(crate) async fn start(
                 .guards
                 .scope("endpoint/redis")
                 .and_then(|s| s.segment("node", &name))
-                .map_err(|e| context(&e))?;
+                .map_err(|e| context(e.into()))?;
             let patterns: Vec<&str> = source.patterns.iter().map(String::as_str).collect();
             let endpoint = PubSubEndpoint::new(&source.url, &built.guards, &scope, &patterns)
                 .and_then(|e| e.with_settings(timing))
-                .map_err(|e| context(&e))?;
+                .map_err(|e| context(e.into()))?;
             Ok(Box::pin(async move {
                 endpoint
                     .run(control, |message| {
@@ -175,19 +178,19 @@ pub(crate) async fn start(
                         .map_or(std::time::Duration::from_millis(500), |l| l.request_timeout),
                 )
                 .await
-                .map_err(|e| context(&e))?,
+                .map_err(|e| context(e.into()))?,
             };
             let mut consumer =
                 StreamConsumer::new(conn.clone(), &source.stream, &source.group, identity)
-                    .map_err(|e| context(&e))?
+                    .map_err(|e| context(e.into()))?
                     .with_retry(source.retry)
-                    .map_err(|e| context(&e))?
+                    .map_err(|e| context(e.into()))?
                     .with_claim_idle(source.claim_idle)
-                    .map_err(|e| context(&e))?;
+                    .map_err(|e| context(e.into()))?;
             if let Some(topic) = &source.dead_letter_topic {
                 consumer = consumer
                     .with_dead_letters(StreamDlq::new(conn), topic)
-                    .map_err(|e| context(&e))?;
+                    .map_err(|e| context(e.into()))?;
             }
             Ok(Box::pin(async move {
                 let stats = consumer
@@ -227,26 +230,26 @@ pub(crate) async fn start(
         }
         Source::Mqtt(source) => {
             let client_id = format!("{name}-{identity}");
-            let options =
-                MqttOptions::new(&source.host, source.port, &client_id).map_err(|e| context(&e))?;
+            let options = MqttOptions::new(&source.host, source.port, &client_id)
+                .map_err(|e| context(e.into()))?;
             let subscription = match &source.delivery {
                 MqttDelivery::Shared(group) => Subscription::shared(group, &source.filter),
                 MqttDelivery::Broadcast | MqttDelivery::Elected => {
                     Subscription::plain(&source.filter)
                 }
             }
-            .map_err(|e| context(&e))?;
+            .map_err(|e| context(e.into()))?;
             let mut endpoint = MqttEndpoint::new(options, subscription);
             if source.delivery == MqttDelivery::Elected {
                 let scope = built
                     .guards
                     .scope("endpoint/mqtt")
                     .and_then(|s| s.segment("node", &name))
-                    .map_err(|e| context(&e))?;
+                    .map_err(|e| context(e.into()))?;
                 endpoint = endpoint
                     .with_guard(&built.guards, &scope)
                     .and_then(|e| e.with_guard_settings(timing))
-                    .map_err(|e| context(&e))?;
+                    .map_err(|e| context(e.into()))?;
             }
             Ok(Box::pin(async move {
                 endpoint
@@ -269,8 +272,6 @@ pub(crate) async fn start(
                     .await;
             }))
         }
-        _ => Err(context(
-            &"this kind of endpoint is not supported by the gateway",
-        )),
+        _ => Err(GatewayError::UnsupportedEndpoint { name }),
     }
 }

@@ -13,9 +13,10 @@ use guard_endpoints::config::{
     WhenLimited,
 };
 use guard_redis::{
-    RedisConnection, RedisLeakyBucket, RedisLocker, RedisSlidingWindow, RedisTokenBucket,
+    RedisConnection, RedisGuardError, RedisLeakyBucket, RedisLocker, RedisSlidingWindow,
+    RedisTokenBucket,
 };
-use guard_smol::{ActiveRunner, Control, Scheduler};
+use guard_smol::{ActiveRunner, Control, RunnerError, ScheduleError, Scheduler};
 use guard_std::ratelimit::{MemoryLimiter, NamedRateLimiter, RateLimiter, RateLimiterRegistry};
 use guard_std::{GuardConfig, LocalLocker, SharedLocker};
 
@@ -23,6 +24,7 @@ use crate::endpoint;
 
 /// Something a replica did, printed one per line by `guard-gateway run`.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Event {
     /// This replica ran a scheduled slot.
     Executed {
@@ -81,6 +83,7 @@ pub enum Event {
 
 /// A handled message's content, as text (invalid UTF-8 replaced).
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Content {
     /// A Pub/Sub or MQTT payload.
     Payload(String),
@@ -151,19 +154,101 @@ impl fmt::Display for Event {
 }
 
 /// Why a replica cannot start.
+///
+/// The message says what failed, as `guard-gateway run` prints it;
+/// [`source`](std::error::Error::source) returns the cause (the Redis
+/// backend's, an endpoint's, a guard's).
 #[derive(Debug)]
-pub struct GatewayError(String);
+#[non_exhaustive]
+pub enum GatewayError {
+    /// The Redis locker did not answer.
+    LockerUnreachable(RedisGuardError),
+    /// The Redis locker cannot be built (its prefix).
+    Locker(RedisGuardError),
+    /// A Redis rate limiter cannot be built.
+    Limiter {
+        /// The limiter's name.
+        name: String,
+        /// Why.
+        source: RedisGuardError,
+    },
+    /// A rate limiter with a Redis backend, and no Redis locker to
+    /// connect with (and no fallback to memory allowed).
+    LimiterWithoutRedis {
+        /// The limiter's name.
+        name: String,
+    },
+    /// A schedule or an endpoint names a rate limiter that does not exist.
+    UnknownLimiter {
+        /// The name given.
+        name: String,
+    },
+    /// A scheduled job cannot be added.
+    Schedule {
+        /// The job's router.
+        router: String,
+        /// Why.
+        source: ScheduleError,
+    },
+    /// A leader-only consumer's guard cannot be built.
+    Consumer {
+        /// The consumer.
+        name: String,
+        /// Why.
+        source: RunnerError,
+    },
+    /// An endpoint cannot be built or connected.
+    Endpoint {
+        /// The endpoint.
+        name: String,
+        /// Why: a [`guard_endpoints::redis::EndpointError`], a
+        /// [`guard_endpoints::mqtt::MqttError`], a [`RedisGuardError`] or
+        /// a `guard_core::lock::KeyError`.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// An endpoint of a kind this gateway does not run.
+    UnsupportedEndpoint {
+        /// The endpoint.
+        name: String,
+    },
+}
 
 impl fmt::Display for GatewayError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        match self {
+            GatewayError::LockerUnreachable(e) => write!(f, "cannot reach the Redis locker: {e}"),
+            GatewayError::Locker(e) => write!(f, "Redis locker: {e}"),
+            GatewayError::Limiter { name, source } => write!(f, "rate limiter {name}: {source}"),
+            GatewayError::LimiterWithoutRedis { name } => write!(
+                f,
+                "rate limiter {name}: backend \"redis\" needs [locker] kind = \"redis\" (or ratelimit.fallback_to_memory = true)"
+            ),
+            GatewayError::UnknownLimiter { name } => write!(f, "no rate limiter named {name:?}"),
+            GatewayError::Schedule { router, source } => write!(f, "schedule {router}: {source}"),
+            GatewayError::Consumer { name, source } => write!(f, "consumer {name}: {source}"),
+            GatewayError::Endpoint { name, source } => write!(f, "endpoint {name}: {source}"),
+            GatewayError::UnsupportedEndpoint { name } => write!(
+                f,
+                "endpoint {name}: this kind of endpoint is not supported by the gateway"
+            ),
+        }
     }
 }
 
-impl std::error::Error for GatewayError {}
-
-pub(crate) fn error(message: impl fmt::Display) -> GatewayError {
-    GatewayError(message.to_string())
+impl std::error::Error for GatewayError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            GatewayError::LockerUnreachable(e)
+            | GatewayError::Locker(e)
+            | GatewayError::Limiter { source: e, .. } => Some(e),
+            GatewayError::Schedule { source, .. } => Some(source),
+            GatewayError::Consumer { source, .. } => Some(source),
+            GatewayError::Endpoint { source, .. } => Some(&**source),
+            GatewayError::LimiterWithoutRedis { .. }
+            | GatewayError::UnknownLimiter { .. }
+            | GatewayError::UnsupportedEndpoint { .. } => None,
+        }
+    }
 }
 
 /// What a configuration builds: the guards' shared config, the rate
@@ -186,7 +271,7 @@ pub async fn build(config: &Config) -> Result<Built, GatewayError> {
         Some(locker) => Some(
             RedisConnection::connect(locker.topology.clone(), locker.request_timeout)
                 .await
-                .map_err(|e| error(format!("cannot reach the Redis locker: {e}")))?,
+                .map_err(GatewayError::LockerUnreachable)?,
         ),
         None => None,
     };
@@ -195,7 +280,7 @@ pub async fn build(config: &Config) -> Result<Built, GatewayError> {
         (Locker::Redis(l), Some(conn)) => Some(SharedLocker::new(
             RedisLocker::new(conn.clone())
                 .with_prefix(&l.prefix)
-                .map_err(error)?,
+                .map_err(GatewayError::Locker)?,
         )),
         _ => None,
     };
@@ -217,10 +302,9 @@ pub async fn build(config: &Config) -> Result<Built, GatewayError> {
                     memory(policy, ratelimit.memory_keys)
                 }
                 (Backend::Redis, None) => {
-                    return Err(error(format!(
-                        "rate limiter {}: backend \"redis\" needs [locker] kind = \"redis\" (or ratelimit.fallback_to_memory = true)",
-                        policy.name
-                    )));
+                    return Err(GatewayError::LimiterWithoutRedis {
+                        name: policy.name.clone(),
+                    });
                 }
             };
             limiters.push((policy.name.clone(), limiter));
@@ -266,7 +350,7 @@ fn memory(policy: &Policy, keys: usize) -> Arc<dyn RateLimiter> {
 
 fn remote(policy: &Policy, conn: &RedisConnection) -> Result<Arc<dyn RateLimiter>, GatewayError> {
     let name = &policy.name;
-    let built: Result<Arc<dyn RateLimiter>, guard_redis::RedisGuardError> = match policy.algorithm {
+    let built: Result<Arc<dyn RateLimiter>, RedisGuardError> = match policy.algorithm {
         PolicyAlgorithm::Sliding(w) => RedisSlidingWindow::new(conn.clone(), w)
             .and_then(|l| l.with_prefix(&policy.key_prefix))
             .map(|l| Arc::new(l) as Arc<dyn RateLimiter>),
@@ -277,7 +361,10 @@ fn remote(policy: &Policy, conn: &RedisConnection) -> Result<Arc<dyn RateLimiter
             .and_then(|l| l.with_prefix(&policy.key_prefix))
             .map(|l| Arc::new(l) as Arc<dyn RateLimiter>),
     };
-    built.map_err(|e| error(format!("rate limiter {name}: {e}")))
+    built.map_err(|source| GatewayError::Limiter {
+        name: name.clone(),
+        source,
+    })
 }
 
 /// The limiter `name`, which validation made sure exists.
@@ -286,7 +373,9 @@ pub(crate) fn limiter(built: &Built, name: &str) -> Result<Arc<NamedRateLimiter>
         .limiters
         .get(name)
         .cloned()
-        .ok_or_else(|| error(format!("no rate limiter named {name:?}")))
+        .ok_or_else(|| GatewayError::UnknownLimiter {
+            name: name.to_owned(),
+        })
 }
 
 /// Makes every documented metric family visible from the start (at zero
@@ -364,19 +453,25 @@ pub async fn run(
                 scheduler.add_job(&schedule.router, &schedule.chain, (**cron).clone(), job)
             }
         }
-        .map_err(error)?;
+        .map_err(|source| GatewayError::Schedule {
+            router: schedule.router.clone(),
+            source,
+        })?;
     }
     let executor = smol::LocalExecutor::new();
     let mut tasks = Vec::new();
     for name in &config.active {
-        let scope = built
+        let runner = built
             .guards
             .scope("consumer")
             .and_then(|s| s.segment("name", name))
-            .map_err(error)?;
-        let runner = ActiveRunner::new(&built.guards, &scope)
+            .map_err(RunnerError::Key)
+            .and_then(|scope| ActiveRunner::new(&built.guards, &scope))
             .and_then(|r| r.with_settings(config.guards.active))
-            .map_err(error)?;
+            .map_err(|source| GatewayError::Consumer {
+                name: name.clone(),
+                source,
+            })?;
         guard_std::metrics::record_standby(runner.key());
         let (name, promoted, demoted) = (name.clone(), emit.clone(), emit.clone());
         let control = control.clone();

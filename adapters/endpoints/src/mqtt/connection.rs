@@ -2,6 +2,7 @@
 //! hand each message to the handler and acknowledge it after.
 
 use std::future::Future;
+use std::sync::Arc;
 
 use async_channel::Sender;
 use async_compat::Compat;
@@ -45,7 +46,12 @@ impl Connection {
                 match events.poll().await {
                     Ok(Event::Incoming(Incoming::ConnAck(_))) => return Ok(()),
                     Ok(_) => {}
-                    Err(e) => return Err(MqttError::Connect(format!("{where_to}: {e}"))),
+                    Err(e) => {
+                        return Err(MqttError::Connect {
+                            broker: where_to.clone(),
+                            source: Arc::new(e),
+                        });
+                    }
                 }
             }
         });
@@ -79,7 +85,10 @@ impl Connection {
         let mut refused = 0_u64;
         let error = Compat::new(async {
             if let Err(e) = client.subscribe(filter, QoS::AtLeastOnce).await {
-                return MqttError::Subscribe(format!("{filter}: {e}"));
+                return MqttError::Subscribe {
+                    filter: filter.to_owned(),
+                    source: Arc::new(e),
+                };
             }
             loop {
                 match events.poll().await {
@@ -92,10 +101,10 @@ impl Connection {
                             confirmed = true;
                             subscribed.try_send(Ok(())).ok();
                         } else {
-                            let refused = MqttError::Subscribe(format!(
-                                "the broker refused {filter}: {:?}",
-                                suback.return_codes
-                            ));
+                            let refused = MqttError::SubscriptionRefused {
+                                filter: filter.to_owned(),
+                                return_codes: format!("{:?}", suback.return_codes),
+                            };
                             subscribed.try_send(Err(refused.clone())).ok();
                             return refused;
                         }
@@ -127,15 +136,50 @@ impl Connection {
                         .await;
                         // Queued; the next poll sends it.
                         if let Err(e) = client.ack(&publish).await {
-                            return MqttError::Closed(format!("acknowledge: {e}"));
+                            return MqttError::Acknowledge(Arc::new(e));
                         }
                     }
                     Ok(_) => {}
-                    Err(e) => return MqttError::Closed(format!("connection ended: {e}")),
+                    Err(e) => return MqttError::Closed(Some(Arc::new(e))),
                 }
             }
         })
         .await;
         Ended { error, confirmed }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error;
+    use std::net::TcpListener;
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn a_refused_connection_keeps_rumqttc_s_error_as_its_source() {
+        // A port that was just free: nothing listens on it.
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        let options = MqttOptions::new("127.0.0.1", port, "refused")
+            .expect("options")
+            .with_connect_timeout(Duration::from_secs(5));
+        let Err(err) = future::block_on(Connection::open(&options)) else {
+            panic!("connected to a port nobody listens on");
+        };
+        assert!(
+            matches!(&err, MqttError::Connect { broker, .. } if *broker == format!("127.0.0.1:{port}")),
+            "{err}"
+        );
+        let source = err.source().expect("rumqttc's error");
+        assert!(
+            source.downcast_ref::<rumqttc::ConnectionError>().is_some(),
+            "{source:?}"
+        );
+        let copy = err.clone();
+        assert_eq!(copy.to_string(), err.to_string());
     }
 }

@@ -11,6 +11,7 @@ use guard_std::GuardConfig;
 
 use super::connection::Connection;
 use super::{MqttError, MqttMessage, MqttOptions, Subscription};
+use crate::parameter::Parameter;
 
 /// An MQTT subscription served by one replica; see the crate
 /// documentation for which kind to use.
@@ -48,13 +49,14 @@ impl MqttEndpoint {
     /// `config`'s locker (no locker: always). Only for a plain
     /// subscription: a shared one is delivered once already.
     pub fn with_guard(mut self, config: &GuardConfig, scope: &Scope) -> Result<Self, MqttError> {
-        if let Subscription::Shared { group, .. } = &self.subscription {
-            return Err(MqttError::InvalidInput(format!(
-                "a shared subscription (group {group:?}) is delivered to one member already; it takes no guard"
-            )));
+        if let Subscription::Shared { .. } = &self.subscription {
+            return Err(MqttError::invalid(
+                Parameter::GuardedSubscription,
+                self.subscription.topic_filter(),
+                "a shared subscription is delivered to one member already; it takes no guard",
+            ));
         }
-        let runner = ActiveRunner::new(config, scope)
-            .map_err(|e| MqttError::InvalidInput(format!("MQTT endpoint: {e}")))?;
+        let runner = ActiveRunner::new(config, scope).map_err(MqttError::Guard)?;
         self.guard = Some(runner);
         Ok(self)
     }
@@ -62,13 +64,13 @@ impl MqttEndpoint {
     /// Lease timing of a guarded endpoint; validated.
     pub fn with_guard_settings(mut self, settings: ActiveConfig) -> Result<Self, MqttError> {
         let Some(runner) = self.guard.take() else {
-            return Err(MqttError::InvalidInput(
-                "lease timing given to an endpoint without a guard".into(),
+            return Err(MqttError::invalid(
+                Parameter::LeaseTiming,
+                "",
+                "given to an endpoint without a guard",
             ));
         };
-        let runner = runner
-            .with_settings(settings)
-            .map_err(|e| MqttError::InvalidInput(format!("MQTT endpoint: {e}")))?;
+        let runner = runner.with_settings(settings).map_err(MqttError::Guard)?;
         self.guard = Some(runner);
         Ok(self)
     }
@@ -150,9 +152,10 @@ impl MqttEndpoint {
                             // The receiver lives until the runner returns.
                             tx.send(Some((Box::new(connection), confirm))).await.ok();
                             let answer = async {
-                                confirmed.recv().await.unwrap_or_else(|_| {
-                                    Err(MqttError::Closed("connection ended before SUBACK".into()))
-                                })
+                                confirmed
+                                    .recv()
+                                    .await
+                                    .unwrap_or(Err(MqttError::Closed(None)))
                             };
                             future::or(answer, async {
                                 async_io::Timer::after(self.options.connect_timeout).await;

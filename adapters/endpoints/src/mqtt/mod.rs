@@ -35,7 +35,12 @@ mod connection;
 mod endpoint;
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
+
+use guard_smol::RunnerError;
+
+use crate::parameter::{Parameter, write_invalid};
 
 pub use endpoint::MqttEndpoint;
 
@@ -48,33 +53,113 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 pub const DEFAULT_RECONNECT_DELAY: Duration = Duration::from_secs(1);
 
 /// An MQTT failure, or input that cannot work.
-#[derive(Clone, Debug, PartialEq, Eq)]
+///
+/// The message names what failed; [`source`](std::error::Error::source)
+/// returns the cause where there is one: rumqttc's
+/// [`ConnectionError`](rumqttc::ConnectionError) or
+/// [`ClientError`](rumqttc::ClientError) (shared behind an [`Arc`], so
+/// the error stays `Clone`), or guard-smol's
+/// [`RunnerError`].
+#[derive(Clone, Debug)]
+#[non_exhaustive]
 pub enum MqttError {
-    /// A parameter that cannot be used, and why.
-    InvalidInput(String),
+    /// A parameter that cannot be used.
+    #[non_exhaustive]
+    InvalidInput {
+        /// What was refused.
+        parameter: Parameter,
+        /// The value given, as text.
+        value: String,
+        /// The rule it breaks.
+        rule: String,
+    },
+    /// The endpoint's guard (its lease runner) cannot be built.
+    Guard(RunnerError),
     /// The broker could not be reached or refused the connection.
-    Connect(String),
-    /// The broker refused the subscription, or it could not be sent.
-    Subscribe(String),
+    Connect {
+        /// `host:port`.
+        broker: String,
+        /// Why.
+        source: Arc<rumqttc::ConnectionError>,
+    },
+    /// The SUBSCRIBE could not be sent.
+    Subscribe {
+        /// The filter, as sent.
+        filter: String,
+        /// Why.
+        source: Arc<rumqttc::ClientError>,
+    },
+    /// The broker refused the subscription.
+    SubscriptionRefused {
+        /// The filter, as sent.
+        filter: String,
+        /// The broker's return codes, as text (they are the broker's
+        /// answer, not an error of this client).
+        return_codes: String,
+    },
     /// No answer in time.
     Timeout(Duration),
-    /// The connection ended.
-    Closed(String),
+    /// The connection ended: with rumqttc's error, or `None` when it
+    /// ended before the broker confirmed the subscription (its error was
+    /// reported where the connection was served).
+    Closed(Option<Arc<rumqttc::ConnectionError>>),
+    /// A message's acknowledgement could not be queued.
+    Acknowledge(Arc<rumqttc::ClientError>),
+}
+
+impl MqttError {
+    /// `value` of `parameter` breaks `rule`.
+    pub(crate) fn invalid(
+        parameter: Parameter,
+        value: impl Into<String>,
+        rule: impl Into<String>,
+    ) -> Self {
+        MqttError::InvalidInput {
+            parameter,
+            value: value.into(),
+            rule: rule.into(),
+        }
+    }
 }
 
 impl fmt::Display for MqttError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            MqttError::InvalidInput(why) => write!(f, "invalid input: {why}"),
-            MqttError::Connect(why) => write!(f, "mqtt connect: {why}"),
-            MqttError::Subscribe(why) => write!(f, "mqtt subscribe: {why}"),
+            MqttError::InvalidInput {
+                parameter,
+                value,
+                rule,
+            } => write_invalid(f, *parameter, value, rule),
+            MqttError::Guard(e) => write!(f, "MQTT endpoint guard: {e}"),
+            MqttError::Connect { broker, source } => write!(f, "mqtt connect: {broker}: {source}"),
+            MqttError::Subscribe { filter, source } => {
+                write!(f, "mqtt subscribe: {filter}: {source}")
+            }
+            MqttError::SubscriptionRefused {
+                filter,
+                return_codes,
+            } => write!(
+                f,
+                "mqtt subscribe: the broker refused {filter}: {return_codes}"
+            ),
             MqttError::Timeout(d) => write!(f, "mqtt: no answer within {d:?}"),
-            MqttError::Closed(why) => write!(f, "mqtt: {why}"),
+            MqttError::Closed(Some(e)) => write!(f, "mqtt: connection ended: {e}"),
+            MqttError::Closed(None) => f.write_str("mqtt: connection ended before SUBACK"),
+            MqttError::Acknowledge(e) => write!(f, "mqtt: acknowledge: {e}"),
         }
     }
 }
 
-impl std::error::Error for MqttError {}
+impl std::error::Error for MqttError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            MqttError::Guard(e) => Some(e),
+            MqttError::Connect { source, .. } | MqttError::Closed(Some(source)) => Some(&**source),
+            MqttError::Subscribe { source, .. } | MqttError::Acknowledge(source) => Some(&**source),
+            _ => None,
+        }
+    }
+}
 
 /// Where the broker is and who this client is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -92,13 +177,17 @@ impl MqttOptions {
     /// older of two clients with one id) of the broker at `host:port`.
     pub fn new(host: &str, port: u16, client_id: &str) -> Result<Self, MqttError> {
         if host.is_empty() {
-            return Err(MqttError::InvalidInput(
-                "broker host must not be empty".into(),
+            return Err(MqttError::invalid(
+                Parameter::BrokerHost,
+                host,
+                "must not be empty",
             ));
         }
         if client_id.is_empty() {
-            return Err(MqttError::InvalidInput(
-                "client id must not be empty (each replica needs its own)".into(),
+            return Err(MqttError::invalid(
+                Parameter::ClientId,
+                client_id,
+                "must not be empty (each replica needs its own)",
             ));
         }
         Ok(MqttOptions {
@@ -155,9 +244,11 @@ pub enum Subscription {
 
 fn checked_filter(filter: &str) -> Result<String, MqttError> {
     if filter.is_empty() || filter.starts_with("$share/") {
-        return Err(MqttError::InvalidInput(format!(
-            "topic filter {filter:?} must be non-empty and not itself a $share filter (use Subscription::shared)"
-        )));
+        return Err(MqttError::invalid(
+            Parameter::TopicFilter,
+            filter,
+            "must be non-empty and not itself a $share filter (use Subscription::shared)",
+        ));
     }
     Ok(filter.to_owned())
 }
@@ -167,9 +258,11 @@ impl Subscription {
     /// `#` (MQTT 5, 4.8.2).
     pub fn shared(group: &str, filter: &str) -> Result<Self, MqttError> {
         if group.is_empty() || group.contains(['/', '+', '#']) {
-            return Err(MqttError::InvalidInput(format!(
-                "share group {group:?} must be non-empty and contain no '/', '+' or '#'"
-            )));
+            return Err(MqttError::invalid(
+                Parameter::ShareGroup,
+                group,
+                "must be non-empty and contain no '/', '+' or '#'",
+            ));
         }
         Ok(Subscription::Shared {
             group: group.to_owned(),

@@ -7,9 +7,11 @@
 //!   guard; acknowledgement, retry, dead letters and claims of a dead
 //!   consumer's entries.
 
+mod error;
 mod pubsub;
 mod stream;
 
+pub use error::EndpointError;
 pub use pubsub::{DEFAULT_CONFIRM_TIMEOUT, PubSubEndpoint, PubSubMessage};
 pub use stream::{
     ConsumeStats, DEFAULT_BATCH, DEFAULT_CLAIM_IDLE, DEFAULT_POLL_INTERVAL, GroupStart,

@@ -33,6 +33,9 @@ use redis::aio::PubSubStream;
 
 use guard_redis::RedisGuardError;
 
+use super::EndpointError;
+use crate::parameter::Parameter;
+
 /// The original's limit on waiting for the subscription confirmations.
 pub const DEFAULT_CONFIRM_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -101,15 +104,16 @@ impl PubSubEndpoint {
         config: &GuardConfig,
         scope: &Scope,
         patterns: &[&str],
-    ) -> Result<Self, RedisGuardError> {
+    ) -> Result<Self, EndpointError> {
         if patterns.is_empty() || patterns.iter().any(|p| p.is_empty()) {
-            return Err(RedisGuardError::InvalidInput(format!(
-                "Pub/Sub endpoint patterns {patterns:?} must be at least one, none empty"
-            )));
+            return Err(EndpointError::invalid(
+                Parameter::Patterns,
+                format!("{patterns:?}"),
+                "must be at least one, none empty",
+            ));
         }
         let client = redis::Client::open(url)?;
-        let runner = ActiveRunner::new(config, scope)
-            .map_err(|e| RedisGuardError::InvalidInput(format!("Pub/Sub endpoint: {e}")))?;
+        let runner = ActiveRunner::new(config, scope)?;
         Ok(PubSubEndpoint {
             client,
             patterns: patterns.iter().map(|p| (*p).to_owned()).collect(),
@@ -119,11 +123,8 @@ impl PubSubEndpoint {
     }
 
     /// Lease timing; validated.
-    pub fn with_settings(mut self, settings: ActiveConfig) -> Result<Self, RedisGuardError> {
-        self.runner = self
-            .runner
-            .with_settings(settings)
-            .map_err(|e| RedisGuardError::InvalidInput(format!("Pub/Sub endpoint: {e}")))?;
+    pub fn with_settings(mut self, settings: ActiveConfig) -> Result<Self, EndpointError> {
+        self.runner = self.runner.with_settings(settings)?;
         Ok(self)
     }
 

@@ -25,6 +25,9 @@ use redis::streams::{StreamAutoClaimReply, StreamId, StreamReadReply};
 
 use guard_redis::{DeadLetter, RedisConnection, RedisGuardError, StreamDlq};
 
+use super::EndpointError;
+use crate::parameter::Parameter;
+
 /// Entries read per round, new or claimed.
 pub const DEFAULT_BATCH: usize = 10;
 /// How long to wait after a round that found nothing.
@@ -102,7 +105,7 @@ pub struct ConsumeStats {
 ///         Ok::<(), String>(())
 ///     })
 ///     .await;
-/// # Ok::<(), guard_redis::RedisGuardError>(())
+/// # Ok::<(), guard_endpoints::redis::EndpointError>(())
 /// # });
 /// ```
 pub struct StreamConsumer {
@@ -130,13 +133,26 @@ impl fmt::Debug for StreamConsumer {
     }
 }
 
-fn named(what: &str, value: &str) -> Result<String, RedisGuardError> {
+fn named(parameter: Parameter, value: &str) -> Result<String, EndpointError> {
     if value.is_empty() {
-        return Err(RedisGuardError::InvalidInput(format!(
-            "{what} must not be empty"
-        )));
+        return Err(EndpointError::invalid(
+            parameter,
+            value,
+            "must not be empty",
+        ));
     }
     Ok(value.to_owned())
+}
+
+/// A retry policy the consumer cannot run: it draws no random bits.
+fn retry_refused(policy: RetryPolicy, why: JitterNeedsRandom) -> EndpointError {
+    EndpointError::InvalidInput {
+        parameter: Parameter::RetryPolicy,
+        value: format!("with {:?} jitter", policy.jitter()),
+        rule: "a stream consumer draws no random bits, so its retry policy takes no jitter"
+            .to_owned(),
+        source: Some(Box::new(why)),
+    }
 }
 
 fn millis(d: Duration) -> u64 {
@@ -175,12 +191,12 @@ impl StreamConsumer {
         stream: &str,
         group: &str,
         consumer: &str,
-    ) -> Result<Self, RedisGuardError> {
+    ) -> Result<Self, EndpointError> {
         Ok(StreamConsumer {
             conn,
-            stream: named("stream", stream)?,
-            group: named("consumer group", group)?,
-            consumer: named("consumer name", consumer)?,
+            stream: named(Parameter::Stream, stream)?,
+            group: named(Parameter::ConsumerGroup, group)?,
+            consumer: named(Parameter::ConsumerName, consumer)?,
             batch: DEFAULT_BATCH,
             poll_interval: DEFAULT_POLL_INTERVAL,
             claim_idle: DEFAULT_CLAIM_IDLE,
@@ -191,10 +207,12 @@ impl StreamConsumer {
     }
 
     /// Entries read per round (at least 1).
-    pub fn with_batch(mut self, batch: usize) -> Result<Self, RedisGuardError> {
+    pub fn with_batch(mut self, batch: usize) -> Result<Self, EndpointError> {
         if batch == 0 {
-            return Err(RedisGuardError::InvalidInput(
-                "stream consumer batch must be at least 1".into(),
+            return Err(EndpointError::invalid(
+                Parameter::Batch,
+                batch.to_string(),
+                "must be at least 1",
             ));
         }
         self.batch = batch;
@@ -209,11 +227,13 @@ impl StreamConsumer {
 
     /// How long an entry must have been pending on another consumer before
     /// this one claims it (at least 1 ms); longer than any handler runs.
-    pub fn with_claim_idle(mut self, idle: Duration) -> Result<Self, RedisGuardError> {
+    pub fn with_claim_idle(mut self, idle: Duration) -> Result<Self, EndpointError> {
         if idle < Duration::from_millis(1) {
-            return Err(RedisGuardError::InvalidInput(format!(
-                "claim idle time {idle:?} must be at least 1 ms"
-            )));
+            return Err(EndpointError::invalid(
+                Parameter::ClaimIdle,
+                format!("{idle:?}"),
+                "must be at least 1 ms",
+            ));
         }
         self.claim_idle = idle;
         Ok(self)
@@ -227,11 +247,9 @@ impl StreamConsumer {
 
     /// How a failing entry is retried before it is given up. The
     /// consumer draws no random bits, so a policy with jitter is refused.
-    pub fn with_retry(mut self, policy: RetryPolicy) -> Result<Self, RedisGuardError> {
+    pub fn with_retry(mut self, policy: RetryPolicy) -> Result<Self, EndpointError> {
         if policy.jitter() != Jitter::None {
-            return Err(RedisGuardError::InvalidInput(format!(
-                "stream consumer retry policy: {JitterNeedsRandom}"
-            )));
+            return Err(retry_refused(policy, JitterNeedsRandom));
         }
         self.retry = policy;
         Ok(self)
@@ -241,11 +259,7 @@ impl StreamConsumer {
     /// and the entry id as their origin (so a replay writes them back).
     /// Without one, a given-up entry stays pending and is tried again
     /// once it is claimed.
-    pub fn with_dead_letters(
-        mut self,
-        dlq: StreamDlq,
-        topic: &str,
-    ) -> Result<Self, RedisGuardError> {
+    pub fn with_dead_letters(mut self, dlq: StreamDlq, topic: &str) -> Result<Self, EndpointError> {
         dlq.stream_key(topic)?;
         self.dead_letters = Some((dlq, topic.to_owned()));
         Ok(self)
@@ -331,16 +345,15 @@ impl StreamConsumer {
         handler: &mut F,
         stats: &mut ConsumeStats,
         acks: &mut Vec<String>,
-    ) -> Result<(), RedisGuardError>
+    ) -> Result<(), EndpointError>
     where
         F: FnMut(StreamMessage) -> Fut,
         Fut: Future<Output = Result<(), E>>,
         E: fmt::Display,
     {
         // `with_retry` refuses jitter, so this cannot fail.
-        let mut retry = RetryExecutor::new(self.retry, classifier).map_err(|e| {
-            RedisGuardError::InvalidInput(format!("stream consumer retry policy: {e}"))
-        })?;
+        let mut retry =
+            RetryExecutor::new(self.retry, classifier).map_err(|e| retry_refused(self.retry, e))?;
         let mut calls = 0;
         let result = retry
             .run(&mut TimerDelay, |attempt| {
@@ -405,7 +418,7 @@ impl StreamConsumer {
         classifier: Classifier<E>,
         handler: &mut F,
         stats: &mut ConsumeStats,
-    ) -> Result<usize, RedisGuardError>
+    ) -> Result<usize, EndpointError>
     where
         F: FnMut(StreamMessage) -> Fut,
         Fut: Future<Output = Result<(), E>>,

@@ -12,36 +12,17 @@ pub use memory::{MemoryLimiter, SHARD_KEYS};
 pub use named::{NamedRateLimiter, RateLimiterRegistry};
 pub use sink::{DenyPolicy, RateLimitingSink, Sink, SinkError};
 
-use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use guard_core::limit::Decision;
 
-use crate::shared::BoxFuture;
+use crate::shared::{BackendError, BoxFuture};
 
-/// A backend failure behind a limiter (for example Redis unreachable).
-#[derive(Debug)]
-pub struct LimitError(Box<dyn std::error::Error + Send + Sync>);
-
-impl LimitError {
-    /// Wraps a backend error.
-    pub fn new(error: impl std::error::Error + Send + Sync + 'static) -> Self {
-        LimitError(Box::new(error))
-    }
-}
-
-impl fmt::Display for LimitError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "rate limiter backend: {}", self.0)
-    }
-}
-
-impl std::error::Error for LimitError {}
-
-/// The result of one decision.
-pub type LimitResult = Result<Decision, LimitError>;
+/// The result of one decision: a backend failure behind a limiter (for
+/// example Redis unreachable) is a [`BackendError`].
+pub type LimitResult = Result<Decision, BackendError>;
 
 /// The future of one decision: ready at once for in-memory limiters (no
 /// allocation), boxed for remote ones.

@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use guard_core::limit::Decision;
 
-use super::{LimitError, RateLimiter};
+use super::RateLimiter;
 use crate::metrics::SINK_DROPPED;
+use crate::shared::BackendError;
 
 /// Somewhere elements go (a stream, a socket, an uplink).
 #[allow(async_fn_in_trait, reason = "Send-ness follows the concrete sink")]
@@ -19,6 +20,7 @@ pub trait Sink<T> {
 
 /// Why an element was not delivered.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum SinkError {
     /// Refused by the limiter under [`DenyPolicy::Error`]; names the key.
     RateLimited {
@@ -27,8 +29,9 @@ pub enum SinkError {
         /// When the key admits again.
         retry_after: Duration,
     },
-    /// The limiter's backend failed.
-    Limiter(LimitError),
+    /// The limiter's backend failed (the backend's error is its
+    /// source).
+    Limiter(BackendError),
     /// The downstream sink failed.
     Downstream(Box<dyn std::error::Error + Send + Sync>),
 }
@@ -42,13 +45,21 @@ impl fmt::Display for SinkError {
                     "Rate limited for key: {key} (retry after {retry_after:?})"
                 )
             }
-            SinkError::Limiter(e) => write!(f, "{e}"),
+            SinkError::Limiter(e) => write!(f, "rate limiter backend: {e}"),
             SinkError::Downstream(e) => write!(f, "downstream sink: {e}"),
         }
     }
 }
 
-impl std::error::Error for SinkError {}
+impl std::error::Error for SinkError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            SinkError::RateLimited { .. } => None,
+            SinkError::Limiter(e) => Some(e),
+            SinkError::Downstream(e) => Some(&**e),
+        }
+    }
+}
 
 /// What a [`RateLimitingSink`] does with a refused element.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

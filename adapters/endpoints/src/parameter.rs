@@ -1,0 +1,92 @@
+//! The parameters an endpoint refuses, named in the `InvalidInput`
+//! variants of [`MqttError`](crate::mqtt::MqttError) and
+//! [`EndpointError`](crate::redis::EndpointError).
+
+use std::fmt;
+
+/// A parameter of an endpoint, as named in an `InvalidInput` error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Parameter {
+    /// A stream consumer's stream.
+    Stream,
+    /// A stream consumer's group.
+    ConsumerGroup,
+    /// A stream consumer's own name.
+    ConsumerName,
+    /// Entries a stream consumer reads per round.
+    Batch,
+    /// How long an entry is idle before a stream consumer claims it.
+    ClaimIdle,
+    /// A stream consumer's retry policy.
+    RetryPolicy,
+    /// A Pub/Sub endpoint's patterns.
+    Patterns,
+    /// An MQTT broker's host.
+    BrokerHost,
+    /// An MQTT client id.
+    ClientId,
+    /// An MQTT share group.
+    ShareGroup,
+    /// An MQTT topic filter.
+    TopicFilter,
+    /// An MQTT subscription given a guard.
+    GuardedSubscription,
+    /// The lease timing of an endpoint's guard.
+    LeaseTiming,
+}
+
+impl Parameter {
+    /// Whether the value is text (quoted in messages, so an empty one
+    /// shows) rather than a quantity or a list.
+    fn is_text(self) -> bool {
+        matches!(
+            self,
+            Parameter::Stream
+                | Parameter::ConsumerGroup
+                | Parameter::ConsumerName
+                | Parameter::BrokerHost
+                | Parameter::ClientId
+                | Parameter::ShareGroup
+                | Parameter::TopicFilter
+                | Parameter::GuardedSubscription
+        )
+    }
+}
+
+impl fmt::Display for Parameter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Parameter::Stream => "stream",
+            Parameter::ConsumerGroup => "consumer group",
+            Parameter::ConsumerName => "consumer name",
+            Parameter::Batch => "stream consumer batch",
+            Parameter::ClaimIdle => "claim idle time",
+            Parameter::RetryPolicy => "stream consumer retry policy",
+            Parameter::Patterns => "Pub/Sub patterns",
+            Parameter::BrokerHost => "broker host",
+            Parameter::ClientId => "client id",
+            Parameter::ShareGroup => "share group",
+            Parameter::TopicFilter => "topic filter",
+            Parameter::GuardedSubscription => "guarded subscription",
+            Parameter::LeaseTiming => "lease timing",
+        })
+    }
+}
+
+/// `invalid <parameter> <value>: <rule>`; a text value is quoted, an
+/// empty quantity left out.
+pub(crate) fn write_invalid(
+    f: &mut fmt::Formatter<'_>,
+    parameter: Parameter,
+    value: &str,
+    rule: &str,
+) -> fmt::Result {
+    if parameter.is_text() {
+        write!(f, "invalid {parameter} {value:?}: {rule}")
+    } else if value.is_empty() {
+        write!(f, "invalid {parameter}: {rule}")
+    } else {
+        write!(f, "invalid {parameter} {value}: {rule}")
+    }
+}
