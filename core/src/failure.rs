@@ -104,7 +104,8 @@ impl FromStr for FailureStrategy {
 /// A configuration that [`ReliabilityConfig::validate`] rejects.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
-pub enum ConfigError {
+#[non_exhaustive]
+pub enum ReliabilityConfigError {
     /// No strategy.
     MissingStrategy,
     /// `Retry` without a policy.
@@ -117,25 +118,27 @@ pub enum ConfigError {
     JitterWithoutRandom,
 }
 
-impl fmt::Display for ConfigError {
+impl fmt::Display for ReliabilityConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            ConfigError::MissingStrategy => "Failure strategy must be specified",
-            ConfigError::RetryWithoutPolicy => "Retry policy must be specified for RETRY strategy",
-            ConfigError::DeadLetterWithoutQueue => {
+            ReliabilityConfigError::MissingStrategy => "Failure strategy must be specified",
+            ReliabilityConfigError::RetryWithoutPolicy => {
+                "Retry policy must be specified for RETRY strategy"
+            }
+            ReliabilityConfigError::DeadLetterWithoutQueue => {
                 "Dead letter queue must be specified for DEAD_LETTER_QUEUE strategy"
             }
-            ConfigError::MaxConsecutiveFailuresNotPositive => {
+            ReliabilityConfigError::MaxConsecutiveFailuresNotPositive => {
                 "Max consecutive failures must be positive"
             }
-            ConfigError::JitterWithoutRandom => {
+            ReliabilityConfigError::JitterWithoutRandom => {
                 "Retry policy has jitter but no random source was given"
             }
         })
     }
 }
 
-impl core::error::Error for ConfigError {}
+impl core::error::Error for ReliabilityConfigError {}
 
 /// How failures are handled; `D` is the dead-letter sink (for example
 /// `&mut DeadLetterQueue<T, E, N>` or `&SharedDeadLetterQueue<..>`).
@@ -193,16 +196,18 @@ impl<D> ReliabilityConfig<D> {
     }
 
     /// Checks the original's four rules, in its order.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        let strategy = self.failure_strategy.ok_or(ConfigError::MissingStrategy)?;
+    pub fn validate(&self) -> Result<(), ReliabilityConfigError> {
+        let strategy = self
+            .failure_strategy
+            .ok_or(ReliabilityConfigError::MissingStrategy)?;
         if strategy == FailureStrategy::Retry && self.retry_policy.is_none() {
-            return Err(ConfigError::RetryWithoutPolicy);
+            return Err(ReliabilityConfigError::RetryWithoutPolicy);
         }
         if strategy == FailureStrategy::DeadLetterQueue && self.dead_letter_queue.is_none() {
-            return Err(ConfigError::DeadLetterWithoutQueue);
+            return Err(ReliabilityConfigError::DeadLetterWithoutQueue);
         }
         if self.max_consecutive_failures == 0 {
-            return Err(ConfigError::MaxConsecutiveFailuresNotPositive);
+            return Err(ReliabilityConfigError::MaxConsecutiveFailuresNotPositive);
         }
         Ok(())
     }
@@ -262,7 +267,7 @@ pub enum Handled<R, T, E> {
 /// assert_eq!(out, Handled::DeadLettered { attempts: 2 });
 /// // The handler borrowed the queue; it is free again.
 /// assert_eq!(dlq.poll().map(|f| f.into_element()), Some(7));
-/// # Ok::<(), guard_core::failure::ConfigError>(())
+/// # Ok::<(), guard_core::failure::ReliabilityConfigError>(())
 /// ```
 #[derive(Debug)]
 pub struct FailureHandler<D, E, R = WithoutRandom> {
@@ -280,7 +285,7 @@ impl<D, E> FailureHandler<D, E, WithoutRandom> {
     pub fn new(
         config: ReliabilityConfig<D>,
         classifier: Classifier<E>,
-    ) -> Result<Self, ConfigError> {
+    ) -> Result<Self, ReliabilityConfigError> {
         Self::with_random(config, classifier, WithoutRandom)
     }
 }
@@ -291,18 +296,18 @@ impl<D, E, R: RandomSource> FailureHandler<D, E, R> {
         config: ReliabilityConfig<D>,
         classifier: Classifier<E>,
         random: R,
-    ) -> Result<Self, ConfigError> {
+    ) -> Result<Self, ReliabilityConfigError> {
         config.validate()?;
         let strategy = config
             .failure_strategy
-            .ok_or(ConfigError::MissingStrategy)?;
+            .ok_or(ReliabilityConfigError::MissingStrategy)?;
         // Only Retry and DeadLetterQueue retry; the others make one call.
         let policy = match (strategy, config.retry_policy) {
             (FailureStrategy::Retry | FailureStrategy::DeadLetterQueue, Some(policy)) => policy,
             _ => RetryPolicy::no_retry().with_jitter(Jitter::None),
         };
         let retry = RetryExecutor::with_random(policy, classifier, random)
-            .map_err(|_| ConfigError::JitterWithoutRandom)?;
+            .map_err(|_| ReliabilityConfigError::JitterWithoutRandom)?;
         Ok(FailureHandler {
             strategy,
             queue: config.dead_letter_queue,

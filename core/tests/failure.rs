@@ -6,7 +6,7 @@ use std::time::Duration;
 use embassy_sync::blocking_mutex::raw::CriticalSectionRawMutex;
 use guard_core::dlq::{DeadLetterQueue, SharedDeadLetterQueue};
 use guard_core::failure::{
-    ConfigError, FailureHandler, FailureStrategy, Handled, ReliabilityConfig,
+    FailureHandler, FailureStrategy, Handled, ReliabilityConfig, ReliabilityConfigError,
 };
 use guard_core::retry::{Classifier, Jitter, RetryPolicy};
 use guard_core::time::Instant;
@@ -79,10 +79,10 @@ fn validation_messages_match_the_original() {
     c.max_consecutive_failures = 0;
     assert_eq!(
         c.validate(),
-        Err(ConfigError::MaxConsecutiveFailuresNotPositive)
+        Err(ReliabilityConfigError::MaxConsecutiveFailuresNotPositive)
     );
     assert_eq!(
-        ConfigError::MaxConsecutiveFailuresNotPositive.to_string(),
+        ReliabilityConfigError::MaxConsecutiveFailuresNotPositive.to_string(),
         "Max consecutive failures must be positive"
     );
 }
@@ -288,7 +288,7 @@ fn an_invalid_config_or_jitter_without_randomness_is_refused() {
     };
     assert_eq!(
         FailureHandler::new(config, Classifier::<&str>::retry_all()).unwrap_err(),
-        ConfigError::DeadLetterWithoutQueue
+        ReliabilityConfigError::DeadLetterWithoutQueue
     );
     let jittery: ReliabilityConfig<&mut Queue> = ReliabilityConfig {
         retry_policy: Some(RetryPolicy::new().with_jitter(Jitter::Full)),
@@ -296,7 +296,7 @@ fn an_invalid_config_or_jitter_without_randomness_is_refused() {
     };
     assert_eq!(
         FailureHandler::new(jittery, Classifier::<&str>::retry_all()).unwrap_err(),
-        ConfigError::JitterWithoutRandom
+        ReliabilityConfigError::JitterWithoutRandom
     );
 }
 

@@ -20,6 +20,7 @@ pub const DEFAULT_RELEASE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// An [`ActiveRunner`] that cannot be built.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RunnerError {
     /// The lease key cannot be built.
     Key(KeyError),
@@ -36,7 +37,14 @@ impl fmt::Display for RunnerError {
     }
 }
 
-impl std::error::Error for RunnerError {}
+impl std::error::Error for RunnerError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            RunnerError::Key(e) => Some(e),
+            RunnerError::Timing(e) => Some(e),
+        }
+    }
+}
 
 /// What woke the runner.
 enum Wake {
@@ -146,6 +154,9 @@ impl ActiveRunner {
         let Some(locker) = self.config.locker() else {
             return self.run_unguarded(control, on_promoted, on_demoted).await;
         };
+        // A standby is visible from the start (leader 0), not only once it
+        // has led.
+        guard_std::metrics::record_standby(&self.key);
         let clock = self.clock;
         let ttl = self.timing.ttl();
         // From validated timing: the error type is `Infallible`.

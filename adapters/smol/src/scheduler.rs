@@ -29,6 +29,7 @@ pub struct JobRun {
 
 /// A job that cannot be added.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ScheduleError {
     /// Every job needs a router id: it is part of the dedup key. (The
     /// original fell back to the cron text, so two id-less routers with
@@ -54,7 +55,14 @@ impl fmt::Display for ScheduleError {
     }
 }
 
-impl std::error::Error for ScheduleError {}
+impl std::error::Error for ScheduleError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ScheduleError::Key(e) => Some(e),
+            _ => None,
+        }
+    }
+}
 
 type JobFn = Box<dyn FnMut(JobRun) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
 
@@ -165,6 +173,7 @@ impl Scheduler {
         if !self.keys.insert(scope.as_str().to_owned()) {
             return Err(ScheduleError::DuplicateRouterId(router_id.to_owned()));
         }
+        guard_std::metrics::record_once_scope(scope.as_str());
         self.jobs.push(Job {
             name: router_id.to_owned(),
             scope,

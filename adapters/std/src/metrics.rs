@@ -35,6 +35,16 @@ pub fn record_once(event: &OnceEvent<'_>) {
     .increment(1);
 }
 
+/// Makes once-guard scope `scope` visible before its first decision:
+/// `guard_once_total{scope, outcome}` at zero for the outcomes a working
+/// guard has (won, lost).
+pub fn record_once_scope(scope: &str) {
+    for outcome in ["won", "lost"] {
+        metrics::counter!(ONCE_OUTCOMES, "scope" => scope.to_owned(), "outcome" => outcome)
+            .increment(0);
+    }
+}
+
 /// Records a promotion of lease `key`.
 pub fn record_promoted(key: &str) {
     metrics::counter!(ACTIVE_TRANSITIONS, "key" => key.to_owned(), "transition" => "promoted", "reason" => "")

@@ -472,7 +472,6 @@ pub async fn run(
                 name: name.clone(),
                 source,
             })?;
-        guard_std::metrics::record_standby(runner.key());
         let (name, promoted, demoted) = (name.clone(), emit.clone(), emit.clone());
         let control = control.clone();
         tasks.push(executor.spawn(async move {
