@@ -17,7 +17,9 @@ use guard_smol::Control;
 use guard_std::metered::MeteredDeadLetterQueue;
 use guard_std::{Clock, SystemClock};
 
-use crate::replica::{Built, Content, Event, GatewayError, limiter};
+use crate::built::{Built, limiter};
+use crate::error::GatewayError;
+use crate::event::{Content, Event};
 
 /// A task of the replica.
 pub(crate) type Task = Pin<Box<dyn Future<Output = ()>>>;

@@ -6,7 +6,10 @@
 //! - [`replica`]: one real replica from a TOML configuration (Redis locker,
 //!   schedules, leader-only consumers, rate limiters, Prometheus metrics).
 
+mod built;
 pub mod demo;
 mod endpoint;
+mod error;
+mod event;
 pub mod prometheus;
 pub mod replica;

@@ -1,0 +1,144 @@
+//! What a configuration builds before anything runs: the locker, the
+//! guards' shared settings, the rate limiters and the Redis connection.
+
+use std::sync::Arc;
+
+use guard_core::limit::{FullPolicy, SlidingWindow};
+use guard_endpoints::config::{
+    Backend, Config, Locker, MAX_SLIDING_LIMIT, Policy, PolicyAlgorithm,
+};
+use guard_redis::{
+    RedisConnection, RedisGuardError, RedisLeakyBucket, RedisLocker, RedisSlidingWindow,
+    RedisTokenBucket,
+};
+use guard_std::ratelimit::{MemoryLimiter, NamedRateLimiter, RateLimiter, RateLimiterRegistry};
+use guard_std::{GuardConfig, LocalLocker, SharedLocker};
+
+use crate::error::GatewayError;
+
+/// What a configuration builds: the guards' shared config, the rate
+/// limiters, and the Redis connection when there is one.
+pub struct Built {
+    /// Locker, owner and prefix for every guard.
+    pub guards: GuardConfig,
+    /// The named rate limiters.
+    pub limiters: RateLimiterRegistry,
+    /// The locker's Redis connection, shared by endpoints that name no
+    /// URL of their own.
+    pub redis: Option<RedisConnection>,
+}
+
+/// Connects what `config` names: a Redis locker that cannot be reached is
+/// an error; a Redis rate-limit backend without a Redis locker is one too,
+/// unless `ratelimit.fallback_to_memory` is set, which then warns.
+pub async fn build(config: &Config) -> Result<Built, GatewayError> {
+    let redis = match config.redis_locker() {
+        Some(locker) => Some(
+            RedisConnection::connect(locker.topology.clone(), locker.request_timeout)
+                .await
+                .map_err(GatewayError::LockerUnreachable)?,
+        ),
+        None => None,
+    };
+    let locker = match (&config.locker, &redis) {
+        (Locker::Local, _) => Some(SharedLocker::new(LocalLocker::new())),
+        (Locker::Redis(l), Some(conn)) => Some(SharedLocker::new(
+            RedisLocker::new(conn.clone())
+                .with_prefix(&l.prefix)
+                .map_err(GatewayError::Locker)?,
+        )),
+        _ => None,
+    };
+    let mut guards = GuardConfig::new().with_owner(config.guards.owner.clone());
+    if let Some(locker) = locker {
+        guards = guards.with_locker(locker);
+    }
+    let mut limiters: Vec<(String, Arc<dyn RateLimiter>)> = Vec::new();
+    if let Some(ratelimit) = &config.ratelimit {
+        for policy in &ratelimit.policies {
+            let limiter = match (policy.backend, &redis) {
+                (Backend::Memory, _) => memory(policy, ratelimit.memory_keys),
+                (Backend::Redis, Some(conn)) => remote(policy, conn)?,
+                (Backend::Redis, None) if ratelimit.fallback_to_memory => {
+                    log::warn!(
+                        "rate limiter {}: Redis backend without a Redis locker to connect with; using memory (fallback_to_memory = true)",
+                        policy.name
+                    );
+                    memory(policy, ratelimit.memory_keys)
+                }
+                (Backend::Redis, None) => {
+                    return Err(GatewayError::LimiterWithoutRedis {
+                        name: policy.name.clone(),
+                    });
+                }
+            };
+            limiters.push((policy.name.clone(), limiter));
+        }
+    }
+    Ok(Built {
+        guards,
+        limiters: RateLimiterRegistry::new(limiters),
+        redis,
+    })
+}
+
+/// A sliding window whose per-key log holds `M` instants, if its limit
+/// fits: a key costs 8 bytes per instant, so the log is sized to the
+/// configured limit's class, not to the largest limit allowed (4096
+/// instants, 32 KiB a key).
+fn sliding<const M: usize>(
+    window: SlidingWindow<MAX_SLIDING_LIMIT>,
+    keys: usize,
+) -> Option<Arc<dyn RateLimiter>> {
+    let window = SlidingWindow::<M>::new(window.window(), window.limit()).ok()?;
+    Some(Arc::new(MemoryLimiter::new(
+        window,
+        keys,
+        FullPolicy::DenyNewKeys,
+    )))
+}
+
+fn memory(policy: &Policy, keys: usize) -> Arc<dyn RateLimiter> {
+    match policy.algorithm {
+        PolicyAlgorithm::Sliding(w) => sliding::<16>(w, keys)
+            .or_else(|| sliding::<128>(w, keys))
+            .or_else(|| sliding::<1024>(w, keys))
+            .unwrap_or_else(|| Arc::new(MemoryLimiter::new(w, keys, FullPolicy::DenyNewKeys))),
+        PolicyAlgorithm::TokenBucket(b) => {
+            Arc::new(MemoryLimiter::new(b, keys, FullPolicy::DenyNewKeys))
+        }
+        PolicyAlgorithm::LeakyBucket(b) => {
+            Arc::new(MemoryLimiter::new(b, keys, FullPolicy::DenyNewKeys))
+        }
+    }
+}
+
+fn remote(policy: &Policy, conn: &RedisConnection) -> Result<Arc<dyn RateLimiter>, GatewayError> {
+    let name = &policy.name;
+    let built: Result<Arc<dyn RateLimiter>, RedisGuardError> = match policy.algorithm {
+        PolicyAlgorithm::Sliding(w) => RedisSlidingWindow::new(conn.clone(), w)
+            .and_then(|l| l.with_prefix(&policy.key_prefix))
+            .map(|l| Arc::new(l) as Arc<dyn RateLimiter>),
+        PolicyAlgorithm::TokenBucket(b) => RedisTokenBucket::new(conn.clone(), b)
+            .and_then(|l| l.with_prefix(&policy.key_prefix))
+            .map(|l| Arc::new(l) as Arc<dyn RateLimiter>),
+        PolicyAlgorithm::LeakyBucket(b) => RedisLeakyBucket::new(conn.clone(), b)
+            .and_then(|l| l.with_prefix(&policy.key_prefix))
+            .map(|l| Arc::new(l) as Arc<dyn RateLimiter>),
+    };
+    built.map_err(|source| GatewayError::Limiter {
+        name: name.clone(),
+        source,
+    })
+}
+
+/// The limiter `name`, which validation made sure exists.
+pub(crate) fn limiter(built: &Built, name: &str) -> Result<Arc<NamedRateLimiter>, GatewayError> {
+    built
+        .limiters
+        .get(name)
+        .cloned()
+        .ok_or_else(|| GatewayError::UnknownLimiter {
+            name: name.to_owned(),
+        })
+}
