@@ -274,7 +274,7 @@ fn wrong_types_name_the_key_the_value_and_what_is_allowed() {
     let cases = [
         (
             "[ratelimit]\nwindow_ms = -5\n",
-            "`ratelimit.window_ms` = -5: expected a whole number from 0 to 18446744073709551615",
+            "`ratelimit.window_ms` = -5: expected a whole number from 0 to 9223372036854775807",
         ),
         (
             "[ratelimit.policies.api]\nalgorithm = \"token-bucket\"\ncapacity = -1\n",
@@ -523,4 +523,109 @@ fn the_readme_configuration_parses() {
     let config = Config::from_toml_with_env(block, env).expect("the README's example");
     assert_eq!(config.endpoints[0].name, "telemetry");
     assert!(config.endpoints[0].limit.is_some());
+}
+
+#[test]
+fn what_a_replica_would_refuse_at_start_is_refused_by_the_check() {
+    let long = "r".repeat(300);
+    let cases = [
+        (
+            format!("[[schedules]]\nrouter = \"{long}\"\nevery_ms = 1000\n"),
+            "`schedules[1].router`",
+            "the guard keys it is part of hold at most",
+        ),
+        (
+            "[[active]]\nname = \"a\"\n[[active]]\nname = \"a\"\n".to_owned(),
+            "`active[1].name` = \"a\"",
+            "a unique name",
+        ),
+        (
+            "[locker]\nkind = \"local\"\n[ratelimit]\nenabled = true\nbackend = \"redis\"\n"
+                .to_owned(),
+            "`ratelimit.policies.default.backend` = \"redis\"",
+            "unless [locker] kind = \"redis\"",
+        ),
+        (
+            "[[schedules]]\nrouter = \"feb\"\ncron = \"0 0 0 31 2 *\"\n".to_owned(),
+            "`schedules[1].cron` = \"0 0 0 31 2 *\"",
+            "this one never does",
+        ),
+        (
+            "[[schedules]]\nrouter = \"bad\"\ncron = \"61 * * * * *\"\n".to_owned(),
+            "`schedules[1].cron` = \"61 * * * * *\": expected a cron expression with seconds",
+            "the parser says",
+        ),
+        (
+            "[guards]\nactive_ttl_ms = 1000\nactive_interval_ms = 5000\n".to_owned(),
+            "`guards.active_interval_ms` = 5000",
+            "at most a third of guards.active_ttl_ms (333 ms)",
+        ),
+        (
+            "[[schedules]]\nrouter = \"big\"\nevery_ms = 18446744073709551615\n".to_owned(),
+            "`schedules[1].every_ms` = 18446744073709551615",
+            "at most 31622400000",
+        ),
+        (
+            "[[schedules]]\nrouter = \"big\"\nevery_ms = 9000000000000\n".to_owned(),
+            "`schedules[1].every_ms` = 9000000000000",
+            "at most 31622400000",
+        ),
+        (
+            "[guards]\nowner = \"a\\nb\"\n".to_owned(),
+            "`guards.owner` = \"a\\nb\"",
+            "no control characters",
+        ),
+        (
+            "[ratelimit]\nenabled = true\n[ratelimit.policies.\"\"]\nalgorithm = \"sliding\"\n"
+                .to_owned(),
+            "`ratelimit.policies.` = \"\"",
+            "a non-empty policy name",
+        ),
+        (
+            "[locker]\nkind = \"redis\"\nurl = \"${}\"\n".to_owned(),
+            "`locker.url`",
+            "a variable name inside `${}`",
+        ),
+    ];
+    for (text, key, expected) in cases {
+        let e = error_with_job(&text);
+        assert!(
+            e.contains(key) && e.contains(expected),
+            "{text:?}\n gave: {e}\n wanted: {key} … {expected}"
+        );
+    }
+    // A section given as a plain value names the section, not a Rust type.
+    let e = error(&format!("locker = \"local\"\n{JOB}"));
+    assert!(
+        e.contains("`locker` = \"local\": expected a table of keys ([locker])"),
+        "{e}"
+    );
+}
+
+#[test]
+fn mqtt_endpoints_refuse_what_a_broker_would() {
+    let mqtt = |extra: &str| {
+        error_with_job(&format!(
+            "[[endpoints]]\nname = \"m\"\nkind = \"mqtt\"\nhost = \"h\"\nfilter = \"sensors/#\"\n{extra}"
+        ))
+    };
+    let e = error_with_job(
+        "[[endpoints]]\nname = \"m\"\nkind = \"mqtt\"\nhost = \"mqtt://h:1883\"\nfilter = \"t\"\n",
+    );
+    assert!(e.contains("`endpoints[0].host` = \"mqtt://h:1883\""), "{e}");
+    assert!(mqtt("port = 0\n").contains("`endpoints[0].port` = 0"));
+    let e = error_with_job(
+        "[[endpoints]]\nname = \"m\"\nkind = \"mqtt\"\nhost = \"h\"\nfilter = \"a/#/b\"\n",
+    );
+    assert!(
+        e.contains("`endpoints[0].filter` = \"a/#/b\": expected a valid MQTT topic filter"),
+        "{e}"
+    );
+    let e = mqtt("share_group = \"a/b\"\n");
+    assert!(e.contains("`endpoints[0].share_group` = \"a/b\""), "{e}");
+    let e = mqtt("max_wait_ms = 9223372036854775807\nlimit = \"x\"\n");
+    assert!(
+        e.contains("`endpoints[0].limit`") || e.contains("max_wait_ms"),
+        "{e}"
+    );
 }

@@ -47,6 +47,22 @@ impl fmt::Display for CronError {
 
 impl std::error::Error for CronError {}
 
+impl CronError {
+    /// The expression refused.
+    pub fn expression(&self) -> &str {
+        &self.expression
+    }
+
+    /// Why, in the parser's words, on one line.
+    pub fn reason(&self) -> &str {
+        self.reason
+            .lines()
+            .map(str::trim)
+            .rfind(|line| !line.is_empty() && *line != "^")
+            .unwrap_or("not understood")
+    }
+}
+
 impl FromStr for CronSchedule {
     type Err = CronError;
 

@@ -57,6 +57,7 @@ pub fn record_promoted(key: &str) {
 /// present at zero, so a standby is visible before anything happens.
 pub fn record_standby(key: &str) {
     metrics::gauge!(ACTIVE_LEADER, "key" => key.to_owned()).set(0.0);
+    metrics::counter!(ACTIVE_REFUSED_LATE, "key" => key.to_owned()).increment(0);
     metrics::counter!(ACTIVE_TRANSITIONS, "key" => key.to_owned(), "transition" => "promoted", "reason" => "")
         .increment(0);
 }

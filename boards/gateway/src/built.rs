@@ -59,17 +59,14 @@ pub async fn build(config: &Config) -> Result<Built, GatewayError> {
             let limiter = match (policy.backend, &redis) {
                 (Backend::Memory, _) => memory(policy, ratelimit.memory_keys),
                 (Backend::Redis, Some(conn)) => remote(policy, conn)?,
-                (Backend::Redis, None) if ratelimit.fallback_to_memory => {
+                // The configuration refuses a Redis backend without a
+                // Redis locker unless fallback_to_memory is set.
+                (Backend::Redis, None) => {
                     log::warn!(
                         "rate limiter {}: Redis backend without a Redis locker to connect with; using memory (fallback_to_memory = true)",
                         policy.name
                     );
                     memory(policy, ratelimit.memory_keys)
-                }
-                (Backend::Redis, None) => {
-                    return Err(GatewayError::LimiterWithoutRedis {
-                        name: policy.name.clone(),
-                    });
                 }
             };
             limiters.push((policy.name.clone(), limiter));

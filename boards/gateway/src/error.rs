@@ -24,12 +24,6 @@ pub enum GatewayError {
         /// Why.
         source: RedisGuardError,
     },
-    /// A rate limiter with a Redis backend, and no Redis locker to
-    /// connect with (and no fallback to memory allowed).
-    LimiterWithoutRedis {
-        /// The limiter's name.
-        name: String,
-    },
     /// A schedule or an endpoint names a rate limiter that does not exist.
     UnknownLimiter {
         /// The name given.
@@ -71,10 +65,6 @@ impl fmt::Display for GatewayError {
             GatewayError::LockerUnreachable(e) => write!(f, "cannot reach the Redis locker: {e}"),
             GatewayError::Locker(e) => write!(f, "Redis locker: {e}"),
             GatewayError::Limiter { name, source } => write!(f, "rate limiter {name}: {source}"),
-            GatewayError::LimiterWithoutRedis { name } => write!(
-                f,
-                "rate limiter {name}: backend \"redis\" needs [locker] kind = \"redis\" (or ratelimit.fallback_to_memory = true)"
-            ),
             GatewayError::UnknownLimiter { name } => write!(f, "no rate limiter named {name:?}"),
             GatewayError::Schedule { router, source } => write!(f, "schedule {router}: {source}"),
             GatewayError::Consumer { name, source } => write!(f, "consumer {name}: {source}"),
@@ -96,9 +86,7 @@ impl std::error::Error for GatewayError {
             GatewayError::Schedule { source, .. } => Some(source),
             GatewayError::Consumer { source, .. } => Some(source),
             GatewayError::Endpoint { source, .. } => Some(&**source),
-            GatewayError::LimiterWithoutRedis { .. }
-            | GatewayError::UnknownLimiter { .. }
-            | GatewayError::UnsupportedEndpoint { .. } => None,
+            GatewayError::UnknownLimiter { .. } | GatewayError::UnsupportedEndpoint { .. } => None,
         }
     }
 }

@@ -77,11 +77,14 @@ async fn respond(
         head.extend_from_slice(&buf[..n]);
     }
     let line = head.split(|b| *b == b'\r').next().unwrap_or_default();
-    let path = std::str::from_utf8(line)
-        .ok()
-        .and_then(|l| l.split(' ').nth(1))
-        .unwrap_or("");
+    let mut words = std::str::from_utf8(line).unwrap_or("").split(' ');
+    let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
     let (status, content_type, body) = match path {
+        _ if method != "GET" && method != "HEAD" => (
+            "405 Method Not Allowed",
+            "text/plain",
+            "only GET\n".to_owned(),
+        ),
         "/metrics" => ("200 OK", "text/plain; version=0.0.4", handle.render()),
         "/healthz" => ("200 OK", "text/plain", "ok\n".to_owned()),
         "/readyz" if ready.load(Ordering::Acquire) => {

@@ -44,7 +44,18 @@ pub async fn run(
     emit: Arc<dyn Fn(Event) + Send + Sync>,
     ready: Arc<AtomicBool>,
 ) -> Result<(), GatewayError> {
-    let built = build(config).await?;
+    // A stop asked while connecting (a Redis that accepts but never
+    // answers) ends the start at once, not after the request timeout.
+    let connected = futures_lite::future::or(async { Some(build(config).await) }, async {
+        control.stopped().await;
+        None
+    })
+    .await;
+    let Some(built) = connected else {
+        log::info!("stopped while connecting");
+        return Ok(());
+    };
+    let built = built?;
     if !built.limiters.is_empty() {
         log::info!("rate limiters: {}", built.limiters.names().join(", "));
     }
@@ -165,8 +176,13 @@ pub async fn run(
 /// section, no secrets (URLs are not printed).
 pub fn summary(config: &Config) -> String {
     let locker = match &config.locker {
-        Locker::None => "none (every guard allows: a single process)".to_owned(),
-        Locker::Local => "local (in this process)".to_owned(),
+        Locker::None => {
+            "none (every guard allows: a single process; elections are within it)".to_owned()
+        }
+        Locker::Local => {
+            "local (in this process: elections and once-guards do not reach other replicas)"
+                .to_owned()
+        }
         Locker::Redis(l) => {
             let mode = match &l.topology {
                 guard_redis::Topology::Standalone { .. } => "standalone",
@@ -182,7 +198,7 @@ pub fn summary(config: &Config) -> String {
         .iter()
         .map(|s| match &s.timing {
             Timing::Every(every) => format!("{} every {:?}", s.router, every.period()),
-            Timing::Cron(_) => format!("{} on a cron expression", s.router),
+            Timing::Cron(cron) => format!("{} on cron {:?}", s.router, cron.expression()),
         })
         .collect();
     let endpoints: Vec<String> = config

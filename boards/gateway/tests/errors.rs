@@ -67,15 +67,19 @@ fn an_endpoint_that_cannot_connect_names_itself_and_keeps_the_cause() {
 }
 
 #[test]
-fn a_limiter_without_a_redis_connection_is_refused_by_name() {
-    let config = Config::from_toml(
-        "[locker]\nkind = \"local\"\n\n[[active]]\nname = \"sensors\"\n\n[ratelimit]\nenabled = true\n\n[ratelimit.policies.uplink]\nalgorithm = \"token-bucket\"\nbackend = \"redis\"\ncapacity = 20\nrate_per_second = 5\n",
-    )
-    .unwrap();
-    let err = start(&config).unwrap_err();
+fn a_limiter_without_a_redis_connection_is_refused_by_the_configuration() {
+    let text = "[locker]\nkind = \"local\"\n\n[[active]]\nname = \"sensors\"\n\n[ratelimit]\nenabled = true\n\n[ratelimit.policies.uplink]\nalgorithm = \"token-bucket\"\nbackend = \"redis\"\ncapacity = 20\nrate_per_second = 5\n";
+    let err = Config::from_toml(text).unwrap_err().to_string();
     assert!(
-        matches!(&err, GatewayError::LimiterWithoutRedis { name } if name == "uplink"),
-        "{err:?}"
+        err.contains("`ratelimit.policies.uplink.backend` = \"redis\""),
+        "{err}"
     );
-    assert!(err.source().is_none());
+    // With the fallback allowed, the replica starts on memory.
+    let config = Config::from_toml(&text.replace(
+        "enabled = true",
+        "enabled = true\nfallback_to_memory = true",
+    ))
+    .unwrap();
+    let built = smol::block_on(replica::build(&config)).expect("builds on memory");
+    assert_eq!(built.limiters.names(), ["default", "uplink"]);
 }

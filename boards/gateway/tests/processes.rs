@@ -931,3 +931,45 @@ fn a_paused_mqtt_leader_does_not_handle_what_arrived_after_its_deadline() {
     );
     a_paused_leader_acts_late_on_nothing(&endpoint, &Source::Mqtt(broker.port()), &server);
 }
+
+#[test]
+fn a_stop_while_connecting_to_a_silent_redis_ends_the_replica_at_once() {
+    // Accepts connections and never answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("silent.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[locker]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:{port}/\"\nrequest_timeout_ms = 60000\n\n[[schedules]]\nrouter = \"r\"\nevery_ms = 1000\n"
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_guard-gateway"))
+        .args(["run", "--config"])
+        .arg(&path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    thread::sleep(Duration::from_millis(1_000));
+    let asked = Instant::now();
+    let sent = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if asked.elapsed() > Duration::from_secs(5) {
+            let _ = child.kill();
+            panic!("still connecting 5 s after SIGINT");
+        }
+        thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(0));
+    drop(silent);
+}

@@ -354,17 +354,31 @@ fn translate(path: &str, message: &str) -> ConfigError {
         let field = quoted(field).unwrap_or_else(|| field.to_owned());
         return invalid(key(&field), "missing", "a value: this key is required");
     }
+    if message.contains("value was too large") || message.contains("expected any valid TOML value")
+    {
+        // TOML integers are 64-bit signed: a larger number is no number.
+        return invalid(
+            path,
+            "a number too large",
+            format!("a whole number up to {}", i64::MAX),
+        );
+    }
     ConfigError::Syntax(format!("`{path}`: {message}"))
 }
 
 /// serde's type names, in a person's words.
 fn expected_in_words(expected: &str) -> String {
     let whole = |max: u64| format!("a whole number from 0 to {max}");
+    if let Some(name) = expected.strip_prefix("struct ") {
+        // A section given as a plain value (`locker = "local"`).
+        return format!("a table of keys ([{}])", name.to_lowercase());
+    }
     match expected {
         "u8" => whole(u64::from(u8::MAX)),
         "u16" => whole(u64::from(u16::MAX)),
         "u32" => whole(u64::from(u32::MAX)),
-        "u64" | "usize" => whole(u64::MAX),
+        // Larger than TOML can write: a 64-bit signed integer's range.
+        "u64" | "usize" => whole(i64::MAX.unsigned_abs()),
         "a boolean" => "true or false".to_owned(),
         other => other.to_owned(),
     }

@@ -6,9 +6,11 @@ use std::time::Duration;
 
 use guard_core::guard::{ActiveConfig, FailPolicy};
 use guard_core::limit::{LeakyBucket, Rate, SlidingWindow, TokenBucket};
-use guard_core::lock::Ttl;
+use guard_core::lock::{
+    DEFAULT_PREFIX, KeyError, MAX_KEY_LEN, MAX_SCOPE_LEN, Scope, Ttl, once_key,
+};
 use guard_core::retry::RetryPolicy;
-use guard_core::slot::Every;
+use guard_core::slot::{Every, Schedule as _, UnixMillis};
 use guard_redis::Topology;
 use guard_std::CronSchedule;
 
@@ -28,7 +30,65 @@ const DEFAULT_CLAIM_IDLE: Duration = Duration::from_secs(30);
 const DEFAULT_RETRIES: u32 = 3;
 const DEFAULT_RETRY_DELAY: Duration = Duration::from_millis(100);
 
+/// Upper bounds of durations, so that a typo (an extra digit, a value in
+/// the wrong unit) is an error rather than a job that never runs or a
+/// lease Redis cannot store.
+const MAX_PERIOD_MS: u64 = 366 * 24 * 3600 * 1000; // a year
+const MAX_ONCE_TTL_S: u64 = 366 * 24 * 3600; // a year
+const MAX_LEASE_MS: u64 = 24 * 3600 * 1000; // a day
+const MAX_TIMEOUT_MS: u64 = 3600 * 1000; // an hour
+const MAX_WAIT_MS: u64 = 24 * 3600 * 1000; // a day
+
 type Env<'e> = &'e dyn Fn(&str) -> Option<String>;
+
+/// `value` if it is in `1..=max`, else an error naming `key`.
+fn bounded(key: &str, value: u64, max: u64, unit: &str) -> Result<u64, ConfigError> {
+    if value == 0 || value > max {
+        return Err(invalid(
+            key,
+            value,
+            format!("a positive number of {unit}, at most {max}"),
+        ));
+    }
+    Ok(value)
+}
+
+/// A name that ends up in keys, client ids and printed lines: no control
+/// characters (a newline would break a log line, a NUL a Redis key).
+fn printable(key: &str, value: &str) -> Result<(), ConfigError> {
+    if value.chars().any(char::is_control) {
+        return Err(invalid(
+            key,
+            format!("{value:?}"),
+            "no control characters (newlines, tabs, NUL)",
+        ));
+    }
+    Ok(())
+}
+
+/// Checks that `scope`, with a delivery key as long as a slot's, still
+/// fits the guards' key limit, so a name that is too long is refused here
+/// and not when the replica starts.
+fn fits_key(key: &str, value: &str, scope: Result<Scope, KeyError>) -> Result<(), ConfigError> {
+    let too_long = |_| {
+        let shown: String = value.chars().take(40).collect();
+        let more = if value.chars().count() > 40 {
+            "…"
+        } else {
+            ""
+        };
+        invalid(
+            key,
+            format!("{shown:?}{more}"),
+            format!(
+                "a shorter value: the guard keys it is part of hold at most {MAX_KEY_LEN} bytes (scopes {MAX_SCOPE_LEN})"
+            ),
+        )
+    };
+    let scope = scope.map_err(too_long)?;
+    once_key(DEFAULT_PREFIX, &scope, "18446744073709551615").map_err(too_long)?;
+    Ok(())
+}
 
 pub(super) fn config(
     (file, entries): (raw::File, Vec<raw::Endpoint>),
@@ -50,17 +110,39 @@ pub(super) fn config(
         .iter()
         .flat_map(|r| r.policies.iter().map(|p| p.name.as_str()))
         .collect();
+    if let Some(r) = &ratelimit
+        && !r.fallback_to_memory
+        && !matches!(locker, Locker::Redis(_))
+        && let Some(p) = r.policies.iter().find(|p| p.backend == Backend::Redis)
+    {
+        // Known without connecting: the Redis backend shares the locker's
+        // connection.
+        return Err(invalid(
+            format!("ratelimit.policies.{}.backend", p.name),
+            "\"redis\"",
+            "\"memory\", unless [locker] kind = \"redis\" (or ratelimit.fallback_to_memory = true)",
+        ));
+    }
     let guards = guards(&file.guards)?;
-    let schedules = schedules(&file.schedules, &limiters)?;
-    let mut active = Vec::new();
+    printable("guards.owner", &guards.owner)?;
+    let schedules = schedules(&file.schedules, &limiters, &guards.owner)?;
+    let mut active: Vec<String> = Vec::new();
     for (i, a) in file.active.iter().enumerate() {
+        let key = format!("active[{i}].name");
         if a.name.is_empty() {
-            return Err(invalid(
-                format!("active[{i}].name"),
-                "\"\"",
-                "a non-empty name",
-            ));
+            return Err(invalid(key, "\"\"", "a non-empty name"));
         }
+        printable(&key, &a.name)?;
+        if active.contains(&a.name) {
+            return Err(invalid(key, format!("{:?}", a.name), "a unique name"));
+        }
+        fits_key(
+            &key,
+            &a.name,
+            Scope::new("consumer")
+                .and_then(|s| s.segment("owner", &guards.owner))
+                .and_then(|s| s.segment("name", &a.name)),
+        )?;
         active.push(a.name.clone());
     }
     let locker_url = match &locker {
@@ -85,6 +167,14 @@ pub(super) fn config(
                 "a unique name",
             ));
         }
+        printable(&key("name"), e.name())?;
+        fits_key(
+            &key("name"),
+            e.name(),
+            Scope::new("endpoint/redis")
+                .and_then(|s| s.segment("owner", &guards.owner))
+                .and_then(|s| s.segment("node", e.name())),
+        )?;
         endpoints.push(endpoint(e, &key, env, locker_url, has_redis, &limiters)?);
     }
     let metrics = Metrics {
@@ -123,6 +213,13 @@ fn expand(key: &str, value: &str, env: Env<'_>) -> Result<String, ConfigError> {
             ));
         };
         let name = &rest[start + 2..start + 2 + len];
+        if name.is_empty() {
+            return Err(invalid(
+                key,
+                format!("{value:?}"),
+                "a variable name inside `${}`",
+            ));
+        }
         let found = env(name).ok_or_else(|| {
             invalid(
                 key,
@@ -143,11 +240,18 @@ fn redis_url(key: &str, value: &str, env: Env<'_>) -> Result<String, ConfigError
     let url = expand(key, value, env)?;
     // The value as written in the errors: an expanded secret is never
     // echoed.
+    let expanded = if url == value {
+        ""
+    } else {
+        " (after expanding the environment variables, whose values are not shown)"
+    };
     let Some(parsed) = redis::parse_redis_url(&url) else {
         return Err(invalid(
             key,
             format!("{value:?}"),
-            "a Redis URL: redis://host:port/, rediss:// (TLS), or redis+unix:///path",
+            format!(
+                "a Redis URL: redis://host:port/, rediss:// (TLS), redis+unix:///path or unix:///path{expanded}"
+            ),
         ));
     };
     if let Err(e) = redis::IntoConnectionInfo::into_connection_info(url.as_str()) {
@@ -195,13 +299,12 @@ fn locker(l: &raw::Locker, env: Env<'_>) -> Result<Locker, ConfigError> {
             "a prefix without '{' or '}' (they would move the Redis Cluster hash tag)",
         ));
     }
-    if l.request_timeout_ms == 0 {
-        return Err(invalid(
-            "locker.request_timeout_ms",
-            0,
-            "a positive number of milliseconds",
-        ));
-    }
+    bounded(
+        "locker.request_timeout_ms",
+        l.request_timeout_ms,
+        MAX_TIMEOUT_MS,
+        "milliseconds",
+    )?;
     let urls = |field: &str| -> Result<Vec<String>, ConfigError> {
         if l.urls.is_empty() {
             return Err(invalid(
@@ -247,6 +350,25 @@ fn locker(l: &raw::Locker, env: Env<'_>) -> Result<Locker, ConfigError> {
 }
 
 fn guards(g: &raw::Guards) -> Result<Guards, ConfigError> {
+    bounded("guards.once_ttl_s", g.once_ttl_s, MAX_ONCE_TTL_S, "seconds")?;
+    bounded(
+        "guards.active_ttl_ms",
+        g.active_ttl_ms,
+        MAX_LEASE_MS,
+        "milliseconds",
+    )?;
+    // Nothing is adjusted silently: an interval the lease cannot renew
+    // within is an error, not clamped.
+    if g.active_interval_ms > g.active_ttl_ms / 3 {
+        return Err(invalid(
+            "guards.active_interval_ms",
+            g.active_interval_ms,
+            format!(
+                "at most a third of guards.active_ttl_ms ({} ms), so a leader renews at least twice before its lease could expire",
+                g.active_ttl_ms / 3
+            ),
+        ));
+    }
     let once_ttl = Ttl::from_secs(g.once_ttl_s).map_err(|_| {
         invalid(
             "guards.once_ttl_s",
@@ -285,7 +407,11 @@ fn guards(g: &raw::Guards) -> Result<Guards, ConfigError> {
     })
 }
 
-fn schedules(list: &[raw::Schedule], limiters: &[&str]) -> Result<Vec<Schedule>, ConfigError> {
+fn schedules(
+    list: &[raw::Schedule],
+    limiters: &[&str],
+    owner: &str,
+) -> Result<Vec<Schedule>, ConfigError> {
     let mut routers = HashSet::new();
     let mut out = Vec::new();
     for (i, s) in list.iter().enumerate() {
@@ -297,6 +423,16 @@ fn schedules(list: &[raw::Schedule], limiters: &[&str]) -> Result<Vec<Schedule>,
                 "a non-empty router id (it is part of the dedup key)",
             ));
         }
+        printable(&key("router"), &s.router)?;
+        printable(&key("chain"), &s.chain)?;
+        fits_key(
+            &key("router"),
+            &s.router,
+            Scope::new("endpoint/schedule")
+                .and_then(|sc| sc.segment("owner", owner))
+                .and_then(|sc| sc.segment("chain", &s.chain))
+                .and_then(|sc| sc.segment("router", &s.router)),
+        )?;
         if !routers.insert((s.chain.as_str(), s.router.as_str())) {
             return Err(invalid(
                 key("router"),
@@ -306,14 +442,34 @@ fn schedules(list: &[raw::Schedule], limiters: &[&str]) -> Result<Vec<Schedule>,
         }
         let timing = match (s.every_ms, &s.cron) {
             (Some(ms), None) => {
+                let ms = bounded(&key("every_ms"), ms, MAX_PERIOD_MS, "milliseconds")?;
                 Timing::Every(Every::new(Duration::from_millis(ms)).map_err(|_| {
                     invalid(key("every_ms"), ms, "a positive number of milliseconds")
                 })?)
             }
             (None, Some(cron)) => {
-                Timing::Cron(Box::new(cron.parse::<CronSchedule>().map_err(|e| {
-                    invalid(key("cron"), format!("{cron:?}"), e.to_string())
-                })?))
+                let parsed = cron.parse::<CronSchedule>().map_err(|e| {
+                    invalid(
+                        key("cron"),
+                        format!("{cron:?}"),
+                        format!(
+                            "a cron expression with seconds: sec min hour day-of-month month day-of-week [year] (the parser says: {})",
+                            e.reason()
+                        ),
+                    )
+                })?;
+                // One that never fires would run nothing, silently.
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+                if parsed.next_after(UnixMillis(now)).is_none() {
+                    return Err(invalid(
+                        key("cron"),
+                        format!("{cron:?}"),
+                        "an expression that fires at some time from now on (this one never does)",
+                    ));
+                }
+                Timing::Cron(Box::new(parsed))
             }
             (Some(_), Some(_)) => {
                 return Err(invalid(
@@ -339,9 +495,15 @@ fn schedules(list: &[raw::Schedule], limiters: &[&str]) -> Result<Vec<Schedule>,
             }
             Some(name) => Some(ScheduleLimit {
                 limiter: limiter_name(&key("limit"), name, limiters)?,
-                max_wait: s
-                    .max_wait_ms
-                    .map_or(DEFAULT_MAX_WAIT, Duration::from_millis),
+                max_wait: match s.max_wait_ms {
+                    None => DEFAULT_MAX_WAIT,
+                    Some(ms) => Duration::from_millis(bounded(
+                        &key("max_wait_ms"),
+                        ms,
+                        MAX_WAIT_MS,
+                        "milliseconds",
+                    )?),
+                },
             }),
         };
         out.push(Schedule {
@@ -386,7 +548,15 @@ fn rate_limits(r: &raw::RateLimit) -> Result<RateLimits, ConfigError> {
     }
     let mut policies = Vec::new();
     for (name, p) in &r.policies {
-        policies.push(policy(r, name, p, &format!("ratelimit.policies.{name}"))?);
+        let at = format!("ratelimit.policies.{name}");
+        if name.is_empty() || name.chars().any(char::is_control) {
+            return Err(invalid(
+                at,
+                format!("{name:?}"),
+                "a non-empty policy name without control characters",
+            ));
+        }
+        policies.push(policy(r, name, p, &at)?);
     }
     if !r.policies.contains_key(&r.default_name) {
         // The top-level window and limit make the default limiter, as in
@@ -550,7 +720,13 @@ fn endpoint_limit(
             ));
         }
         (Some(raw::WhenLimited::DeadLetter), None) => WhenLimited::DeadLetter,
-        (_, wait) => WhenLimited::Wait(wait.map_or(DEFAULT_MAX_WAIT, Duration::from_millis)),
+        (_, None) => WhenLimited::Wait(DEFAULT_MAX_WAIT),
+        (_, Some(ms)) => WhenLimited::Wait(Duration::from_millis(bounded(
+            &key("max_wait_ms"),
+            ms,
+            MAX_WAIT_MS,
+            "milliseconds",
+        )?)),
     };
     Ok(Some(EndpointLimit {
         limiter: limiter_name(&key("limit"), name, limiters)?,
@@ -623,12 +799,11 @@ fn endpoint(
                     ));
                 }
             };
-            if s.claim_idle_ms == Some(0) {
-                return Err(invalid(
-                    key("claim_idle_ms"),
-                    0,
-                    "a positive number of milliseconds",
-                ));
+            if let Some(ms) = s.claim_idle_ms {
+                bounded(&key("claim_idle_ms"), ms, MAX_LEASE_MS, "milliseconds")?;
+            }
+            if let Some(ms) = s.retry_delay_ms {
+                bounded(&key("retry_delay_ms"), ms, MAX_TIMEOUT_MS, "milliseconds")?;
             }
             if let Some(topic) = &s.dead_letter_topic
                 && (topic.is_empty() || topic.contains(['{', '}', '*', '?', '[', ']']))
@@ -675,7 +850,27 @@ fn endpoint(
         raw::Endpoint::Mqtt(m) => {
             let host = expand(&key("host"), &m.host, env)?;
             let host = non_empty("host", &host, "the broker's host")?;
+            if host.contains("://")
+                || host.contains(['/', ' '])
+                || host.chars().any(char::is_control)
+            {
+                return Err(invalid(
+                    key("host"),
+                    format!("{:?}", m.host),
+                    "a host name or address alone (no scheme, path or port: the port is `port`)",
+                ));
+            }
+            if m.port == Some(0) {
+                return Err(invalid(key("port"), 0, "a port from 1 to 65535"));
+            }
             let filter = non_empty("filter", &m.filter, "a topic filter")?;
+            if !rumqttc::valid_filter(&filter) || filter.starts_with("$share/") {
+                return Err(invalid(
+                    key("filter"),
+                    format!("{filter:?}"),
+                    "a valid MQTT topic filter (`#` only last, `+` a whole level; a shared subscription is `share_group`, not `$share/` in the filter)",
+                ));
+            }
             let delivery = match (&m.share_group, m.guard) {
                 (Some(_), true) => {
                     return Err(invalid(
@@ -685,7 +880,14 @@ fn endpoint(
                     ));
                 }
                 (Some(group), false) => {
-                    MqttDelivery::Shared(non_empty("share_group", group, "a group name")?)
+                    if group.is_empty() || group.contains(['/', '+', '#']) {
+                        return Err(invalid(
+                            key("share_group"),
+                            format!("{group:?}"),
+                            "a non-empty share name without `/`, `+` or `#`",
+                        ));
+                    }
+                    MqttDelivery::Shared(group.clone())
                 }
                 (None, true) => MqttDelivery::Elected,
                 (None, false) => MqttDelivery::Broadcast,
