@@ -7,7 +7,7 @@ use std::fmt;
 use std::future::poll_fn;
 use std::task::Poll;
 
-use guard_core::lock::{Locker, Renewal, Token, TokenId, Ttl, UnlockError};
+use guard_core::lock::{LeaseRenewer, Locker, Renewal, Token, TokenId, Ttl, UnlockError};
 
 use crate::server::{LockOp, LockReply};
 
@@ -130,6 +130,17 @@ impl Locker for SimLocker {
             token: u128::from_be_bytes(token.id().0),
         };
         unlock_result(self.call(op).await)
+    }
+}
+
+impl LeaseRenewer for SimLocker {
+    async fn renew(&self, key: &str, token: &Token, ttl: Ttl) -> Result<Renewal, TimedOut> {
+        let op = LockOp::Renew {
+            key: key.to_owned(),
+            token: u128::from_be_bytes(token.id().0),
+            ttl_ns: ttl_nanos(ttl),
+        };
+        renew_result(self.call(op).await)
     }
 }
 

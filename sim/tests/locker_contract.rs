@@ -7,10 +7,7 @@
 //! hands the reply back. Waiting for a TTL advances the simulated clock,
 //! so the suite takes no real time for its expiries.
 //!
-//! `SimLocker` is not a `LeaseRenewer` (the world renews the leader lease
-//! for ActiveGuard by sending `LockOp::Renew` itself and mapping the answer
-//! with `renew_result`), so the client below renews that same way; its
-//! `try_lock` and `unlock` are `SimLocker`'s own.
+//! Every call of the suite, renewals included, is `SimLocker`'s own.
 
 use std::cell::{Cell, RefCell};
 use std::future::{Ready, poll_fn, ready};
@@ -18,10 +15,9 @@ use std::task::Poll;
 use std::time::Duration;
 
 use futures_lite::future::{block_on, or};
-use guard_core::lock::{LeaseRenewer, Locker, Renewal, Token, Ttl, UnlockError};
 use guard_sim::FenceRule;
 use guard_sim::clock::{Clock, Nanos};
-use guard_sim::locker::{Answer, SimLocker, TimedOut, renew_result, ttl_nanos};
+use guard_sim::locker::{Answer, SimLocker, TimedOut};
 use guard_sim::server::{LockOp, LockService};
 use guard_testkit::contract;
 
@@ -66,47 +62,14 @@ impl Network {
     }
 }
 
-/// One replica's client of the lock service.
-struct Client<'n> {
-    locker: SimLocker,
-    network: &'n Network,
-}
-
-impl Locker for Client<'_> {
-    type Error = TimedOut;
-
-    async fn try_lock(&self, key: &str, ttl: Ttl) -> Result<Option<Token>, TimedOut> {
-        self.locker.try_lock(key, ttl).await
-    }
-
-    async fn unlock(&self, key: &str, token: &Token) -> Result<(), UnlockError<TimedOut>> {
-        self.locker.unlock(key, token).await
-    }
-}
-
-impl LeaseRenewer for Client<'_> {
-    async fn renew(&self, key: &str, token: &Token, ttl: Ttl) -> Result<Renewal, TimedOut> {
-        self.locker.request_id();
-        let op = LockOp::Renew {
-            key: key.to_owned(),
-            token: u128::from_be_bytes(token.id().0),
-            ttl_ns: ttl_nanos(ttl),
-        };
-        renew_result(self.network.handle(&op))
-    }
-}
-
 /// Runs the suite against a service deriving fences by `fence_rule`; the
 /// simulated time it waited.
 fn run_contract(fence_rule: FenceRule, namespace: &str) -> Duration {
     let network = Network::new(fence_rule);
-    let client = Client {
-        locker: SimLocker::new(0, 0),
-        network: &network,
-    };
-    let suite = contract::run_all(&client, namespace, 50, |d| network.sleep(d));
+    let locker = SimLocker::new(0, 0);
+    let suite = contract::run_all(&locker, namespace, 50, |d| network.sleep(d));
     let world = poll_fn(|cx| {
-        network.deliver(&client.locker);
+        network.deliver(&locker);
         cx.waker().wake_by_ref();
         Poll::<()>::Pending
     });
