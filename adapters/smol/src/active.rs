@@ -10,7 +10,7 @@ use guard_core::guard::{
     Phase,
 };
 use guard_core::lock::{KeyError, Locker, Renewal, Scope, Token, Ttl, active_key};
-use guard_std::{BoxFuture, Clock, GuardConfig, SharedLocker, SystemClock};
+use guard_std::{BoxFuture, Clock, GuardConfig, SharedLocker, SystemClock, Throttle};
 
 use crate::control::{Control, Heard};
 use crate::lease::LeaseCheck;
@@ -158,6 +158,7 @@ impl ActiveRunner {
         // has led.
         guard_std::metrics::record_standby(&self.key);
         let clock = self.clock;
+        let failures = Throttle::new();
         let ttl = self.timing.ttl();
         // From validated timing: the error type is `Infallible`.
         let Ok(mut machine) = ActiveGuard::new(self.timing, locker.can_renew(), clock.now());
@@ -173,9 +174,11 @@ impl ActiveRunner {
             self.lease.publish(machine.lease());
             while let Some(action) = machine.poll_action() {
                 match action {
-                    Action::Acquire => in_flight = Some(Box::pin(acquire(locker, &self.key, ttl))),
+                    Action::Acquire => {
+                        in_flight = Some(Box::pin(acquire(locker, &self.key, ttl, &failures)));
+                    }
                     Action::Renew(token) => {
-                        in_flight = Some(Box::pin(renew(locker, &self.key, token, ttl)));
+                        in_flight = Some(Box::pin(renew(locker, &self.key, token, ttl, &failures)));
                     }
                     Action::Release(token) => {
                         in_flight = Some(Box::pin(release(
@@ -315,20 +318,35 @@ impl ActiveRunner {
 
 // The backend calls log what went wrong; guard-core maps their results.
 
-async fn acquire(locker: &SharedLocker, key: &str, ttl: Ttl) -> Done {
+// A backend that is down fails every attempt, each interval: logged once
+// per throttle interval with the count held back, never a line per try.
+
+async fn acquire(locker: &SharedLocker, key: &str, ttl: Ttl, failures: &Throttle) -> Done {
     let result = locker.try_lock(key, ttl).await;
-    if let Err(e) = &result {
-        log::warn!("active guard {key} try lock: {e}");
+    if let Err(e) = &result
+        && let Some(held) = failures.admit()
+    {
+        log::warn!("active guard {key} try lock: {e} ({held} more not logged)");
     }
     Done::acquired(result)
 }
 
-async fn renew(locker: &SharedLocker, key: &str, token: Token, ttl: Ttl) -> Done {
+async fn renew(
+    locker: &SharedLocker,
+    key: &str,
+    token: Token,
+    ttl: Ttl,
+    failures: &Throttle,
+) -> Done {
     let result = locker.renew(key, &token, ttl).await;
     match &result {
         Ok(Renewal::Held) => {}
         Ok(Renewal::Lost) => log::warn!("active guard {key} lost lease, demote"),
-        Err(e) => log::warn!("active guard {key} renew: {e}"),
+        Err(e) => {
+            if let Some(held) = failures.admit() {
+                log::warn!("active guard {key} renew: {e} ({held} more not logged)");
+            }
+        }
     }
     Done::renewed(result)
 }

@@ -9,7 +9,7 @@ use futures_lite::future;
 use guard_core::guard::{FailPolicy, OnceEvent, OnceGuard, OnceOutcome};
 use guard_core::lock::{KeyError, Scope, Ttl};
 use guard_core::slot::{Schedule, SlotTimer, UnixMillis};
-use guard_std::{Clock, GuardConfig, SystemClock};
+use guard_std::{Clock, GuardConfig, SystemClock, Throttle};
 
 use crate::control::{Control, Heard};
 
@@ -209,22 +209,30 @@ impl Scheduler {
     }
 }
 
-/// Logs a slot claim and records it in `guard_once_total`.
-fn log_outcome(event: &OnceEvent<'_>) {
+/// Logs a slot claim and records it in `guard_once_total` (every one is
+/// counted there; backend errors are logged at most once per throttle
+/// interval).
+fn log_outcome(event: &OnceEvent<'_>, failures: &Throttle) {
     guard_std::metrics::record_once(event);
     match (event.outcome, event.error) {
         (OnceOutcome::SkippedOnError, Some(e)) => {
-            log::warn!(
-                "once guard {} key={} backend error, skip action: {e}",
-                event.scope,
-                event.key
-            );
+            if let Some(held) = failures.admit() {
+                log::warn!(
+                    "once guard {} key={} backend error, skip action: {e} ({held} more not logged)",
+                    event.scope,
+                    event.key
+                );
+            }
         }
-        (OnceOutcome::AllowedOnError, Some(e)) => log::warn!(
-            "once guard {} key={} backend error, fail-open proceed: {e}",
-            event.scope,
-            event.key
-        ),
+        (OnceOutcome::AllowedOnError, Some(e)) => {
+            if let Some(held) = failures.admit() {
+                log::warn!(
+                    "once guard {} key={} backend error, fail-open proceed: {e} ({held} more not logged)",
+                    event.scope,
+                    event.key
+                );
+            }
+        }
         (OnceOutcome::AlreadyClaimed, _) => log::info!(
             "once guard {} key={} already executed by another holder, skip",
             event.scope,
@@ -253,7 +261,9 @@ async fn run_job(
     if let Some(ttl) = ttl {
         guard = guard.with_ttl(ttl);
     }
-    let guard = guard.with_observer(log_outcome);
+    // A backend that is down fails every slot: its warning is throttled.
+    let failures = Throttle::new();
+    let guard = guard.with_observer(|event: &OnceEvent<'_>| log_outcome(event, &failures));
     let mut timer = SlotTimer::new(job.schedule, clock.wall());
     while let Some(next) = timer.next_fire() {
         let wait = next.saturating_duration_since(clock.wall());

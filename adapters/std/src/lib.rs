@@ -33,10 +33,12 @@ pub mod metrics;
 pub mod ratelimit;
 mod shared;
 mod sync;
+mod throttle;
 mod token_ids;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use cron_schedule::{CronError, CronSchedule};
 pub use local_locker::{DEFAULT_SWEEP_INTERVAL, LocalLocker};
 pub use shared::{BackendError, BoxFuture, DynLocker, GuardConfig, LockerError, SharedLocker};
+pub use throttle::{THROTTLE_INTERVAL, Throttle};
 pub use token_ids::TokenIds;

@@ -1,12 +1,22 @@
-//! Metrics and health over HTTP, served on async-io: `GET /metrics`
-//! (Prometheus text), `GET /healthz` (the process answers) and
-//! `GET /readyz` (the replica has connected and its locker answered);
-//! any other path is 404.
+//! Metrics and health over HTTP: `GET /metrics` (Prometheus text),
+//! `GET /healthz` (the process answers) and `GET /readyz` (the replica has
+//! connected and its locker answered); any other path is 404, any other
+//! method 405.
 //!
-//! The `metrics` facade records into the exporter's recorder; a small
-//! HTTP listener renders it (no separate runtime needed). A request head
-//! must arrive within [`HEAD_TIMEOUT`].
+//! Served by hyper's HTTP/1 server on smol, on a thread of its own, and
+//! bounded so that nothing a client does can take what the lock backend
+//! needs:
+//! - at most [`MAX_CONNECTIONS`] connections are open at once: the next
+//!   one is not even accepted (it waits in the kernel's backlog), so a
+//!   flood of idle clients cannot exhaust the process's descriptors;
+//! - a request head must arrive within [`HEAD_TIMEOUT`], and a connection
+//!   lives at most [`CONNECTION_TIMEOUT`];
+//! - an accept error (descriptors exhausted elsewhere) backs off, from
+//!   10 ms doubling to 1 s, and is logged at most once per
+//!   [`guard_std::THROTTLE_INTERVAL`] with the count of the ones not
+//!   logged.
 
+use std::convert::Infallible;
 use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,11 +24,22 @@ use std::thread;
 use std::time::Duration;
 
 use async_io::Async;
-use futures_lite::{AsyncReadExt, AsyncWriteExt, future};
+use async_lock::Semaphore;
+use futures_lite::future;
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::{Method, Request, Response, StatusCode};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use smol_hyper::rt::{FuturesIo, SmolTimer};
+
+use guard_std::Throttle;
 
 /// How long a client may take to send its request head.
 pub const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long one connection may stay open.
+pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections served at once; more wait in the listen backlog.
+pub const MAX_CONNECTIONS: usize = 64;
 
 /// Installs the Prometheus recorder for this process and serves it on
 /// `address` from a background thread; `/readyz` answers 200 while
@@ -37,70 +58,90 @@ pub fn serve(
 }
 
 async fn accept(listener: Async<TcpListener>, handle: PrometheusHandle, ready: Arc<AtomicBool>) {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let errors = Throttle::new();
+    let mut backoff = Duration::from_millis(10);
     loop {
-        match listener.accept().await {
+        // A slot first: beyond the cap, connections are not accepted at
+        // all, so they hold no descriptor of this process.
+        let slot = slots.acquire_arc().await;
+        let stream = match listener.accept().await {
             Ok((stream, _)) => {
-                let (handle, ready) = (handle.clone(), ready.clone());
-                smol::spawn(async move {
-                    let answer = respond(stream, &handle, &ready);
-                    let late = async {
-                        async_io::Timer::after(HEAD_TIMEOUT).await;
-                        Err(std::io::ErrorKind::TimedOut.into())
-                    };
-                    if let Err(e) = future::or(answer, late).await {
-                        log::debug!("metrics request: {e}");
-                    }
-                })
-                .detach();
+                backoff = Duration::from_millis(10);
+                stream
             }
             Err(e) => {
-                log::warn!("metrics listener: {e}");
-                // Out of descriptors or similar: do not spin on it.
-                async_io::Timer::after(Duration::from_millis(100)).await;
+                if let Some(unlogged) = errors.admit() {
+                    log::warn!(
+                        "metrics listener: {e} ({unlogged} more not logged); backing off {backoff:?}"
+                    );
+                }
+                drop(slot);
+                async_io::Timer::after(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+                continue;
             }
-        }
+        };
+        let (handle, ready) = (handle.clone(), ready.clone());
+        smol::spawn(async move {
+            let _slot = slot;
+            let service = hyper::service::service_fn(move |request| {
+                let response = respond(&request, &handle, &ready);
+                async move { Ok::<_, Infallible>(response) }
+            });
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(SmolTimer::new())
+                .header_read_timeout(HEAD_TIMEOUT)
+                .keep_alive(false)
+                .serve_connection(FuturesIo::new(stream), service);
+            let late = async {
+                async_io::Timer::after(CONNECTION_TIMEOUT).await;
+                Ok(())
+            };
+            if let Err(e) = future::or(connection, late).await {
+                log::debug!("metrics request: {e}");
+            }
+        })
+        .detach();
     }
 }
 
-async fn respond(
-    mut stream: Async<std::net::TcpStream>,
+fn respond(
+    request: &Request<Incoming>,
     handle: &PrometheusHandle,
     ready: &AtomicBool,
-) -> std::io::Result<()> {
-    let mut head = Vec::new();
-    let mut buf = [0u8; 1024];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 16 * 1024 {
-        let n = stream.read(&mut buf).await?;
-        if n == 0 {
-            break;
-        }
-        head.extend_from_slice(&buf[..n]);
-    }
-    let line = head.split(|b| *b == b'\r').next().unwrap_or_default();
-    let mut words = std::str::from_utf8(line).unwrap_or("").split(' ');
-    let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
-    let (status, content_type, body) = match path {
-        _ if method != "GET" && method != "HEAD" => (
-            "405 Method Not Allowed",
+) -> Response<Full<Bytes>> {
+    let (status, content_type, body) = if request.method() != Method::GET {
+        (
+            StatusCode::METHOD_NOT_ALLOWED,
             "text/plain",
             "only GET\n".to_owned(),
-        ),
-        "/metrics" => ("200 OK", "text/plain; version=0.0.4", handle.render()),
-        "/healthz" => ("200 OK", "text/plain", "ok\n".to_owned()),
-        "/readyz" if ready.load(Ordering::Acquire) => {
-            ("200 OK", "text/plain", "ready\n".to_owned())
+        )
+    } else {
+        match request.uri().path() {
+            "/metrics" => (StatusCode::OK, "text/plain; version=0.0.4", handle.render()),
+            "/healthz" => (StatusCode::OK, "text/plain", "ok\n".to_owned()),
+            "/readyz" if ready.load(Ordering::Acquire) => {
+                (StatusCode::OK, "text/plain", "ready\n".to_owned())
+            }
+            "/readyz" => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "text/plain",
+                "not ready: connecting\n".to_owned(),
+            ),
+            _ => (
+                StatusCode::NOT_FOUND,
+                "text/plain",
+                "not found\n".to_owned(),
+            ),
         }
-        "/readyz" => (
-            "503 Service Unavailable",
-            "text/plain",
-            "not ready: connecting\n".to_owned(),
-        ),
-        _ => ("404 Not Found", "text/plain", "not found\n".to_owned()),
     };
-    let response = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(response.as_bytes()).await?;
-    stream.flush().await
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    if let Ok(value) = hyper::header::HeaderValue::from_str(content_type) {
+        response
+            .headers_mut()
+            .insert(hyper::header::CONTENT_TYPE, value);
+    }
+    response
 }

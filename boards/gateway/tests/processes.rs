@@ -973,3 +973,148 @@ fn a_stop_while_connecting_to_a_silent_redis_ends_the_replica_at_once() {
     assert_eq!(status.code(), Some(0));
     drop(silent);
 }
+
+/// Open descriptors of process `pid`.
+fn open_descriptors(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+}
+
+#[test]
+fn a_flood_of_idle_metrics_connections_takes_nothing_the_locker_needs() {
+    let mut server = RedisServer::start().expect("redis-server");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("flood.toml");
+    let metrics = free_port().unwrap();
+    std::fs::write(
+        &path,
+        format!(
+            "[locker]\nkind = \"redis\"\nurl = \"{}\"\nrequest_timeout_ms = 300\n\n[[schedules]]\nrouter = \"tick\"\nevery_ms = 500\n\n[metrics]\nprometheus = \"127.0.0.1:{metrics}\"\n",
+            server.url()
+        ),
+    )
+    .unwrap();
+    let log_path = dir.path().join("stderr.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    // A small descriptor limit, as on an edge gateway: without a cap the
+    // flood below would take every one of them.
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -n 160 && exec {} run --config {}",
+            env!("CARGO_BIN_EXE_guard-gateway"),
+            path.display()
+        ))
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let lines: Lines = Arc::default();
+    {
+        let stdout = child.stdout.take().unwrap();
+        let lines = lines.clone();
+        thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                lines.lock().unwrap().push((0, Instant::now(), line));
+            }
+        });
+    }
+    let _process = Process(child);
+    assert!(wait_for(Duration::from_secs(10), || {
+        TcpStream::connect(("127.0.0.1", metrics)).is_ok()
+    }));
+    let before = open_descriptors(pid);
+    // 260 clients that start a request and never finish its head (those
+    // past the listen backlog give up after 200 ms).
+    let address: std::net::SocketAddr = ([127, 0, 0, 1], metrics).into();
+    let flood: Vec<TcpStream> = (0..260)
+        .filter_map(|_| {
+            let mut s = TcpStream::connect_timeout(&address, Duration::from_millis(200)).ok()?;
+            s.write_all(b"GET /metrics HTTP/1.1\r\n").ok()?;
+            Some(s)
+        })
+        .collect();
+    // More than the descriptors the replica has left, were they all taken.
+    assert!(
+        flood.len() >= 180,
+        "the flood could not connect: {}",
+        flood.len()
+    );
+    thread::sleep(Duration::from_millis(500));
+    let during = open_descriptors(pid);
+    assert!(
+        during <= before + 70,
+        "{during} descriptors open during the flood ({before} before): the cap did not hold"
+    );
+    // Redis restarts during the flood: the locker must reconnect, so the
+    // schedule goes on running its slots.
+    server.restart().expect("restart");
+    let executed = |lines: &Lines| {
+        lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, _, l)| l.starts_with("executed router=tick"))
+            .count()
+    };
+    let after_restart = executed(&lines);
+    assert!(
+        wait_for(Duration::from_secs(10), || executed(&lines)
+            >= after_restart + 4),
+        "no slot ran after the Redis restart: {:?}",
+        lines.lock().unwrap()
+    );
+    // Once the flood is gone, scrapes are answered at once.
+    drop(flood);
+    assert!(
+        wait_for(Duration::from_secs(10), || {
+            std::panic::catch_unwind(|| http_get(metrics, "/metrics").0.contains("200"))
+                .unwrap_or(false)
+        }),
+        "no scrape answered after the flood"
+    );
+    let logged = std::fs::metadata(&log_path).unwrap().len();
+    assert!(logged < 64 * 1024, "{logged} bytes of log during the flood");
+}
+
+#[test]
+fn a_backend_outage_is_logged_once_per_interval_not_once_per_slot() {
+    let mut server = RedisServer::start().expect("redis-server");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("outage.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[locker]\nkind = \"redis\"\nurl = \"{}\"\nrequest_timeout_ms = 100\n\n[guards]\nactive_ttl_ms = 600\nactive_interval_ms = 100\n\n[[schedules]]\nrouter = \"tick\"\nevery_ms = 100\n\n[[active]]\nname = \"sensors\"\n",
+            server.url()
+        ),
+    )
+    .unwrap();
+    let log_path = dir.path().join("stderr.log");
+    let child = Command::new(env!("CARGO_BIN_EXE_guard-gateway"))
+        .args(["run", "--config"])
+        .arg(&path)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .unwrap();
+    let _process = Process(child);
+    thread::sleep(Duration::from_millis(1_000));
+    // Four seconds without Redis: some 40 slots and 40 lease attempts fail.
+    server.stop();
+    thread::sleep(Duration::from_millis(4_000));
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    let count = |what: &str| log.lines().filter(|l| l.contains(what)).count();
+    assert!(
+        count("backend error, skip action") >= 1,
+        "the outage is logged:\n{log}"
+    );
+    assert!(
+        count("backend error, skip action") <= 2,
+        "one line per slot instead of one per interval:\n{log}"
+    );
+    assert!(count("try lock") <= 2, "one line per attempt:\n{log}");
+    assert!(log.contains("more not logged"), "{log}");
+}

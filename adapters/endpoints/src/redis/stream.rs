@@ -462,6 +462,7 @@ impl StreamConsumer {
     {
         let mut stats = ConsumeStats::default();
         let mut group_ready = false;
+        let failures = guard_std::Throttle::new();
         while !control.is_stopped() {
             let round = async {
                 if !group_ready {
@@ -475,7 +476,14 @@ impl StreamConsumer {
             let idle = match Box::pin(round).await {
                 Ok(handled) => handled == 0,
                 Err(e) => {
-                    log::warn!("stream {} group {}: {e}", self.stream, self.group);
+                    // A Redis that is down fails every poll interval.
+                    if let Some(held) = failures.admit() {
+                        log::warn!(
+                            "stream {} group {}: {e} ({held} more not logged)",
+                            self.stream,
+                            self.group
+                        );
+                    }
                     true
                 }
             };
