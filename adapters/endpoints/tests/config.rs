@@ -629,3 +629,29 @@ fn mqtt_endpoints_refuse_what_a_broker_would() {
         "{e}"
     );
 }
+
+#[test]
+fn endpoints_bound_their_messages() {
+    let c = Config::from_toml(ENDPOINTS).unwrap();
+    assert!(c.endpoints.iter().all(|e| e.max_payload_bytes == 1 << 20));
+    let Source::RedisStream(stream) = &c.endpoints[1].source else {
+        panic!("a stream")
+    };
+    assert_eq!(
+        stream.fields,
+        ["payload"],
+        "entries need a payload unless told"
+    );
+    let with = |extra: &str| {
+        format!(
+            "{ENDPOINTS}[[endpoints]]\nname = \"s\"\nkind = \"redis-stream\"\nstream = \"s\"\ngroup = \"g\"\n{extra}\n"
+        )
+    };
+    let c = Config::from_toml(&with("fields = []\nmax_payload_bytes = 10")).unwrap();
+    assert_eq!(c.endpoints[3].max_payload_bytes, 10);
+    assert!(matches!(&c.endpoints[3].source, Source::RedisStream(s) if s.fields.is_empty()));
+    let e = error(&with("max_payload_bytes = 0"));
+    assert!(e.contains("`endpoints[3].max_payload_bytes` = 0"), "{e}");
+    let e = error(&with("fields = [\"\"]"));
+    assert!(e.contains("`endpoints[3].fields`"), "{e}");
+}

@@ -9,13 +9,13 @@ use std::sync::Arc;
 
 use guard_core::retry::Classifier;
 use guard_endpoints::admission::{Admission, DEAD_LETTERS, Undelivered, Verdict};
-use guard_endpoints::config::{Config, Endpoint, EndpointLimit, LimitKey, MqttDelivery, Source};
+use guard_endpoints::config::{Config, Endpoint, LimitKey, MqttDelivery, Source};
 use guard_endpoints::mqtt::{MqttEndpoint, MqttOptions, Subscription};
 use guard_endpoints::redis::{PubSubEndpoint, StreamConsumer, StreamMessage};
 use guard_redis::{RedisConnection, StreamDlq, Topology};
 use guard_smol::Control;
 use guard_std::metered::MeteredDeadLetterQueue;
-use guard_std::{Clock, SystemClock};
+use guard_std::{Clock, SystemClock, Throttle};
 
 use crate::built::{Built, limiter};
 use crate::error::GatewayError;
@@ -31,31 +31,66 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-/// One endpoint's limiter, with the key it limits by, and where the
-/// messages it refuses go when the source keeps nothing itself.
-struct Gate {
-    admission: Admission,
-    key: LimitKey,
-    name: String,
-    dead_letters: Arc<MeteredDeadLetterQueue<Undelivered, String, DEAD_LETTERS>>,
-    clock: SystemClock,
+/// Why a stream entry is not handed to the handler.
+#[derive(Debug)]
+enum Refused {
+    /// The limiter refused it: retried under the endpoint's policy.
+    Limited(String),
+    /// It can never be handled (too large, a field missing): dead-lettered
+    /// at once, with no retry.
+    Invalid(String),
 }
 
-impl Gate {
-    fn new(built: &Built, name: &str, limit: &EndpointLimit) -> Result<Self, GatewayError> {
-        Ok(Gate {
-            admission: Admission::new(limiter(built, &limit.limiter)?, limit.when_limited),
-            key: limit.key.clone(),
-            name: name.to_owned(),
-            dead_letters: Arc::new(MeteredDeadLetterQueue::new(name)),
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refused::Limited(why) | Refused::Invalid(why) => f.write_str(why),
+        }
+    }
+}
+
+/// What every message of one endpoint passes before its handler: the
+/// size bound, for a stream entry its required fields, and the limiter,
+/// if any; and where a broadcast message that cannot pass goes (the
+/// source keeps nothing itself).
+struct Inbox {
+    name: String,
+    max_payload: usize,
+    limit: Option<(Admission, LimitKey)>,
+    dead_letters: Arc<MeteredDeadLetterQueue<Undelivered, String, DEAD_LETTERS>>,
+    clock: SystemClock,
+    /// A flood of refusals is logged once per interval.
+    warnings: Throttle,
+}
+
+impl Inbox {
+    fn new(built: &Built, entry: &Endpoint) -> Result<Self, GatewayError> {
+        let limit = match &entry.limit {
+            Some(limit) => Some((
+                Admission::new(limiter(built, &limit.limiter)?, limit.when_limited),
+                limit.key.clone(),
+            )),
+            None => None,
+        };
+        Ok(Inbox {
+            name: entry.name.clone(),
+            max_payload: entry.max_payload_bytes,
+            limit,
+            dead_letters: Arc::new(MeteredDeadLetterQueue::new(&entry.name)),
             clock: SystemClock::new(),
+            warnings: Throttle::new(),
         })
     }
 
     /// The limiter key of a message from `from` (its channel or topic),
     /// or, for a stream entry, with its `fields`.
-    fn key_of<'a>(&'a self, from: &'a str, fields: Option<&'a StreamMessage>) -> &'a str {
-        match &self.key {
+    fn key_of<'a>(
+        &'a self,
+        key: &'a LimitKey,
+        from: &'a str,
+        fields: Option<&'a StreamMessage>,
+    ) -> &'a str {
+        match key {
             LimitKey::Source => &self.name,
             LimitKey::Topic => from,
             LimitKey::Field(field) => fields
@@ -65,51 +100,104 @@ impl Gate {
         }
     }
 
-    /// Admits a broadcast message or keeps it as a dead letter: true when
-    /// the handler may run. A full dead-letter queue hands the message
-    /// back, and then it waits for the limiter however long that takes
-    /// (back-pressure), so nothing is lost here.
+    fn too_large(&self, size: usize) -> Option<String> {
+        (size > self.max_payload).then(|| {
+            format!(
+                "payload of {size} bytes over max_payload_bytes = {}",
+                self.max_payload
+            )
+        })
+    }
+
+    /// Passes a stream entry: `Ok` when the handler may run.
+    async fn check_entry(&self, message: &StreamMessage, fields: &[String]) -> Result<(), Refused> {
+        let size = message.fields.values().map(Vec::len).sum();
+        if let Some(why) = self.too_large(size) {
+            return Err(Refused::Invalid(why));
+        }
+        let missing: Vec<&str> = fields
+            .iter()
+            .filter(|f| message.field(f).is_none())
+            .map(String::as_str)
+            .collect();
+        if !missing.is_empty() {
+            return Err(Refused::Invalid(format!(
+                "entry without the field(s) {missing:?}"
+            )));
+        }
+        if let Some((admission, key)) = &self.limit
+            && let Verdict::Refused(why) = admission
+                .admit(self.key_of(key, &message.id, Some(message)))
+                .await
+        {
+            return Err(Refused::Limited(why.to_string()));
+        }
+        Ok(())
+    }
+
+    /// Passes a broadcast message or keeps it as a dead letter: true when
+    /// the handler may run. A message refused by the limiter whose
+    /// dead-letter queue is full waits for the limiter however long that
+    /// takes (back-pressure), so nothing is lost here; one that can never
+    /// be handled (too large) and finds the queue full is dropped, logged
+    /// and counted in `guard_sink_dropped_total`.
     async fn pass(&self, from: &str, payload: &[u8], emit: &Emit) -> bool {
-        let why = match self.admission.admit(self.key_of(from, None)).await {
-            Verdict::Admitted => return true,
-            Verdict::Refused(why) => why,
+        let why = match self.too_large(payload.len()) {
+            Some(why) => why,
+            None => match &self.limit {
+                None => return true,
+                Some((admission, key)) => match admission.admit(self.key_of(key, from, None)).await
+                {
+                    Verdict::Admitted => return true,
+                    Verdict::Refused(why) => why.to_string(),
+                },
+            },
         };
         let message = Undelivered {
             from: from.to_owned(),
             payload: payload.to_vec(),
         };
-        match self
+        if self
             .dead_letters
-            .add(message, Some(why.to_string()), 1, self.clock.now())
+            .add(message, Some(why.clone()), 1, self.clock.now())
+            .is_ok()
         {
-            Ok(()) => {
-                log::warn!("endpoint {}: {from}: {why}; dead-lettered", self.name);
-                emit(Event::DeadLettered {
-                    endpoint: self.name.clone(),
-                    from: from.to_owned(),
-                    reason: why.to_string(),
-                });
-                false
-            }
-            Err(_) => {
+            if let Some(held) = self.warnings.admit() {
                 log::warn!(
-                    "endpoint {}: {from}: {why}; the dead-letter queue is full, waiting for the limiter",
+                    "endpoint {}: {from}: {why}; dead-lettered ({held} more not logged)",
                     self.name
                 );
-                match self
-                    .admission
-                    .admit_eventually(self.key_of(from, None))
-                    .await
-                {
-                    Ok(()) => true,
-                    Err(failed) => {
-                        // Nowhere left to keep it: said loudly and counted.
-                        log::error!("endpoint {}: {from}: {failed}; message dropped", self.name);
-                        metrics::counter!(guard_std::metrics::SINK_DROPPED, "name" => self.name.clone())
-                            .increment(1);
-                        false
-                    }
+            }
+            emit(Event::DeadLettered {
+                endpoint: self.name.clone(),
+                from: from.to_owned(),
+                reason: why,
+            });
+            return false;
+        }
+        let waited = match &self.limit {
+            Some((admission, key)) if self.too_large(payload.len()).is_none() => {
+                if let Some(held) = self.warnings.admit() {
+                    log::warn!(
+                        "endpoint {}: {from}: {why}; the dead-letter queue is full, waiting for the limiter ({held} more not logged)",
+                        self.name
+                    );
                 }
+                admission
+                    .admit_eventually(self.key_of(key, from, None))
+                    .await
+                    .map_err(|failed| failed.to_string())
+            }
+            _ => Err(why),
+        };
+        match waited {
+            Ok(()) => true,
+            Err(why) => {
+                // Nowhere left to keep it: said loudly and counted.
+                log::error!("endpoint {}: {from}: {why}; message dropped", self.name);
+                metrics::counter!(guard_std::metrics::SINK_DROPPED, "name" => self.name.clone())
+                    .increment(1);
+                false
             }
         }
     }
@@ -131,10 +219,7 @@ pub(crate) async fn start(
         name: name.clone(),
         source,
     };
-    let gate = match &entry.limit {
-        Some(limit) => Some(Arc::new(Gate::new(built, &name, limit)?)),
-        None => None,
-    };
+    let inbox = Arc::new(Inbox::new(built, entry)?);
     let timing = config.guards.active;
     match &entry.source {
         Source::RedisPubsub(source) => {
@@ -150,11 +235,9 @@ pub(crate) async fn start(
             Ok(Box::pin(async move {
                 endpoint
                     .run(control, |message| {
-                        let (gate, emit, name) = (gate.clone(), emit.clone(), name.clone());
+                        let (inbox, emit, name) = (inbox.clone(), emit.clone(), name.clone());
                         async move {
-                            if let Some(gate) = &gate
-                                && !gate.pass(&message.channel, &message.payload, &emit).await
-                            {
+                            if !inbox.pass(&message.channel, &message.payload, &emit).await {
                                 return;
                             }
                             emit(Event::Received {
@@ -194,22 +277,20 @@ pub(crate) async fn start(
                     .with_dead_letters(StreamDlq::new(conn), topic)
                     .map_err(|e| context(e.into()))?;
             }
+            let fields = Arc::new(source.fields.clone());
             Ok(Box::pin(async move {
+                // An entry that can never be handled is not retried.
+                let classifier =
+                    Classifier::retry_all().never(|e: &Refused| matches!(e, Refused::Invalid(_)));
                 let stats = consumer
-                    .run(control, Classifier::retry_all(), |message| {
-                        let (gate, emit, name) = (gate.clone(), emit.clone(), name.clone());
+                    .run(control, classifier, |message| {
+                        let (inbox, emit, name, fields) =
+                            (inbox.clone(), emit.clone(), name.clone(), fields.clone());
                         async move {
-                            // A refusal fails the entry: it is retried,
-                            // then dead-lettered or left pending, never
-                            // dropped.
-                            if let Some(gate) = &gate
-                                && let Verdict::Refused(why) = gate
-                                    .admission
-                                    .admit(gate.key_of(&message.id, Some(&message)))
-                                    .await
-                            {
-                                return Err(why.to_string());
-                            }
+                            // A refusal fails the entry: it is retried
+                            // (unless it can never pass), then dead-lettered
+                            // with the reason or left pending, never dropped.
+                            inbox.check_entry(&message, &fields).await?;
                             let fields: BTreeMap<&String, &Vec<u8>> =
                                 message.fields.iter().collect();
                             emit(Event::Received {
@@ -223,7 +304,7 @@ pub(crate) async fn start(
                                         .collect(),
                                 ),
                             });
-                            Ok::<(), String>(())
+                            Ok::<(), Refused>(())
                         }
                     })
                     .await;
@@ -256,11 +337,9 @@ pub(crate) async fn start(
             Ok(Box::pin(async move {
                 endpoint
                     .run(control, |message| {
-                        let (gate, emit, name) = (gate.clone(), emit.clone(), name.clone());
+                        let (inbox, emit, name) = (inbox.clone(), emit.clone(), name.clone());
                         async move {
-                            if let Some(gate) = &gate
-                                && !gate.pass(&message.topic, &message.payload, &emit).await
-                            {
+                            if !inbox.pass(&message.topic, &message.payload, &emit).await {
                                 return;
                             }
                             emit(Event::Received {

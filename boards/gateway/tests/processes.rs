@@ -1118,3 +1118,122 @@ fn a_backend_outage_is_logged_once_per_interval_not_once_per_slot() {
     assert!(count("try lock") <= 2, "one line per attempt:\n{log}");
     assert!(log.contains("more not logged"), "{log}");
 }
+
+#[test]
+fn oversized_messages_and_entries_without_their_fields_are_dead_lettered_with_the_reason() {
+    let server = RedisServer::start().expect("redis-server");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bounds.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[locker]\nkind = \"redis\"\nurl = \"{}\"\n\n[[endpoints]]\nname = \"orders\"\nkind = \"redis-stream\"\nstream = \"orders\"\ngroup = \"billing\"\ndead_letter_topic = \"orders\"\nmax_payload_bytes = 64\n\n[[endpoints]]\nname = \"alerts\"\nkind = \"redis-pubsub\"\npatterns = [\"alerts.*\"]\nmax_payload_bytes = 16\n",
+            server.url()
+        ),
+    )
+    .unwrap();
+    let lines: Lines = Arc::default();
+    let _process = start(0, &path, &lines);
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    assert!(wait_for(Duration::from_secs(10), || {
+        redis::cmd("PUBSUB")
+            .arg("NUMPAT")
+            .query::<i64>(&mut conn)
+            .unwrap()
+            == 1
+    }));
+    let xadd = |conn: &mut redis::Connection, field: &str, value: String| -> String {
+        redis::cmd("XADD")
+            .arg("orders")
+            .arg("*")
+            .arg(field)
+            .arg(value)
+            .query(conn)
+            .unwrap()
+    };
+    let fine = xadd(&mut conn, "payload", "small".into());
+    let big = xadd(&mut conn, "payload", "x".repeat(100));
+    let fieldless = xadd(&mut conn, "body", "no payload field".into());
+    for payload in ["short", &"y".repeat(32)] {
+        let _: i64 = redis::cmd("PUBLISH")
+            .arg("alerts.fire")
+            .arg(payload)
+            .query(&mut conn)
+            .unwrap();
+    }
+    let dlq = "stream:topic:{orders}:dlq";
+    let dead_letters = |conn: &mut redis::Connection| -> Vec<(String, Vec<(String, String)>)> {
+        redis::cmd("XRANGE")
+            .arg(&dlq)
+            .arg("-")
+            .arg("+")
+            .query(conn)
+            .unwrap()
+    };
+    assert!(
+        wait_for(Duration::from_secs(10), || dead_letters(&mut conn).len()
+            == 2
+            && lines.lock().unwrap().iter().any(
+                |(_, _, l)| l.starts_with("dead-lettered endpoint=alerts")
+            )),
+        "{:?} {:?}",
+        dead_letters(&mut conn),
+        lines.lock().unwrap()
+    );
+    let seen = lines.lock().unwrap().clone();
+    let received: Vec<&str> = seen
+        .iter()
+        .filter(|(_, _, l)| l.starts_with("received"))
+        .map(|(_, _, l)| l.as_str())
+        .collect();
+    assert!(received.iter().any(|l| l.contains(&fine)), "{received:?}");
+    assert!(
+        received.iter().any(|l| l.ends_with("payload=short")),
+        "{received:?}"
+    );
+    assert!(
+        !received
+            .iter()
+            .any(|l| l.contains(&big) || l.contains(&fieldless)),
+        "{received:?}"
+    );
+    let letters = dead_letters(&mut conn);
+    let reasons: Vec<String> = letters
+        .iter()
+        .map(|(_, fields)| {
+            fields
+                .iter()
+                .find(|(k, _)| k == "error")
+                .map(|(_, v)| v.clone())
+                .unwrap_or_default()
+        })
+        .collect();
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r.contains("payload of 100 bytes over max_payload_bytes = 64")),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r.contains("without the field(s) [\"payload\"]")),
+        "{reasons:?}"
+    );
+    // Dead-lettered at once: no retries for what can never pass.
+    assert!(
+        letters
+            .iter()
+            .all(|(_, f)| f.iter().any(|(k, v)| k == "attempts" && v == "1")),
+        "{letters:?}"
+    );
+    assert!(
+        seen.iter()
+            .any(|(_, _, l)| l.starts_with("dead-lettered endpoint=alerts")
+                && l.contains("payload of 32 bytes over max_payload_bytes = 16")),
+        "{seen:?}"
+    );
+}

@@ -250,7 +250,14 @@ pub struct Endpoint {
     pub source: Source,
     /// The limiter each message must pass, if any.
     pub limit: Option<EndpointLimit>,
+    /// The largest message handed to the handler, in bytes (a stream
+    /// entry's field values together); a larger one is dead-lettered with
+    /// the reason.
+    pub max_payload_bytes: usize,
 }
+
+/// The largest message an endpoint hands over unless configured: 1 MiB.
+pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1 << 20;
 
 /// An endpoint's source.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -289,6 +296,9 @@ pub struct StreamSource {
     /// Dead-letter topic for entries whose retries are spent; without
     /// one they stay pending.
     pub dead_letter_topic: Option<String>,
+    /// Fields every entry must have (`["payload"]` unless configured); an
+    /// entry without one is dead-lettered, never handled as empty.
+    pub fields: Vec<String>,
 }
 
 /// `kind = "mqtt"`.

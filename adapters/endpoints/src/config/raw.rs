@@ -219,6 +219,7 @@ pub(super) struct PubSub {
     pub limit_key: Option<String>,
     pub when_limited: Option<WhenLimited>,
     pub max_wait_ms: Option<u64>,
+    pub max_payload_bytes: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -232,10 +233,12 @@ pub(super) struct Stream {
     pub retries: Option<u32>,
     pub retry_delay_ms: Option<u64>,
     pub dead_letter_topic: Option<String>,
+    pub fields: Option<Vec<String>>,
     pub limit: Option<String>,
     pub limit_key: Option<String>,
     pub when_limited: Option<WhenLimited>,
     pub max_wait_ms: Option<u64>,
+    pub max_payload_bytes: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -252,6 +255,7 @@ pub(super) struct Mqtt {
     pub limit_key: Option<String>,
     pub when_limited: Option<WhenLimited>,
     pub max_wait_ms: Option<u64>,
+    pub max_payload_bytes: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -38,6 +38,7 @@ const MAX_ONCE_TTL_S: u64 = 366 * 24 * 3600; // a year
 const MAX_LEASE_MS: u64 = 24 * 3600 * 1000; // a day
 const MAX_TIMEOUT_MS: u64 = 3600 * 1000; // an hour
 const MAX_WAIT_MS: u64 = 24 * 3600 * 1000; // a day
+const MAX_PAYLOAD_BYTES: u64 = 512 << 20; // Redis's own limit for a value
 
 type Env<'e> = &'e dyn Fn(&str) -> Option<String>;
 
@@ -750,6 +751,21 @@ fn endpoint(
             Ok(value.to_owned())
         }
     };
+    let max_payload = match e {
+        raw::Endpoint::RedisPubsub(p) => p.max_payload_bytes,
+        raw::Endpoint::RedisStream(s) => s.max_payload_bytes,
+        raw::Endpoint::Mqtt(m) => m.max_payload_bytes,
+    };
+    let max_payload_bytes = match max_payload {
+        None => super::DEFAULT_MAX_PAYLOAD_BYTES,
+        Some(n) => usize::try_from(bounded(
+            &key("max_payload_bytes"),
+            n,
+            MAX_PAYLOAD_BYTES,
+            "bytes",
+        )?)
+        .unwrap_or(usize::MAX),
+    };
     let (name, source, limit) = match e {
         raw::Endpoint::RedisPubsub(p) => {
             let url = match (&p.url, locker_url) {
@@ -844,6 +860,17 @@ fn endpoint(
                     .map_or(DEFAULT_CLAIM_IDLE, Duration::from_millis),
                 retry,
                 dead_letter_topic: s.dead_letter_topic.clone(),
+                fields: match &s.fields {
+                    None => vec!["payload".to_owned()],
+                    Some(fields) if fields.iter().any(String::is_empty) => {
+                        return Err(invalid(
+                            key("fields"),
+                            format!("{fields:?}"),
+                            "field names, none empty (or [] to require none)",
+                        ));
+                    }
+                    Some(fields) => fields.clone(),
+                },
             });
             (&s.name, source, limit)
         }
@@ -916,5 +943,6 @@ fn endpoint(
         name: name.clone(),
         source,
         limit,
+        max_payload_bytes,
     })
 }
