@@ -1167,7 +1167,7 @@ fn oversized_messages_and_entries_without_their_fields_are_dead_lettered_with_th
     let dlq = "stream:topic:{orders}:dlq";
     let dead_letters = |conn: &mut redis::Connection| -> Vec<(String, Vec<(String, String)>)> {
         redis::cmd("XRANGE")
-            .arg(&dlq)
+            .arg(dlq)
             .arg("-")
             .arg("+")
             .query(conn)
