@@ -655,3 +655,15 @@ fn endpoints_bound_their_messages() {
     let e = error(&with("fields = [\"\"]"));
     assert!(e.contains("`endpoints[3].fields`"), "{e}");
 }
+
+#[test]
+fn an_empty_key_is_named_as_such() {
+    // Found by the fuzzer: `'' = ''` named no key at all.
+    let e = Config::from_toml("'' = ''\n").unwrap_err();
+    let ConfigError::Invalid { key, .. } = &e else {
+        panic!("{e:?}")
+    };
+    assert_eq!(key, "\"\"");
+    let e = Config::from_toml("[locker]\n'' = 1\n").unwrap_err();
+    assert!(e.to_string().contains("`locker.\"\"` = set"), "{e}");
+}

@@ -312,8 +312,24 @@ fn endpoint(i: usize, mut table: toml::Table) -> Result<Endpoint, ConfigError> {
     }
 }
 
-/// Turns serde's words into the key, the value and what is allowed.
+/// Turns serde's words into the key, the value and what is allowed; a key
+/// that is itself empty (`"" = 1`) is shown as `""`.
 fn translate(path: &str, message: &str) -> ConfigError {
+    match translate_at(path, message) {
+        ConfigError::Invalid {
+            key,
+            value,
+            expected,
+        } if key.is_empty() || key.ends_with('.') => ConfigError::Invalid {
+            key: format!("{key}\"\""),
+            value,
+            expected,
+        },
+        other => other,
+    }
+}
+
+fn translate_at(path: &str, message: &str) -> ConfigError {
     let key = |field: &str| match path {
         "" | "." => field.to_owned(),
         _ => format!("{path}.{field}"),
