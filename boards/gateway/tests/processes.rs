@@ -64,7 +64,7 @@ impl Drop for Process {
 }
 
 fn start(id: usize, config: &std::path::Path, lines: &Lines) -> Process {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_guard-gateway"))
+    let child = Command::new(env!("CARGO_BIN_EXE_guard-gateway"))
         .args(["run", "--replica", &format!("replica-{id}"), "--config"])
         .arg(config)
         .env("RUST_LOG", "warn")
@@ -72,6 +72,11 @@ fn start(id: usize, config: &std::path::Path, lines: &Lines) -> Process {
         .stderr(Stdio::null())
         .spawn()
         .expect("guard-gateway");
+    collect(id, child, lines)
+}
+
+/// Collects the lines `child` prints on its (piped) stdout as process `id`.
+fn collect(id: usize, mut child: Child, lines: &Lines) -> Process {
     let stdout = child.stdout.take().unwrap();
     let lines = lines.clone();
     thread::spawn(move || {
@@ -303,7 +308,7 @@ fn the_shipped_example_starts_and_serves_each_of_its_endpoints() {
     // A second replica from the same file: its own name and metrics port.
     let second_metrics = free_port().unwrap();
     let second = {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_guard-gateway"))
+        let child = Command::new(env!("CARGO_BIN_EXE_guard-gateway"))
             .args(["run", "--replica", "replica-1", "--metrics"])
             .arg(format!("127.0.0.1:{second_metrics}"))
             .arg("--config")
@@ -313,14 +318,7 @@ fn the_shipped_example_starts_and_serves_each_of_its_endpoints() {
             .stderr(Stdio::null())
             .spawn()
             .expect("guard-gateway");
-        let stdout = child.stdout.take().unwrap();
-        let lines = lines.clone();
-        thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                lines.lock().unwrap().push((1, Instant::now(), line));
-            }
-        });
-        Process(child)
+        collect(1, child, &lines)
     };
     for port in [metrics, second_metrics] {
         assert!(
@@ -997,7 +995,7 @@ fn a_flood_of_idle_metrics_connections_takes_nothing_the_locker_needs() {
     let log = std::fs::File::create(&log_path).unwrap();
     // A small descriptor limit, as on an edge gateway: without a cap the
     // flood below would take every one of them.
-    let mut child = Command::new("sh")
+    let child = Command::new("sh")
         .arg("-c")
         .arg(format!(
             "ulimit -n 160 && exec {} run --config {}",
@@ -1011,16 +1009,7 @@ fn a_flood_of_idle_metrics_connections_takes_nothing_the_locker_needs() {
         .unwrap();
     let pid = child.id();
     let lines: Lines = Arc::default();
-    {
-        let stdout = child.stdout.take().unwrap();
-        let lines = lines.clone();
-        thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                lines.lock().unwrap().push((0, Instant::now(), line));
-            }
-        });
-    }
-    let _process = Process(child);
+    let _process = collect(0, child, &lines);
     assert!(wait_for(Duration::from_secs(10), || {
         TcpStream::connect(("127.0.0.1", metrics)).is_ok()
     }));
