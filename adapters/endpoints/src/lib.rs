@@ -15,6 +15,8 @@
 //!   broker delivers once) or a plain one (broadcast, optionally elected);
 //! - [`admission`]: rate limits that act on every message of an endpoint,
 //!   and the dead letters of the ones refused;
+//! - [`queue`]: the bounded handler queue of a broadcast source and its
+//!   [`queue::WhenFull`] policy;
 //! - [`config`]: the TOML configuration of a gateway replica.
 //!
 //! Errors are typed: [`mqtt::MqttError`] and [`redis::EndpointError`]
@@ -25,6 +27,7 @@ pub mod admission;
 pub mod config;
 pub mod mqtt;
 mod parameter;
+pub mod queue;
 pub mod redis;
 
 pub use parameter::Parameter;

@@ -22,6 +22,8 @@ pub enum Parameter {
     RetryPolicy,
     /// A Pub/Sub endpoint's patterns.
     Patterns,
+    /// How many messages wait for an endpoint's handler.
+    QueueCapacity,
     /// An MQTT broker's host.
     BrokerHost,
     /// An MQTT client id.
@@ -64,6 +66,7 @@ impl fmt::Display for Parameter {
             Parameter::ClaimIdle => "claim idle time",
             Parameter::RetryPolicy => "stream consumer retry policy",
             Parameter::Patterns => "Pub/Sub patterns",
+            Parameter::QueueCapacity => "handler queue capacity",
             Parameter::BrokerHost => "broker host",
             Parameter::ClientId => "client id",
             Parameter::ShareGroup => "share group",

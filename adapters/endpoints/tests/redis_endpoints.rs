@@ -1,7 +1,8 @@
 //! The Redis endpoints on a real redis-server: a Pub/Sub endpoint elected
 //! among three replicas, and stream consumer groups.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
@@ -12,7 +13,8 @@ use guard_core::lock::Ttl;
 use guard_core::retry::{Classifier, JitterNeedsRandom, RetryPolicy};
 use guard_endpoints::Parameter;
 use guard_endpoints::redis::{
-    ConsumeStats, EndpointError, PubSubEndpoint, StreamConsumer, StreamMessage,
+    ConsumeStats, EndpointError, PubSubEndpoint, PubSubStats, StreamConsumer, StreamMessage,
+    WhenFull,
 };
 use guard_redis::{RedisConnection, RedisGuardError, RedisLocker, StreamDlq, Topology};
 use guard_smol::{RunHandle, RunnerError, control};
@@ -73,7 +75,7 @@ fn pubsub_replica(
                 let payload = String::from_utf8(message.payload).unwrap();
                 received.lock().unwrap()[id].push((payload, message.fence));
             }
-        }))
+        }));
     });
     (handle, thread)
 }
@@ -266,6 +268,262 @@ fn pubsub_endpoint_rejects_bad_input() {
     );
     let source = std::error::Error::source(&err).expect("the runner's error");
     assert_eq!(source.downcast_ref::<RunnerError>(), Some(&timing));
+}
+
+/// Publishes to `channel` at `rate` per second for `duration`, in batches
+/// every 10 ms; returns how many copies reached a subscriber, and how
+/// many publications reached none.
+fn flood(server: &RedisServer, channel: &str, rate: u64, duration: Duration) -> (u64, u64) {
+    let mut conn = sync_conn(server);
+    let batch = (rate / 100).max(1);
+    let start = std::time::Instant::now();
+    let (mut delivered, mut missed) = (0_u64, 0_u64);
+    let mut round = 0_u32;
+    while start.elapsed() < duration {
+        let mut pipe = redis::pipe();
+        for i in 0..batch {
+            pipe.cmd("PUBLISH")
+                .arg(channel)
+                .arg(format!("m{round}-{i}"));
+        }
+        let receivers: Vec<i64> = pipe.query(&mut conn).unwrap();
+        delivered += receivers.iter().map(|&r| r as u64).sum::<u64>();
+        missed += receivers.iter().filter(|&&r| r == 0).count() as u64;
+        round += 1;
+        if let Some(rest) = (Duration::from_millis(10) * round).checked_sub(start.elapsed()) {
+            thread::sleep(rest);
+        }
+    }
+    (delivered, missed)
+}
+
+/// What a leader did while `publish` flooded it.
+struct Flooded {
+    published: u64,
+    stats: PubSubStats,
+    /// Fences the handler saw.
+    fences: BTreeSet<u64>,
+}
+
+/// Runs one elected endpoint (lease 1.5 s: a renewal that waits behind
+/// the handler for that long loses it) whose handler is `handler`, floods
+/// it with `publish` (which returns copies delivered and publications no
+/// subscriber received), and asserts what must hold under any flood: the
+/// subscription never lapsed, the lease in Redis never changed while the
+/// flood ran, and once the queue drained every message was handled or
+/// counted as dropped.
+fn lead_through_a_flood(
+    handler: fn(),
+    publish: impl FnOnce(&RedisServer) -> (u64, u64),
+) -> Flooded {
+    let server = RedisServer::start().expect("redis-server");
+    let mut publisher = sync_conn(&server);
+    let config =
+        GuardConfig::new().with_locker(SharedLocker::new(RedisLocker::new(connect(&server))));
+    let scope = config.scope("endpoint/redis").unwrap();
+    let endpoint = PubSubEndpoint::new(&server.url(), &config, &scope, &["flood.*"])
+        .unwrap()
+        .with_settings(
+            ActiveConfig::new()
+                .with_ttl(Ttl::new(Duration::from_millis(1500)).unwrap())
+                .with_interval(Duration::from_millis(300)),
+        )
+        .unwrap()
+        .with_queue(512, WhenFull::DropNewest)
+        .unwrap();
+    let endpoint = Arc::new(endpoint);
+    // Where the locker keeps the lease.
+    let key = guard_core::lock::redis::RedisKeys::new("", endpoint.key())
+        .unwrap()
+        .lock()
+        .to_string();
+    let fences = Arc::new(Mutex::new(BTreeSet::new()));
+    let (handle, ctl) = control();
+    let consumer = {
+        let (endpoint, fences) = (endpoint.clone(), fences.clone());
+        thread::spawn(move || {
+            smol::block_on(endpoint.run(ctl, move |message| {
+                handler();
+                fences.lock().unwrap().insert(message.fence);
+                async {}
+            }))
+        })
+    };
+    assert!(
+        wait_until(Duration::from_secs(5), || pattern_subscribers(
+            &mut publisher
+        ) == 1),
+        "never subscribed"
+    );
+    let lease: String = redis::cmd("GET").arg(&key).query(&mut publisher).unwrap();
+    // The lease is watched from outside while the flood runs.
+    let flooding = Arc::new(AtomicBool::new(true));
+    let watcher = {
+        let (flooding, key) = (flooding.clone(), key.clone());
+        let mut conn = sync_conn(&server);
+        thread::spawn(move || {
+            let mut seen = Vec::new();
+            while flooding.load(Ordering::Relaxed) {
+                let now: Option<String> = redis::cmd("GET").arg(&key).query(&mut conn).unwrap();
+                seen.push(now);
+                thread::sleep(Duration::from_millis(100));
+            }
+            seen
+        })
+    };
+    let (published, missed) = publish(&server);
+    flooding.store(false, Ordering::Relaxed);
+    let seen = watcher.join().unwrap();
+    assert_eq!(
+        missed,
+        0,
+        "the subscription lapsed during the flood (published {published}): {:?}; lease {:?}",
+        endpoint.stats(),
+        seen.iter()
+            .filter(|v| v.as_deref() != Some(lease.as_str()))
+            .count()
+    );
+    let changed: Vec<_> = seen
+        .iter()
+        .filter(|v| v.as_deref() != Some(lease.as_str()))
+        .collect();
+    assert!(
+        changed.is_empty(),
+        "the leader lost its lease during the flood: {} of {} reads saw {:?}",
+        changed.len(),
+        seen.len(),
+        changed.first()
+    );
+    // What is queued drains; then every message is handled or counted.
+    let accounted = || {
+        let stats = endpoint.stats();
+        stats.handled + stats.dropped_full
+    };
+    assert!(
+        wait_until(Duration::from_secs(10), || accounted() == published),
+        "published {published}: {:?}",
+        endpoint.stats()
+    );
+    let stats = endpoint.stats();
+    assert_eq!(stats.received, published, "{stats:?}");
+    assert_eq!(
+        (stats.refused_late, stats.dropped_demoted, stats.disconnects),
+        (0, 0, 0),
+        "{stats:?}"
+    );
+    handle.stop();
+    let last = consumer.join().unwrap();
+    assert_eq!(last.handled, stats.handled);
+    let fences = fences.lock().unwrap().clone();
+    Flooded {
+        published,
+        stats,
+        fences,
+    }
+}
+
+#[test]
+fn pubsub_a_flood_at_ten_times_the_handlers_speed_keeps_the_lease_and_counts_every_drop() {
+    // The worst handler: it blocks its thread for 1 ms a message, about
+    // 1,000 a second; the flood is ten times that, for 30 s.
+    let flooded = lead_through_a_flood(
+        || thread::sleep(Duration::from_millis(1)),
+        |server| flood(server, "flood.a", 10_000, Duration::from_secs(30)),
+    );
+    let stats = flooded.stats;
+    // The handler ran at its own speed throughout, under one lease, and
+    // the rest was dropped and counted.
+    assert!(stats.handled > 15_000, "{stats:?}");
+    assert!(stats.dropped_full > flooded.published / 2, "{stats:?}");
+    assert_eq!(flooded.fences.len(), 1, "{:?}", flooded.fences);
+}
+
+#[test]
+fn pubsub_half_a_million_messages_as_fast_as_redis_takes_them_keep_the_lease() {
+    // The observation: 500,000 messages published as fast as the server
+    // accepts them (pipelined), a trivial handler.
+    let flooded = lead_through_a_flood(
+        || {},
+        |server| {
+            let mut conn = sync_conn(server);
+            let (mut delivered, mut missed) = (0_u64, 0_u64);
+            for round in 0..500 {
+                let mut pipe = redis::pipe();
+                for i in 0..1000 {
+                    pipe.cmd("PUBLISH")
+                        .arg("flood.b")
+                        .arg(format!("m{round}-{i}"));
+                }
+                let receivers: Vec<i64> = pipe.query(&mut conn).unwrap();
+                delivered += receivers.iter().map(|&r| r as u64).sum::<u64>();
+                missed += receivers.iter().filter(|&&r| r == 0).count() as u64;
+            }
+            (delivered, missed)
+        },
+    );
+    assert_eq!(flooded.published, 500_000);
+    assert!(flooded.stats.handled > 0, "{:?}", flooded.stats);
+    assert_eq!(flooded.fences.len(), 1, "{:?}", flooded.fences);
+}
+
+#[test]
+fn pubsub_a_subscription_the_server_closes_is_counted_and_the_leader_subscribes_again() {
+    let server = RedisServer::start().expect("redis-server");
+    let mut publisher = sync_conn(&server);
+    let received: Received = Arc::new(Mutex::new(vec![Vec::new(); 1]));
+    let config =
+        GuardConfig::new().with_locker(SharedLocker::new(RedisLocker::new(connect(&server))));
+    let scope = config.scope("endpoint/redis").unwrap();
+    let endpoint = Arc::new(
+        PubSubEndpoint::new(&server.url(), &config, &scope, &["sensors.*"])
+            .unwrap()
+            .with_settings(
+                ActiveConfig::new()
+                    .with_ttl(Ttl::new(Duration::from_millis(300)).unwrap())
+                    .with_interval(Duration::from_millis(100)),
+            )
+            .unwrap(),
+    );
+    let (handle, ctl) = control();
+    let consumer = {
+        let (endpoint, received) = (endpoint.clone(), received.clone());
+        thread::spawn(move || {
+            smol::block_on(endpoint.run(ctl, move |message| {
+                let payload = String::from_utf8(message.payload).unwrap();
+                received.lock().unwrap()[0].push((payload, message.fence));
+                async {}
+            }))
+        })
+    };
+    let subscribed = |publisher: &mut redis::Connection| {
+        wait_until(Duration::from_secs(5), || {
+            pattern_subscribers(publisher) == 1
+        })
+    };
+    assert!(subscribed(&mut publisher), "never subscribed");
+    // What a server does to a subscriber past its client-output-buffer-limit.
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query(&mut publisher)
+        .unwrap();
+    assert_eq!(killed, 1);
+    assert!(
+        wait_until(Duration::from_secs(3), || endpoint.stats().disconnects == 1),
+        "{:?}",
+        endpoint.stats()
+    );
+    // It stepped down; alone, it is elected again and subscribes again.
+    assert!(subscribed(&mut publisher), "never subscribed again");
+    let payloads: Vec<String> = (0..5).map(|i| format!("after{i}")).collect();
+    publish_all(&mut publisher, &payloads);
+    assert!(wait_until(Duration::from_secs(3), || {
+        received.lock().unwrap()[0].len() == 5
+    }));
+    handle.stop();
+    let stats = consumer.join().unwrap();
+    assert_eq!((stats.disconnects, stats.handled), (1, 5), "{stats:?}");
 }
 
 // ---------------------------------------------------------------- Streams

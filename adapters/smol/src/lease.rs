@@ -5,6 +5,19 @@ use std::sync::{Arc, Mutex, PoisonError};
 use guard_core::guard::Lease;
 use guard_std::{Clock, SystemClock};
 
+/// What a [`LeaseCheck`] finds at one instant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaseState {
+    /// This replica leads and its renew deadline has not passed: act,
+    /// with this fence.
+    Valid(u64),
+    /// This replica holds a lease whose renew deadline has passed on its
+    /// own clock (woken from a pause): do not act; the runner demotes.
+    PastDeadline,
+    /// This replica does not lead (standby, demoted, stopped): do not act.
+    NotHeld,
+}
+
 /// A view of the lease an [`ActiveRunner`](crate::ActiveRunner) holds, on
 /// the runner's own monotonic clock.
 ///
@@ -46,6 +59,18 @@ impl LeaseCheck {
     pub fn fence(&self) -> Option<u64> {
         self.lease()
             .and_then(|lease| lease.valid_at(self.clock.now()))
+    }
+
+    /// The fence, or why there is none, in one read: for a consumer that
+    /// counts what it refuses by cause.
+    pub fn state(&self) -> LeaseState {
+        match self.lease() {
+            None => LeaseState::NotHeld,
+            Some(lease) => match lease.valid_at(self.clock.now()) {
+                Some(fence) => LeaseState::Valid(fence),
+                None => LeaseState::PastDeadline,
+            },
+        }
     }
 
     /// The lease published last (its deadline is on the runner's clock).

@@ -45,5 +45,5 @@ mod scheduler;
 pub use active::{ActiveRunner, RunnerError};
 pub use control::{Control, RunHandle, control};
 pub use delay::TimerDelay;
-pub use lease::LeaseCheck;
+pub use lease::{LeaseCheck, LeaseState};
 pub use scheduler::{JobRun, ScheduleError, Scheduler};

@@ -20,6 +20,13 @@ pub const ACTIVE_LEADER: &str = "guard_active_leader";
 /// Work an elected consumer refused because it arrived after its lease's
 /// renew deadline (buffered across a pause), by lease `key`.
 pub const ACTIVE_REFUSED_LATE: &str = "guard_active_refused_late_total";
+/// Messages an endpoint dropped, by lease `key` and `reason`
+/// (`queue_full`: its handler queue was full; `demoted`: queued when
+/// leadership ended).
+pub const ENDPOINT_DROPPED: &str = "guard_endpoint_dropped_total";
+/// Subscriptions the server (or the network) closed under an endpoint
+/// while it led, by lease `key`; what the server held for it is lost.
+pub const ENDPOINT_DISCONNECTS: &str = "guard_endpoint_disconnects_total";
 /// Dead letters held, by `topic`.
 pub const DLQ_SIZE: &str = "guard_dlq_size";
 /// Calls made by retried operations, by `name`.

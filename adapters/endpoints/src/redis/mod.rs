@@ -11,8 +11,9 @@ mod error;
 mod pubsub;
 mod stream;
 
+pub use crate::queue::WhenFull;
 pub use error::EndpointError;
-pub use pubsub::{DEFAULT_CONFIRM_TIMEOUT, PubSubEndpoint, PubSubMessage};
+pub use pubsub::{DEFAULT_CONFIRM_TIMEOUT, PubSubEndpoint, PubSubMessage, PubSubStats};
 pub use stream::{
     ConsumeStats, DEFAULT_BATCH, DEFAULT_CLAIM_IDLE, DEFAULT_POLL_INTERVAL, GroupStart,
     StreamConsumer, StreamMessage,

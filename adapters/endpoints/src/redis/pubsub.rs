@@ -19,22 +19,52 @@
 //! subscribed (a failover, a restart) are lost. The guard removes
 //! duplicate consumption; it does not make Pub/Sub at-least-once. Use a
 //! stream and [`super::StreamConsumer`] where messages must not be lost.
+//!
+//! # Under a flood
+//!
+//! - **Renewals never wait behind handling.** The lease is kept on a
+//!   thread of the endpoint's own, and the subscription is read on
+//!   another, over a blocking connection of its own (so a flood never
+//!   holds the executor that drives the locker's connection); the handler
+//!   runs on the caller's executor. A handler that is slow, or even blocks
+//!   its thread, delays only the messages behind it.
+//! - **The handler queue is bounded** ([`with_queue`](PubSubEndpoint::with_queue),
+//!   [`DEFAULT_QUEUE`](crate::queue::DEFAULT_QUEUE) by default). The
+//!   reader never waits for the handler, so Redis never has to buffer for
+//!   this subscriber; when the queue is full its [`WhenFull`] policy drops
+//!   a message.
+//! - **Nothing is dropped silently.** Every message read is handled or
+//!   counted, by cause, in [`PubSubStats`] and in
+//!   `guard_endpoint_dropped_total{key, reason}` (`queue_full`; `demoted`:
+//!   queued when leadership ended, by a demotion or a stop) or
+//!   `guard_active_refused_late_total{key}`, and logged: the first of a
+//!   burst, then a count per interval. A subscription the server closes
+//!   (its `client-output-buffer-limit`, a `CLIENT KILL`) is counted in
+//!   `guard_endpoint_disconnects_total{key}` and logged; the messages Redis
+//!   discarded with it are not visible to the subscriber and cannot be
+//!   counted one by one.
+//! - **Order**: messages are handled one at a time, in the order read.
+//!   The handler loop yields to its executor after each message, so a
+//!   flood never starves the caller's other tasks.
 
+use std::cell::RefCell;
 use std::fmt;
 use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use futures_lite::{StreamExt, future};
+use futures_lite::future;
 use guard_core::guard::ActiveConfig;
 use guard_core::lock::Scope;
-use guard_smol::{ActiveRunner, Control};
-use guard_std::GuardConfig;
-use redis::aio::PubSubStream;
+use guard_smol::{ActiveRunner, Control, LeaseState, RunHandle};
+use guard_std::{GuardConfig, Throttle};
 
 use guard_redis::RedisGuardError;
 
 use super::EndpointError;
 use crate::parameter::Parameter;
+use crate::queue::{DEFAULT_QUEUE, Feeder, WhenFull};
 
 /// The original's limit on waiting for the subscription confirmations.
 pub const DEFAULT_CONFIRM_TIMEOUT: Duration = Duration::from_secs(3);
@@ -77,6 +107,9 @@ pub struct PubSubEndpoint {
     patterns: Vec<String>,
     runner: ActiveRunner,
     confirm_timeout: Duration,
+    queue: usize,
+    when_full: WhenFull,
+    counters: Arc<Counters>,
 }
 
 impl fmt::Debug for PubSubEndpoint {
@@ -84,14 +117,116 @@ impl fmt::Debug for PubSubEndpoint {
         f.debug_struct("PubSubEndpoint")
             .field("patterns", &self.patterns)
             .field("key", &self.runner.key())
+            .field("queue", &self.queue)
+            .field("when_full", &self.when_full)
             .finish()
     }
 }
 
-/// What woke the consuming side.
-enum Next {
-    Message(Option<redis::Msg>),
-    Subscription(Result<Option<PubSubStream>, async_channel::RecvError>),
+/// What an endpoint did, counted from its creation. Every message read
+/// ends in exactly one of the last four fields (or is still queued):
+/// `received = handled + dropped_full + dropped_demoted + refused_late`
+/// once the queue is empty.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PubSubStats {
+    /// Messages read from the subscription.
+    pub received: u64,
+    /// Messages the handler was called for (and returned).
+    pub handled: u64,
+    /// Messages the full queue dropped under its [`WhenFull`] policy.
+    pub dropped_full: u64,
+    /// Messages queued when leadership ended (demotion or stop): no longer
+    /// this replica's to handle.
+    pub dropped_demoted: u64,
+    /// Messages taken from the queue after the renew deadline had passed
+    /// (a pause), before the runner had demoted.
+    pub refused_late: u64,
+    /// Subscriptions closed by the server (or the network) while leading.
+    pub disconnects: u64,
+}
+
+/// The counters behind [`PubSubStats`], shared by the reader thread and
+/// the handler loop.
+#[derive(Debug, Default)]
+struct Counters {
+    received: AtomicU64,
+    handled: AtomicU64,
+    dropped_full: AtomicU64,
+    dropped_demoted: AtomicU64,
+    refused_late: AtomicU64,
+    disconnects: AtomicU64,
+}
+
+impl Counters {
+    fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    fn snapshot(&self) -> PubSubStats {
+        let read = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        PubSubStats {
+            received: read(&self.received),
+            handled: read(&self.handled),
+            dropped_full: read(&self.dropped_full),
+            dropped_demoted: read(&self.dropped_demoted),
+            refused_late: read(&self.refused_late),
+            disconnects: read(&self.disconnects),
+        }
+    }
+}
+
+/// Counts and reports messages dropped for one `reason`: in the stats,
+/// in `guard_endpoint_dropped_total{key, reason}`, and in the log, the
+/// first of a burst and then a count per interval.
+struct Drops {
+    key: String,
+    reason: &'static str,
+    throttle: Throttle,
+}
+
+impl Drops {
+    fn new(key: &str, reason: &'static str) -> Self {
+        // Present at zero from the start, for dashboards and alerts.
+        metrics::counter!(guard_std::metrics::ENDPOINT_DROPPED, "key" => key.to_owned(), "reason" => reason)
+            .increment(0);
+        Drops {
+            key: key.to_owned(),
+            reason,
+            throttle: Throttle::new(),
+        }
+    }
+
+    fn record(&self, counter: &AtomicU64, n: u64, why: &str) {
+        if n == 0 {
+            return;
+        }
+        Counters::add(counter, n);
+        metrics::counter!(guard_std::metrics::ENDPOINT_DROPPED, "key" => self.key.clone(), "reason" => self.reason)
+            .increment(n);
+        if let Some(held) = self.throttle.admit() {
+            log::warn!(
+                "Pub/Sub {}: dropped {n} message(s), {why} ({held} more drop events not logged)",
+                self.key
+            );
+        }
+    }
+}
+
+/// How often a subscription's reader, blocked on an idle connection,
+/// looks whether its promotion has ended: bounds how long it stays
+/// subscribed after a demotion (what it reads meanwhile is counted as
+/// `dropped_demoted`, never handled).
+const READ_POLL: Duration = Duration::from_millis(50);
+
+/// Stops the endpoint's lease thread when the handler loop ends, however
+/// it ends (returned, dropped, unwound from a panicking handler): the
+/// lease is released rather than renewed for a consumer that is gone.
+struct StopOnDrop(RunHandle);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.stop();
+    }
 }
 
 impl PubSubEndpoint {
@@ -119,7 +254,35 @@ impl PubSubEndpoint {
             patterns: patterns.iter().map(|p| (*p).to_owned()).collect(),
             runner,
             confirm_timeout: DEFAULT_CONFIRM_TIMEOUT,
+            queue: DEFAULT_QUEUE,
+            when_full: WhenFull::default(),
+            counters: Arc::default(),
         })
+    }
+
+    /// The handler queue: at most `capacity` messages wait for the
+    /// handler; when full, `when_full` says which is dropped (counted).
+    /// See the module documentation.
+    pub fn with_queue(
+        mut self,
+        capacity: usize,
+        when_full: WhenFull,
+    ) -> Result<Self, EndpointError> {
+        if capacity == 0 {
+            return Err(EndpointError::invalid(
+                Parameter::QueueCapacity,
+                "0",
+                "must be at least 1",
+            ));
+        }
+        self.queue = capacity;
+        self.when_full = when_full;
+        Ok(self)
+    }
+
+    /// What the endpoint has done so far; see [`PubSubStats`].
+    pub fn stats(&self) -> PubSubStats {
+        self.counters.snapshot()
     }
 
     /// Lease timing; validated.
@@ -139,111 +302,269 @@ impl PubSubEndpoint {
         self.runner.key()
     }
 
-    /// Connects and subscribes to every pattern, each confirmed, within
-    /// the confirm timeout.
-    async fn subscribe(&self) -> Result<PubSubStream, RedisGuardError> {
-        let subscribe = async {
-            let mut pubsub = self.client.get_async_pubsub().await?;
-            // The sink waits for each confirmation.
-            pubsub.psubscribe(&self.patterns).await?;
-            Ok(pubsub.into_on_message())
-        };
-        future::or(subscribe, async {
-            async_io::Timer::after(self.confirm_timeout).await;
-            Err(RedisGuardError::Timeout(self.confirm_timeout))
-        })
-        .await
-    }
-
     /// Runs until `control` stops it: subscribes while this replica leads
-    /// and calls `handler` for each message, one at a time.
-    pub async fn run<H, F>(&self, control: Control, mut handler: H)
+    /// and calls `handler` for each message, one at a time, in order; the
+    /// lease and the subscription are kept on a thread of their own (see
+    /// the module documentation). Returns what it did.
+    ///
+    /// Messages still queued when leadership ends (a demotion or the
+    /// stop) are not handled: they are counted as `dropped_demoted`.
+    pub async fn run<H, F>(&self, control: Control, mut handler: H) -> PubSubStats
     where
         H: FnMut(PubSubMessage) -> F,
         F: Future<Output = ()>,
     {
-        // Our own handle demotes the runner when the subscription dies.
+        // Our own handle demotes the runner when the subscription dies,
+        // and stops it when this loop ends.
         let (own, linked) = control.linked();
-        let lease = self.runner.lease_check();
-        let (tx, rx) = async_channel::unbounded::<Option<PubSubStream>>();
-        let elect = async move {
-            let (promoted, demoted) = (tx.clone(), tx);
-            self.runner
-                .run(
-                    linked,
-                    move |_fence| {
-                        let tx = promoted.clone();
-                        async move {
-                            let stream = self.subscribe().await?;
-                            log::info!("Pub/Sub {:?} subscribed", self.patterns);
-                            // The receiver lives until the runner returns.
-                            tx.send(Some(stream)).await.ok();
-                            Ok::<(), RedisGuardError>(())
-                        }
-                    },
-                    move |_reason| {
-                        let tx = demoted.clone();
-                        async move {
-                            tx.send(None).await.ok();
-                        }
-                    },
-                )
-                .await;
-            // Both senders drop with the callbacks: the consumer ends.
+        let _stop = StopOnDrop(own.clone());
+        // A clone runs on the lease thread; its lease view is the one
+        // checked here.
+        let runner = self.runner.clone();
+        let lease = runner.lease_check();
+        let key = runner.key().to_owned();
+        let (feeder, queue) = Feeder::bounded(self.queue, self.when_full);
+        let keeper = LeaseKeeper {
+            reader: Arc::new(Reader {
+                client: self.client.clone(),
+                patterns: self.patterns.clone(),
+                confirm_timeout: self.confirm_timeout,
+                counters: self.counters.clone(),
+                full: Drops::new(&key, "queue_full"),
+                feeder,
+                when_full: self.when_full,
+                own,
+            }),
+            demoted: Drops::new(&key, "demoted"),
+            queue: queue.clone(),
         };
-        let consume = async {
-            let mut current: Option<PubSubStream> = None;
-            let mut refused_since_promotion = 0_u64;
-            loop {
-                let next = match current.as_mut() {
-                    None => Next::Subscription(rx.recv().await),
-                    Some(stream) => {
-                        future::or(async { Next::Message(stream.next().await) }, async {
-                            Next::Subscription(rx.recv().await)
-                        })
-                        .await
-                    }
-                };
-                match next {
-                    Next::Subscription(Ok(subscription)) => {
-                        current = subscription;
-                        refused_since_promotion = 0;
-                    }
-                    Next::Subscription(Err(_)) => return,
-                    Next::Message(Some(msg)) => {
-                        // The lease is checked where the side effect
-                        // happens: nothing is handled past the deadline.
-                        let Some(fence) = lease.fence() else {
-                            refused_since_promotion += 1;
-                            guard_std::metrics::record_refused_late(self.runner.key());
-                            if refused_since_promotion == 1 {
-                                log::warn!(
-                                    "Pub/Sub {:?}: lease {} past its renew deadline; refusing messages until demoted",
-                                    self.patterns,
-                                    self.runner.key()
-                                );
-                            }
-                            continue;
-                        };
-                        handler(PubSubMessage {
-                            channel: msg.get_channel_name().to_owned(),
-                            pattern: msg.get_pattern().ok(),
-                            payload: msg.get_payload_bytes().to_vec(),
-                            fence,
-                        })
-                        .await;
-                    }
-                    Next::Message(None) => {
-                        log::warn!(
-                            "Pub/Sub {:?}: subscription closed while leading; stepping down",
-                            self.patterns
-                        );
-                        current = None;
-                        own.demote();
-                    }
-                }
+        metrics::counter!(guard_std::metrics::ENDPOINT_DISCONNECTS, "key" => key.clone())
+            .increment(0);
+        let thread = std::thread::Builder::new()
+            .name("pubsub-lease".to_owned())
+            .spawn(move || async_io::block_on(keeper.run(runner, linked)));
+        let thread = match thread {
+            Ok(thread) => thread,
+            Err(e) => {
+                log::error!(
+                    "Pub/Sub {:?}: cannot start its lease thread: {e}",
+                    self.patterns
+                );
+                return self.stats();
             }
         };
-        future::zip(elect, consume).await;
+        let demoted = Drops::new(&key, "demoted");
+        let mut late = 0_u64;
+        // Ends when the lease thread ends (stop) and the queue is empty.
+        while let Ok(msg) = queue.recv().await {
+            // The lease is checked where the side effect happens: nothing
+            // is handled past the deadline or after leadership ended.
+            match lease.state() {
+                LeaseState::Valid(fence) => {
+                    late = 0;
+                    handler(PubSubMessage {
+                        channel: msg.get_channel_name().to_owned(),
+                        pattern: msg.get_pattern().ok(),
+                        payload: msg.get_payload_bytes().to_vec(),
+                        fence,
+                    })
+                    .await;
+                    Counters::add(&self.counters.handled, 1);
+                }
+                LeaseState::PastDeadline => {
+                    late += 1;
+                    Counters::add(&self.counters.refused_late, 1);
+                    guard_std::metrics::record_refused_late(&key);
+                    if late == 1 {
+                        log::warn!(
+                            "Pub/Sub {:?}: lease {key} past its renew deadline; refusing messages until demoted",
+                            self.patterns
+                        );
+                    }
+                }
+                LeaseState::NotHeld => demoted.record(
+                    &self.counters.dropped_demoted,
+                    1,
+                    "queued when leadership ended",
+                ),
+            }
+            // A flood never starves the caller's other tasks.
+            future::yield_now().await;
+        }
+        // The lease thread has finished its work once the queue closed.
+        if thread.join().is_err() {
+            log::error!("Pub/Sub {:?}: its lease thread panicked", self.patterns);
+        }
+        self.stats()
+    }
+}
+
+/// The endpoint's lease thread: runs the election; each promotion
+/// starts a [`Reader`] on a thread of its own, and the demotion stops it.
+struct LeaseKeeper {
+    reader: Arc<Reader>,
+    demoted: Drops,
+    /// The queue's receiving side, to empty it at a demotion.
+    queue: async_channel::Receiver<redis::Msg>,
+}
+
+impl LeaseKeeper {
+    async fn run(self, runner: ActiveRunner, control: Control) {
+        let current: RefCell<Option<Subscription>> = RefCell::new(None);
+        let (this, current) = (&self, &current);
+        runner
+            .run(
+                control,
+                move |_fence| async move {
+                    let subscription = this.reader.subscribe().await?;
+                    log::info!("Pub/Sub {:?} subscribed", this.reader.patterns);
+                    *current.borrow_mut() = Some(subscription);
+                    Ok::<(), RedisGuardError>(())
+                },
+                move |_reason| async move {
+                    // Stops the reader, which unsubscribes.
+                    drop(current.borrow_mut().take());
+                    // What waits in the queue is no longer ours to handle
+                    // (the lease is already withdrawn from the handler
+                    // loop, which counts what it takes).
+                    let mut queued = 0;
+                    while this.queue.try_recv().is_ok() {
+                        queued += 1;
+                    }
+                    this.demoted.record(
+                        &this.reader.counters.dropped_demoted,
+                        queued,
+                        "queued when leadership ended",
+                    );
+                },
+            )
+            .await;
+        // The readers have been told to stop: once they have, the queue
+        // closes and the handler loop ends.
+    }
+}
+
+/// A subscription read on a thread of its own; dropping it tells the
+/// reader to stop (within [`READ_POLL`]), which closes the connection and
+/// so ends the subscription.
+struct Subscription(Arc<AtomicBool>);
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Reads a subscription on a blocking connection into the handler queue.
+///
+/// A blocking connection on a thread of its own, not the async client:
+/// the async client's connection task runs on the executor that also
+/// drives the locker's connection, and a flood on the subscription would
+/// hold that executor and delay the renewals.
+struct Reader {
+    client: redis::Client,
+    patterns: Vec<String>,
+    confirm_timeout: Duration,
+    counters: Arc<Counters>,
+    full: Drops,
+    feeder: Feeder<redis::Msg>,
+    when_full: WhenFull,
+    /// Demotes the runner when the subscription dies while leading.
+    own: RunHandle,
+}
+
+impl Reader {
+    /// Starts a reader thread that connects and subscribes to every
+    /// pattern, each confirmed, within the confirm timeout.
+    async fn subscribe(self: &Arc<Self>) -> Result<Subscription, RedisGuardError> {
+        let subscription = Subscription(Arc::default());
+        let (confirm, confirmed) = async_channel::bounded(1);
+        let (reader, stop) = (self.clone(), subscription.0.clone());
+        std::thread::Builder::new()
+            .name("pubsub-reader".to_owned())
+            .spawn(move || reader.read(&stop, &confirm))
+            .map_err(|e| RedisGuardError::Redis(e.into()))?;
+        let timeout = self.confirm_timeout;
+        future::or(
+            async {
+                confirmed
+                    .recv()
+                    .await
+                    .unwrap_or(Err(RedisGuardError::Timeout(timeout)))
+            },
+            async {
+                async_io::Timer::after(timeout).await;
+                Err(RedisGuardError::Timeout(timeout))
+            },
+        )
+        .await?;
+        Ok(subscription)
+    }
+
+    /// The reader thread: subscribes, says so on `confirm`, then reads
+    /// until `stop` or the connection fails.
+    fn read(
+        &self,
+        stop: &AtomicBool,
+        confirm: &async_channel::Sender<Result<(), RedisGuardError>>,
+    ) {
+        let connected = self
+            .client
+            .get_connection_with_timeout(self.confirm_timeout)
+            .and_then(|con| {
+                con.set_read_timeout(Some(self.confirm_timeout))?;
+                con.set_write_timeout(Some(self.confirm_timeout))?;
+                Ok(con)
+            });
+        let mut con = match connected {
+            Ok(con) => con,
+            Err(e) => {
+                confirm.try_send(Err(e.into())).ok();
+                return;
+            }
+        };
+        let mut pubsub = con.as_pubsub();
+        // One at a time: each call waits for its pattern's confirmation.
+        let subscribed = self
+            .patterns
+            .iter()
+            .try_for_each(|pattern| pubsub.psubscribe(pattern))
+            .and_then(|()| pubsub.set_read_timeout(Some(READ_POLL)));
+        if let Err(e) = subscribed {
+            confirm.try_send(Err(e.into())).ok();
+            return;
+        }
+        if confirm.try_send(Ok(())).is_err() {
+            // The promotion gave up waiting: not ours to read.
+            return;
+        }
+        while !stop.load(Ordering::Relaxed) {
+            match pubsub.get_message() {
+                Ok(msg) => {
+                    Counters::add(&self.counters.received, 1);
+                    if !self.feeder.push(msg) {
+                        let why = match self.when_full {
+                            WhenFull::DropNewest => "the handler queue is full (drop-newest)",
+                            WhenFull::DropOldest => "the handler queue is full (drop-oldest)",
+                        };
+                        self.full.record(&self.counters.dropped_full, 1, why);
+                    }
+                }
+                Err(e) if e.is_timeout() => {}
+                // Demoted meanwhile: the end was ours.
+                Err(_) if stop.load(Ordering::Relaxed) => return,
+                Err(e) => {
+                    Counters::add(&self.counters.disconnects, 1);
+                    metrics::counter!(guard_std::metrics::ENDPOINT_DISCONNECTS, "key" => self.full.key.clone())
+                        .increment(1);
+                    log::warn!(
+                        "Pub/Sub {:?}: subscription closed while leading ({e}; the server's client-output-buffer-limit, a CLIENT KILL, the network); what it held is lost; stepping down",
+                        self.patterns
+                    );
+                    self.own.demote();
+                    return;
+                }
+            }
+        }
     }
 }
