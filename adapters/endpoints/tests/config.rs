@@ -8,6 +8,7 @@ use guard_endpoints::config::{
     Backend, Config, ConfigError, EndpointLimit, LimitKey, Locker, MqttDelivery, PolicyAlgorithm,
     Source, Timing, WhenLimited,
 };
+use guard_endpoints::queue::WhenFull;
 use guard_redis::Topology;
 
 const VALID: &str = r#"
@@ -654,6 +655,38 @@ fn endpoints_bound_their_messages() {
     assert!(e.contains("`endpoints[3].max_payload_bytes` = 0"), "{e}");
     let e = error(&with("fields = [\"\"]"));
     assert!(e.contains("`endpoints[3].fields`"), "{e}");
+}
+
+#[test]
+fn a_pubsub_endpoint_bounds_its_handler_queue_with_a_stated_policy() {
+    let c = Config::from_toml(ENDPOINTS).unwrap();
+    let Source::RedisPubsub(pubsub) = &c.endpoints[0].source else {
+        panic!("a Pub/Sub endpoint")
+    };
+    assert_eq!(
+        (pubsub.queue, pubsub.when_full),
+        (guard_endpoints::queue::DEFAULT_QUEUE, WhenFull::DropNewest)
+    );
+    let with = |extra: &str| {
+        format!(
+            "{ENDPOINTS}[[endpoints]]\nname = \"p\"\nkind = \"redis-pubsub\"\npatterns = [\"p\"]\n{extra}\n"
+        )
+    };
+    let c = Config::from_toml(&with("queue = 10\nwhen_full = \"drop-oldest\"")).unwrap();
+    assert!(matches!(
+        &c.endpoints[3].source,
+        Source::RedisPubsub(p) if (p.queue, p.when_full) == (10, WhenFull::DropOldest)
+    ));
+    let e = error(&with("queue = 0"));
+    assert!(
+        e.contains("`endpoints[3].queue` = 0: expected a positive number of messages"),
+        "{e}"
+    );
+    let e = error(&with("when_full = \"block\""));
+    assert!(
+        e.contains("endpoints[3].when_full") && e.contains("drop-newest"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -231,6 +231,7 @@ pub(crate) async fn start(
             let patterns: Vec<&str> = source.patterns.iter().map(String::as_str).collect();
             let endpoint = PubSubEndpoint::new(&source.url, &built.guards, &scope, &patterns)
                 .and_then(|e| e.with_settings(timing))
+                .and_then(|e| e.with_queue(source.queue, source.when_full))
                 .map_err(|e| context(e.into()))?;
             Ok(Box::pin(async move {
                 endpoint

@@ -1226,3 +1226,96 @@ fn oversized_messages_and_entries_without_their_fields_are_dead_lettered_with_th
         "{seen:?}"
     );
 }
+
+#[test]
+fn a_pubsub_flood_neither_demotes_the_leader_nor_loses_a_message_silently() {
+    // The observation: 500,000 messages published to an elected Pub/Sub
+    // endpoint as fast as Redis takes them made the leader's renewal time
+    // out; it demoted, and about 146,000 messages went unhandled, uncounted.
+    let server = RedisServer::start().expect("redis-server");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("flood.toml");
+    let metrics = free_port().unwrap();
+    std::fs::write(
+        &path,
+        format!(
+            "{}\n[metrics]\nprometheus = \"127.0.0.1:{metrics}\"\n\n[[endpoints]]\nname = \"alerts\"\nkind = \"redis-pubsub\"\npatterns = [\"alerts.*\"]\n",
+            base_config(&server.url())
+        ),
+    )
+    .unwrap();
+    let lines: Lines = Arc::default();
+    let _process = start(0, &path, &lines);
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    assert!(wait_for(Duration::from_secs(10), || {
+        redis::cmd("PUBSUB")
+            .arg("NUMPAT")
+            .query::<i64>(&mut conn)
+            .unwrap()
+            == 1
+    }));
+    let mut published = 0_u64;
+    for round in 0..500 {
+        let mut pipe = redis::pipe();
+        for i in 0..1000 {
+            pipe.cmd("PUBLISH")
+                .arg("alerts.fire")
+                .arg(format!("m{round}-{i}"));
+        }
+        let receivers: Vec<i64> = pipe.query(&mut conn).unwrap();
+        assert!(
+            receivers.iter().all(|&r| r == 1),
+            "the subscription lapsed in round {round}"
+        );
+        published += receivers.len() as u64;
+    }
+    let handled = || {
+        lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, _, l)| l.starts_with("received endpoint=alerts"))
+            .count() as u64
+    };
+    let series = |text: &str, name: &str, label: &str| -> f64 {
+        text.lines()
+            .filter(|l| l.starts_with(name) && l.contains("endpoint/redis") && l.contains(label))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let dropped = || {
+        let (_, text) = http_get(metrics, "/metrics");
+        series(&text, "guard_endpoint_dropped_total", "")
+    };
+    assert!(
+        wait_for(Duration::from_secs(60), || handled() + dropped() as u64
+            == published),
+        "published {published}, handled {}, dropped {}",
+        handled(),
+        dropped()
+    );
+    let (_, text) = http_get(metrics, "/metrics");
+    assert_eq!(
+        series(
+            &text,
+            "guard_active_transitions_total",
+            "transition=\"demoted\""
+        ),
+        0.0,
+        "{text}"
+    );
+    assert_eq!(series(&text, "guard_active_leader", ""), 1.0, "{text}");
+    assert_eq!(
+        series(&text, "guard_endpoint_disconnects_total", ""),
+        0.0,
+        "{text}"
+    );
+    eprintln!(
+        "published {published}, handled {}, dropped {}",
+        handled(),
+        dropped()
+    );
+}

@@ -278,6 +278,11 @@ pub struct PubSubSource {
     pub url: String,
     /// Channel patterns (`PSUBSCRIBE` syntax), at least one.
     pub patterns: Vec<String>,
+    /// Messages that may wait for the handler
+    /// ([`DEFAULT_QUEUE`](crate::queue::DEFAULT_QUEUE) unless configured).
+    pub queue: usize,
+    /// Which message a full queue drops.
+    pub when_full: crate::queue::WhenFull,
 }
 
 /// `kind = "redis-stream"`.

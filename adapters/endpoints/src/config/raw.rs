@@ -189,6 +189,13 @@ pub(super) enum WhenLimited {
     DeadLetter,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(super) enum WhenFull {
+    DropNewest,
+    DropOldest,
+}
+
 /// One `[[endpoints]]` entry, told apart by `kind`; each kind accepts its
 /// own keys only.
 #[derive(Debug)]
@@ -220,6 +227,8 @@ pub(super) struct PubSub {
     pub when_limited: Option<WhenLimited>,
     pub max_wait_ms: Option<u64>,
     pub max_payload_bytes: Option<u64>,
+    pub queue: Option<u64>,
+    pub when_full: Option<WhenFull>,
 }
 
 #[derive(Debug, Deserialize)]

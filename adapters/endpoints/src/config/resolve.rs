@@ -39,6 +39,7 @@ const MAX_LEASE_MS: u64 = 24 * 3600 * 1000; // a day
 const MAX_TIMEOUT_MS: u64 = 3600 * 1000; // an hour
 const MAX_WAIT_MS: u64 = 24 * 3600 * 1000; // a day
 const MAX_PAYLOAD_BYTES: u64 = 512 << 20; // Redis's own limit for a value
+const MAX_QUEUE: u64 = 1 << 20; // messages; a GiB at a KiB each
 
 type Env<'e> = &'e dyn Fn(&str) -> Option<String>;
 
@@ -797,9 +798,20 @@ fn endpoint(
                 false,
                 limiters,
             )?;
+            let queue = match p.queue {
+                None => crate::queue::DEFAULT_QUEUE,
+                Some(n) => usize::try_from(bounded(&key("queue"), n, MAX_QUEUE, "messages")?)
+                    .unwrap_or(usize::MAX),
+            };
             let source = Source::RedisPubsub(PubSubSource {
                 url,
                 patterns: p.patterns.clone(),
+                queue,
+                when_full: match p.when_full {
+                    None => crate::queue::WhenFull::default(),
+                    Some(raw::WhenFull::DropNewest) => crate::queue::WhenFull::DropNewest,
+                    Some(raw::WhenFull::DropOldest) => crate::queue::WhenFull::DropOldest,
+                },
             });
             (&p.name, source, limit)
         }
