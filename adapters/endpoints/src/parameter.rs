@@ -16,6 +16,8 @@ pub enum Parameter {
     ConsumerName,
     /// Entries a stream consumer reads per round.
     Batch,
+    /// Entries a stream consumer handles at once.
+    Concurrency,
     /// How long an entry is idle before a stream consumer claims it.
     ClaimIdle,
     /// A stream consumer's retry policy.
@@ -63,6 +65,7 @@ impl fmt::Display for Parameter {
             Parameter::ConsumerGroup => "consumer group",
             Parameter::ConsumerName => "consumer name",
             Parameter::Batch => "stream consumer batch",
+            Parameter::Concurrency => "stream consumer concurrency",
             Parameter::ClaimIdle => "claim idle time",
             Parameter::RetryPolicy => "stream consumer retry policy",
             Parameter::Patterns => "Pub/Sub patterns",

@@ -690,6 +690,32 @@ fn a_pubsub_endpoint_bounds_its_handler_queue_with_a_stated_policy() {
 }
 
 #[test]
+fn a_stream_endpoint_reads_in_batches_with_bounded_concurrency() {
+    let c = Config::from_toml(ENDPOINTS).unwrap();
+    let Source::RedisStream(stream) = &c.endpoints[1].source else {
+        panic!("a stream")
+    };
+    assert_eq!((stream.batch, stream.concurrency), (10, 1));
+    let with = |extra: &str| {
+        format!(
+            "{ENDPOINTS}[[endpoints]]\nname = \"s\"\nkind = \"redis-stream\"\nstream = \"s\"\ngroup = \"g\"\n{extra}\n"
+        )
+    };
+    let c = Config::from_toml(&with("batch = 100\nconcurrency = 16")).unwrap();
+    assert!(matches!(
+        &c.endpoints[3].source,
+        Source::RedisStream(s) if (s.batch, s.concurrency) == (100, 16)
+    ));
+    let e = error(&with("batch = 0"));
+    assert!(e.contains("`endpoints[3].batch` = 0"), "{e}");
+    let e = error(&with("concurrency = 11"));
+    assert!(
+        e.contains("`endpoints[3].concurrency` = 11: expected from 1 to the batch (10)"),
+        "{e}"
+    );
+}
+
+#[test]
 fn an_empty_key_is_named_as_such() {
     // Found by the fuzzer: `'' = ''` named no key at all.
     let e = Config::from_toml("'' = ''\n").unwrap_err();

@@ -2,7 +2,7 @@
 //! among three replicas, and stream consumer groups.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
@@ -751,6 +751,59 @@ fn streams_failures_are_retried_then_dead_lettered_and_acknowledged() {
 }
 
 #[test]
+fn streams_concurrent_handlers_start_in_stream_order_never_more_than_the_bound() {
+    let server = RedisServer::start().expect("redis-server");
+    let mut conn = sync_conn(&server);
+    add_entries(&mut conn, "orders", (0..40).map(|i| format!("{i:02}")));
+    let consumer = consumer(&server, "c1")
+        .with_batch(16)
+        .unwrap()
+        .with_concurrency(8)
+        .unwrap();
+    // (started in this order, in flight now, most in flight at once)
+    let started = Arc::new(Mutex::new(Vec::new()));
+    let (now, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (handle, ctl) = control();
+    let run = {
+        let (started, now, most) = (started.clone(), now.clone(), most.clone());
+        thread::spawn(move || {
+            smol::block_on(consumer.run(ctl, Classifier::retry_all(), move |message| {
+                let (now, most) = (now.clone(), most.clone());
+                started
+                    .lock()
+                    .unwrap()
+                    .push(String::from_utf8(message.payload().unwrap().to_vec()).unwrap());
+                async move {
+                    let inside = now.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(inside, Ordering::SeqCst);
+                    async_io::Timer::after(Duration::from_millis(30)).await;
+                    now.fetch_sub(1, Ordering::SeqCst);
+                    Ok::<(), String>(())
+                }
+            }))
+        })
+    };
+    assert!(wait_until(Duration::from_secs(10), || started
+        .lock()
+        .unwrap()
+        .len()
+        == 40));
+    assert!(wait_until(Duration::from_secs(5), || pending(
+        &mut conn, "orders", "billing"
+    ) == 0));
+    handle.stop();
+    let stats = run.join().unwrap();
+    assert_eq!(stats.acked, 40, "{stats:?}");
+    assert_eq!(most.load(Ordering::SeqCst), 8, "the bound, and reached");
+    let expected: Vec<String> = (0..40).map(|i| format!("{i:02}")).collect();
+    assert_eq!(
+        *started.lock().unwrap(),
+        expected,
+        "started in stream order"
+    );
+}
+
+#[test]
 fn stream_consumer_rejects_bad_input() {
     let server = RedisServer::start().expect("redis-server");
     let conn = connect(&server);
@@ -774,6 +827,18 @@ fn stream_consumer_rejects_bad_input() {
         .with_batch(0)
         .unwrap_err();
     assert!(err.to_string().contains("batch"), "{err}");
+    for concurrency in [0, 11] {
+        let err = StreamConsumer::new(conn.clone(), "s", "g", "c")
+            .unwrap()
+            .with_concurrency(concurrency)
+            .unwrap_err();
+        assert!(
+            err.to_string().contains(&format!(
+                "stream consumer concurrency {concurrency}: must be from 1 to the batch (10)"
+            )),
+            "{err}"
+        );
+    }
     let jittery = RetryPolicy::new().with_jitter(guard_core::retry::Jitter::Full);
     let err = StreamConsumer::new(conn.clone(), "s", "g", "c")
         .unwrap()

@@ -272,6 +272,8 @@ pub(crate) async fn start(
                     .with_retry(source.retry)
                     .map_err(|e| context(e.into()))?
                     .with_claim_idle(source.claim_idle)
+                    .and_then(|c| c.with_batch(source.batch))
+                    .and_then(|c| c.with_concurrency(source.concurrency))
                     .map_err(|e| context(e.into()))?;
             if let Some(topic) = &source.dead_letter_topic {
                 consumer = consumer

@@ -304,6 +304,13 @@ pub struct StreamSource {
     /// Fields every entry must have (`["payload"]` unless configured); an
     /// entry without one is dead-lettered, never handled as empty.
     pub fields: Vec<String>,
+    /// Entries read per round ([`DEFAULT_BATCH`](crate::redis::DEFAULT_BATCH)
+    /// unless configured).
+    pub batch: usize,
+    /// Entries in the handler at once (1 unless configured; at most the
+    /// batch): see [`StreamConsumer`](crate::redis::StreamConsumer) for
+    /// the order this gives.
+    pub concurrency: usize,
 }
 
 /// `kind = "mqtt"`.

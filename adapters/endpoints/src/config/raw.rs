@@ -243,6 +243,8 @@ pub(super) struct Stream {
     pub retry_delay_ms: Option<u64>,
     pub dead_letter_topic: Option<String>,
     pub fields: Option<Vec<String>>,
+    pub batch: Option<u64>,
+    pub concurrency: Option<u64>,
     pub limit: Option<String>,
     pub limit_key: Option<String>,
     pub when_limited: Option<WhenLimited>,

@@ -40,6 +40,7 @@ const MAX_TIMEOUT_MS: u64 = 3600 * 1000; // an hour
 const MAX_WAIT_MS: u64 = 24 * 3600 * 1000; // a day
 const MAX_PAYLOAD_BYTES: u64 = 512 << 20; // Redis's own limit for a value
 const MAX_QUEUE: u64 = 1 << 20; // messages; a GiB at a KiB each
+const MAX_BATCH: u64 = 10_000; // entries a round: one reply of a few MiB
 
 type Env<'e> = &'e dyn Fn(&str) -> Option<String>;
 
@@ -859,8 +860,26 @@ fn endpoint(
                 true,
                 limiters,
             )?;
+            let batch = match s.batch {
+                None => crate::redis::DEFAULT_BATCH,
+                Some(n) => usize::try_from(bounded(&key("batch"), n, MAX_BATCH, "entries")?)
+                    .unwrap_or(usize::MAX),
+            };
+            let concurrency = match s.concurrency {
+                None => 1,
+                Some(n) if n == 0 || n > batch as u64 => {
+                    return Err(invalid(
+                        key("concurrency"),
+                        n,
+                        format!("from 1 to the batch ({batch}): a round holds at most a batch"),
+                    ));
+                }
+                Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
+            };
             let source = Source::RedisStream(StreamSource {
                 url,
+                batch,
+                concurrency,
                 stream: non_empty("stream", &s.stream, "the stream key")?,
                 group: non_empty(
                     "group",

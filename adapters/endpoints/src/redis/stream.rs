@@ -12,12 +12,28 @@
 //! Delivery is at least once: an entry whose handler ran but whose `XACK`
 //! was lost, or whose handler outlived the claim idle time, is handled
 //! again. Choose the idle time above the longest handling time.
+//!
+//! # Batches, concurrency and order
+//!
+//! Each round reads up to a batch of entries (`XREADGROUP COUNT`; idle
+//! ones are claimed with `XAUTOCLAIM` first, at most every half claim
+//! idle time or second), handles them, and acknowledges the round in
+//! one multi-id `XACK`. With the default concurrency of 1, entries are
+//! handled one at a time in stream order (claimed ones first). With
+//! [`with_concurrency`](StreamConsumer::with_concurrency) `n`, up to `n`
+//! entries of a round are in the handler at once: they start in stream
+//! order and may finish in any order; every entry of a round has finished
+//! (its retries included) before the next round is read. Entries that
+//! must be handled in order (one device's readings, say) need a
+//! concurrency of 1, or one stream per key.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use guard_core::retry::{Classifier, Jitter, JitterNeedsRandom, RetryExecutor, RetryPolicy};
 use guard_smol::{Control, TimerDelay};
 use redis::Value;
@@ -67,6 +83,16 @@ impl StreamMessage {
     }
 }
 
+/// What became of one entry.
+enum Outcome {
+    /// Handled: acknowledge.
+    Acked(String),
+    /// Recorded as a dead letter: acknowledge.
+    DeadLettered(String),
+    /// Failed and not recorded: stays pending, to be claimed again.
+    LeftPending,
+}
+
 /// What a consumer did, counted from its start.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ConsumeStats {
@@ -114,6 +140,7 @@ pub struct StreamConsumer {
     group: String,
     consumer: String,
     batch: usize,
+    concurrency: usize,
     poll_interval: Duration,
     claim_idle: Duration,
     start: GroupStart,
@@ -128,6 +155,7 @@ impl fmt::Debug for StreamConsumer {
             .field("group", &self.group)
             .field("consumer", &self.consumer)
             .field("batch", &self.batch)
+            .field("concurrency", &self.concurrency)
             .field("claim_idle", &self.claim_idle)
             .finish()
     }
@@ -198,6 +226,7 @@ impl StreamConsumer {
             group: named(Parameter::ConsumerGroup, group)?,
             consumer: named(Parameter::ConsumerName, consumer)?,
             batch: DEFAULT_BATCH,
+            concurrency: 1,
             poll_interval: DEFAULT_POLL_INTERVAL,
             claim_idle: DEFAULT_CLAIM_IDLE,
             start: GroupStart::Beginning,
@@ -216,6 +245,24 @@ impl StreamConsumer {
             ));
         }
         self.batch = batch;
+        Ok(self)
+    }
+
+    /// How many entries of a round may be in the handler at once (at
+    /// least 1, at most the batch); see the module documentation for the
+    /// order this gives.
+    pub fn with_concurrency(mut self, concurrency: usize) -> Result<Self, EndpointError> {
+        if concurrency == 0 || concurrency > self.batch {
+            return Err(EndpointError::invalid(
+                Parameter::Concurrency,
+                concurrency.to_string(),
+                format!(
+                    "must be from 1 to the batch ({}): a round holds at most a batch",
+                    self.batch
+                ),
+            ));
+        }
+        self.concurrency = concurrency;
         Ok(self)
     }
 
@@ -335,17 +382,14 @@ impl StreamConsumer {
         self.conn.query::<u64>(&cmd).await.map(drop)
     }
 
-    /// Handles one entry: retries, then marks it for acknowledgement on
-    /// success or after recording it as a dead letter (into `acks`);
-    /// leaves it pending otherwise.
+    /// Handles one entry: retries, then says whether to acknowledge it
+    /// (handled, or recorded as a dead letter) or leave it pending.
     async fn handle<F, Fut, E>(
         &self,
         entry: StreamMessage,
         classifier: Classifier<E>,
-        handler: &mut F,
-        stats: &mut ConsumeStats,
-        acks: &mut Vec<String>,
-    ) -> Result<(), EndpointError>
+        handler: &RefCell<&mut F>,
+    ) -> Result<Outcome, EndpointError>
     where
         F: FnMut(StreamMessage) -> Fut,
         Fut: Future<Output = Result<(), E>>,
@@ -358,16 +402,14 @@ impl StreamConsumer {
         let result = retry
             .run(&mut TimerDelay, |attempt| {
                 calls = attempt;
-                handler(entry.clone())
+                // Borrowed only to make the call's future, never across an
+                // await: concurrent entries share the handler.
+                (handler.borrow_mut())(entry.clone())
             })
             .await;
         guard_std::metrics::record_retry_attempts(&self.stream, calls);
         let failure = match result {
-            Ok(()) => {
-                acks.push(entry.id);
-                stats.acked += 1;
-                return Ok(());
-            }
+            Ok(()) => return Ok(Outcome::Acked(entry.id)),
             Err(failure) => failure,
         };
         let error = failure.to_string();
@@ -377,8 +419,7 @@ impl StreamConsumer {
                 self.stream,
                 entry.id
             );
-            stats.left_pending += 1;
-            return Ok(());
+            return Ok(Outcome::LeftPending);
         };
         let letter = DeadLetter {
             payload: entry.payload().unwrap_or_default(),
@@ -394,8 +435,7 @@ impl StreamConsumer {
                     self.stream,
                     entry.id
                 );
-                acks.push(entry.id);
-                stats.dead_lettered += 1;
+                Ok(Outcome::DeadLettered(entry.id))
             }
             Err(e) => {
                 // Not acknowledged: the entry stays pending and is claimed
@@ -405,10 +445,9 @@ impl StreamConsumer {
                     self.stream,
                     entry.id
                 );
-                stats.left_pending += 1;
+                Ok(Outcome::LeftPending)
             }
         }
-        Ok(())
     }
 
     /// One round: claim idle entries, read new ones, handle each. Returns
@@ -424,7 +463,36 @@ impl StreamConsumer {
         Fut: Future<Output = Result<(), E>>,
         E: fmt::Display,
     {
-        let claimed = self.claim_idle().await?;
+        // Boxed: the nested handler, retry and request futures are deep.
+        Box::pin(self.round(true, classifier, handler, stats)).await
+    }
+
+    /// How often [`run`](Self::run) looks for idle entries to claim: half
+    /// the claim idle time, at most a second. An entry is claimed at most
+    /// this long after it became claimable, and a busy consumer spends one
+    /// `XAUTOCLAIM` per interval instead of one per round.
+    fn claim_every(&self) -> Duration {
+        (self.claim_idle / 2).min(Duration::from_secs(1))
+    }
+
+    /// One round, claiming first if `claim`.
+    async fn round<F, Fut, E>(
+        &self,
+        claim: bool,
+        classifier: Classifier<E>,
+        handler: &mut F,
+        stats: &mut ConsumeStats,
+    ) -> Result<usize, EndpointError>
+    where
+        F: FnMut(StreamMessage) -> Fut,
+        Fut: Future<Output = Result<(), E>>,
+        E: fmt::Display,
+    {
+        let claimed = if claim {
+            self.claim_idle().await?
+        } else {
+            Vec::new()
+        };
         stats.claimed += claimed.len() as u64;
         let fresh = self.read_new().await?;
         let count = claimed.len() + fresh.len();
@@ -434,12 +502,32 @@ impl StreamConsumer {
         // once), never lost.
         let mut acks = Vec::with_capacity(count);
         let mut handled = Ok(());
-        for entry in claimed.into_iter().chain(fresh) {
-            handled = self
-                .handle(entry, classifier, handler, stats, &mut acks)
-                .await;
-            if handled.is_err() {
+        let handler = RefCell::new(handler);
+        let mut entries = claimed.into_iter().chain(fresh);
+        // At most `concurrency` entries in the handler at once, started in
+        // stream order.
+        let mut in_flight = FuturesUnordered::new();
+        loop {
+            while handled.is_ok() && in_flight.len() < self.concurrency {
+                let Some(entry) = entries.next() else { break };
+                in_flight.push(self.handle(entry, classifier, &handler));
+            }
+            let Some(outcome) = in_flight.next().await else {
                 break;
+            };
+            match outcome {
+                Ok(Outcome::Acked(id)) => {
+                    acks.push(id);
+                    stats.acked += 1;
+                }
+                Ok(Outcome::DeadLettered(id)) => {
+                    acks.push(id);
+                    stats.dead_lettered += 1;
+                }
+                Ok(Outcome::LeftPending) => stats.left_pending += 1,
+                // Starts nothing more; what is in flight finishes and is
+                // acknowledged.
+                Err(e) => handled = Err(e),
             }
         }
         self.ack(&acks).await?;
@@ -463,13 +551,19 @@ impl StreamConsumer {
         let mut stats = ConsumeStats::default();
         let mut group_ready = false;
         let failures = guard_std::Throttle::new();
+        let mut next_claim = std::time::Instant::now();
         while !control.is_stopped() {
+            let claim = std::time::Instant::now() >= next_claim;
+            if claim {
+                next_claim = std::time::Instant::now() + self.claim_every();
+            }
             let round = async {
                 if !group_ready {
                     self.create_group().await?;
                     group_ready = true;
                 }
-                self.poll(classifier, &mut handler, &mut stats).await
+                self.round(claim, classifier, &mut handler, &mut stats)
+                    .await
             };
             // Boxed: the nested handler, retry and request futures are
             // deep, and a caller's future would carry all of them inline.
