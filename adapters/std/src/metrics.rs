@@ -7,6 +7,10 @@ use guard_core::guard::{DemoteReason, OnceEvent};
 pub const RL_ALLOWED: &str = "guard_rl_allowed_total";
 /// Requests refused, by limiter `name`.
 pub const RL_DENIED: &str = "guard_rl_denied_total";
+/// Keys an in-process limiter holds, by limiter `name`.
+pub const RL_KEYS: &str = "guard_rl_keys";
+/// The most keys an in-process limiter holds, by limiter `name`.
+pub const RL_KEYS_CAPACITY: &str = "guard_rl_keys_capacity";
 /// Elements a rate-limiting sink dropped, by sink `name`.
 pub const SINK_DROPPED: &str = "guard_sink_dropped_total";
 /// Once-guard decisions, by `scope` and `outcome` (won, lost,

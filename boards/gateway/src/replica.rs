@@ -158,6 +158,23 @@ pub async fn run(
         .await?;
         tasks.push(executor.spawn(task));
     }
+    // The keys each in-process limiter holds, refreshed every second for
+    // the exporter: a flood of distinct keys shows as a table at its
+    // bound, never beyond.
+    if built.limiters.iter().any(|l| l.keys_held().is_some()) {
+        let (limiters, control) = (built.limiters.clone(), control.clone());
+        tasks.push(executor.spawn(async move {
+            while !control.is_stopped() {
+                for limiter in limiters.iter() {
+                    limiter.keys_held();
+                }
+                futures_lite::future::or(control.stopped(), async {
+                    async_io::Timer::after(std::time::Duration::from_secs(1)).await;
+                })
+                .await;
+            }
+        }));
+    }
     tasks.push(executor.spawn(scheduler.run(control)));
     // Everything is connected and the locker has answered.
     ready.store(true, Ordering::Release);

@@ -1319,3 +1319,121 @@ fn a_pubsub_flood_neither_demotes_the_leader_nor_loses_a_message_silently() {
         dropped()
     );
 }
+
+/// The resident memory of process `pid`, in KiB.
+fn resident_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
+#[test]
+fn a_flood_of_distinct_limiter_keys_stays_within_the_table() {
+    // 100,000 messages on distinct 200-byte channels, limited per channel:
+    // 20 MB of keys if the table kept them all. It holds at most its
+    // bound, shown on /metrics, and the process does not grow with them.
+    let server = RedisServer::start().expect("redis-server");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("keys.toml");
+    let metrics = free_port().unwrap();
+    std::fs::write(
+        &path,
+        format!(
+            "{}\n[metrics]\nprometheus = \"127.0.0.1:{metrics}\"\n\n[ratelimit]\nenabled = true\nmemory_keys = 1024\n[ratelimit.policies.per-channel]\nalgorithm = \"token-bucket\"\nbackend = \"memory\"\ncapacity = 5\nrate_per_second = 500\n\n[[endpoints]]\nname = \"alerts\"\nkind = \"redis-pubsub\"\npatterns = [\"alerts.*\"]\nlimit = \"per-channel\"\nlimit_key = \"topic\"\nmax_wait_ms = 1000\n",
+            base_config(&server.url())
+        ),
+    )
+    .unwrap();
+    let lines: Lines = Arc::default();
+    let process = start(0, &path, &lines);
+    let pid = process.0.id();
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    assert!(wait_for(Duration::from_secs(10), || {
+        redis::cmd("PUBSUB")
+            .arg("NUMPAT")
+            .query::<i64>(&mut conn)
+            .unwrap()
+            == 1
+    }));
+    let padding = "k".repeat(200);
+    let handled = || {
+        lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, _, l)| l.starts_with("received endpoint=alerts"))
+            .count() as u64
+    };
+    let dropped = || {
+        let (_, text) = http_get(metrics, "/metrics");
+        text.lines()
+            .filter(|l| l.starts_with("guard_endpoint_dropped_total"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64
+    };
+    let table = || {
+        let (_, text) = http_get(metrics, "/metrics");
+        (
+            sample(&text, "guard_rl_keys{name=\"per-channel\"}"),
+            sample(&text, "guard_rl_keys_capacity{name=\"per-channel\"}"),
+        )
+    };
+    // Publishes `count` messages on distinct channels from `from`, and
+    // waits until each was handled or counted as dropped.
+    let mut published = 0_u64;
+    let mut flood = |from: u64, count: u64, during: &mut dyn FnMut()| {
+        for chunk in (from..from + count).step_by(1000) {
+            let mut pipe = redis::pipe();
+            for i in chunk..chunk + 1000 {
+                pipe.cmd("PUBLISH")
+                    .arg(format!("alerts.{padding}-{i}"))
+                    .arg("x")
+                    .ignore();
+            }
+            pipe.query::<()>(&mut conn).unwrap();
+            published += 1000;
+            during();
+        }
+        assert!(
+            wait_for(Duration::from_secs(60), || handled() + dropped()
+                == published),
+            "published {published}, handled {}, dropped {}",
+            handled(),
+            dropped()
+        );
+    };
+    // Warm up: the table fills to its bound.
+    flood(0, 5_000, &mut || {});
+    let before = resident_kib(pid);
+    let mut largest = 0.0_f64;
+    let mut capacity = None;
+    flood(5_000, 100_000, &mut || {
+        let (held, cap) = table();
+        largest = largest.max(held.expect("guard_rl_keys"));
+        capacity = cap;
+    });
+    let after = resident_kib(pid);
+    let capacity = capacity.expect("guard_rl_keys_capacity");
+    eprintln!(
+        "keys: at most {largest} held of {capacity}; RSS {before} KiB -> {after} KiB; handled {}, dropped {}",
+        handled(),
+        dropped()
+    );
+    assert!(
+        (1024.0..2048.0).contains(&capacity),
+        "memory_keys = 1024, rounded up to whole shards: {capacity}"
+    );
+    assert!(largest <= capacity, "{largest} keys held of {capacity}");
+    assert!(largest > 0.0);
+    // 100,000 keys of over 200 bytes each would be 20 MB more.
+    assert!(
+        after < before + 8 * 1024,
+        "RSS grew from {before} KiB to {after} KiB"
+    );
+}

@@ -9,7 +9,7 @@ use guard_core::limit::{
     Algorithm, Decision, DefaultHashState, FullPolicy, Keyed, KeyedSlot, KeyedSlots,
 };
 
-use super::{LimitFuture, RateLimiter};
+use super::{KeysHeld, LimitFuture, RateLimiter};
 use crate::clock::{Clock, SystemClock};
 use crate::sync::Mutex;
 
@@ -141,5 +141,12 @@ where
 {
     fn check<'a>(&'a self, key: &'a str) -> LimitFuture<'a> {
         LimitFuture::Ready(Some(Ok(self.check_now(key))))
+    }
+
+    fn keys_held(&self) -> Option<KeysHeld> {
+        Some(KeysHeld {
+            held: self.len(),
+            capacity: self.capacity(),
+        })
     }
 }

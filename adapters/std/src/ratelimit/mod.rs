@@ -51,4 +51,21 @@ impl Future for LimitFuture<'_> {
 pub trait RateLimiter: Send + Sync {
     /// Decides one request for `key`.
     fn check<'a>(&'a self, key: &'a str) -> LimitFuture<'a>;
+
+    /// For a limiter that keeps its keys in this process: the keys it
+    /// holds and the most it can hold. `None` for one whose keys live
+    /// elsewhere (Redis).
+    fn keys_held(&self) -> Option<KeysHeld> {
+        None
+    }
+}
+
+/// How full an in-process limiter's table of keys is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeysHeld {
+    /// Keys held now.
+    pub held: usize,
+    /// The most it holds; a new key beyond is refused or shares the
+    /// overflow state, by its `FullPolicy`.
+    pub capacity: usize,
 }

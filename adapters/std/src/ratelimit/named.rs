@@ -4,8 +4,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{LimitResult, RateLimiter};
-use crate::metrics::{RL_ALLOWED, RL_DENIED};
+use super::{KeysHeld, LimitResult, RateLimiter};
+use crate::metrics::{RL_ALLOWED, RL_DENIED, RL_KEYS, RL_KEYS_CAPACITY};
 
 /// A limiter with a name: every decision is counted, in the limiter and
 /// in the metrics `guard_rl_allowed_total{name}` /
@@ -56,6 +56,16 @@ impl NamedRateLimiter {
         Ok(decision)
     }
 
+    /// The keys an in-process limiter holds; records them in
+    /// `guard_rl_keys{name}` and `guard_rl_keys_capacity{name}` too, so an
+    /// exporter shows that the table stays within its bound.
+    pub fn keys_held(&self) -> Option<KeysHeld> {
+        let held = self.inner.keys_held()?;
+        metrics::gauge!(RL_KEYS, "name" => self.name.clone()).set(held.held as f64);
+        metrics::gauge!(RL_KEYS_CAPACITY, "name" => self.name.clone()).set(held.capacity as f64);
+        Some(held)
+    }
+
     /// Requests admitted so far.
     pub fn allowed(&self) -> u64 {
         self.allowed.load(Ordering::Relaxed)
@@ -69,7 +79,7 @@ impl NamedRateLimiter {
 
 /// A fixed set of named limiters: built once, never changed (later
 /// changes to the map it was built from have no effect).
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct RateLimiterRegistry {
     limiters: HashMap<String, Arc<NamedRateLimiter>>,
 }
@@ -90,6 +100,11 @@ impl RateLimiterRegistry {
     /// The limiter called `name`, if any.
     pub fn get(&self, name: &str) -> Option<&Arc<NamedRateLimiter>> {
         self.limiters.get(name)
+    }
+
+    /// Every limiter, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<NamedRateLimiter>> {
+        self.limiters.values()
     }
 
     /// The registered names, sorted.
