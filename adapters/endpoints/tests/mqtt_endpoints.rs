@@ -320,3 +320,39 @@ fn a_guard_that_cannot_be_built_is_the_source() {
     assert_eq!(source.downcast_ref::<RunnerError>(), Some(&timing));
     assert!(err.to_string().contains("drift"), "{err}");
 }
+
+#[test]
+fn a_burst_larger_than_the_request_channel_is_handled_and_acknowledged() {
+    // Acknowledgements queue in rumqttc's request channel while events
+    // buffered from one read are handed out first; an endpoint that
+    // waited for room there would stop, and the broker would drop the
+    // rest of the burst once its queue for the client filled.
+    let broker = Mosquitto::start().expect("mosquitto");
+    let seen: Seen = Arc::default();
+    let subscription = Subscription::shared("gateways", "sensors/#").unwrap();
+    let replica = start(
+        MqttEndpoint::new(options(&broker, 0), subscription),
+        0,
+        &seen,
+    );
+    wait_for_subscriber(&broker, &seen, "burst");
+    broker
+        .publish("sensors/burst", &payloads("m", 900))
+        .unwrap();
+    let arrived = wait_until(Duration::from_secs(20), || {
+        seen.lock()
+            .unwrap()
+            .keys()
+            .filter(|k| k.starts_with('m'))
+            .count()
+            == 900
+    });
+    let count = seen
+        .lock()
+        .unwrap()
+        .keys()
+        .filter(|k| k.starts_with('m'))
+        .count();
+    stop(replica);
+    assert!(arrived, "{count} of 900 handled");
+}

@@ -1,6 +1,7 @@
 //! One MQTT connection: connect, subscribe (confirmed by the SUBACK),
 //! hand each message to the handler and acknowledge it after.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::Arc;
 
@@ -8,7 +9,9 @@ use async_channel::Sender;
 use async_compat::Compat;
 use futures_lite::future;
 use guard_smol::LeaseCheck;
-use rumqttc::{AsyncClient, Event, EventLoop, Incoming, QoS, SubscribeReasonCode};
+use rumqttc::{
+    AsyncClient, ClientError, Event, EventLoop, Incoming, Publish, QoS, SubscribeReasonCode,
+};
 
 use super::{MqttError, MqttMessage, MqttOptions};
 
@@ -90,7 +93,25 @@ impl Connection {
                     source: Arc::new(e),
                 };
             }
+            // Acknowledgements wait here while rumqttc's request channel is
+            // full: the event loop drains it only inside `poll`, and hands
+            // out the events buffered from one read before it does, so
+            // waiting for room would stop the loop (and the broker's
+            // window of unacknowledged messages with it). At most the
+            // broker's in-flight window waits here.
+            let mut unacked: VecDeque<Publish> = VecDeque::new();
             loop {
+                while let Some(publish) = unacked.front() {
+                    match client.try_ack(publish) {
+                        Ok(()) => {
+                            unacked.pop_front();
+                        }
+                        // Full (the event loop, which we own, cannot have
+                        // gone): the next poll makes room.
+                        Err(ClientError::TryRequest(_)) => break,
+                        Err(e) => return MqttError::Acknowledge(Arc::new(e)),
+                    }
+                }
                 match events.poll().await {
                     Ok(Event::Incoming(Incoming::SubAck(suback))) => {
                         if suback
@@ -134,10 +155,9 @@ impl Connection {
                             fence,
                         })
                         .await;
-                        // Queued; the next poll sends it.
-                        if let Err(e) = client.ack(&publish).await {
-                            return MqttError::Acknowledge(Arc::new(e));
-                        }
+                        // Sent by the event loop; queued before the next
+                        // poll (in order, after any still waiting).
+                        unacked.push_back(publish);
                     }
                     Ok(_) => {}
                     Err(e) => return MqttError::Closed(Some(Arc::new(e))),
