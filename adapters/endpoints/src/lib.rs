@@ -25,6 +25,7 @@
 
 pub mod admission;
 pub mod config;
+mod lease_thread;
 pub mod mqtt;
 mod parameter;
 pub mod queue;

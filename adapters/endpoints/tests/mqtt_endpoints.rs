@@ -356,3 +356,58 @@ fn a_burst_larger_than_the_request_channel_is_handled_and_acknowledged() {
     stop(replica);
     assert!(arrived, "{count} of 900 handled");
 }
+
+#[test]
+fn a_guarded_endpoint_keeps_its_lease_while_its_handler_blocks_under_a_flood() {
+    // The handler blocks its thread 2 ms a message; messages arrive much
+    // faster for 6 s; the lease is 600 ms. Renewals that waited behind
+    // the handler would lose it within the first second.
+    let broker = Mosquitto::start().expect("mosquitto");
+    let config = GuardConfig::new().with_locker(SharedLocker::new(LocalLocker::new()));
+    let scope = config.scope("endpoint/mqtt").unwrap();
+    let endpoint = MqttEndpoint::new(
+        options(&broker, 0),
+        Subscription::plain("sensors/#").unwrap(),
+    )
+    .with_guard(&config, &scope)
+    .unwrap()
+    .with_guard_settings(
+        ActiveConfig::new()
+            .with_ttl(Ttl::new(Duration::from_millis(600)).unwrap())
+            .with_interval(Duration::from_millis(100)),
+    )
+    .unwrap();
+    let fences = Arc::new(Mutex::new(Vec::new()));
+    let (handle, ctl) = control();
+    let replica = {
+        let fences = fences.clone();
+        thread::spawn(move || {
+            smol::block_on(endpoint.run(ctl, move |message| {
+                thread::sleep(Duration::from_millis(2));
+                fences.lock().unwrap().push(message.fence);
+                async {}
+            }))
+        })
+    };
+    // The first probe handled says the subscription is in place.
+    assert!(wait_until(Duration::from_secs(5), || {
+        broker.publish("sensors/probe", &[b"p".to_vec()]).unwrap();
+        !fences.lock().unwrap().is_empty()
+    }));
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_secs(6) {
+        broker
+            .publish("sensors/flood", &payloads("m", 200))
+            .unwrap();
+    }
+    handle.stop();
+    replica.join().unwrap();
+    let fences = fences.lock().unwrap();
+    // About 500 a second for 6 s, all under the first lease.
+    assert!(fences.len() > 1_500, "{} handled", fences.len());
+    assert!(
+        fences.iter().all(|f| *f == fences[0] && f.is_some()),
+        "the lease changed: {:?}",
+        fences.iter().collect::<std::collections::BTreeSet<_>>()
+    );
+}

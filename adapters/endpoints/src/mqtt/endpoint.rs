@@ -11,6 +11,7 @@ use guard_std::GuardConfig;
 
 use super::connection::Connection;
 use super::{MqttError, MqttMessage, MqttOptions, Subscription};
+use crate::lease_thread::{self, StopOnDrop};
 use crate::parameter::Parameter;
 
 /// An MQTT subscription served by one replica; see the crate
@@ -129,7 +130,9 @@ impl MqttEndpoint {
     /// Subscribes while leading: promotion connects and waits for the
     /// SUBACK (a refusal or time-out fails the promotion, which releases
     /// the lease); demotion drops the connection; a connection that ends
-    /// while leading demotes.
+    /// while leading demotes. The runner keeps the lease on a thread of
+    /// its own (see [`crate::lease_thread`]): a handler that blocks delays
+    /// the messages behind it, never a renewal.
     async fn run_guarded<H, F>(&self, runner: &ActiveRunner, control: Control, mut handler: H)
     where
         H: FnMut(MqttMessage) -> F,
@@ -137,17 +140,24 @@ impl MqttEndpoint {
     {
         let filter = self.subscription.topic_filter();
         let (own, linked) = control.linked();
+        let _stop = StopOnDrop(own.clone());
+        // A clone runs on the lease thread; its lease view is the one
+        // checked here.
+        let runner = runner.clone();
         let lease = runner.lease_check();
+        let key = runner.key().to_owned();
+        let options = self.options.clone();
         let (tx, rx) = async_channel::unbounded::<Option<Promotion>>();
-        let elect = async move {
+        let elect = move || async move {
             let (promoted, demoted) = (tx.clone(), tx);
+            let options = &options;
             runner
                 .run(
                     linked,
                     move |_fence| {
                         let tx = promoted.clone();
                         async move {
-                            let connection = Connection::open(&self.options).await?;
+                            let connection = Connection::open(options).await?;
                             let (confirm, confirmed) = async_channel::bounded(1);
                             // The receiver lives until the runner returns.
                             tx.send(Some((Box::new(connection), confirm))).await.ok();
@@ -158,8 +168,8 @@ impl MqttEndpoint {
                                     .unwrap_or(Err(MqttError::Closed(None)))
                             };
                             future::or(answer, async {
-                                async_io::Timer::after(self.options.connect_timeout).await;
-                                Err(MqttError::Timeout(self.options.connect_timeout))
+                                async_io::Timer::after(options.connect_timeout).await;
+                                Err(MqttError::Timeout(options.connect_timeout))
                             })
                             .await
                         }
@@ -172,43 +182,52 @@ impl MqttEndpoint {
                     },
                 )
                 .await;
+            // Both senders drop with the callbacks: serving ends.
         };
-        let serve = async {
-            let mut next_connection: Option<Promotion> = None;
-            loop {
-                let (connection, confirm) = match next_connection.take() {
-                    Some(promotion) => promotion,
-                    None => match rx.recv().await {
-                        Ok(Some(promotion)) => promotion,
-                        Ok(None) => continue,
-                        Err(_) => return,
-                    },
-                };
-                let next = future::or(
-                    async {
-                        Next::Ended(
-                            (*connection)
-                                .serve(&filter, Some((&lease, runner.key())), &mut handler, confirm)
-                                .await,
-                        )
-                    },
-                    async { Next::Command(rx.recv().await) },
-                )
-                .await;
-                match next {
-                    Next::Ended(ended) => {
-                        log::warn!("MQTT {filter}: {}", ended.error);
-                        // An unconfirmed subscription failed the promotion
-                        // already; a confirmed one that ended steps down.
-                        if ended.confirmed {
-                            own.demote();
-                        }
-                    }
-                    Next::Command(Ok(promotion)) => next_connection = promotion,
-                    Next::Command(Err(_)) => return,
-                }
+        let thread = match lease_thread::spawn("mqtt-lease", elect) {
+            Ok(thread) => thread,
+            Err(e) => {
+                log::error!("MQTT {filter}: cannot start its lease thread: {e}");
+                return;
             }
         };
-        future::zip(elect, serve).await;
+        let mut next_connection: Option<Promotion> = None;
+        loop {
+            let (connection, confirm) = match next_connection.take() {
+                Some(promotion) => promotion,
+                None => match rx.recv().await {
+                    Ok(Some(promotion)) => promotion,
+                    Ok(None) => continue,
+                    Err(_) => break,
+                },
+            };
+            let next = future::or(
+                async {
+                    Next::Ended(
+                        (*connection)
+                            .serve(&filter, Some((&lease, &key)), &mut handler, confirm)
+                            .await,
+                    )
+                },
+                async { Next::Command(rx.recv().await) },
+            )
+            .await;
+            match next {
+                Next::Ended(ended) => {
+                    log::warn!("MQTT {filter}: {}", ended.error);
+                    // An unconfirmed subscription failed the promotion
+                    // already; a confirmed one that ended steps down.
+                    if ended.confirmed {
+                        own.demote();
+                    }
+                }
+                Next::Command(Ok(promotion)) => next_connection = promotion,
+                Next::Command(Err(_)) => break,
+            }
+        }
+        // The runner has returned once the channel closed.
+        if thread.join().is_err() {
+            log::error!("MQTT {filter}: its lease thread panicked");
+        }
     }
 }

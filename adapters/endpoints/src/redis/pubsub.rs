@@ -64,6 +64,7 @@ use guard_std::{GuardConfig, Throttle};
 use guard_redis::RedisGuardError;
 
 use super::EndpointError;
+use crate::lease_thread::{self, StopOnDrop};
 use crate::parameter::Parameter;
 use crate::queue::{DEFAULT_QUEUE, Feeder, WhenFull};
 
@@ -223,17 +224,6 @@ const READ_POLL: Duration = Duration::from_millis(50);
 /// caller's executor.
 const HANDLE_BURST: u32 = 32;
 
-/// Stops the endpoint's lease thread when the handler loop ends, however
-/// it ends (returned, dropped, unwound from a panicking handler): the
-/// lease is released rather than renewed for a consumer that is gone.
-struct StopOnDrop(RunHandle);
-
-impl Drop for StopOnDrop {
-    fn drop(&mut self) {
-        self.0.stop();
-    }
-}
-
 impl PubSubEndpoint {
     /// An endpoint on the server at `url` for `patterns` (`PSUBSCRIBE`
     /// syntax), elected under `scope` with `config`'s locker (no locker:
@@ -345,9 +335,7 @@ impl PubSubEndpoint {
         };
         metrics::counter!(guard_std::metrics::ENDPOINT_DISCONNECTS, "key" => key.clone())
             .increment(0);
-        let thread = std::thread::Builder::new()
-            .name("pubsub-lease".to_owned())
-            .spawn(move || async_io::block_on(keeper.run(runner, linked)));
+        let thread = lease_thread::spawn("pubsub-lease", move || keeper.run(runner, linked));
         let thread = match thread {
             Ok(thread) => thread,
             Err(e) => {
