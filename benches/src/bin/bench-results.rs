@@ -1,7 +1,8 @@
 //! Runs every benchmark of guard beside its peers and writes
 //! `benches/RESULTS.md`: the machine, the date, each figure with the
 //! peer's in the same run and their ratio, and the tables the benchmarks
-//! publish themselves (bytes per key, Redis throughput).
+//! publish themselves (bytes per key, Redis throughput, endpoint
+//! throughput).
 //!
 //! `cargo run --release -p guard-benches --bin bench-results [-- --quick]`
 //!
@@ -196,6 +197,12 @@ fn run() -> Result<PathBuf, String> {
         "redis_throughput",
         &[if quick { "2" } else { "5" }],
     )?;
+    cargo_bench(
+        &root,
+        &extras,
+        "endpoints",
+        &[if quick { "20000" } else { "100000" }],
+    )?;
 
     let mut out = String::new();
     out.push_str("# Benchmark results\n\n");
@@ -241,6 +248,10 @@ fn run() -> Result<PathBuf, String> {
         (
             "Redis: decisions per second beside `redis-benchmark` on the same server",
             "redis.md",
+        ),
+        (
+            "Endpoints: messages per second on one replica beside a plain client loop on the same server",
+            "endpoints.md",
         ),
     ] {
         let path = extras.join(file);
