@@ -1227,36 +1227,99 @@ fn oversized_messages_and_entries_without_their_fields_are_dead_lettered_with_th
     );
 }
 
+/// One replica whose `alerts` endpoint is an elected Pub/Sub subscriber
+/// (plus what `extra` configures), subscribed, with its metrics port.
+struct AlertsReplica {
+    process: Process,
+    lines: Lines,
+    metrics: u16,
+    /// A connection to the replica's Redis, for publishing.
+    conn: redis::Connection,
+    _server: RedisServer,
+    _dir: tempfile::TempDir,
+}
+
+impl AlertsReplica {
+    fn start(extra: &str, endpoint: &str) -> Self {
+        let server = RedisServer::start().expect("redis-server");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("alerts.toml");
+        let metrics = free_port().unwrap();
+        std::fs::write(
+            &path,
+            format!(
+                "{}\n[metrics]\nprometheus = \"127.0.0.1:{metrics}\"\n{extra}\n[[endpoints]]\nname = \"alerts\"\nkind = \"redis-pubsub\"\npatterns = [\"alerts.*\"]\n{endpoint}",
+                base_config(&server.url())
+            ),
+        )
+        .unwrap();
+        let lines: Lines = Arc::default();
+        let process = start(0, &path, &lines);
+        let mut conn = redis::Client::open(server.url())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        assert!(wait_for(Duration::from_secs(10), || {
+            redis::cmd("PUBSUB")
+                .arg("NUMPAT")
+                .query::<i64>(&mut conn)
+                .unwrap()
+                == 1
+        }));
+        AlertsReplica {
+            process,
+            lines,
+            metrics,
+            conn,
+            _server: server,
+            _dir: dir,
+        }
+    }
+
+    /// Messages the endpoint has handled.
+    fn handled(&self) -> u64 {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, _, l)| l.starts_with("received endpoint=alerts"))
+            .count() as u64
+    }
+
+    /// The sum of the samples of metric `name` (Pub/Sub endpoint series
+    /// only) whose labels contain `label`.
+    fn metric(&self, name: &str, label: &str) -> f64 {
+        let (_, text) = http_get(self.metrics, "/metrics");
+        text.lines()
+            .filter(|l| l.starts_with(name) && l.contains("endpoint/redis") && l.contains(label))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    /// Messages the endpoint counted as dropped.
+    fn dropped(&self) -> u64 {
+        self.metric("guard_endpoint_dropped_total", "") as u64
+    }
+
+    /// Waits until each of `published` messages was handled or counted
+    /// as dropped.
+    fn accounts_for(&self, published: u64) {
+        assert!(
+            wait_for(Duration::from_secs(60), || self.handled() + self.dropped()
+                == published),
+            "published {published}, handled {}, dropped {}",
+            self.handled(),
+            self.dropped()
+        );
+    }
+}
+
 #[test]
 fn a_pubsub_flood_neither_demotes_the_leader_nor_loses_a_message_silently() {
     // The observation: 500,000 messages published to an elected Pub/Sub
     // endpoint as fast as Redis takes them made the leader's renewal time
     // out; it demoted, and about 146,000 messages went unhandled, uncounted.
-    let server = RedisServer::start().expect("redis-server");
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("flood.toml");
-    let metrics = free_port().unwrap();
-    std::fs::write(
-        &path,
-        format!(
-            "{}\n[metrics]\nprometheus = \"127.0.0.1:{metrics}\"\n\n[[endpoints]]\nname = \"alerts\"\nkind = \"redis-pubsub\"\npatterns = [\"alerts.*\"]\n",
-            base_config(&server.url())
-        ),
-    )
-    .unwrap();
-    let lines: Lines = Arc::default();
-    let _process = start(0, &path, &lines);
-    let mut conn = redis::Client::open(server.url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
-    assert!(wait_for(Duration::from_secs(10), || {
-        redis::cmd("PUBSUB")
-            .arg("NUMPAT")
-            .query::<i64>(&mut conn)
-            .unwrap()
-            == 1
-    }));
+    let mut replica = AlertsReplica::start("", "");
     let mut published = 0_u64;
     for round in 0..500 {
         let mut pipe = redis::pipe();
@@ -1265,58 +1328,22 @@ fn a_pubsub_flood_neither_demotes_the_leader_nor_loses_a_message_silently() {
                 .arg("alerts.fire")
                 .arg(format!("m{round}-{i}"));
         }
-        let receivers: Vec<i64> = pipe.query(&mut conn).unwrap();
+        let receivers: Vec<i64> = pipe.query(&mut replica.conn).unwrap();
         assert!(
             receivers.iter().all(|&r| r == 1),
             "the subscription lapsed in round {round}"
         );
         published += receivers.len() as u64;
     }
-    let handled = || {
-        lines
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|(_, _, l)| l.starts_with("received endpoint=alerts"))
-            .count() as u64
-    };
-    let series = |text: &str, name: &str, label: &str| -> f64 {
-        text.lines()
-            .filter(|l| l.starts_with(name) && l.contains("endpoint/redis") && l.contains(label))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
-    };
-    let dropped = || {
-        let (_, text) = http_get(metrics, "/metrics");
-        series(&text, "guard_endpoint_dropped_total", "")
-    };
-    assert!(
-        wait_for(Duration::from_secs(60), || handled() + dropped() as u64
-            == published),
-        "published {published}, handled {}, dropped {}",
-        handled(),
-        dropped()
-    );
-    let (_, text) = http_get(metrics, "/metrics");
-    assert_eq!(
-        series(
-            &text,
-            "guard_active_transitions_total",
-            "transition=\"demoted\""
-        ),
-        0.0,
-        "{text}"
-    );
-    assert_eq!(series(&text, "guard_active_leader", ""), 1.0, "{text}");
-    assert_eq!(
-        series(&text, "guard_endpoint_disconnects_total", ""),
-        0.0,
-        "{text}"
-    );
+    replica.accounts_for(published);
+    let demoted = replica.metric("guard_active_transitions_total", "transition=\"demoted\"");
+    assert_eq!(demoted, 0.0);
+    assert_eq!(replica.metric("guard_active_leader", ""), 1.0);
+    assert_eq!(replica.metric("guard_endpoint_disconnects_total", ""), 0.0);
     eprintln!(
         "published {published}, handled {}, dropped {}",
-        handled(),
-        dropped()
+        replica.handled(),
+        replica.dropped()
     );
 }
 
@@ -1335,86 +1362,47 @@ fn a_flood_of_distinct_limiter_keys_stays_within_the_table() {
     // 100,000 messages on distinct 200-byte channels, limited per channel:
     // 20 MB of keys if the table kept them all. It holds at most its
     // bound, shown on /metrics, and the process does not grow with them.
-    let server = RedisServer::start().expect("redis-server");
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("keys.toml");
-    let metrics = free_port().unwrap();
-    std::fs::write(
-        &path,
-        format!(
-            "{}\n[metrics]\nprometheus = \"127.0.0.1:{metrics}\"\n\n[ratelimit]\nenabled = true\nmemory_keys = 1024\n[ratelimit.policies.per-channel]\nalgorithm = \"token-bucket\"\nbackend = \"memory\"\ncapacity = 5\nrate_per_second = 500\n\n[[endpoints]]\nname = \"alerts\"\nkind = \"redis-pubsub\"\npatterns = [\"alerts.*\"]\nlimit = \"per-channel\"\nlimit_key = \"topic\"\nmax_wait_ms = 1000\n",
-            base_config(&server.url())
-        ),
-    )
-    .unwrap();
-    let lines: Lines = Arc::default();
-    let process = start(0, &path, &lines);
-    let pid = process.0.id();
-    let mut conn = redis::Client::open(server.url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
-    assert!(wait_for(Duration::from_secs(10), || {
-        redis::cmd("PUBSUB")
-            .arg("NUMPAT")
-            .query::<i64>(&mut conn)
-            .unwrap()
-            == 1
-    }));
+    let mut replica = AlertsReplica::start(
+        "\n[ratelimit]\nenabled = true\nmemory_keys = 1024\n[ratelimit.policies.per-channel]\nalgorithm = \"token-bucket\"\nbackend = \"memory\"\ncapacity = 5\nrate_per_second = 500\n",
+        "limit = \"per-channel\"\nlimit_key = \"topic\"\nmax_wait_ms = 1000\n",
+    );
+    let pid = replica.process.0.id();
     let padding = "k".repeat(200);
-    let handled = || {
-        lines
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|(_, _, l)| l.starts_with("received endpoint=alerts"))
-            .count() as u64
-    };
-    let dropped = || {
-        let (_, text) = http_get(metrics, "/metrics");
-        text.lines()
-            .filter(|l| l.starts_with("guard_endpoint_dropped_total"))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>() as u64
-    };
-    let table = || {
+    let table = |metrics: u16| {
         let (_, text) = http_get(metrics, "/metrics");
         (
             sample(&text, "guard_rl_keys{name=\"per-channel\"}"),
             sample(&text, "guard_rl_keys_capacity{name=\"per-channel\"}"),
         )
     };
-    // Publishes `count` messages on distinct channels from `from`, and
-    // waits until each was handled or counted as dropped.
+    // Publishes `count` messages on distinct channels from `from`, calling
+    // `during` after each thousand, and waits until each was handled or
+    // counted as dropped.
     let mut published = 0_u64;
-    let mut flood = |from: u64, count: u64, during: &mut dyn FnMut()| {
-        for chunk in (from..from + count).step_by(1000) {
-            let mut pipe = redis::pipe();
-            for i in chunk..chunk + 1000 {
-                pipe.cmd("PUBLISH")
-                    .arg(format!("alerts.{padding}-{i}"))
-                    .arg("x")
-                    .ignore();
+    let mut flood =
+        |replica: &mut AlertsReplica, from: u64, count: u64, during: &mut dyn FnMut()| {
+            for chunk in (from..from + count).step_by(1000) {
+                let mut pipe = redis::pipe();
+                for i in chunk..chunk + 1000 {
+                    pipe.cmd("PUBLISH")
+                        .arg(format!("alerts.{padding}-{i}"))
+                        .arg("x")
+                        .ignore();
+                }
+                pipe.query::<()>(&mut replica.conn).unwrap();
+                published += 1000;
+                during();
             }
-            pipe.query::<()>(&mut conn).unwrap();
-            published += 1000;
-            during();
-        }
-        assert!(
-            wait_for(Duration::from_secs(60), || handled() + dropped()
-                == published),
-            "published {published}, handled {}, dropped {}",
-            handled(),
-            dropped()
-        );
-    };
+            replica.accounts_for(published);
+        };
     // Warm up: the table fills to its bound.
-    flood(0, 5_000, &mut || {});
+    flood(&mut replica, 0, 5_000, &mut || {});
     let before = resident_kib(pid);
     let mut largest = 0.0_f64;
     let mut capacity = None;
-    flood(5_000, 100_000, &mut || {
-        let (held, cap) = table();
+    let metrics = replica.metrics;
+    flood(&mut replica, 5_000, 100_000, &mut || {
+        let (held, cap) = table(metrics);
         largest = largest.max(held.expect("guard_rl_keys"));
         capacity = cap;
     });
@@ -1422,8 +1410,8 @@ fn a_flood_of_distinct_limiter_keys_stays_within_the_table() {
     let capacity = capacity.expect("guard_rl_keys_capacity");
     eprintln!(
         "keys: at most {largest} held of {capacity}; RSS {before} KiB -> {after} KiB; handled {}, dropped {}",
-        handled(),
-        dropped()
+        replica.handled(),
+        replica.dropped()
     );
     assert!(
         (1024.0..2048.0).contains(&capacity),
