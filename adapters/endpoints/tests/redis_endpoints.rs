@@ -804,6 +804,30 @@ fn streams_concurrent_handlers_start_in_stream_order_never_more_than_the_bound()
 }
 
 #[test]
+fn streams_a_consumer_recreates_its_group_after_redis_lost_its_data() {
+    // A restart without persistence (or a failover to a replica that
+    // missed it) loses the group: every read then fails with NOGROUP.
+    let server = RedisServer::start().expect("redis-server");
+    let mut conn = sync_conn(&server);
+    add_entries(&mut conn, "orders", (0..5).map(|i| format!("a{i}")));
+    let seen: Seen = Arc::default();
+    let running = run_consumer(consumer(&server, "c1"), 0, &seen);
+    assert!(wait_until(Duration::from_secs(5), || seen
+        .lock()
+        .unwrap()
+        .len()
+        == 5));
+    let () = redis::cmd("FLUSHALL").query(&mut conn).unwrap();
+    add_entries(&mut conn, "orders", (0..5).map(|i| format!("b{i}")));
+    let recovered = wait_until(Duration::from_secs(5), || seen.lock().unwrap().len() == 10);
+    let (handle, thread) = running;
+    handle.stop();
+    thread.join().unwrap();
+    assert!(recovered, "{:?}", seen.lock().unwrap().keys());
+    assert_each_once(&seen, 10);
+}
+
+#[test]
 fn stream_consumer_rejects_bad_input() {
     let server = RedisServer::start().expect("redis-server");
     let conn = connect(&server);

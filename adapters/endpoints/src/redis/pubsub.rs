@@ -326,6 +326,7 @@ impl PubSubEndpoint {
                 confirm_timeout: self.confirm_timeout,
                 counters: self.counters.clone(),
                 full: Drops::new(&key, "queue_full"),
+                demoted: Drops::new(&key, "demoted"),
                 feeder,
                 when_full: self.when_full,
                 own,
@@ -466,6 +467,8 @@ struct Reader {
     confirm_timeout: Duration,
     counters: Arc<Counters>,
     full: Drops,
+    /// Counts what is read after leadership ended.
+    demoted: Drops,
     feeder: Feeder<redis::Msg>,
     when_full: WhenFull,
     /// Demotes the runner when the subscription dies while leading.
@@ -550,6 +553,13 @@ impl Reader {
                     }
                 }
                 Err(e) if e.is_timeout() => {}
+                // A signal interrupted the read: after SIGSTOP and SIGCONT,
+                // Linux never restarts a socket read that has a timeout
+                // (signal(7)). Nothing was lost and the connection is
+                // intact (redis-rs closes it only on end of file): read on.
+                Err(e)
+                    if e.is_io_error()
+                        && matches!(e.retry_method(), redis::RetryMethod::RetryImmediately) => {}
                 // Demoted meanwhile: the end was ours.
                 Err(_) if stop.load(Ordering::Relaxed) => return,
                 Err(e) => {
@@ -565,5 +575,32 @@ impl Reader {
                 }
             }
         }
+        self.drain(&mut pubsub);
+    }
+
+    /// Told to stop (a demotion, the stop) with the subscription alive:
+    /// unsubscribes, and counts what Redis sent before the confirmation
+    /// as dropped (no longer this replica's to handle). Left to redis-rs,
+    /// the PubSub's drop would read and discard it, uncounted.
+    fn drain(&self, pubsub: &mut redis::PubSub<'_>) {
+        let unsubscribed = pubsub
+            .set_read_timeout(Some(self.confirm_timeout))
+            .and_then(|()| pubsub.punsubscribe(&self.patterns))
+            .and_then(|()| pubsub.set_read_timeout(Some(READ_POLL)));
+        if unsubscribed.is_err() {
+            return;
+        }
+        // The messages read before the confirmation, then a read that
+        // times out: nothing comes after it.
+        let mut unread = 0;
+        while pubsub.get_message().is_ok() {
+            unread += 1;
+        }
+        Counters::add(&self.counters.received, unread);
+        self.demoted.record(
+            &self.counters.dropped_demoted,
+            unread,
+            "read after leadership ended",
+        );
     }
 }

@@ -570,6 +570,14 @@ impl StreamConsumer {
             let idle = match Box::pin(round).await {
                 Ok(handled) => handled == 0,
                 Err(e) => {
+                    // The group is gone (Redis lost its data: a restart
+                    // without persistence, a failover to a replica that
+                    // missed it, FLUSHALL): create it again next round.
+                    if let EndpointError::Redis(RedisGuardError::Redis(redis)) = &e
+                        && redis.code() == Some("NOGROUP")
+                    {
+                        group_ready = false;
+                    }
                     // A Redis that is down fails every poll interval.
                     if let Some(held) = failures.admit() {
                         log::warn!(
