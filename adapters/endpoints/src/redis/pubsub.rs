@@ -319,6 +319,9 @@ impl PubSubEndpoint {
         let lease = runner.lease_check();
         let key = runner.key().to_owned();
         let (feeder, queue) = Feeder::bounded(self.queue, self.when_full);
+        // One count and one log throttle for the demoted, wherever they
+        // are found (the queue at a demotion, a stopping reader, here).
+        let demoted = Arc::new(Drops::new(&key, "demoted"));
         let keeper = LeaseKeeper {
             reader: Arc::new(Reader {
                 client: self.client.clone(),
@@ -326,12 +329,12 @@ impl PubSubEndpoint {
                 confirm_timeout: self.confirm_timeout,
                 counters: self.counters.clone(),
                 full: Drops::new(&key, "queue_full"),
-                demoted: Drops::new(&key, "demoted"),
+                demoted: demoted.clone(),
                 feeder,
                 when_full: self.when_full,
                 own,
             }),
-            demoted: Drops::new(&key, "demoted"),
+            demoted: demoted.clone(),
             queue: queue.clone(),
         };
         metrics::counter!(guard_std::metrics::ENDPOINT_DISCONNECTS, "key" => key.clone())
@@ -347,7 +350,6 @@ impl PubSubEndpoint {
                 return self.stats();
             }
         };
-        let demoted = Drops::new(&key, "demoted");
         let mut late = 0_u64;
         let mut burst = 0_u32;
         // Ends when the lease thread ends (stop) and the queue is empty.
@@ -403,7 +405,7 @@ impl PubSubEndpoint {
 /// starts a [`Reader`] on a thread of its own, and the demotion stops it.
 struct LeaseKeeper {
     reader: Arc<Reader>,
-    demoted: Drops,
+    demoted: Arc<Drops>,
     /// The queue's receiving side, to empty it at a demotion.
     queue: async_channel::Receiver<redis::Msg>,
 }
@@ -468,7 +470,7 @@ struct Reader {
     counters: Arc<Counters>,
     full: Drops,
     /// Counts what is read after leadership ended.
-    demoted: Drops,
+    demoted: Arc<Drops>,
     feeder: Feeder<redis::Msg>,
     when_full: WhenFull,
     /// Demotes the runner when the subscription dies while leading.
