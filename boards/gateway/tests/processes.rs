@@ -1320,6 +1320,16 @@ fn a_pubsub_flood_neither_demotes_the_leader_nor_loses_a_message_silently() {
     // endpoint as fast as Redis takes them made the leader's renewal time
     // out; it demoted, and about 146,000 messages went unhandled, uncounted.
     let mut replica = AlertsReplica::start("", "");
+    // Half a million messages is about Redis's default limit for a
+    // subscriber's output buffer (32 MiB): a loaded machine must not turn
+    // this into a test of the server's disconnect (counted in
+    // guard_endpoint_disconnects_total; what it discards cannot be).
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("client-output-buffer-limit")
+        .arg("pubsub 512mb 512mb 0")
+        .query(&mut replica.conn)
+        .unwrap();
     let mut published = 0_u64;
     for round in 0..500 {
         let mut pipe = redis::pipe();
