@@ -559,17 +559,7 @@ fn a_rate_limited_broadcast_dead_letters_what_it_refuses_and_loses_nothing() {
     .unwrap();
     let lines: Lines = Arc::default();
     let _process = start(0, &path, &lines);
-    let mut conn = redis::Client::open(server.url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
-    assert!(wait_for(Duration::from_secs(10), || {
-        redis::cmd("PUBSUB")
-            .arg("NUMPAT")
-            .query::<i64>(&mut conn)
-            .unwrap()
-            == 1
-    }));
+    let mut conn = pattern_subscribed(&server);
     for i in 0..20 {
         let _: i64 = redis::cmd("PUBLISH")
             .arg("alerts.fire")
@@ -1123,17 +1113,7 @@ fn oversized_messages_and_entries_without_their_fields_are_dead_lettered_with_th
     .unwrap();
     let lines: Lines = Arc::default();
     let _process = start(0, &path, &lines);
-    let mut conn = redis::Client::open(server.url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
-    assert!(wait_for(Duration::from_secs(10), || {
-        redis::cmd("PUBSUB")
-            .arg("NUMPAT")
-            .query::<i64>(&mut conn)
-            .unwrap()
-            == 1
-    }));
+    let mut conn = pattern_subscribed(&server);
     let xadd = |conn: &mut redis::Connection, field: &str, value: String| -> String {
         redis::cmd("XADD")
             .arg("orders")
@@ -1227,6 +1207,26 @@ fn oversized_messages_and_entries_without_their_fields_are_dead_lettered_with_th
     );
 }
 
+/// A connection to `server` once one pattern subscription is in place
+/// there (an elected Pub/Sub endpoint has subscribed).
+fn pattern_subscribed(server: &RedisServer) -> redis::Connection {
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    assert!(
+        wait_for(Duration::from_secs(10), || {
+            redis::cmd("PUBSUB")
+                .arg("NUMPAT")
+                .query::<i64>(&mut conn)
+                .unwrap()
+                == 1
+        }),
+        "no pattern subscriber"
+    );
+    conn
+}
+
 /// One replica whose `alerts` endpoint is an elected Pub/Sub subscriber
 /// (plus what `extra` configures), subscribed, with its metrics port.
 struct AlertsReplica {
@@ -1255,17 +1255,7 @@ impl AlertsReplica {
         .unwrap();
         let lines: Lines = Arc::default();
         let process = start(0, &path, &lines);
-        let mut conn = redis::Client::open(server.url())
-            .unwrap()
-            .get_connection()
-            .unwrap();
-        assert!(wait_for(Duration::from_secs(10), || {
-            redis::cmd("PUBSUB")
-                .arg("NUMPAT")
-                .query::<i64>(&mut conn)
-                .unwrap()
-                == 1
-        }));
+        let conn = pattern_subscribed(&server);
         AlertsReplica {
             process,
             lines,
