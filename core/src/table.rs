@@ -310,6 +310,13 @@ impl<K: Eq, V, const N: usize, B: BorrowMut<[KeyedSlot<K, V>; N]>> SetTable<K, V
         self.len = 0;
     }
 
+    /// Calls `f` on every stored value.
+    pub(crate) fn for_each_value_mut(&mut self, mut f: impl FnMut(&mut V)) {
+        for (_, value) in self.slots_mut().flatten() {
+            f(value);
+        }
+    }
+
     /// Every stored entry.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
         self.slots

@@ -1,7 +1,7 @@
 //! A token bucket shared through `&self`: its state is one atomic word.
 
 use super::gcra::BucketState;
-use super::{Decision, TokenBucket};
+use super::{Algorithm, CostAboveLimit, Decision, Report, TokenBucket};
 use crate::sync::{AtomicU64, Ordering};
 use crate::time::Instant;
 
@@ -83,6 +83,31 @@ impl AtomicTokenBucket {
                     Ok(_) => return Decision::Allowed,
                     Err(actual) => current = actual,
                 },
+            }
+        }
+    }
+
+    /// Decides a request of `cost` tokens at `now`, all or nothing, with
+    /// the bucket's quota after it; see [`super::Algorithm::check_n`].
+    /// Decides as [`TokenBucket`] does through a [`super::Limiter`].
+    pub fn check_n(&self, cost: u32, now: Instant) -> Result<Report, CostAboveLimit> {
+        let mut current = self.settles_at.load(Ordering::Relaxed);
+        loop {
+            let mut state = BucketState::settling_at(Instant::from_nanos(current));
+            let report = self.bucket.check_n(&mut state, cost, now)?;
+            let next = state.settles_at().as_nanos();
+            // A refusal or a cost of zero changes nothing: no write.
+            if next == current {
+                return Ok(report);
+            }
+            match self.settles_at.compare_exchange_weak(
+                current,
+                next,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Ok(report),
+                Err(actual) => current = actual,
             }
         }
     }

@@ -15,7 +15,7 @@ use core::marker::PhantomData;
 use core::num::NonZeroU64;
 use core::time::Duration;
 
-use super::{Algorithm, Decision, LimiterError, Rate};
+use super::{Algorithm, CostAboveLimit, Decision, LimiterError, Rate, Report};
 use crate::time::Instant;
 
 /// The GCRA parameters shared by both buckets, in nanoseconds.
@@ -86,15 +86,73 @@ impl Gcra {
     /// reading at the end of the clock would admit every call.
     #[inline]
     pub(crate) const fn decide(&self, tat: u64, now: u64) -> Result<u64, u64> {
-        // tat - tolerance below zero means the bucket admits at any reading.
-        let admit_from = tat.saturating_sub(self.tolerance);
+        self.decide_increment(tat, now, self.interval)
+    }
+
+    /// Decides `increment` nanoseconds of credit at `now`: `cost ×
+    /// interval` for a request of `cost` units, `1 <= cost <= capacity`.
+    /// As [`Self::decide`], which is its one-unit case: the request is
+    /// admitted when its last unit is, that is when the settle instant
+    /// after it, `max(tat, now) + increment`, is at most `capacity ×
+    /// interval` ahead of `now`.
+    #[inline]
+    pub(crate) const fn decide_increment(
+        &self,
+        tat: u64,
+        now: u64,
+        increment: u64,
+    ) -> Result<u64, u64> {
+        // The span `capacity × interval` fits (checked by `new`), and an
+        // increment of at most `capacity` units is within it, so `slack`
+        // is exact; for one unit it is the tolerance.
+        let slack = self
+            .tolerance
+            .saturating_add(self.interval)
+            .saturating_sub(increment);
+        // tat - slack below zero means the bucket admits at any reading.
+        let admit_from = tat.saturating_sub(slack);
         if now < admit_from {
             return Err(admit_from);
         }
         let base = if tat > now { tat } else { now };
-        match base.checked_add(self.interval) {
+        match base.checked_add(increment) {
             Some(next) if next <= BucketState::LATEST.as_nanos() => Ok(next),
             _ => Err(u64::MAX),
+        }
+    }
+
+    /// The settle instant `tat`, kept under `previous`, moved to these
+    /// parameters at `now`: the units still owed at `now` are the same
+    /// (the debt `tat - now` rescaled by the ratio of the intervals,
+    /// rounded up so that a key never gains by it), capped at one full
+    /// bucket. A settled bucket stays settled.
+    const fn carry_over(&self, previous: &Gcra, tat: u64, now: u64) -> u64 {
+        let Some(debt) = tat.checked_sub(now) else {
+            return tat;
+        };
+        if debt == 0 {
+            return tat;
+        }
+        // debt and interval are below 2^64, so their product fits u128
+        // exactly; previous.interval >= 1 by construction.
+        let owed = (debt as u128).saturating_mul(self.interval as u128);
+        let scaled = if previous.interval == 0 {
+            owed
+        } else {
+            owed.div_ceil(previous.interval as u128)
+        };
+        let span = self.tolerance.saturating_add(self.interval) as u128;
+        let debt = if scaled < span { scaled } else { span };
+        #[allow(
+            clippy::cast_possible_truncation,
+            reason = "debt <= span <= BucketState::LATEST < u64::MAX"
+        )]
+        let debt = debt as u64;
+        let next = now.saturating_add(debt);
+        if next > BucketState::LATEST.as_nanos() {
+            BucketState::LATEST.as_nanos()
+        } else {
+            next
         }
     }
 
@@ -336,6 +394,65 @@ impl<V> Algorithm for Bucket<V> {
             }
             Err(admit_from) => Decision::denied_until(Instant::from_nanos(admit_from), now),
         }
+    }
+
+    fn limit(&self) -> u32 {
+        self.capacity
+    }
+
+    /// `cost` units, all or nothing: one admission that moves the settle
+    /// instant by `cost` intervals, so it keeps the same budget as `cost`
+    /// single calls at the same reading (and is refused where the last of
+    /// them would be).
+    fn check_n(
+        &self,
+        state: &mut BucketState,
+        cost: u32,
+        now: Instant,
+    ) -> Result<Report, CostAboveLimit> {
+        if cost > self.capacity {
+            return Err(CostAboveLimit {
+                cost,
+                limit: self.capacity,
+            });
+        }
+        let decision = if cost == 0 {
+            Decision::Allowed
+        } else {
+            // cost <= capacity, and capacity × interval fits (checked by
+            // the constructor), so the increment is exact.
+            let increment = u64::from(cost).saturating_mul(self.gcra.interval);
+            match self.gcra.decide_increment(
+                state.settles_at().as_nanos(),
+                now.as_nanos(),
+                increment,
+            ) {
+                Ok(next) => {
+                    *state = BucketState::settling_at(Instant::from_nanos(next));
+                    Decision::Allowed
+                }
+                Err(admit_from) => Decision::denied_until(Instant::from_nanos(admit_from), now),
+            }
+        };
+        Ok(Report {
+            decision,
+            limit: self.capacity,
+            remaining: self.room(state, now),
+            reset_after: state.settles_at().saturating_duration_since(now),
+        })
+    }
+
+    /// Keeps the units the key owes at `now` (see the module notes of
+    /// [`super`]): raising the capacity gives the key the new room at
+    /// once, lowering the rate makes what it owes take longer to refill,
+    /// and a key never owes more than one full bucket of the new size.
+    fn carry_over(&self, previous: &Self, state: &mut BucketState, now: Instant) {
+        let tat = self.gcra.carry_over(
+            &previous.gcra,
+            state.settles_at().as_nanos(),
+            now.as_nanos(),
+        );
+        *state = BucketState::settling_at(Instant::from_nanos(tat));
     }
 
     fn fresh_at(&self, state: &BucketState) -> Option<Instant> {

@@ -6,7 +6,7 @@ use core::hash::{BuildHasher, Hash};
 
 use embassy_sync::blocking_mutex::raw::RawMutex;
 
-use super::{Algorithm, Decision};
+use super::{Algorithm, CostAboveLimit, Decision, Report};
 use crate::sync::BlockingMutex;
 pub use crate::table::KeyedSlot;
 use crate::table::{SetTable, hash_of};
@@ -244,27 +244,109 @@ where
     where
         K: Borrow<Q>,
     {
+        self.decide(
+            key,
+            to_key,
+            now,
+            |algorithm, state| algorithm.check(state, now),
+            Decision::is_allowed,
+            |earliest| Decision::denied_until(earliest, now),
+        )
+    }
+
+    /// Decides a request of `cost` units for `key` at `now`, with the
+    /// key's quota; see [`Algorithm::check_n`].
+    pub fn check_n(&mut self, key: &K, cost: u32, now: Instant) -> Result<Report, CostAboveLimit> {
+        self.check_n_borrowed(key, || key.clone(), cost, now)
+    }
+
+    /// [`Self::check_n`] for a key looked up by a borrowed form; see
+    /// [`Self::check_borrowed`].
+    pub fn check_n_borrowed<Q: Hash + Eq + ?Sized>(
+        &mut self,
+        key: &Q,
+        to_key: impl FnOnce() -> K,
+        cost: u32,
+        now: Instant,
+    ) -> Result<Report, CostAboveLimit>
+    where
+        K: Borrow<Q>,
+    {
+        let limit = self.algorithm.limit();
+        if cost > limit {
+            return Err(CostAboveLimit { cost, limit });
+        }
+        Ok(self.decide(
+            key,
+            to_key,
+            now,
+            // cost <= limit was checked, so the algorithm never refuses
+            // it as an error; were it to, the request is refused.
+            |algorithm, state| {
+                algorithm.check_n(state, cost, now).unwrap_or(Report {
+                    decision: Decision::denied_until(Instant::MAX, now),
+                    limit,
+                    remaining: 0,
+                    reset_after: core::time::Duration::ZERO,
+                })
+            },
+            // A cost of zero counts nothing: a new key is not stored.
+            |report| report.is_allowed() && cost > 0,
+            |earliest| Report {
+                decision: Decision::denied_until(earliest, now),
+                limit,
+                remaining: 0,
+                reset_after: earliest.saturating_duration_since(now),
+            },
+        ))
+    }
+
+    /// One decision through the table, whatever it reports: `decide` runs
+    /// the algorithm on a state, `counted` says whether it changed the
+    /// state (so a new key must be stored), `no_room` builds the refusal
+    /// of a new key that finds no slot, from the instant one frees.
+    fn decide<Q: Hash + Eq + ?Sized, R>(
+        &mut self,
+        key: &Q,
+        to_key: impl FnOnce() -> K,
+        now: Instant,
+        decide: impl Fn(&A, &mut A::State) -> R,
+        counted: impl Fn(&R) -> bool,
+        no_room: impl FnOnce(Instant) -> R,
+    ) -> R
+    where
+        K: Borrow<Q>,
+    {
         let hash = hash_of(&self.hasher, key);
         if let Some((_, state)) = self
             .table
             .find(hash, key)
             .and_then(|index| self.table.entry_mut(index))
         {
-            return self.algorithm.check(state, now);
+            return decide(&self.algorithm, state);
         }
         let mut state = self.untracked_key_state(now);
-        let decision = self.algorithm.check(&mut state, now);
-        if decision.is_denied() {
+        let outcome = decide(&self.algorithm, &mut state);
+        if !counted(&outcome) {
             // Nothing was counted, so storing the state would change no
             // decision; it would only take a slot.
-            return decision;
+            return outcome;
         }
         let (algorithm, hasher) = (&self.algorithm, &self.hasher);
         let Some(index) =
             self.table
                 .vacancy(hash, |s| algorithm.is_fresh(s, now), |k| hash_of(hasher, k))
         else {
-            return self.no_room(hash, now);
+            return match self.policy {
+                FullPolicy::DenyNewKeys => {
+                    self.stats.denied_no_room = self.stats.denied_no_room.saturating_add(1);
+                    no_room(self.earliest_vacancy(hash, now))
+                }
+                FullPolicy::SharedOverflow => {
+                    self.stats.overflowed = self.stats.overflowed.saturating_add(1);
+                    decide(&self.algorithm, &mut self.overflow)
+                }
+            };
         };
         // An entry still in the slot is one found forgettable at `now`.
         if let Some(settled) = self
@@ -282,7 +364,7 @@ where
         // window of 4096 instants), and every copy on the way (into an
         // insert's arguments, out of its result) costs that much stack.
         self.table.put(index, to_key(), state);
-        decision
+        outcome
     }
 
     /// The state an untracked key starts from at `now`: a new key's,
@@ -297,24 +379,31 @@ where
         }
     }
 
-    /// Decides a new key at `now` that found no room, by the policy.
-    fn no_room(&mut self, hash: u64, now: Instant) -> Decision {
-        match self.policy {
-            FullPolicy::DenyNewKeys => {
-                self.stats.denied_no_room = self.stats.denied_no_room.saturating_add(1);
-                // A state that never settles within the clock's range frees
-                // its slot at the end of the clock at the earliest.
-                let algorithm = &self.algorithm;
-                let earliest = self
-                    .table
-                    .min_in_candidates(hash, |s| algorithm.fresh_at(s).unwrap_or(Instant::MAX))
-                    .unwrap_or(now);
-                Decision::denied_until(earliest, now)
-            }
-            FullPolicy::SharedOverflow => {
-                self.stats.overflowed = self.stats.overflowed.saturating_add(1);
-                self.algorithm.check(&mut self.overflow, now)
-            }
+    /// When a slot for a new key of `hash` frees at the earliest: a state
+    /// that never settles within the clock's range frees its slot at the
+    /// end of the clock at the earliest.
+    fn earliest_vacancy(&self, hash: u64, now: Instant) -> Instant {
+        let algorithm = &self.algorithm;
+        self.table
+            .min_in_candidates(hash, |s| algorithm.fresh_at(s).unwrap_or(Instant::MAX))
+            .unwrap_or(now)
+    }
+
+    /// Replaces the parameters at `now`, carrying every key's state over
+    /// ([`Algorithm::carry_over`]); keys are kept, none is forgotten.
+    pub fn reconfigure(&mut self, algorithm: A, now: Instant) {
+        let previous = core::mem::replace(&mut self.algorithm, algorithm);
+        let algorithm = &self.algorithm;
+        self.table
+            .for_each_value_mut(|state| algorithm.carry_over(&previous, state, now));
+        algorithm.carry_over(&previous, &mut self.overflow, now);
+        // Forgotten states settled by `forgotten_settled_by` under the old
+        // parameters; the most restrictive of them, carried over, says by
+        // when they settle under the new ones.
+        if now < self.forgotten_settled_by {
+            let mut bound = previous.state_settled_at(self.forgotten_settled_by);
+            algorithm.carry_over(&previous, &mut bound, now);
+            self.forgotten_settled_by = algorithm.fresh_at(&bound).unwrap_or(Instant::MAX);
         }
     }
 
@@ -449,6 +538,32 @@ where
         self.inner.lock(|k| match k.try_borrow_mut() {
             Ok(mut keyed) => keyed.check(key, now),
             Err(_) => Decision::denied_until(now, now),
+        })
+    }
+
+    /// Decides a request of `cost` units for `key` at `now`; see
+    /// [`Keyed::check_n`]. A call from inside the algorithm is refused
+    /// for 1 ns, as in [`Self::check`].
+    pub fn check_n(&self, key: &K, cost: u32, now: Instant) -> Result<Report, CostAboveLimit> {
+        self.inner.lock(|k| match k.try_borrow_mut() {
+            Ok(mut keyed) => keyed.check_n(key, cost, now),
+            Err(_) => Ok(Report {
+                decision: Decision::denied_until(now, now),
+                limit: 0,
+                remaining: 0,
+                reset_after: core::time::Duration::ZERO,
+            }),
+        })
+    }
+
+    /// Replaces the parameters at `now`, keeping every key; see
+    /// [`Keyed::reconfigure`]. Returns `false`, changing nothing, when
+    /// called from inside the algorithm.
+    pub fn reconfigure(&self, algorithm: A, now: Instant) -> bool {
+        self.inner.lock(|k| {
+            k.try_borrow_mut()
+                .map(|mut keyed| keyed.reconfigure(algorithm, now))
+                .is_ok()
         })
     }
 

@@ -14,7 +14,23 @@
 //!
 //! A denial is an outcome, not an error: [`Decision::Denied`] carries the
 //! time until the next admission can succeed. Only impossible parameters are
-//! errors ([`LimiterError`]).
+//! errors ([`LimiterError`]), and a cost no key can ever pay
+//! ([`CostAboveLimit`]).
+//!
+//! # Cost, quota and reconfiguration
+//!
+//! [`Algorithm::check_n`] decides a request that costs `n` units (`n`
+//! tokens, `n` units of water, `n` entries in the window), all or nothing,
+//! and returns a [`Report`]: the decision with the key's quota (`limit`),
+//! what is left of it after the decision (`remaining`) and when the key is
+//! back to a new key's state (`reset_after`), the values of redis-cell's
+//! reply and of the IETF `RateLimit` header fields. A cost of zero counts
+//! nothing and reports where the key stands.
+//!
+//! [`Algorithm::carry_over`] moves a key's state to new parameters without
+//! forgetting it: a bucket keeps the units its key has used (rescaled to
+//! the new interval, never more than one full bucket), a sliding window
+//! keeps its admissions, measured against the new window and limit.
 
 #[cfg(any(target_has_atomic = "ptr", feature = "critical-section"))]
 mod atomic;
@@ -80,6 +96,80 @@ impl Decision {
         }
     }
 }
+
+/// A decision with the key's quota: what a caller needs to tell its own
+/// client how much is left (the `RateLimit` header fields, redis-cell's
+/// five values).
+///
+/// ```
+/// use guard_core::limit::{Algorithm, Rate, TokenBucket};
+/// use guard_core::time::Instant;
+///
+/// let bucket = TokenBucket::new(10, Rate::per_second(10))?;
+/// let mut state = TokenBucket::NEW_STATE;
+/// let report = bucket.check_n(&mut state, 4, Instant::from_secs(1))?;
+/// assert!(report.is_allowed());
+/// assert_eq!((report.limit, report.remaining), (10, 6));
+/// // Four tokens at ten per second: full again in 400 ms.
+/// assert_eq!(report.reset_after.as_millis(), 400);
+/// # Ok::<(), Box<dyn core::error::Error>>(())
+/// ```
+#[must_use = "a rate-limit decision that is not looked at limits nothing"]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct Report {
+    /// Admitted (and counted) or refused (and not counted).
+    pub decision: Decision,
+    /// The key's quota: a bucket's capacity, a window's limit.
+    pub limit: u32,
+    /// Units that could still be admitted at the same reading, after this
+    /// decision (whole units, rounded down).
+    pub remaining: u32,
+    /// How long until the key is back to a new key's state: a bucket full
+    /// again, a window empty. Zero when it is already.
+    pub reset_after: Duration,
+}
+
+impl Report {
+    /// `true` when admitted.
+    pub const fn is_allowed(&self) -> bool {
+        self.decision.is_allowed()
+    }
+
+    /// `true` when refused.
+    pub const fn is_denied(&self) -> bool {
+        self.decision.is_denied()
+    }
+
+    /// The wait a denial asks for, `None` when admitted.
+    pub const fn retry_after(&self) -> Option<Duration> {
+        self.decision.retry_after()
+    }
+}
+
+/// A request costs more than the key's whole quota, so no wait can ever
+/// admit it: refused as a whole, as an error rather than a denial (a
+/// denial would ask the caller to retry forever).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct CostAboveLimit {
+    /// The cost asked for.
+    pub cost: u32,
+    /// The quota: a bucket's capacity, a window's limit.
+    pub limit: u32,
+}
+
+impl fmt::Display for CostAboveLimit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "a cost of {} exceeds the limit of {}: no wait can ever admit it",
+            self.cost, self.limit
+        )
+    }
+}
+
+impl core::error::Error for CostAboveLimit {}
 
 /// Parameters that no limiter can honour.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -237,7 +327,32 @@ pub trait Algorithm {
     const NEW_STATE: Self::State;
 
     /// Decides one request at `now`, counting it in `state` if admitted.
+    ///
+    /// Decides exactly as `check_n(state, 1, now)`; it exists because the
+    /// single-unit decision is the hot path and needs no report.
     fn check(&self, state: &mut Self::State, now: Instant) -> Decision;
+
+    /// The quota of every key: a bucket's capacity, a window's limit.
+    fn limit(&self) -> u32;
+
+    /// Decides a request that costs `cost` units at `now`, all or nothing,
+    /// and reports the key's quota after it.
+    ///
+    /// A cost above [`Self::limit`] is [`CostAboveLimit`]: no wait could
+    /// admit it. A cost of zero is admitted, counts nothing and leaves the
+    /// state as it was: it reports where the key stands.
+    fn check_n(
+        &self,
+        state: &mut Self::State,
+        cost: u32,
+        now: Instant,
+    ) -> Result<Report, CostAboveLimit>;
+
+    /// Moves `state`, kept under `previous` parameters, to these, at `now`.
+    ///
+    /// What carries over is each algorithm's to document; for the built-in
+    /// ones see the module notes. A state that was new stays new.
+    fn carry_over(&self, previous: &Self, state: &mut Self::State, now: Instant);
 
     /// From this instant on, `state` decides exactly as [`Self::NEW_STATE`]
     /// would, so a table may forget the key without changing any decision;
@@ -294,6 +409,19 @@ impl<A: Algorithm> Limiter<A> {
     /// The current state.
     pub const fn state(&self) -> &A::State {
         &self.state
+    }
+
+    /// Decides a request of `cost` units at `now`; see
+    /// [`Algorithm::check_n`].
+    pub fn check_n(&mut self, cost: u32, now: Instant) -> Result<Report, CostAboveLimit> {
+        self.algorithm.check_n(&mut self.state, cost, now)
+    }
+
+    /// Replaces the parameters at `now`, carrying the key's state over
+    /// ([`Algorithm::carry_over`]).
+    pub fn reconfigure(&mut self, algorithm: A, now: Instant) {
+        algorithm.carry_over(&self.algorithm, &mut self.state, now);
+        self.algorithm = algorithm;
     }
 
     /// Forgets all history: the key behaves as new.

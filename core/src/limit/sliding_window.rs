@@ -4,7 +4,7 @@ use core::time::Duration;
 
 use heapless::Deque;
 
-use super::{Algorithm, Decision, LimiterError};
+use super::{Algorithm, CostAboveLimit, Decision, LimiterError, Report};
 use crate::time::{Instant, nanos_saturating};
 
 /// A sliding-window log limiter: at most `limit` admissions in any window
@@ -111,6 +111,68 @@ impl<const N: usize> SlidingWindow<N> {
     }
 }
 
+impl<const N: usize> SlidingWindow<N> {
+    /// Decides `cost` entries (`cost <= limit`) at `now`, with the report.
+    fn decide_n(&self, log: &mut WindowLog<N>, cost: u32, now: Instant) -> Report {
+        // Keep the log sorted: a clock read out of order is recorded at the
+        // newest instant already in the log. That is conservative (the entry
+        // leaves the window later), so a backwards timestamp never frees room.
+        // A denial still measures its wait from the caller's own reading.
+        let reading = now;
+        let now = match log.admitted.back() {
+            Some(&newest) if newest > now => newest,
+            _ => now,
+        };
+        while log
+            .admitted
+            .front()
+            .is_some_and(|&oldest| !self.inside(oldest, now))
+        {
+            log.admitted.pop_front();
+        }
+        let held = log.admitted.len();
+        let cost = cost as usize;
+        let after = held.saturating_add(cost);
+        let decision = if after <= self.limit as usize && after <= N {
+            // The log has room for every entry (after <= N), so no push
+            // fails and the request is counted whole.
+            for _ in 0..cost {
+                if log.admitted.push_back(now).is_err() {
+                    break;
+                }
+            }
+            Decision::Allowed
+        } else {
+            // Room for `cost` more once `after - limit` of the held
+            // admissions have left: the oldest first, so the wait ends
+            // when the one at index `after - limit - 1` leaves. One that
+            // never leaves asks to wait until the end of the clock.
+            let index = after.saturating_sub(self.limit as usize).saturating_sub(1);
+            match log.admitted.iter().nth(index) {
+                Some(&leaving) => {
+                    Decision::denied_until(self.leaves_at(leaving).unwrap_or(Instant::MAX), reading)
+                }
+                None => Decision::denied_until(now, reading),
+            }
+        };
+        let held = log.admitted.len();
+        let reset_at = match log.admitted.back() {
+            Some(&newest) => self.leaves_at(newest).unwrap_or(Instant::MAX),
+            None => reading,
+        };
+        Report {
+            decision,
+            limit: self.limit,
+            #[allow(
+                clippy::cast_possible_truncation,
+                reason = "the difference is below limit, a u32"
+            )]
+            remaining: (self.limit as usize).saturating_sub(held) as u32,
+            reset_after: reset_at.saturating_duration_since(reading),
+        }
+    }
+}
+
 /// One key's sliding-window log: the instants of its recent admissions,
 /// oldest first.
 #[derive(Clone, Debug)]
@@ -145,38 +207,35 @@ impl<const N: usize> Algorithm for SlidingWindow<N> {
     const NEW_STATE: WindowLog<N> = WindowLog::new();
 
     fn check(&self, log: &mut WindowLog<N>, now: Instant) -> Decision {
-        // Keep the log sorted: a clock read out of order is recorded at the
-        // newest instant already in the log. That is conservative (the entry
-        // leaves the window later), so a backwards timestamp never frees room.
-        // A denial still measures its wait from the caller's own reading.
-        let reading = now;
-        let now = match log.admitted.back() {
-            Some(&newest) if newest > now => newest,
-            _ => now,
-        };
-        while log
-            .admitted
-            .front()
-            .is_some_and(|&oldest| !self.inside(oldest, now))
-        {
-            log.admitted.pop_front();
-        }
-        if log.admitted.len() < self.limit as usize {
-            // len < limit <= N, so the log has room; were it ever full the
-            // request is refused rather than lost or panicking.
-            if log.admitted.push_back(now).is_ok() {
-                return Decision::Allowed;
-            }
-        }
-        match log.admitted.front() {
-            // The oldest admission leaves the window first; one that never
-            // leaves asks to wait until the end of the clock.
-            Some(&oldest) => {
-                Decision::denied_until(self.leaves_at(oldest).unwrap_or(Instant::MAX), reading)
-            }
-            None => Decision::denied_until(now, reading),
-        }
+        // One unit never exceeds the limit (at least 1).
+        self.decide_n(log, 1, now).decision
     }
+
+    fn limit(&self) -> u32 {
+        self.limit
+    }
+
+    /// `cost` entries at one instant, all or nothing: admitted when the
+    /// window holds at most `limit - cost` admissions.
+    fn check_n(
+        &self,
+        log: &mut WindowLog<N>,
+        cost: u32,
+        now: Instant,
+    ) -> Result<Report, CostAboveLimit> {
+        if cost > self.limit {
+            return Err(CostAboveLimit {
+                cost,
+                limit: self.limit,
+            });
+        }
+        Ok(self.decide_n(log, cost, now))
+    }
+
+    /// Keeps the log: its admissions are measured against the new window
+    /// and limit. A key that holds more than a lowered limit is refused
+    /// until enough of them have left the window.
+    fn carry_over(&self, _previous: &Self, _log: &mut WindowLog<N>, _now: Instant) {}
 
     fn fresh_at(&self, log: &WindowLog<N>) -> Option<Instant> {
         match log.admitted.back() {
