@@ -199,6 +199,7 @@ fn main() {
             "",
             "1000000",
             "1000",
+            "1",
         ]);
         row(
             &mut rows,
@@ -225,7 +226,8 @@ fn main() {
             "guard:tb:{bench:__rand_int__}:tb",
             "",
             "1000",
-            "999000",
+            "1000",
+            "1",
         ]);
         row(
             &mut rows,

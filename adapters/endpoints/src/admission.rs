@@ -31,8 +31,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use guard_core::limit::Decision;
-use guard_std::BackendError;
-use guard_std::ratelimit::NamedRateLimiter;
+use guard_std::ratelimit::{LimitError, NamedRateLimiter};
 
 use crate::config::WhenLimited;
 
@@ -46,16 +45,17 @@ pub enum Refusal {
         /// How long the message waited.
         waited: Duration,
     },
-    /// The limiter could not decide: its backend failed, with this error
-    /// (shared, so a refusal stays `Clone`; it is also the source).
-    LimiterFailed(Arc<BackendError>),
+    /// The limiter could not decide: its backend failed or the message
+    /// costs more than the quota, with this error (shared, so a refusal
+    /// stays `Clone`; it is also the source).
+    LimiterFailed(Arc<LimitError>),
 }
 
 impl std::fmt::Display for Refusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Refusal::Limited { waited } => write!(f, "rate limited (waited {waited:?})"),
-            Refusal::LimiterFailed(e) => write!(f, "the rate limiter failed: {e}"),
+            Refusal::LimiterFailed(e) => write!(f, "the rate limiter gave no decision: {e}"),
         }
     }
 }
@@ -105,7 +105,7 @@ impl Admission {
     /// failing limiter ends it, with its error.
     pub async fn admit_eventually(&self, key: &str) -> Result<(), Refusal> {
         loop {
-            match self.limiter.check(key).await {
+            match self.limiter.check(key).await.map(|report| report.decision) {
                 Ok(Decision::Allowed) => return Ok(()),
                 Ok(Decision::Denied { retry_after }) => {
                     async_io::Timer::after(retry_after).await;
@@ -124,7 +124,7 @@ impl Admission {
             WhenLimited::DeadLetter => Duration::ZERO,
         };
         loop {
-            match self.limiter.check(key).await {
+            match self.limiter.check(key).await.map(|report| report.decision) {
                 Ok(Decision::Allowed) => return Verdict::Admitted,
                 Ok(Decision::Denied { retry_after }) => {
                     let waited = started.elapsed();

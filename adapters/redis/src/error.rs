@@ -69,6 +69,8 @@ pub enum Parameter {
     BucketSpan,
     /// A sliding window's width.
     SlidingWindow,
+    /// A request's cost in a limiter's units.
+    Cost,
     /// How long an exact deduplicator remembers an item.
     DedupTtl,
     /// A windowed deduplicator's window.
@@ -83,6 +85,14 @@ pub enum Parameter {
     DeadLetterTopic,
     /// A dead-letter queue's key prefix.
     DeadLetterPrefix,
+    /// A server's URL, e.g. a `redis://` one given TLS settings.
+    Url,
+    /// The certificate authorities a TLS connection trusts (PEM).
+    TlsRootCa,
+    /// The client certificate a TLS connection presents (PEM).
+    TlsClientCert,
+    /// The private key of that client certificate (PEM).
+    TlsClientKey,
 }
 
 impl Parameter {
@@ -98,6 +108,7 @@ impl Parameter {
                 | Parameter::DeduplicatorName
                 | Parameter::DeadLetterTopic
                 | Parameter::DeadLetterPrefix
+                | Parameter::Url
         )
     }
 }
@@ -112,6 +123,7 @@ impl fmt::Display for Parameter {
             Parameter::RefillInterval => "refill interval",
             Parameter::BucketSpan => "capacity × interval",
             Parameter::SlidingWindow => "sliding window",
+            Parameter::Cost => "cost",
             Parameter::DedupTtl => "deduplication TTL",
             Parameter::DedupWindow => "deduplication window",
             Parameter::DeduplicatorName => "deduplicator name",
@@ -119,6 +131,10 @@ impl fmt::Display for Parameter {
             Parameter::BloomHashes => "Bloom filter hash count",
             Parameter::DeadLetterTopic => "dead-letter topic",
             Parameter::DeadLetterPrefix => "dead-letter stream prefix",
+            Parameter::Url => "Redis URL",
+            Parameter::TlsRootCa => "TLS root CA",
+            Parameter::TlsClientCert => "TLS client certificate",
+            Parameter::TlsClientKey => "TLS client key",
         })
     }
 }

@@ -34,11 +34,15 @@
 
 use std::fmt;
 use std::marker::PhantomData;
+use std::sync::{PoisonError, RwLock};
 use std::time::Duration;
 
-use guard_core::limit::{Bucket, Decision, SlidingWindow, Tokens, Water};
+use guard_core::limit::{
+    Bucket, CostAboveLimit, Decision, LimiterError, Rate, Report, SlidingWindow, Tokens, Water,
+};
 use guard_core::time::Instant;
-use redis::Script;
+use guard_std::ratelimit::{FromQuota, Quota, ReconfigureError};
+use redis::{Script, ScriptInvocation};
 
 use crate::connection::RedisConnection;
 use crate::error::{Parameter, RedisGuardError};
@@ -103,31 +107,79 @@ fn now_preamble() -> String {
         .replace("MARGIN_MS", &margin_ms.to_string())
 }
 
-/// GCRA: KEYS[1] holds the settle instant. ARGV: now, interval, tolerance.
-/// Returns {1, 0} admitted, or {0, wait} in microseconds.
+/// GCRA: KEYS[1] holds the settle instant and the parameters it was kept
+/// under, `<settle>:<interval>:<capacity>` (a bare `<settle>` is read as
+/// kept under the current ones). ARGV: now, interval, capacity, cost.
+///
+/// Returns redis-cell's five values in one reply: `{admitted (1 or 0),
+/// limit, remaining, retry after, reset after}`, times in microseconds,
+/// retry after 0 when admitted.
+///
+/// A key kept under other parameters is carried over first, as
+/// guard-core's `Gcra::carry_over` does: the units it owes now are
+/// rescaled to the new interval (rounded up), at most one full bucket.
 const GCRA: &str = r"
 local interval = tonumber(ARGV[2])
-local tolerance = tonumber(ARGV[3])
-local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
-local admit_from = tat - tolerance
+local capacity = tonumber(ARGV[3])
+local cost = tonumber(ARGV[4])
+local span = interval * capacity
+local tolerance = span - interval
+local tat = 0
+local stored = redis.call('GET', KEYS[1])
+if stored then
+  local t, was_interval, was_capacity = string.match(stored, '^(%d+):?(%d*):?(%d*)$')
+  if not t then
+    return redis.error_reply('guard: bucket state ' .. KEYS[1] .. ' is not <settle>:<interval>:<capacity>: ' .. stored)
+  end
+  tat = tonumber(t)
+  was_interval = tonumber(was_interval) or interval
+  was_capacity = tonumber(was_capacity) or capacity
+  if tat > now and (was_interval ~= interval or was_capacity ~= capacity) then
+    local debt = math.ceil((tat - now) * interval / was_interval)
+    if debt > span then debt = span end
+    tat = now + debt
+    -- Stored at once, refused or not: the key is carried over once.
+    redis.call('SET', KEYS[1], string.format('%.0f:%.0f:%.0f', tat, interval, capacity),
+      'PX', keep_ms(debt))
+  end
+end
+-- Whole units that could be admitted at now against settle instant t.
+local function room(t)
+  local ahead = t - now
+  if ahead < 0 then return capacity end
+  local slack = tolerance - ahead
+  if slack < 0 then return 0 end
+  return math.min(capacity, math.floor(slack / interval) + 1)
+end
+local function reset(t)
+  if t > now then return t - now end
+  return 0
+end
+if cost == 0 then
+  return {1, capacity, room(tat), 0, reset(tat)}
+end
+local increment = cost * interval
+local admit_from = tat - (span - increment)
 if admit_from < 0 then admit_from = 0 end
 if now < admit_from then
-  return {0, admit_from - now}
+  return {0, capacity, room(tat), admit_from - now, reset(tat)}
 end
 local base = tat
 if now > base then base = now end
-local settles = base + interval
+local settles = base + increment
 -- Keep the key exactly until the bucket has settled; after that it
 -- decides as a new key would, so it may go.
-redis.call('SET', KEYS[1], string.format('%.0f', settles), 'PX', keep_ms(settles - now))
-return {1, 0}
+redis.call('SET', KEYS[1], string.format('%.0f:%.0f:%.0f', settles, interval, capacity),
+  'PX', keep_ms(settles - now))
+return {1, capacity, room(settles), 0, settles - now}
 ";
 
 /// Sliding-window log: KEYS[1] sorted set of admissions, KEYS[2] sequence.
-/// ARGV: now, window, limit. Returns {1, 0} or {0, wait}.
+/// ARGV: now, window, limit, cost. Returns the five values of [`GCRA`].
 const WINDOW: &str = r"
 local window = tonumber(ARGV[2])
 local limit = tonumber(ARGV[3])
+local cost = tonumber(ARGV[4])
 -- A denial measures its wait from the caller's own reading.
 local reading = now
 local newest = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
@@ -135,16 +187,34 @@ if newest[2] and tonumber(newest[2]) > now then now = tonumber(newest[2]) end
 if now - window >= 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%.0f', now - window))
 end
-if redis.call('ZCARD', KEYS[1]) < limit then
-  local seq = redis.call('INCR', KEYS[2])
-  redis.call('ZADD', KEYS[1], string.format('%.0f', now), string.format('%.0f', now) .. ':' .. seq)
-  local ttl = keep_ms(window)
-  redis.call('PEXPIRE', KEYS[1], ttl)
-  redis.call('PEXPIRE', KEYS[2], ttl)
-  return {1, 0}
+local held = redis.call('ZCARD', KEYS[1])
+if held + cost <= limit then
+  if cost > 0 then
+    local seq = redis.call('INCRBY', KEYS[2], cost)
+    local at = string.format('%.0f', now)
+    for i = seq - cost + 1, seq do
+      redis.call('ZADD', KEYS[1], at, at .. ':' .. string.format('%.0f', i))
+    end
+    local ttl = keep_ms(window)
+    redis.call('PEXPIRE', KEYS[1], ttl)
+    redis.call('PEXPIRE', KEYS[2], ttl)
+    held = held + cost
+  end
+  local reset = 0
+  if held > 0 then
+    local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+    reset = tonumber(last[2]) + window - reading
+  end
+  return {1, limit, limit - held, 0, reset}
 end
-local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-return {0, tonumber(oldest[2]) + window - reading}
+-- Room for cost more once held + cost - limit admissions have left, the
+-- oldest first.
+local index = held + cost - limit - 1
+local leaving = redis.call('ZRANGE', KEYS[1], index, index, 'WITHSCORES')
+local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+local remaining = limit - held
+if remaining < 0 then remaining = 0 end
+return {0, limit, remaining, tonumber(leaving[2]) + window - reading, tonumber(last[2]) + window - reading}
 ";
 
 /// Checks a user key: not empty, no braces (they would change the hash
@@ -200,36 +270,90 @@ fn whole_micros(parameter: Parameter, d: Duration) -> Result<u64, RedisGuardErro
         })
 }
 
-fn decision(reply: (i64, i64)) -> Result<Decision, RedisGuardError> {
-    match reply {
-        (1, _) => Ok(Decision::Allowed),
-        (0, wait) if wait > 0 => Ok(Decision::Denied {
-            retry_after: Duration::from_micros(wait.unsigned_abs()),
-        }),
-        (0, _) => Ok(Decision::Denied {
-            retry_after: Duration::from_micros(1),
-        }),
-        other => Err(RedisGuardError::UnexpectedReply(format!("{other:?}"))),
+/// The five values of a limiter script's reply as guard-core's report.
+fn report(reply: (i64, i64, i64, i64, i64)) -> Result<Report, RedisGuardError> {
+    let unexpected = || RedisGuardError::UnexpectedReply(format!("{reply:?}"));
+    let (admitted, limit, remaining, retry_us, reset_us) = reply;
+    let micros = |us: i64| Duration::from_micros(us.max(0).unsigned_abs());
+    let decision = match admitted {
+        1 => Decision::Allowed,
+        // A denial asks to wait at least one microsecond (the scripts'
+        // resolution), as guard-core's asks for at least 1 ns.
+        0 => Decision::Denied {
+            retry_after: micros(retry_us).max(Duration::from_micros(1)),
+        },
+        _ => return Err(unexpected()),
+    };
+    Ok(Report {
+        decision,
+        limit: u32::try_from(limit).map_err(|_| unexpected())?,
+        remaining: u32::try_from(remaining).map_err(|_| unexpected())?,
+        reset_after: micros(reset_us),
+    })
+}
+
+/// Refuses a cost above the quota before anything is sent.
+fn checked_cost(cost: u32, limit: u32) -> Result<u32, RedisGuardError> {
+    if cost > limit {
+        return Err(RedisGuardError::refused_by(
+            Parameter::Cost,
+            cost.to_string(),
+            CostAboveLimit { cost, limit },
+        ));
+    }
+    Ok(cost)
+}
+
+/// A bucket's parameters as its script takes them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct BucketParams {
+    interval_us: u64,
+    capacity: u32,
+    rate: Rate,
+}
+
+impl BucketParams {
+    fn of<V>(bucket: &Bucket<V>) -> Result<Self, RedisGuardError> {
+        let interval_us = whole_micros(Parameter::RefillInterval, bucket.interval())?;
+        if interval_us.saturating_mul(u64::from(bucket.capacity())) >= 1 << 53 {
+            return Err(RedisGuardError::invalid(
+                Parameter::BucketSpan,
+                format!("{} × {:?}", bucket.capacity(), bucket.interval()),
+                "is too long for Redis (Redis limiters count in microseconds below 2^53)",
+            ));
+        }
+        Ok(BucketParams {
+            interval_us,
+            capacity: bucket.capacity(),
+            rate: bucket.rate(),
+        })
     }
 }
 
 /// A GCRA bucket on Redis: [`RedisTokenBucket`] or [`RedisLeakyBucket`].
+///
+/// Its parameters can be replaced while it serves ([`Self::reconfigure`]).
+/// Each key keeps the parameters it was last decided under beside its
+/// state, and its next decision carries it over as guard-core's
+/// `Algorithm::carry_over` does, at that decision's reading: until then
+/// the key refills at the rate it had. The rescaled debt is rounded up to
+/// a whole microsecond (guard-core's to a nanosecond), so a key never
+/// gains by it.
 pub struct RedisBucket<V> {
     conn: RedisConnection,
     prefix: String,
     suffix: &'static str,
-    interval_us: u64,
-    tolerance_us: u64,
+    params: RwLock<BucketParams>,
     script: Script,
     view: PhantomData<V>,
 }
 
-impl<V> fmt::Debug for RedisBucket<V> {
+impl<V: Copy> fmt::Debug for RedisBucket<V> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisBucket")
             .field("prefix", &self.prefix)
             .field("suffix", &self.suffix)
-            .field("interval_us", &self.interval_us)
+            .field("params", &self.params())
             .finish()
     }
 }
@@ -248,37 +372,50 @@ pub const LEAKY_BUCKET_PREFIX: &str = "guard:lb";
 /// The default key prefix of sliding windows.
 pub const SLIDING_WINDOW_PREFIX: &str = "guard:rl";
 
-impl<V> RedisBucket<V> {
+impl<V: Copy> RedisBucket<V> {
     fn with_suffix(
         conn: RedisConnection,
         bucket: Bucket<V>,
         prefix: &str,
         suffix: &'static str,
     ) -> Result<Self, RedisGuardError> {
-        let interval_us = whole_micros(Parameter::RefillInterval, bucket.interval())?;
-        let tolerance_us =
-            interval_us.saturating_mul(u64::from(bucket.capacity()).saturating_sub(1));
-        if tolerance_us >= 1 << 53 {
-            return Err(RedisGuardError::invalid(
-                Parameter::BucketSpan,
-                format!("{} × {:?}", bucket.capacity(), bucket.interval()),
-                "is too long for Redis (Redis limiters count in microseconds below 2^53)",
-            ));
-        }
+        let params = BucketParams::of(&bucket)?;
         Ok(RedisBucket {
             conn,
             prefix: checked_prefix(prefix)?,
             suffix,
-            interval_us,
-            tolerance_us,
+            params: RwLock::new(params),
             script: Script::new(&Self::script_source()),
             view: PhantomData,
         })
     }
 
+    fn params(&self) -> BucketParams {
+        *self.params.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The parameters every key is limited by now.
+    pub fn bucket(&self) -> Bucket<V> {
+        let params = self.params();
+        // They were accepted by this constructor before they were stored.
+        Bucket::new(params.capacity, params.rate)
+            .unwrap_or_else(|_| unreachable!("stored bucket parameters are valid"))
+    }
+
+    /// Replaces the parameters; every key carries its state over at its
+    /// next decision (see the type's notes). Refused, keeping the old
+    /// ones, when Redis cannot represent them.
+    pub fn reconfigure(&self, bucket: Bucket<V>) -> Result<(), RedisGuardError> {
+        let params = BucketParams::of(&bucket)?;
+        *self.params.write().unwrap_or_else(PoisonError::into_inner) = params;
+        Ok(())
+    }
+
     /// The script each decision runs (KEYS: the bucket; ARGV: now in
-    /// microseconds or empty for the server's clock, the interval and the
-    /// tolerance in microseconds), for tools that load it themselves.
+    /// microseconds or empty for the server's clock, the interval in
+    /// microseconds, the capacity, the cost), for tools that load it
+    /// themselves. It replies redis-cell's five values: admitted (1 or
+    /// 0), limit, remaining, retry after and reset after in microseconds.
     pub fn script_source() -> String {
         format!("{}{GCRA}", now_preamble())
     }
@@ -295,14 +432,42 @@ impl<V> RedisBucket<V> {
 
     /// Decides one request for `key`: one round trip.
     pub async fn check(&self, key: &str, clock: Clock) -> Result<Decision, RedisGuardError> {
-        let redis_key = self.redis_key(key)?;
+        // Sent directly rather than through `check_n`: one future less
+        // in every caller's state machine.
+        let invocation = self.invocation(key, 1, clock)?;
+        Ok(report(self.conn.invoke(&invocation).await?)?.decision)
+    }
+
+    /// Decides a request of `cost` units for `key`, all or nothing, with
+    /// the key's limit, remaining units and reset time: one round trip.
+    /// A cost above the capacity is refused before anything is sent.
+    pub async fn check_n(
+        &self,
+        key: &str,
+        cost: u32,
+        clock: Clock,
+    ) -> Result<Report, RedisGuardError> {
+        let invocation = self.invocation(key, cost, clock)?;
+        report(self.conn.invoke(&invocation).await?)
+    }
+
+    /// The script call deciding `cost` units for `key`.
+    fn invocation(
+        &self,
+        key: &str,
+        cost: u32,
+        clock: Clock,
+    ) -> Result<ScriptInvocation<'_>, RedisGuardError> {
+        let params = self.params();
+        let cost = checked_cost(cost, params.capacity)?;
         let mut invocation = self.script.prepare_invoke();
         invocation
-            .key(redis_key)
+            .key(self.redis_key(key)?)
             .arg(clock.arg())
-            .arg(self.interval_us)
-            .arg(self.tolerance_us);
-        decision(self.conn.invoke(&invocation).await?)
+            .arg(params.interval_us)
+            .arg(params.capacity)
+            .arg(cost);
+        Ok(invocation)
     }
 }
 
@@ -334,12 +499,22 @@ impl RedisBucket<Water> {
     }
 }
 
+/// A window's parameters as its script takes them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct WindowParams {
+    window_us: u64,
+    limit: u32,
+}
+
 /// A sliding-window log on Redis: at most `limit` admissions per window.
+///
+/// Its parameters can be replaced while it serves ([`Self::reconfigure`]):
+/// each key keeps its admissions, measured against the new window and
+/// limit from the next decision on.
 pub struct RedisSlidingWindow {
     conn: RedisConnection,
     prefix: String,
-    window_us: u64,
-    limit: u32,
+    params: RwLock<WindowParams>,
     script: Script,
 }
 
@@ -347,8 +522,7 @@ impl fmt::Debug for RedisSlidingWindow {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisSlidingWindow")
             .field("prefix", &self.prefix)
-            .field("window_us", &self.window_us)
-            .field("limit", &self.limit)
+            .field("params", &self.params())
             .finish()
     }
 }
@@ -363,10 +537,43 @@ impl RedisSlidingWindow {
         Ok(RedisSlidingWindow {
             conn,
             prefix: SLIDING_WINDOW_PREFIX.to_owned(),
-            window_us: whole_micros(Parameter::SlidingWindow, window.window())?,
-            limit: window.limit(),
+            params: RwLock::new(Self::params_of(&window)?),
             script: Script::new(&Self::script_source()),
         })
+    }
+
+    fn params_of<const N: usize>(
+        window: &SlidingWindow<N>,
+    ) -> Result<WindowParams, RedisGuardError> {
+        Ok(WindowParams {
+            window_us: whole_micros(Parameter::SlidingWindow, window.window())?,
+            limit: window.limit(),
+        })
+    }
+
+    fn params(&self) -> WindowParams {
+        *self.params.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The window's width now.
+    pub fn window(&self) -> Duration {
+        Duration::from_micros(self.params().window_us)
+    }
+
+    /// Admissions per window now.
+    pub fn limit(&self) -> u32 {
+        self.params().limit
+    }
+
+    /// Replaces the parameters (see the type's notes). Refused, keeping
+    /// the old ones, when Redis cannot represent them.
+    pub fn reconfigure<const N: usize>(
+        &self,
+        window: SlidingWindow<N>,
+    ) -> Result<(), RedisGuardError> {
+        let params = Self::params_of(&window)?;
+        *self.params.write().unwrap_or_else(PoisonError::into_inner) = params;
+        Ok(())
     }
 
     /// Keys under `prefix` instead of [`SLIDING_WINDOW_PREFIX`].
@@ -376,8 +583,9 @@ impl RedisSlidingWindow {
     }
 
     /// The script each decision runs (KEYS: log, sequence; ARGV: now in
-    /// µs or empty for server time, window in µs, limit), e.g. to load it
-    /// into `redis-benchmark` for a side-by-side measurement.
+    /// µs or empty for server time, window in µs, limit, cost), e.g. to
+    /// load it into `redis-benchmark` for a side-by-side measurement. It
+    /// replies the five values of [`RedisBucket::script_source`].
     pub fn script_source() -> String {
         format!("{}{WINDOW}", now_preamble())
     }
@@ -391,36 +599,122 @@ impl RedisSlidingWindow {
 
     /// Decides one request for `key`: one round trip.
     pub async fn check(&self, key: &str, clock: Clock) -> Result<Decision, RedisGuardError> {
+        // Sent directly rather than through `check_n`: one future less
+        // in every caller's state machine.
+        let invocation = self.invocation(key, 1, clock)?;
+        Ok(report(self.conn.invoke(&invocation).await?)?.decision)
+    }
+
+    /// Decides a request of `cost` admissions for `key`, all or nothing,
+    /// with the key's limit, remaining admissions and reset time: one
+    /// round trip. A cost above the limit is refused before anything is
+    /// sent.
+    pub async fn check_n(
+        &self,
+        key: &str,
+        cost: u32,
+        clock: Clock,
+    ) -> Result<Report, RedisGuardError> {
+        let invocation = self.invocation(key, cost, clock)?;
+        report(self.conn.invoke(&invocation).await?)
+    }
+
+    /// The script call deciding `cost` admissions for `key`.
+    fn invocation(
+        &self,
+        key: &str,
+        cost: u32,
+        clock: Clock,
+    ) -> Result<ScriptInvocation<'_>, RedisGuardError> {
+        let params = self.params();
+        let cost = checked_cost(cost, params.limit)?;
         let (log, seq) = self.redis_keys(key)?;
         let mut invocation = self.script.prepare_invoke();
         invocation
             .key(log)
             .key(seq)
             .arg(clock.arg())
-            .arg(self.window_us)
-            .arg(self.limit);
-        decision(self.conn.invoke(&invocation).await?)
+            .arg(params.window_us)
+            .arg(params.limit)
+            .arg(cost);
+        Ok(invocation)
     }
 }
 
-impl<V: Send + Sync> guard_std::ratelimit::RateLimiter for RedisBucket<V> {
+/// A guard-std [`LimitError`](guard_std::ratelimit::LimitError) of a
+/// Redis limiter's error: a refused cost is the cost error, anything else
+/// the backend's.
+fn limit_error(e: RedisGuardError) -> guard_std::ratelimit::LimitError {
+    use std::error::Error as _;
+    if let Some(cost) = e.source().and_then(|s| s.downcast_ref::<CostAboveLimit>()) {
+        return guard_std::ratelimit::LimitError::Cost(*cost);
+    }
+    guard_std::ratelimit::LimitError::Backend(guard_std::BackendError::new(e))
+}
+
+fn reconfigure_error(e: RedisGuardError) -> ReconfigureError {
+    ReconfigureError::Backend(guard_std::BackendError::new(e))
+}
+
+impl<V> guard_std::ratelimit::RateLimiter for RedisBucket<V>
+where
+    V: Copy + Send + Sync,
+    Bucket<V>: FromQuota,
+{
     /// Decides on the Redis server's clock, so every replica agrees.
-    fn check<'a>(&'a self, key: &'a str) -> guard_std::ratelimit::LimitFuture<'a> {
+    fn check_n<'a>(&'a self, key: &'a str, cost: u32) -> guard_std::ratelimit::LimitFuture<'a> {
         guard_std::ratelimit::LimitFuture::Pending(Box::pin(async move {
-            RedisBucket::check(self, key, Clock::Server)
+            RedisBucket::check_n(self, key, cost, Clock::Server)
                 .await
-                .map_err(guard_std::BackendError::new)
+                .map_err(limit_error)
         }))
+    }
+
+    fn quota(&self) -> Quota {
+        self.bucket().quota()
+    }
+
+    fn reconfigure(&self, quota: Quota) -> Result<(), ReconfigureError> {
+        RedisBucket::reconfigure(self, Bucket::<V>::from_quota(quota)?).map_err(reconfigure_error)
     }
 }
 
 impl guard_std::ratelimit::RateLimiter for RedisSlidingWindow {
     /// Decides on the Redis server's clock, so every replica agrees.
-    fn check<'a>(&'a self, key: &'a str) -> guard_std::ratelimit::LimitFuture<'a> {
+    fn check_n<'a>(&'a self, key: &'a str, cost: u32) -> guard_std::ratelimit::LimitFuture<'a> {
         guard_std::ratelimit::LimitFuture::Pending(Box::pin(async move {
-            RedisSlidingWindow::check(self, key, Clock::Server)
+            RedisSlidingWindow::check_n(self, key, cost, Clock::Server)
                 .await
-                .map_err(guard_std::BackendError::new)
+                .map_err(limit_error)
         }))
+    }
+
+    fn quota(&self) -> Quota {
+        Quota::SlidingWindow {
+            limit: self.limit(),
+            window: self.window(),
+        }
+    }
+
+    fn reconfigure(&self, quota: Quota) -> Result<(), ReconfigureError> {
+        let Quota::SlidingWindow { limit, window } = quota else {
+            return Err(ReconfigureError::OtherAlgorithm {
+                limiter: "sliding window",
+                quota: quota.kind(),
+            });
+        };
+        // Redis keeps any number of admissions, so no log size bounds the
+        // limit: guard-core checks the window (with a log of one) and a
+        // limit of zero is refused as it refuses it.
+        if limit == 0 {
+            return Err(ReconfigureError::Invalid(LimiterError::ZeroLimit));
+        }
+        SlidingWindow::<1>::new(window, 1).map_err(ReconfigureError::Invalid)?;
+        let params = WindowParams {
+            window_us: whole_micros(Parameter::SlidingWindow, window).map_err(reconfigure_error)?,
+            limit,
+        };
+        *self.params.write().unwrap_or_else(PoisonError::into_inner) = params;
+        Ok(())
     }
 }

@@ -2,6 +2,7 @@
 //! B9) and the metrics they record.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -12,8 +13,8 @@ use std::error::Error;
 
 use guard_std::metrics::{RL_ALLOWED, RL_DENIED, SINK_DROPPED};
 use guard_std::ratelimit::{
-    DenyPolicy, LimitFuture, MemoryLimiter, RateLimiter, RateLimiterRegistry, RateLimitingSink,
-    Sink, SinkError,
+    DenyPolicy, LimitError, LimitFuture, MemoryLimiter, Quota, RateLimiter, RateLimiterRegistry,
+    RateLimitingSink, ReconfigureError, Sink, SinkError,
 };
 use guard_std::{BackendError, ManualClock};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
@@ -179,8 +180,19 @@ impl std::error::Error for Unreachable {}
 struct Failing;
 
 impl RateLimiter for Failing {
-    fn check<'a>(&'a self, _key: &'a str) -> LimitFuture<'a> {
-        LimitFuture::Ready(Some(Err(BackendError::new(Unreachable))))
+    fn check_n<'a>(&'a self, _key: &'a str, _cost: u32) -> LimitFuture<'a> {
+        LimitFuture::Ready(Some(Err(BackendError::new(Unreachable).into())))
+    }
+
+    fn quota(&self) -> Quota {
+        Quota::SlidingWindow {
+            limit: 1,
+            window: Duration::from_secs(1),
+        }
+    }
+
+    fn reconfigure(&self, _quota: Quota) -> Result<(), ReconfigureError> {
+        Ok(())
     }
 }
 
@@ -196,8 +208,14 @@ fn a_failing_backend_is_the_source_of_the_sink_s_error() {
     let err = block_on(sink.send(("sensor-7".into(), 1))).unwrap_err();
     assert!(matches!(&err, SinkError::Limiter(_)), "{err:?}");
     assert_eq!(err.to_string(), "rate limiter backend: backend unreachable");
-    let backend = err.source().expect("the backend error");
-    let wrapped = backend
+    let limiter = err.source().expect("the limiter's error");
+    assert!(matches!(
+        limiter.downcast_ref(),
+        Some(LimitError::Backend(_))
+    ));
+    let wrapped = limiter
+        .source()
+        .expect("the backend error")
         .downcast_ref::<BackendError>()
         .expect("a BackendError");
     assert_eq!(wrapped.downcast_ref::<Unreachable>(), Some(&Unreachable));
@@ -281,4 +299,66 @@ fn a_memory_limiter_of_large_sliding_windows_is_built_and_used_on_a_small_stack(
         .unwrap()
         .join()
         .unwrap();
+}
+
+/// Threads spin on one key of a memory limiter while the clock steps 1 ms
+/// at a time; after each step the test waits until they have taken every
+/// token, so each phase admits exactly what its quota allows. Half way the
+/// quota is raised through the trait, as a running server would.
+#[test]
+fn a_memory_limiter_reconfigured_under_load_keeps_its_keys_and_admits_by_each_quota() {
+    let clock = Arc::new(ManualClock::new(UnixMillis(0)));
+    let limiter: Arc<MemoryLimiter<_, _>> = Arc::new(MemoryLimiter::with_clock(
+        TokenBucket::new(10, Rate::per(1, Duration::from_millis(1))).unwrap(),
+        64,
+        FullPolicy::DenyNewKeys,
+        clock.clone(),
+    ));
+    let phase = AtomicUsize::new(0);
+    let admitted = [AtomicU64::new(0), AtomicU64::new(0)];
+    let stop = AtomicBool::new(false);
+    let exhausted = || limiter.check_n_now("hot", 0).unwrap().remaining == 0;
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| {
+                while !stop.load(Ordering::SeqCst) {
+                    // The phase is read before deciding: the test changes
+                    // it only while the key is exhausted.
+                    let phase = phase.load(Ordering::SeqCst);
+                    if limiter.check_now("hot").is_allowed() {
+                        admitted[phase].fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            });
+        }
+        let step = |steps: usize| {
+            for _ in 0..steps {
+                while !exhausted() {
+                    std::thread::yield_now();
+                }
+                clock.advance(Duration::from_millis(1));
+            }
+            while !exhausted() {
+                std::thread::yield_now();
+            }
+        };
+        step(200);
+        phase.store(1, Ordering::SeqCst);
+        let dynamic: &dyn RateLimiter = &*limiter;
+        dynamic
+            .reconfigure(Quota::TokenBucket {
+                capacity: 40,
+                rate: Rate::per(2, Duration::from_millis(1)),
+            })
+            .unwrap();
+        step(200);
+        stop.store(true, Ordering::SeqCst);
+    });
+    let [first, second] = admitted.map(AtomicU64::into_inner);
+    // The burst of 10, then one a millisecond for 200 ms.
+    assert_eq!(first, 10 + 200);
+    // The key owed its whole old bucket (10 units) at the switch, so 30 of
+    // the new 40 were there at once; then two a millisecond for 200 ms.
+    assert_eq!(second, 30 + 400);
+    assert_eq!(limiter.len(), 1, "the key was kept, not forgotten");
 }

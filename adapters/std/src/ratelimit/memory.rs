@@ -6,10 +6,11 @@ use std::hash::BuildHasher;
 use std::sync::PoisonError;
 
 use guard_core::limit::{
-    Algorithm, Decision, DefaultHashState, FullPolicy, Keyed, KeyedSlot, KeyedSlots,
+    Algorithm, CostAboveLimit, Decision, DefaultHashState, FullPolicy, Keyed, KeyedSlot,
+    KeyedSlots, Report,
 };
 
-use super::{KeysHeld, LimitFuture, RateLimiter};
+use super::{FromQuota, KeysHeld, LimitFuture, Quota, RateLimiter, ReconfigureError};
 use crate::clock::{Clock, SystemClock};
 use crate::sync::Mutex;
 
@@ -120,27 +121,73 @@ where
         self.len() == 0
     }
 
-    /// Decides one request for `key` now.
-    pub fn check_now(&self, key: &str) -> Decision {
+    /// The shard that holds `key`.
+    fn shard(&self, key: &str) -> &Shard<A, S> {
         // There is at least one shard, and the index is reduced modulo
         // their number.
-        let shard = &self.shards[(self.router.hash_one(key) as usize) % self.shards.len()];
+        &self.shards[(self.router.hash_one(key) as usize) % self.shards.len()]
+    }
+
+    /// Decides one request for `key` now.
+    pub fn check_now(&self, key: &str) -> Decision {
         let now = self.clock.now();
-        shard
+        self.shard(key)
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .check_borrowed(key, || key.to_owned(), now)
+    }
+
+    /// Decides a request of `cost` units for `key` now, with the key's
+    /// quota; see guard-core's `Algorithm::check_n`.
+    pub fn check_n_now(&self, key: &str, cost: u32) -> Result<Report, CostAboveLimit> {
+        let now = self.clock.now();
+        self.shard(key)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .check_n_borrowed(key, || key.to_owned(), cost, now)
+    }
+
+    /// The parameters every key is limited by.
+    pub fn algorithm(&self) -> A {
+        self.shards[0]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .algorithm()
+            .clone()
+    }
+
+    /// Replaces the parameters now, keeping every key (guard-core's
+    /// `Keyed::reconfigure`). Shards change one after the other: a
+    /// decision made meanwhile on a shard not yet changed uses the old
+    /// parameters, one made after its shard changed the new.
+    pub fn reconfigure_with(&self, algorithm: A) {
+        for shard in self.shards.iter() {
+            let mut shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
+            // Read under the shard's lock, so the carry-over and every
+            // decision after it on this shard see one clock order.
+            let now = self.clock.now();
+            shard.reconfigure(algorithm.clone(), now);
+        }
     }
 }
 
 impl<A, C, const S: usize> RateLimiter for MemoryLimiter<A, C, S>
 where
-    A: Algorithm + Clone + Send,
+    A: FromQuota + Clone + Send,
     A::State: Send,
     C: Clock,
 {
-    fn check<'a>(&'a self, key: &'a str) -> LimitFuture<'a> {
-        LimitFuture::Ready(Some(Ok(self.check_now(key))))
+    fn check_n<'a>(&'a self, key: &'a str, cost: u32) -> LimitFuture<'a> {
+        LimitFuture::Ready(Some(self.check_n_now(key, cost).map_err(Into::into)))
+    }
+
+    fn quota(&self) -> Quota {
+        self.algorithm().quota()
+    }
+
+    fn reconfigure(&self, quota: Quota) -> Result<(), ReconfigureError> {
+        self.reconfigure_with(A::from_quota(quota)?);
+        Ok(())
     }
 
     fn keys_held(&self) -> Option<KeysHeld> {

@@ -3,26 +3,73 @@
 //!
 //! The algorithms are guard-core's; this module supplies time, sharing
 //! and naming. A Redis backend implements [`RateLimiter`] in guard-redis.
+//!
+//! Every decision reports the key's quota ([`Report`]: limit, remaining,
+//! reset), a request may cost more than one unit ([`RateLimiter::check_n`]),
+//! and a limiter's parameters can be replaced while it serves
+//! ([`RateLimiter::reconfigure`]) without forgetting its keys.
 
 mod memory;
 mod named;
+mod quota;
 mod sink;
 
 pub use memory::{MemoryLimiter, SHARD_KEYS};
 pub use named::{NamedRateLimiter, RateLimiterRegistry};
+pub use quota::{FromQuota, Quota, ReconfigureError};
 pub use sink::{DenyPolicy, RateLimitingSink, Sink, SinkError};
 
+use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use guard_core::limit::Decision;
+pub use guard_core::limit::{CostAboveLimit, Decision, Report};
 
 use crate::shared::{BackendError, BoxFuture};
 
-/// The result of one decision: a backend failure behind a limiter (for
-/// example Redis unreachable) is a [`BackendError`].
-pub type LimitResult = Result<Decision, BackendError>;
+/// The result of one decision: the decision with the key's quota, or why
+/// there is none.
+pub type LimitResult = Result<Report, LimitError>;
+
+/// Why a limiter gave no decision.
+#[derive(Debug)]
+pub enum LimitError {
+    /// The request costs more than the whole quota: no wait can admit it.
+    Cost(CostAboveLimit),
+    /// The backend failed (for example Redis unreachable).
+    Backend(BackendError),
+}
+
+impl fmt::Display for LimitError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LimitError::Cost(e) => write!(f, "rate limiter: {e}"),
+            LimitError::Backend(e) => write!(f, "rate limiter backend: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for LimitError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            LimitError::Cost(e) => Some(e),
+            LimitError::Backend(e) => Some(e),
+        }
+    }
+}
+
+impl From<BackendError> for LimitError {
+    fn from(e: BackendError) -> Self {
+        LimitError::Backend(e)
+    }
+}
+
+impl From<CostAboveLimit> for LimitError {
+    fn from(e: CostAboveLimit) -> Self {
+        LimitError::Cost(e)
+    }
+}
 
 /// The future of one decision: ready at once for in-memory limiters (no
 /// allocation), boxed for remote ones.
@@ -49,8 +96,24 @@ impl Future for LimitFuture<'_> {
 
 /// A rate limiter keyed by strings, deciding with the current time.
 pub trait RateLimiter: Send + Sync {
+    /// Decides a request of `cost` units for `key`, all or nothing, and
+    /// reports the key's quota after it (a cost of zero counts nothing
+    /// and only reports). A cost above the quota is [`LimitError::Cost`].
+    fn check_n<'a>(&'a self, key: &'a str, cost: u32) -> LimitFuture<'a>;
+
     /// Decides one request for `key`.
-    fn check<'a>(&'a self, key: &'a str) -> LimitFuture<'a>;
+    fn check<'a>(&'a self, key: &'a str) -> LimitFuture<'a> {
+        self.check_n(key, 1)
+    }
+
+    /// The parameters every key is limited by now.
+    fn quota(&self) -> Quota;
+
+    /// Replaces the parameters while the limiter serves, keeping every
+    /// key's state (guard-core's `Algorithm::carry_over`: a bucket's key
+    /// keeps the units it owes, a window's keeps its admissions). A quota
+    /// of another kind than the limiter's algorithm is refused.
+    fn reconfigure(&self, quota: Quota) -> Result<(), ReconfigureError>;
 
     /// For a limiter that keeps its keys in this process: the keys it
     /// holds and the most it can hold. `None` for one whose keys live

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{KeysHeld, LimitResult, RateLimiter};
+use super::{KeysHeld, LimitResult, Quota, RateLimiter, ReconfigureError};
 use crate::metrics::{RL_ALLOWED, RL_DENIED, RL_KEYS, RL_KEYS_CAPACITY};
 
 /// A limiter with a name: every decision is counted, in the limiter and
@@ -45,7 +45,13 @@ impl NamedRateLimiter {
 
     /// Decides one request for `key` and counts it.
     pub async fn check(&self, key: &str) -> LimitResult {
-        let decision = self.inner.check(key).await?;
+        self.check_n(key, 1).await
+    }
+
+    /// Decides a request of `cost` units for `key` and counts it (as one
+    /// decision).
+    pub async fn check_n(&self, key: &str, cost: u32) -> LimitResult {
+        let decision = self.inner.check_n(key, cost).await?;
         let (counter, metric) = if decision.is_allowed() {
             (&self.allowed, RL_ALLOWED)
         } else {
@@ -54,6 +60,28 @@ impl NamedRateLimiter {
         counter.fetch_add(1, Ordering::Relaxed);
         metrics::counter!(metric, "name" => self.name.clone()).increment(1);
         Ok(decision)
+    }
+
+    /// The parameters every key is limited by now.
+    pub fn quota(&self) -> Quota {
+        self.inner.quota()
+    }
+
+    /// Replaces the parameters while the limiter serves, keeping every
+    /// key; see [`RateLimiter::reconfigure`]. Logged.
+    pub fn reconfigure(&self, quota: Quota) -> Result<(), ReconfigureError> {
+        let before = self.inner.quota();
+        self.inner.reconfigure(quota)?;
+        log::info!(
+            "rate limiter {}: quota {before:?} replaced by {quota:?}",
+            self.name
+        );
+        Ok(())
+    }
+
+    /// The limiter it names.
+    pub fn inner(&self) -> &Arc<dyn RateLimiter> {
+        &self.inner
     }
 
     /// The keys an in-process limiter holds; records them in

@@ -7,9 +7,8 @@ use std::time::Duration;
 
 use guard_core::limit::Decision;
 
-use super::RateLimiter;
+use super::{LimitError, RateLimiter};
 use crate::metrics::SINK_DROPPED;
-use crate::shared::BackendError;
 
 /// Somewhere elements go (a stream, a socket, an uplink).
 #[allow(async_fn_in_trait, reason = "Send-ness follows the concrete sink")]
@@ -29,9 +28,9 @@ pub enum SinkError {
         /// When the key admits again.
         retry_after: Duration,
     },
-    /// The limiter's backend failed (the backend's error is its
-    /// source).
-    Limiter(BackendError),
+    /// The limiter gave no decision: its backend failed, or the element
+    /// costs more than the quota (the limiter's error is the source).
+    Limiter(LimitError),
     /// The downstream sink failed.
     Downstream(Box<dyn std::error::Error + Send + Sync>),
 }
@@ -45,7 +44,7 @@ impl fmt::Display for SinkError {
                     "Rate limited for key: {key} (retry after {retry_after:?})"
                 )
             }
-            SinkError::Limiter(e) => write!(f, "rate limiter backend: {e}"),
+            SinkError::Limiter(e) => write!(f, "{e}"),
             SinkError::Downstream(e) => write!(f, "downstream sink: {e}"),
         }
     }
@@ -115,7 +114,13 @@ impl<T, S> RateLimitingSink<T, S> {
 impl<T, S: Sink<T>> Sink<T> for RateLimitingSink<T, S> {
     async fn send(&self, value: T) -> Result<(), SinkError> {
         let key = (self.key_of)(&value);
-        match self.limiter.check(&key).await.map_err(SinkError::Limiter)? {
+        match self
+            .limiter
+            .check(&key)
+            .await
+            .map_err(SinkError::Limiter)?
+            .decision
+        {
             Decision::Allowed => self.inner.send(value).await,
             Decision::Denied { retry_after } => match self.policy {
                 DenyPolicy::Drop => {
