@@ -37,6 +37,7 @@ mod atomic;
 mod gcra;
 mod keyed;
 mod sliding_window;
+pub mod wait;
 
 #[cfg(any(target_has_atomic = "ptr", feature = "critical-section"))]
 pub use atomic::AtomicTokenBucket;
