@@ -298,3 +298,42 @@ fn a_bucket_reconfigured_under_load_limits_by_the_old_rate_then_the_new() {
         "second half admitted at the new rate: {second}"
     );
 }
+
+/// guard-smol's waiting limiter over a Redis bucket: 32 waiters on one key
+/// are admitted in arrival order at the bucket's rate, each admission one
+/// more round trip after its sleep.
+#[test]
+fn thirty_two_waiters_on_a_redis_bucket_are_admitted_in_arrival_order_at_its_rate() {
+    let server = RedisServer::start().expect("redis-server");
+    let conn = connect(&server);
+    let bucket =
+        RedisTokenBucket::new(conn, TokenBucket::new(1, Rate::per_second(50)).unwrap()).unwrap();
+    let limiter = std::rc::Rc::new(guard_smol::WaitingLimiter::new(std::sync::Arc::new(bucket)));
+    let admitted = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+    let ex = smol::LocalExecutor::new();
+    smol::block_on(ex.run(async {
+        let tasks: Vec<_> = (0..32)
+            .map(|i| {
+                let (limiter, admitted) = (limiter.clone(), admitted.clone());
+                ex.spawn(async move {
+                    let report = limiter.until_ready("hot", None).await.expect("admitted");
+                    assert!(report.is_allowed());
+                    admitted.borrow_mut().push((i, StdInstant::now()));
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await;
+        }
+    }));
+    let admitted = admitted.take();
+    let order: Vec<usize> = admitted.iter().map(|(i, _)| *i).collect();
+    assert_eq!(order, (0..32).collect::<Vec<_>>(), "arrival order");
+    let span = admitted[31].1 - admitted[0].1;
+    eprintln!(
+        "32 waiters at 50/s on Redis: {:.1} admitted per second",
+        31.0 / span.as_secs_f64()
+    );
+    assert!(span >= Duration::from_millis(600), "too fast: {span:?}");
+    assert!(span <= Duration::from_millis(1_000), "too slow: {span:?}");
+}

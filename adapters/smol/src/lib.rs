@@ -7,6 +7,9 @@
 //! - [`Scheduler`] runs jobs on cron expressions (with seconds) or
 //!   epoch-aligned intervals, each planned slot executed once across the
 //!   replicas that share a locker;
+//! - [`WaitingLimiter`] waits until any guard-std `RateLimiter` admits:
+//!   `until_ready` / `until_n_ready`, with a deadline, jitter and the
+//!   waiters of a key served in arrival order;
 //! - [`TimerDelay`] is an `embedded_hal_async` delay, for guard-core's
 //!   retry executor and `LockerExt::lock`.
 //!
@@ -41,9 +44,11 @@ mod control;
 mod delay;
 mod lease;
 mod scheduler;
+mod wait;
 
 pub use active::{ActiveRunner, RunnerError};
 pub use control::{Control, RunHandle, control};
 pub use delay::TimerDelay;
 pub use lease::{LeaseCheck, LeaseState};
 pub use scheduler::{JobRun, ScheduleError, Scheduler};
+pub use wait::{LINE_CAPACITY, WaitingLimiter};
