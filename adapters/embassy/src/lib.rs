@@ -6,6 +6,8 @@
 //! - [`run_slots`]: a job once per planned slot across devices and
 //!   servers, through guard-core's `OnceGuard`;
 //! - [`retry`]: guard-core's retry executor waiting on embassy-time;
+//! - [`until_admitted`]: waiting until a limiter admits, in a line served
+//!   in arrival order, with a deadline and jitter;
 //! - [`resp`]: a RESP2 codec without allocation, and [`RespLocker`], a
 //!   fenced Redis `Locker` + `LeaseRenewer` over any `embedded_io_async`
 //!   connection, with guard-redis's keys and scripts, so a gateway MCU and
@@ -29,6 +31,7 @@ mod resp_locker;
 mod retry;
 mod slots;
 pub mod time;
+mod wait;
 
 pub use active::{ActiveControl, ActiveRunner, DEFAULT_RELEASE_TIMEOUT};
 pub use ram_locker::{RamLocker, RamLockerError};
@@ -37,3 +40,4 @@ pub use resp_locker::{
 };
 pub use retry::retry;
 pub use slots::{SlotRun, run_slots};
+pub use wait::until_admitted;
