@@ -19,6 +19,11 @@
 //!   [`queue::WhenFull`] policy;
 //! - [`config`]: the TOML configuration of a gateway replica.
 //!
+//! The `tls` feature (off by default) connects over TLS: `rediss://` URLs
+//! for the Redis sources (`PubSubEndpoint::with_tls` for a private CA or a
+//! client certificate), `MqttOptions::with_tls` for MQTT, and the
+//! configuration's `tls_ca`, `tls_cert`, `tls_key` and `tls` keys.
+//!
 //! Errors are typed: [`mqtt::MqttError`] and [`redis::EndpointError`]
 //! name the [`Parameter`] they refuse and keep their cause in
 //! [`source`](std::error::Error::source).

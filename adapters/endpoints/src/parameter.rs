@@ -38,6 +38,14 @@ pub enum Parameter {
     GuardedSubscription,
     /// The lease timing of an endpoint's guard.
     LeaseTiming,
+    /// A Redis server's URL.
+    RedisUrl,
+    /// The certificate authorities a TLS connection trusts (PEM).
+    TlsRootCa,
+    /// The client certificate a TLS connection presents (PEM).
+    TlsClientCert,
+    /// The private key of that client certificate (PEM).
+    TlsClientKey,
 }
 
 impl Parameter {
@@ -54,6 +62,7 @@ impl Parameter {
                 | Parameter::ShareGroup
                 | Parameter::TopicFilter
                 | Parameter::GuardedSubscription
+                | Parameter::RedisUrl
         )
     }
 }
@@ -76,6 +85,10 @@ impl fmt::Display for Parameter {
             Parameter::TopicFilter => "topic filter",
             Parameter::GuardedSubscription => "guarded subscription",
             Parameter::LeaseTiming => "lease timing",
+            Parameter::RedisUrl => "Redis URL",
+            Parameter::TlsRootCa => "TLS root CA",
+            Parameter::TlsClientCert => "TLS client certificate",
+            Parameter::TlsClientKey => "TLS client key",
         })
     }
 }

@@ -11,7 +11,71 @@ use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::sentinel::{SentinelClient, SentinelServerType};
 use redis::{FromRedisValue, ScriptInvocation};
 
-use crate::error::RedisGuardError;
+use crate::error::{Parameter, RedisGuardError};
+#[cfg(feature = "tls")]
+use crate::tls::RedisTls;
+
+/// Without the `tls` feature there are no TLS settings: a stand-in that
+/// cannot exist, so that one code path serves both builds.
+#[cfg(not(feature = "tls"))]
+enum RedisTls {}
+
+#[cfg(not(feature = "tls"))]
+impl RedisTls {
+    fn client(&self, _url: String) -> Result<redis::Client, RedisGuardError> {
+        match *self {}
+    }
+
+    fn cluster(
+        &self,
+        _builder: redis::cluster::ClusterClientBuilder,
+    ) -> redis::cluster::ClusterClientBuilder {
+        match *self {}
+    }
+
+    fn sentinel(
+        &self,
+        _sentinels: &[String],
+        _service: &str,
+    ) -> redis::RedisResult<SentinelClient> {
+        match *self {}
+    }
+}
+
+/// Every URL of a topology.
+fn urls(topology: &Topology) -> impl Iterator<Item = &str> {
+    let list: &[String] = match topology {
+        Topology::Standalone { url } => std::slice::from_ref(url),
+        Topology::Sentinel { sentinels, .. } => sentinels,
+        Topology::Cluster { nodes } => nodes,
+    };
+    list.iter().map(String::as_str)
+}
+
+/// Whether a topology's URLs are `rediss://` (TLS): all of them or none,
+/// else an error naming the first that differs.
+fn uses_tls(topology: &Topology) -> Result<bool, RedisGuardError> {
+    let is_tls = |url: &str| {
+        redis::parse_redis_url(url).is_some_and(|u| matches!(u.scheme(), "rediss" | "valkeys"))
+    };
+    let mut all = urls(topology);
+    let Some(first) = all.next() else {
+        return Ok(false);
+    };
+    let tls = is_tls(first);
+    match all.find(|url| is_tls(url) != tls) {
+        None => Ok(tls),
+        Some(other) => Err(RedisGuardError::invalid(
+            Parameter::Url,
+            other,
+            if tls {
+                "must be rediss:// like the first URL of the deployment (all TLS or none)"
+            } else {
+                "must be redis:// like the first URL of the deployment (all TLS or none)"
+            },
+        )),
+    }
+}
 
 /// Where Redis is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -90,11 +154,57 @@ async fn bounded<T>(
 
 impl RedisConnection {
     /// Connects, failing if the deployment cannot be reached now.
+    ///
+    /// `rediss://` URLs (with the `tls` feature) connect over TLS with the
+    /// system's trusted roots; the URLs of one deployment are either all
+    /// `rediss://` or none. `connect_with_tls` (same feature) takes a
+    /// private CA or a client certificate.
     pub async fn connect(topology: Topology, timeout: Duration) -> Result<Self, RedisGuardError> {
+        #[cfg(feature = "tls")]
+        if uses_tls(&topology)? {
+            return Box::pin(Self::open(topology, timeout, Some(&RedisTls::new()))).await;
+        }
+        #[cfg(not(feature = "tls"))]
+        uses_tls(&topology)?;
+        Box::pin(Self::open(topology, timeout, None)).await
+    }
+
+    /// Connects over TLS with `tls`'s certificates, failing if the
+    /// deployment cannot be reached now. Every URL must be `rediss://`:
+    /// the standalone server's, the sentinels' (the masters they name are
+    /// reached over TLS too), each cluster seed node's.
+    #[cfg(feature = "tls")]
+    pub async fn connect_with_tls(
+        topology: Topology,
+        timeout: Duration,
+        tls: &RedisTls,
+    ) -> Result<Self, RedisGuardError> {
+        if !uses_tls(&topology)? {
+            let url = urls(&topology).next().unwrap_or_default().to_owned();
+            return Err(RedisGuardError::invalid(
+                Parameter::Url,
+                url,
+                "must be rediss:// (TLS) when TLS settings are given",
+            ));
+        }
+        Box::pin(Self::open(topology, timeout, Some(tls))).await
+    }
+
+    /// Boxed by its callers: with redis-rs's TLS connectors, its future
+    /// nests deep enough that a caller's own future type can exceed the
+    /// compiler's query depth (a gateway's main future did).
+    async fn open(
+        topology: Topology,
+        timeout: Duration,
+        tls: Option<&RedisTls>,
+    ) -> Result<Self, RedisGuardError> {
         let conn = bounded(timeout, async {
             Ok(match topology {
                 Topology::Standalone { url } => {
-                    let client = redis::Client::open(url)?;
+                    let client = match tls {
+                        Some(tls) => tls.client(url)?,
+                        None => redis::Client::open(url)?,
+                    };
                     let config = ConnectionManagerConfig::new()
                         .set_connection_timeout(Some(timeout))
                         .set_response_timeout(Some(timeout))
@@ -102,20 +212,25 @@ impl RedisConnection {
                     Conn::Standalone(ConnectionManager::new_with_config(client, config).await?)
                 }
                 Topology::Cluster { nodes } => {
-                    let client = ClusterClient::builder(nodes)
+                    let mut builder = ClusterClient::builder(nodes)
                         .connection_timeout(timeout)
                         .response_timeout(timeout)
-                        .retries(1)
-                        .build()?;
-                    Conn::Cluster(client.get_async_connection().await?)
+                        .retries(1);
+                    if let Some(tls) = tls {
+                        builder = tls.cluster(builder);
+                    }
+                    Conn::Cluster(builder.build()?.get_async_connection().await?)
                 }
                 Topology::Sentinel { sentinels, service } => {
-                    let mut client = SentinelClient::build(
-                        sentinels,
-                        service,
-                        None,
-                        SentinelServerType::Master,
-                    )?;
+                    let mut client = match tls {
+                        Some(tls) => tls.sentinel(&sentinels, &service)?,
+                        None => SentinelClient::build(
+                            sentinels,
+                            service,
+                            None,
+                            SentinelServerType::Master,
+                        )?,
+                    };
                     let first = client.get_async_connection().await?;
                     Conn::Sentinel(Box::new(SentinelConn {
                         client: async_lock::Mutex::new(client),
@@ -287,8 +402,11 @@ impl SentinelConn {
             return Ok(conn);
         }
         let mut client = self.client.lock().await;
+        // Boxed: with TLS, redis-rs's sentinel lookup nests deep enough
+        // that every request future embedding it would exceed the
+        // compiler's query depth.
         let conn = bounded(self.timeout, async {
-            Ok(client.get_async_connection().await?)
+            Ok(Box::pin(client.get_async_connection()).await?)
         })
         .await?;
         *self.current.lock().unwrap_or_else(PoisonError::into_inner) = Some(conn.clone());

@@ -13,7 +13,9 @@
 //! - [`StreamDlq`]: a persistent dead-letter queue per topic on Redis
 //!   Streams, with listing, replay (idempotent), delete, purge, retention.
 //! - [`RedisConnection`]: standalone, sentinel or cluster, every request
-//!   bounded by a timeout the caller sets.
+//!   bounded by a timeout the caller sets; with the `tls` feature,
+//!   `rediss://` for each of them, and `RedisTls` for a private CA or a
+//!   client certificate (off by default: no TLS stack unless asked for).
 //! - [`RedisGuardError`]: what fails, typed: a refused key or parameter
 //!   names its [`Parameter`], the value and the rule, and keeps the check
 //!   that refused it (guard-core's) as its `source()`.
@@ -39,6 +41,8 @@ mod error;
 mod limit;
 mod locker;
 mod stream_dlq;
+#[cfg(feature = "tls")]
+mod tls;
 
 pub use connection::{RedisConnection, Topology};
 pub use dedup::{
@@ -55,3 +59,5 @@ pub use stream_dlq::{
     DEFAULT_REPLAY_LEASE, DEFAULT_REPLAY_MARKER_RETENTION, DEFAULT_STREAM_PREFIX, DeadLetter,
     DeadLetterEntry, ReplayOutcome, Retention, StreamDlq,
 };
+#[cfg(feature = "tls")]
+pub use tls::RedisTls;

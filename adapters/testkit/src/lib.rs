@@ -6,6 +6,10 @@
 //!   `redis-server` processes, and [`Mosquitto`]: a real broker, each on a
 //!   free 127.0.0.1 port with its own temporary directory, stopped by PID
 //!   when dropped (also when a test panics);
+//! - [`TestCerts`]: a CA and the server and client certificates it
+//!   signed, made by the test, for the servers' TLS listeners
+//!   (`RedisServer::start_tls`, `RedisCluster::start_tls`,
+//!   `RedisSentinel::start_tls`, `Mosquitto::start_tls`);
 //! - [`free_port`], [`wait_until`], [`binary`]: helpers for any other
 //!   server a test starts (a missing binary names its Debian package).
 //!
@@ -19,7 +23,9 @@ pub mod contract;
 mod mosquitto;
 mod process;
 mod redis;
+mod tls;
 
 pub use mosquitto::Mosquitto;
 pub use process::{HarnessError, binary, find_binary, free_port, wait_until};
 pub use redis::{RedisCluster, RedisSentinel, RedisServer, SENTINEL_SERVICE};
+pub use tls::TestCerts;

@@ -5,25 +5,33 @@
 //! `allow_anonymous true`, `persistence false`) in its own temporary
 //! directory, stopped by PID when dropped (also when a test panics). A
 //! broker this machine may already run is never touched.
+//!
+//! [`Mosquitto::start_tls`] gives the listener TLS (`cafile`, `certfile`,
+//! `keyfile` from [`TestCerts`]; a client certificate is optional).
 
 use std::fmt;
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::process::{HarnessError, find_binary, free_port, wait_until};
+use crate::tls::TestCerts;
 
 /// One `mosquitto` process.
 pub struct Mosquitto {
     child: Option<Child>,
     port: u16,
+    tls: Option<Arc<rustls::ClientConfig>>,
     _dir: tempfile::TempDir,
+    _certs: Option<TestCerts>,
 }
 
 impl fmt::Debug for Mosquitto {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Mosquitto")
             .field("port", &self.port)
+            .field("tls", &self.tls.is_some())
             .finish()
     }
 }
@@ -31,6 +39,17 @@ impl fmt::Debug for Mosquitto {
 impl Mosquitto {
     /// Starts a broker and waits until it accepts connections.
     pub fn start() -> Result<Self, HarnessError> {
+        Self::start_inner(None)
+    }
+
+    /// Starts a broker whose only listener is TLS, with `certs`' server
+    /// certificate (clients need not present one), and waits until it
+    /// accepts connections.
+    pub fn start_tls(certs: &TestCerts) -> Result<Self, HarnessError> {
+        Self::start_inner(Some(certs))
+    }
+
+    fn start_inner(certs: Option<&TestCerts>) -> Result<Self, HarnessError> {
         // Debian puts the broker in /usr/sbin, which a user's PATH may lack.
         let mut path = std::env::var_os("PATH").unwrap_or_default();
         path.push(":/usr/sbin");
@@ -38,12 +57,20 @@ impl Mosquitto {
         let port = free_port()?;
         let dir = tempfile::tempdir()?;
         let config = dir.path().join("mosquitto.conf");
-        std::fs::write(
-            &config,
-            format!(
-                "listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nlog_dest none\n"
-            ),
-        )?;
+        let mut text = format!(
+            "listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nlog_dest none\n"
+        );
+        if let Some(certs) = certs {
+            // Options of the listener above.
+            text.push_str(&format!(
+                "cafile {}\ncertfile {}\nkeyfile {}\nrequire_certificate false\n",
+                certs.ca_path().display(),
+                certs.server_cert_path().display(),
+                certs.server_key_path().display(),
+            ));
+        }
+        std::fs::write(&config, text)?;
+        let tls = certs.map(TestCerts::client_config).transpose()?;
         let child = Command::new(mosquitto)
             .arg("-c")
             .arg(&config)
@@ -53,7 +80,9 @@ impl Mosquitto {
         let broker = Mosquitto {
             child: Some(child),
             port,
+            tls,
             _dir: dir,
+            _certs: certs.cloned(),
         };
         wait_until(
             &format!("mosquitto on port {port}"),
@@ -68,12 +97,20 @@ impl Mosquitto {
         self.port
     }
 
-    /// Publishes `payloads` to `topic` at QoS 1 from a client of its own,
-    /// in order, and returns once the broker acknowledged every one.
+    /// Publishes `payloads` to `topic` at QoS 1 from a client of its own
+    /// (over TLS, trusting the test CA, for a TLS broker), in order, and
+    /// returns once the broker acknowledged every one.
     pub fn publish(&self, topic: &str, payloads: &[Vec<u8>]) -> Result<(), HarnessError> {
-        use rumqttc::{AsyncClient, Event, Incoming, MqttOptions, QoS};
+        use rumqttc::{
+            AsyncClient, Event, Incoming, MqttOptions, QoS, TlsConfiguration, Transport,
+        };
         let failed = |e: &dyn fmt::Display| HarnessError::NotReady(format!("publish: {e}"));
-        let options = MqttOptions::new("testkit-publisher", "127.0.0.1", self.port);
+        let mut options = MqttOptions::new("testkit-publisher", "127.0.0.1", self.port);
+        if let Some(config) = &self.tls {
+            options.set_transport(Transport::tls_with_config(TlsConfiguration::Rustls(
+                config.clone(),
+            )));
+        }
         let (client, mut events) = AsyncClient::new(options, payloads.len().max(1));
         futures_lite::future::block_on(async_compat::Compat::new(async {
             for payload in payloads {

@@ -6,22 +6,47 @@
 //! this machine may already run.
 //!
 //! A missing binary is an error naming the Debian package to install.
+//!
+//! Each also starts TLS-only (`start_tls`, with [`TestCerts`]): the plain
+//! port is closed (`--port 0`), the URLs are `rediss://`, and the
+//! harness's own commands go over TLS.
 
+use std::ffi::OsString;
 use std::fmt;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 
+use rustls::pki_types::ServerName;
+use rustls::{ClientConfig, ClientConnection, StreamOwned};
+
 use crate::process::{HarnessError, binary, free_port, wait_until};
+use crate::tls::TestCerts;
 
 /// Sends one inline command and reads one reply line (enough for PING,
-/// INFO fields, CLUSTER INFO and SENTINEL queries in the harness).
-fn command_reply(port: u16, cmd: &str) -> std::io::Result<String> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
+/// INFO fields, CLUSTER INFO and SENTINEL queries in the harness); over
+/// TLS when `tls` is given.
+fn command_reply(port: u16, tls: Option<&Arc<ClientConfig>>, cmd: &str) -> std::io::Result<String> {
+    let stream = TcpStream::connect(("127.0.0.1", port))?;
     stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+    stream.set_write_timeout(Some(Duration::from_secs(2)))?;
+    match tls {
+        None => exchange(stream, cmd),
+        Some(config) => {
+            let name = ServerName::IpAddress(std::net::Ipv4Addr::LOCALHOST.into());
+            let session =
+                ClientConnection::new(config.clone(), name).map_err(std::io::Error::other)?;
+            exchange(StreamOwned::new(session, stream), cmd)
+        }
+    }
+}
+
+fn exchange(mut stream: impl Read + Write, cmd: &str) -> std::io::Result<String> {
     stream.write_all(format!("{cmd}\r\n").as_bytes())?;
+    stream.flush()?;
     let mut reader = BufReader::new(stream);
     let mut first = String::new();
     reader.read_line(&mut first)?;
@@ -38,18 +63,71 @@ fn command_reply(port: u16, cmd: &str) -> std::io::Result<String> {
     Ok(first)
 }
 
+/// A TLS server's certificates, and the client configuration the harness
+/// talks to it with.
+#[derive(Clone)]
+struct Tls {
+    certs: TestCerts,
+    client: Arc<ClientConfig>,
+}
+
+impl Tls {
+    fn new(certs: &TestCerts) -> Result<Self, HarnessError> {
+        Ok(Tls {
+            certs: certs.clone(),
+            client: certs.client_config()?,
+        })
+    }
+
+    /// The options of a TLS-only server on `port`: clients may present a
+    /// certificate (checked against the CA), need not.
+    fn server_args(&self, port: u16) -> Vec<OsString> {
+        let mut args: Vec<OsString> = ["--port", "0", "--tls-port"]
+            .iter()
+            .map(OsString::from)
+            .collect();
+        args.push(port.to_string().into());
+        for (option, path) in [
+            ("--tls-cert-file", self.certs.server_cert_path()),
+            ("--tls-key-file", self.certs.server_key_path()),
+            ("--tls-ca-cert-file", self.certs.ca_path()),
+        ] {
+            args.push(option.into());
+            args.push(path.into());
+        }
+        args.extend(["--tls-auth-clients", "optional"].map(OsString::from));
+        args
+    }
+
+    /// `redis-cli`'s options to reach a TLS server.
+    fn cli_args(&self) -> Vec<OsString> {
+        let mut args = vec![OsString::from("--tls")];
+        for (option, path) in [
+            ("--cacert", self.certs.ca_path()),
+            ("--cert", self.certs.client_cert_path()),
+            ("--key", self.certs.client_key_path()),
+        ] {
+            args.push(option.into());
+            args.push(path.into());
+        }
+        args
+    }
+}
+
 /// One `redis-server` process.
 pub struct RedisServer {
     child: Option<Child>,
     port: u16,
     dir: tempfile::TempDir,
     extra: Vec<String>,
+    tls: Option<Tls>,
 }
 
 impl fmt::Debug for RedisServer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisServer")
             .field("port", &self.port)
+            .field("tls", &self.tls.is_some())
             .finish()
     }
 }
@@ -62,11 +140,31 @@ impl RedisServer {
 
     /// A server with extra `--option value` arguments.
     pub fn start_with(extra: &[&str]) -> Result<Self, HarnessError> {
+        Self::start_inner(extra, None)
+    }
+
+    /// A TLS-only server (`--port 0 --tls-port <port>`) with `certs`'
+    /// server certificate; clients may present a certificate signed by
+    /// its CA (`--tls-auth-clients optional`), need not. Its
+    /// [`url`](Self::url) is `rediss://`.
+    pub fn start_tls(certs: &TestCerts) -> Result<Self, HarnessError> {
+        Self::start_tls_with(certs, &[])
+    }
+
+    /// [`start_tls`](Self::start_tls) with extra `--option value`
+    /// arguments (after the TLS ones, so they may override them, e.g.
+    /// `--tls-auth-clients yes`).
+    pub fn start_tls_with(certs: &TestCerts, extra: &[&str]) -> Result<Self, HarnessError> {
+        Self::start_inner(extra, Some(Tls::new(certs)?))
+    }
+
+    fn start_inner(extra: &[&str], tls: Option<Tls>) -> Result<Self, HarnessError> {
         let mut server = RedisServer {
             child: None,
             port: free_port()?,
             dir: tempfile::tempdir()?,
             extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+            tls,
         };
         server.launch()?;
         Ok(server)
@@ -74,8 +172,12 @@ impl RedisServer {
 
     fn launch(&mut self) -> Result<(), HarnessError> {
         let mut command = Command::new(binary("redis-server", "redis-server")?);
+        match &self.tls {
+            None => command.args(["--port", &self.port.to_string()]),
+            Some(tls) => command.args(tls.server_args(self.port)),
+        };
         command
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
             .arg("--dir")
             .arg(self.dir.path())
@@ -91,10 +193,11 @@ impl RedisServer {
             .spawn()?;
         self.child = Some(child);
         let port = self.port;
+        let tls = self.tls.as_ref().map(|t| &t.client);
         wait_until(
             &format!("{what} on port {port}"),
             Duration::from_secs(10),
-            || command_reply(port, "PING").is_ok_and(|r| r.starts_with("+PONG")),
+            || command_reply(port, tls, "PING").is_ok_and(|r| r.starts_with("+PONG")),
         )
     }
 
@@ -103,9 +206,14 @@ impl RedisServer {
         self.port
     }
 
-    /// `redis://127.0.0.1:<port>/`.
+    /// `redis://127.0.0.1:<port>/`, or `rediss://` for a TLS server.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://127.0.0.1:{}/", self.port)
     }
 
     /// The server's temporary directory.
@@ -127,9 +235,11 @@ impl RedisServer {
         self.launch()
     }
 
-    /// Runs one inline command and returns the first reply line.
+    /// Runs one inline command and returns the first reply line (over
+    /// TLS, with the client certificate, for a TLS server).
     pub fn command(&self, cmd: &str) -> Result<String, HarnessError> {
-        Ok(command_reply(self.port, cmd)?)
+        let tls = self.tls.as_ref().map(|t| &t.client);
+        Ok(command_reply(self.port, tls, cmd)?)
     }
 }
 
@@ -149,17 +259,38 @@ pub struct RedisCluster {
 impl RedisCluster {
     /// Starts three cluster-enabled servers and joins them.
     pub fn start() -> Result<Self, HarnessError> {
+        Self::start_inner(None)
+    }
+
+    /// Starts three TLS-only cluster nodes (as
+    /// [`RedisServer::start_tls`]) whose cluster bus is TLS too
+    /// (`--tls-cluster yes`, so `CLUSTER SLOTS` names the TLS ports), and
+    /// joins them; their [`urls`](Self::urls) are `rediss://`.
+    pub fn start_tls(certs: &TestCerts) -> Result<Self, HarnessError> {
+        Self::start_inner(Some(Tls::new(certs)?))
+    }
+
+    fn start_inner(tls: Option<Tls>) -> Result<Self, HarnessError> {
         let cli = binary("redis-cli", "redis-tools")?;
         let nodes = (0..3)
             .map(|_| {
-                RedisServer::start_with(&[
+                // The bus port is given: the default (port + 10000) is
+                // out of range for a port above 55535.
+                let bus = free_port()?.to_string();
+                let mut args = vec![
                     "--cluster-enabled",
                     "yes",
                     "--cluster-config-file",
                     "nodes.conf",
                     "--cluster-node-timeout",
                     "2000",
-                ])
+                    "--cluster-port",
+                    &bus,
+                ];
+                if tls.is_some() {
+                    args.extend(["--tls-cluster", "yes", "--tls-replication", "yes"]);
+                }
+                RedisServer::start_inner(&args, tls.clone())
             })
             .collect::<Result<Vec<_>, _>>()?;
         let addresses: Vec<String> = nodes
@@ -167,6 +298,7 @@ impl RedisCluster {
             .map(|n| format!("127.0.0.1:{}", n.port()))
             .collect();
         let status = Command::new(cli)
+            .args(tls.iter().flat_map(Tls::cli_args))
             .args(["--cluster", "create"])
             .args(&addresses)
             .args(["--cluster-replicas", "0", "--cluster-yes"])
@@ -179,9 +311,8 @@ impl RedisCluster {
             )));
         }
         for node in &nodes {
-            let port = node.port();
             wait_until("cluster_state:ok", Duration::from_secs(15), || {
-                command_reply(port, "CLUSTER INFO")
+                node.command("CLUSTER INFO")
                     .is_ok_and(|info| info.contains("cluster_state:ok"))
             })?;
         }
@@ -213,27 +344,36 @@ pub const SENTINEL_SERVICE: &str = "mymaster";
 impl RedisSentinel {
     /// Starts a master and a sentinel watching it.
     pub fn start() -> Result<Self, HarnessError> {
-        Self::start_inner(false)
+        Self::start_inner(false, None)
     }
 
     /// Starts a master, a replica of it, and a sentinel that will fail
     /// over to the replica once the master is down for a second.
     pub fn start_with_replica() -> Result<Self, HarnessError> {
-        Self::start_inner(true)
+        Self::start_inner(true, None)
     }
 
-    fn start_inner(with_replica: bool) -> Result<Self, HarnessError> {
-        let master = RedisServer::start()?;
+    /// Starts a TLS-only master (as [`RedisServer::start_tls`]) and a
+    /// TLS-only sentinel that reaches it over TLS (`tls-replication
+    /// yes`); the [`sentinel_url`](Self::sentinel_url) is `rediss://`.
+    pub fn start_tls(certs: &TestCerts) -> Result<Self, HarnessError> {
+        Self::start_inner(false, Some(Tls::new(certs)?))
+    }
+
+    fn start_inner(with_replica: bool, tls: Option<Tls>) -> Result<Self, HarnessError> {
+        let master = RedisServer::start_inner(&[], tls.clone())?;
         let replica = if with_replica {
-            let replica =
-                RedisServer::start_with(&["--replicaof", "127.0.0.1", &master.port().to_string()])?;
-            let port = master.port();
+            let replica = RedisServer::start_inner(
+                &["--replicaof", "127.0.0.1", &master.port().to_string()],
+                tls.clone(),
+            )?;
             // The sentinel learns about the replica from the master.
             wait_until(
                 "the replica is linked to the master",
                 Duration::from_secs(10),
                 || {
-                    command_reply(port, "INFO replication")
+                    master
+                        .command("INFO replication")
                         .is_ok_and(|r| r.contains("connected_slaves:1"))
                 },
             )?;
@@ -243,13 +383,15 @@ impl RedisSentinel {
         };
         let dir = tempfile::tempdir()?;
         let config = dir.path().join("sentinel.conf");
-        std::fs::write(
-            &config,
-            format!(
-                "sentinel monitor {SENTINEL_SERVICE} 127.0.0.1 {} 1\nsentinel down-after-milliseconds {SENTINEL_SERVICE} 1000\n",
-                master.port()
-            ),
-        )?;
+        let mut text = format!(
+            "sentinel monitor {SENTINEL_SERVICE} 127.0.0.1 {} 1\nsentinel down-after-milliseconds {SENTINEL_SERVICE} 1000\n",
+            master.port()
+        );
+        if tls.is_some() {
+            // The sentinel talks TLS to the servers it monitors.
+            text.push_str("tls-replication yes\n");
+        }
+        std::fs::write(&config, text)?;
         let config = config.to_string_lossy().into_owned();
         // The sentinel is redis-server in sentinel mode; it rewrites its
         // config file, which lives in its own temporary directory.
@@ -258,15 +400,15 @@ impl RedisSentinel {
             port: free_port()?,
             dir,
             extra: vec![],
+            tls,
         };
         sentinel.launch_sentinel(&config)?;
-        let port = sentinel.port();
         wait_until("sentinel knows the master", Duration::from_secs(10), || {
-            command_reply(
-                port,
-                &format!("SENTINEL get-master-addr-by-name {SENTINEL_SERVICE}"),
-            )
-            .is_ok_and(|r| r.starts_with('*'))
+            sentinel
+                .command(&format!(
+                    "SENTINEL get-master-addr-by-name {SENTINEL_SERVICE}"
+                ))
+                .is_ok_and(|r| r.starts_with('*'))
         })?;
         Ok(RedisSentinel {
             master,
@@ -285,7 +427,7 @@ impl RedisSentinel {
         self.replica.as_ref()
     }
 
-    /// The sentinel's URL.
+    /// The sentinel's URL (`rediss://` for a TLS set-up).
     pub fn sentinel_url(&self) -> String {
         self.sentinel.url()
     }
@@ -299,14 +441,12 @@ impl RedisSentinel {
 impl RedisServer {
     fn launch_sentinel(&mut self, config: &str) -> Result<(), HarnessError> {
         let mut command = Command::new(binary("redis-server", "redis-server")?);
-        command.arg(config).arg("--sentinel").args([
-            "--port",
-            &self.port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--protected-mode",
-            "no",
-        ]);
+        command.arg(config).arg("--sentinel");
+        match &self.tls {
+            None => command.args(["--port", &self.port.to_string()]),
+            Some(tls) => command.args(tls.server_args(self.port)),
+        };
+        command.args(["--bind", "127.0.0.1", "--protected-mode", "no"]);
         self.spawn(command, "sentinel")
     }
 }

@@ -34,7 +34,8 @@ pub struct Built {
 pub async fn build(config: &Config) -> Result<Built, GatewayError> {
     let redis = match config.redis_locker() {
         Some(locker) => Some(
-            RedisConnection::connect(locker.topology.clone(), locker.request_timeout)
+            locker
+                .connect()
                 .await
                 .map_err(GatewayError::LockerUnreachable)?,
         ),

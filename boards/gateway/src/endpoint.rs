@@ -10,9 +10,9 @@ use std::sync::Arc;
 use guard_core::retry::Classifier;
 use guard_endpoints::admission::{Admission, DEAD_LETTERS, Undelivered, Verdict};
 use guard_endpoints::config::{Config, Endpoint, LimitKey, MqttDelivery, Source};
-use guard_endpoints::mqtt::{MqttEndpoint, MqttOptions, Subscription};
-use guard_endpoints::redis::{PubSubEndpoint, StreamConsumer, StreamMessage};
-use guard_redis::{RedisConnection, StreamDlq, Topology};
+use guard_endpoints::mqtt::{MqttEndpoint, Subscription};
+use guard_endpoints::redis::{StreamConsumer, StreamMessage};
+use guard_redis::StreamDlq;
 use guard_smol::Control;
 use guard_std::metered::MeteredDeadLetterQueue;
 use guard_std::{Clock, SystemClock, Throttle};
@@ -228,10 +228,9 @@ pub(crate) async fn start(
                 .scope("endpoint/redis")
                 .and_then(|s| s.segment("node", &name))
                 .map_err(|e| context(e.into()))?;
-            let patterns: Vec<&str> = source.patterns.iter().map(String::as_str).collect();
-            let endpoint = PubSubEndpoint::new(&source.url, &built.guards, &scope, &patterns)
+            let endpoint = source
+                .endpoint(&built.guards, &scope)
                 .and_then(|e| e.with_settings(timing))
-                .and_then(|e| e.with_queue(source.queue, source.when_full))
                 .map_err(|e| context(e.into()))?;
             Ok(Box::pin(async move {
                 endpoint
@@ -255,16 +254,14 @@ pub(crate) async fn start(
         Source::RedisStream(source) => {
             let conn = match (&source.url, &built.redis) {
                 (None, Some(shared)) => shared.clone(),
-                (url, _) => RedisConnection::connect(
-                    Topology::Standalone {
-                        url: url.clone().unwrap_or_default(),
-                    },
-                    config
-                        .redis_locker()
-                        .map_or(std::time::Duration::from_millis(500), |l| l.request_timeout),
-                )
-                .await
-                .map_err(|e| context(e.into()))?,
+                _ => source
+                    .connect(
+                        config
+                            .redis_locker()
+                            .map_or(std::time::Duration::from_millis(500), |l| l.request_timeout),
+                    )
+                    .await
+                    .map_err(|e| context(e.into()))?,
             };
             let mut consumer =
                 StreamConsumer::new(conn.clone(), &source.stream, &source.group, identity)
@@ -316,8 +313,7 @@ pub(crate) async fn start(
         }
         Source::Mqtt(source) => {
             let client_id = format!("{name}-{identity}");
-            let options = MqttOptions::new(&source.host, source.port, &client_id)
-                .map_err(|e| context(e.into()))?;
+            let options = source.options(&client_id).map_err(|e| context(e.into()))?;
             let subscription = match &source.delivery {
                 MqttDelivery::Shared(group) => Subscription::shared(group, &source.filter),
                 MqttDelivery::Broadcast | MqttDelivery::Elected => {

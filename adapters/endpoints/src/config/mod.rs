@@ -15,6 +15,18 @@
 //! a secret (a Redis URL with a password) stays out of the file; an unset
 //! variable is an error naming the key and the variable.
 //!
+//! TLS (with the `tls` feature): a `rediss://` URL connects over TLS, to
+//! the locker's deployment (all its URLs `rediss://`) or a Redis
+//! endpoint's server; an MQTT endpoint connects over TLS with `tls = true`
+//! (its port is then 8883 unless given). Each such connection may name
+//! `tls_ca` (a PEM file of the CA certificates to trust instead of the
+//! system's roots) and `tls_cert` with `tls_key` (a client certificate
+//! and its key, for servers that require one). Paths are relative to the
+//! working directory and may name `${NAME}`; each file is read and
+//! checked when the configuration is loaded. A Redis endpoint without a
+//! `url` of its own shares the locker's connection and TLS settings.
+//! Without the feature, every TLS key and `rediss://` URL is refused.
+//!
 //! ```
 //! use guard_endpoints::config::{Config, Timing};
 //!
@@ -30,8 +42,10 @@
 //! # Ok::<(), guard_endpoints::config::ConfigError>(())
 //! ```
 
+mod connect;
 mod raw;
 mod resolve;
+mod tls;
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -45,6 +59,8 @@ use guard_core::retry::RetryPolicy;
 use guard_core::slot::Every;
 use guard_redis::Topology;
 use guard_std::CronSchedule;
+
+pub use tls::TlsFiles;
 
 /// A configuration that cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -143,6 +159,9 @@ pub struct RedisLocker {
     pub prefix: String,
     /// Each request's timeout.
     pub request_timeout: Duration,
+    /// TLS, when the URLs are `rediss://`: the `tls_*` files (none: the
+    /// system's roots).
+    pub tls: Option<TlsFiles>,
 }
 
 /// `[guards]`.
@@ -276,6 +295,9 @@ pub enum Source {
 pub struct PubSubSource {
     /// The server (the locker's URL unless given).
     pub url: String,
+    /// TLS, when the URL is `rediss://`: the `tls_*` files (the locker's
+    /// when its URL is shared).
+    pub tls: Option<TlsFiles>,
     /// Channel patterns (`PSUBSCRIBE` syntax), at least one.
     pub patterns: Vec<String>,
     /// Messages that may wait for the handler
@@ -290,6 +312,8 @@ pub struct PubSubSource {
 pub struct StreamSource {
     /// The server; `None`: the locker's connection.
     pub url: Option<String>,
+    /// TLS, when the URL is `rediss://`: the `tls_*` files.
+    pub tls: Option<TlsFiles>,
     /// The stream key.
     pub stream: String,
     /// The consumer group, the same on every replica.
@@ -324,6 +348,9 @@ pub struct MqttSource {
     pub filter: String,
     /// Who receives each message.
     pub delivery: MqttDelivery,
+    /// TLS, when `tls = true` or a `tls_*` file is given: the files
+    /// (none: the system's roots).
+    pub tls: Option<TlsFiles>,
 }
 
 /// How an MQTT endpoint subscribes.

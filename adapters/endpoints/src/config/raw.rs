@@ -118,6 +118,9 @@ pub(super) struct Locker {
     pub service: Option<String>,
     pub request_timeout_ms: u64,
     pub prefix: String,
+    pub tls_ca: Option<String>,
+    pub tls_cert: Option<String>,
+    pub tls_key: Option<String>,
 }
 
 impl Default for Locker {
@@ -130,6 +133,9 @@ impl Default for Locker {
             service: None,
             request_timeout_ms: 500,
             prefix: String::new(),
+            tls_ca: None,
+            tls_cert: None,
+            tls_key: None,
         }
     }
 }
@@ -229,6 +235,9 @@ pub(super) struct PubSub {
     pub max_payload_bytes: Option<u64>,
     pub queue: Option<u64>,
     pub when_full: Option<WhenFull>,
+    pub tls_ca: Option<String>,
+    pub tls_cert: Option<String>,
+    pub tls_key: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -250,6 +259,9 @@ pub(super) struct Stream {
     pub when_limited: Option<WhenLimited>,
     pub max_wait_ms: Option<u64>,
     pub max_payload_bytes: Option<u64>,
+    pub tls_ca: Option<String>,
+    pub tls_cert: Option<String>,
+    pub tls_key: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -267,6 +279,10 @@ pub(super) struct Mqtt {
     pub when_limited: Option<WhenLimited>,
     pub max_wait_ms: Option<u64>,
     pub max_payload_bytes: Option<u64>,
+    pub tls: Option<bool>,
+    pub tls_ca: Option<String>,
+    pub tls_cert: Option<String>,
+    pub tls_key: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

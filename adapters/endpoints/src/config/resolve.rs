@@ -15,6 +15,7 @@ use guard_redis::Topology;
 use guard_std::CronSchedule;
 
 use super::raw;
+use super::tls::{self, TlsFiles, TlsKeys};
 use super::{
     Backend, Config, ConfigError, Endpoint, EndpointLimit, Guards, LimitKey, Locker, Metrics,
     MqttDelivery, MqttSource, Policy, PolicyAlgorithm, PubSubSource, RateLimits, RedisLocker,
@@ -23,6 +24,8 @@ use super::{
 
 /// The default MQTT port.
 const MQTT_PORT: u16 = 1883;
+/// The default MQTT port over TLS.
+const MQTTS_PORT: u16 = 8883;
 /// How long a limited message waits by default before it is dead-lettered.
 const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(5);
 /// The stream consumer's defaults (the original's).
@@ -151,8 +154,9 @@ pub(super) fn config(
     let locker_url = match &locker {
         Locker::Redis(RedisLocker {
             topology: Topology::Standalone { url },
+            tls,
             ..
-        }) => Some(url.as_str()),
+        }) => Some((url.as_str(), tls.as_ref())),
         _ => None,
     };
     let has_redis = matches!(locker, Locker::Redis(_));
@@ -271,6 +275,48 @@ fn redis_url(key: &str, value: &str, env: Env<'_>) -> Result<String, ConfigError
     Ok(url)
 }
 
+/// Whether a Redis URL is `rediss://` (TLS).
+fn is_tls(url: &str) -> bool {
+    redis::parse_redis_url(url).is_some_and(|u| matches!(u.scheme(), "rediss" | "valkeys"))
+}
+
+/// The TLS settings of a Redis connection to `urls` (each with its key
+/// and its value as written, checked already): `None` for `redis://`
+/// URLs, which take no TLS keys; for `rediss://` ones, the files `keys`
+/// name (none: the system's roots). A deployment's URLs are all TLS or
+/// none.
+fn redis_tls(
+    urls: &[(String, &str, String)],
+    keys: &TlsKeys<'_>,
+    key: &dyn Fn(&str) -> String,
+    env: Env<'_>,
+) -> Result<Option<TlsFiles>, ConfigError> {
+    let Some((first_key, _, first)) = urls.first() else {
+        return Ok(None);
+    };
+    let tls = is_tls(first);
+    if let Some((at, as_written, _)) = urls.iter().find(|(_, _, url)| is_tls(url) != tls) {
+        let scheme = if tls { "rediss://" } else { "redis://" };
+        return Err(invalid(
+            at.as_str(),
+            format!("{as_written:?}"),
+            format!("{scheme} like `{first_key}` (a deployment's URLs are all TLS or none)"),
+        ));
+    }
+    // Without TLS support, a TLS key is refused as such, whatever the URL.
+    if tls || (!cfg!(feature = "tls") && keys.first().is_some()) {
+        return tls::read(keys, key, &|at, value| expand(at, value, env)).map(Some);
+    }
+    match keys.first() {
+        Some((field, value)) => Err(invalid(
+            key(field),
+            format!("{value:?}"),
+            "no TLS files with a redis:// URL (use rediss:// for TLS)",
+        )),
+        None => Ok(None),
+    }
+}
+
 fn locker(l: &raw::Locker, env: Env<'_>) -> Result<Locker, ConfigError> {
     let redis_only = |set: bool, field: &str| {
         if set && l.kind != raw::LockerKind::Redis {
@@ -286,6 +332,9 @@ fn locker(l: &raw::Locker, env: Env<'_>) -> Result<Locker, ConfigError> {
     redis_only(l.url.is_some(), "url")?;
     redis_only(!l.urls.is_empty(), "urls")?;
     redis_only(l.service.is_some(), "service")?;
+    redis_only(l.tls_ca.is_some(), "tls_ca")?;
+    redis_only(l.tls_cert.is_some(), "tls_cert")?;
+    redis_only(l.tls_key.is_some(), "tls_key")?;
     match l.kind {
         raw::LockerKind::None => return Ok(Locker::None),
         raw::LockerKind::Local => return Ok(Locker::Local),
@@ -345,10 +394,43 @@ fn locker(l: &raw::Locker, env: Env<'_>) -> Result<Locker, ConfigError> {
             nodes: urls("urls")?,
         },
     };
+    let checked: Vec<(String, &str, String)> = match &topology {
+        Topology::Standalone { url } => vec![(
+            "locker.url".to_owned(),
+            l.url.as_deref().unwrap_or_default(),
+            url.clone(),
+        )],
+        Topology::Sentinel {
+            sentinels: urls, ..
+        }
+        | Topology::Cluster { nodes: urls } => urls
+            .iter()
+            .zip(&l.urls)
+            .enumerate()
+            .map(|(i, (url, as_written))| {
+                (
+                    format!("locker.urls[{i}]"),
+                    as_written.as_str(),
+                    url.clone(),
+                )
+            })
+            .collect(),
+    };
+    let tls = redis_tls(
+        &checked,
+        &TlsKeys {
+            ca: &l.tls_ca,
+            cert: &l.tls_cert,
+            key: &l.tls_key,
+        },
+        &|field| format!("locker.{field}"),
+        env,
+    )?;
     Ok(Locker::Redis(RedisLocker {
         topology,
         prefix: prefix.to_owned(),
         request_timeout: Duration::from_millis(l.request_timeout_ms),
+        tls,
     }))
 }
 
@@ -742,7 +824,7 @@ fn endpoint(
     e: &raw::Endpoint,
     key: &dyn Fn(&str) -> String,
     env: Env<'_>,
-    locker_url: Option<&str>,
+    locker_url: Option<(&str, Option<&TlsFiles>)>,
     has_redis: bool,
     limiters: &[&str],
 ) -> Result<Endpoint, ConfigError> {
@@ -770,9 +852,21 @@ fn endpoint(
     };
     let (name, source, limit) = match e {
         raw::Endpoint::RedisPubsub(p) => {
-            let url = match (&p.url, locker_url) {
-                (Some(url), _) => redis_url(&key("url"), url, env)?,
-                (None, Some(url)) => url.to_owned(),
+            let keys = TlsKeys {
+                ca: &p.tls_ca,
+                cert: &p.tls_cert,
+                key: &p.tls_key,
+            };
+            let (url, tls) = match (&p.url, locker_url) {
+                (Some(url), _) => {
+                    let checked = redis_url(&key("url"), url, env)?;
+                    let tls = redis_tls(&[(key("url"), url, checked.clone())], &keys, key, env)?;
+                    (checked, tls)
+                }
+                (None, Some((url, tls))) => {
+                    no_tls_without_url(&keys, key)?;
+                    (url.to_owned(), tls.cloned())
+                }
                 (None, None) => {
                     return Err(invalid(
                         key("url"),
@@ -806,6 +900,7 @@ fn endpoint(
             };
             let source = Source::RedisPubsub(PubSubSource {
                 url,
+                tls,
                 patterns: p.patterns.clone(),
                 queue,
                 when_full: match p.when_full {
@@ -817,9 +912,22 @@ fn endpoint(
             (&p.name, source, limit)
         }
         raw::Endpoint::RedisStream(s) => {
+            let keys = TlsKeys {
+                ca: &s.tls_ca,
+                cert: &s.tls_cert,
+                key: &s.tls_key,
+            };
+            let mut tls = None;
             let url = match &s.url {
-                Some(url) => Some(redis_url(&key("url"), url, env)?),
-                None if has_redis => None,
+                Some(url) => {
+                    let checked = redis_url(&key("url"), url, env)?;
+                    tls = redis_tls(&[(key("url"), url, checked.clone())], &keys, key, env)?;
+                    Some(checked)
+                }
+                None if has_redis => {
+                    no_tls_without_url(&keys, key)?;
+                    None
+                }
                 None => {
                     return Err(invalid(
                         key("url"),
@@ -878,6 +986,7 @@ fn endpoint(
             };
             let source = Source::RedisStream(StreamSource {
                 url,
+                tls,
                 batch,
                 concurrency,
                 stream: non_empty("stream", &s.stream, "the stream key")?,
@@ -961,11 +1070,31 @@ fn endpoint(
                 false,
                 limiters,
             )?;
+            let keys = TlsKeys {
+                ca: &m.tls_ca,
+                cert: &m.tls_cert,
+                key: &m.tls_key,
+            };
+            let tls = match (m.tls, keys.first()) {
+                (Some(false), Some((field, value))) => {
+                    return Err(invalid(
+                        key(field),
+                        format!("{value:?}"),
+                        "no TLS files with tls = false",
+                    ));
+                }
+                (Some(false), None) | (None, None) => None,
+                (Some(true), _) | (None, Some(_)) => {
+                    Some(tls::read(&keys, key, &|at, value| expand(at, value, env))?)
+                }
+            };
+            let default_port = if tls.is_some() { MQTTS_PORT } else { MQTT_PORT };
             let source = Source::Mqtt(MqttSource {
                 host,
-                port: m.port.unwrap_or(MQTT_PORT),
+                port: m.port.unwrap_or(default_port),
                 filter,
                 delivery,
+                tls,
             });
             (&m.name, source, limit)
         }
@@ -976,4 +1105,17 @@ fn endpoint(
         limit,
         max_payload_bytes,
     })
+}
+
+/// An endpoint that shares the locker's Redis takes its TLS settings too:
+/// keys of its own are refused.
+fn no_tls_without_url(keys: &TlsKeys<'_>, key: &dyn Fn(&str) -> String) -> Result<(), ConfigError> {
+    match keys.first() {
+        Some((field, value)) => Err(invalid(
+            key(field),
+            format!("{value:?}"),
+            "no TLS keys without `url`: the locker's connection and its TLS settings are used",
+        )),
+        None => Ok(()),
+    }
 }

@@ -42,6 +42,12 @@ impl Connection {
             .set_clean_session(true)
             // Acknowledged after the handler returns, not on receipt.
             .set_manual_acks(true);
+        #[cfg(feature = "tls")]
+        if let Some(tls) = &options.tls {
+            connect.set_transport(rumqttc::Transport::tls_with_config(
+                rumqttc::TlsConfiguration::Rustls(tls.client_config()?),
+            ));
+        }
         let (client, mut events) = AsyncClient::new(connect, REQUEST_CAPACITY);
         let where_to = format!("{}:{}", options.host, options.port);
         let connected = Compat::new(async {
@@ -201,5 +207,43 @@ mod tests {
         );
         let copy = err.clone();
         assert_eq!(copy.to_string(), err.to_string());
+    }
+
+    /// TLS is really used: a TLS listener admits a client that trusts its
+    /// CA, and refuses a plain client and one that trusts another CA.
+    #[cfg(feature = "tls")]
+    #[test]
+    fn a_tls_listener_admits_only_a_client_that_trusts_its_ca() {
+        use guard_testkit::{Mosquitto, TestCerts};
+
+        use crate::mqtt::MqttTls;
+
+        let certs = TestCerts::generate().expect("certificates");
+        let broker = Mosquitto::start_tls(&certs).expect("mosquitto with TLS");
+        let options = |id: &str| {
+            MqttOptions::new("127.0.0.1", broker.port(), id)
+                .expect("options")
+                .with_connect_timeout(Duration::from_secs(2))
+        };
+        let trusting = MqttTls::new().with_root_ca(certs.ca_pem()).expect("CA");
+        future::block_on(Connection::open(&options("trusting").with_tls(trusting)))
+            .map(|_| ())
+            .expect("a client that trusts the CA connects");
+
+        let plain = future::block_on(Connection::open(&options("plain")));
+        assert!(
+            plain.is_err(),
+            "a plain client is refused by a TLS listener"
+        );
+
+        let other = TestCerts::generate().expect("certificates");
+        let wrong = MqttTls::new().with_root_ca(other.ca_pem()).expect("CA");
+        let Err(err) = future::block_on(Connection::open(&options("wrong").with_tls(wrong))) else {
+            panic!("connected to a broker signed by an unknown CA");
+        };
+        assert!(
+            matches!(err, MqttError::Connect { .. }),
+            "refused by the TLS handshake: {err}"
+        );
     }
 }

@@ -15,7 +15,9 @@
 //! Messages are received at QoS 1 and acknowledged after the handler
 //! returns, one at a time per endpoint (manual acknowledgement). The
 //! client is `rumqttc` (MQTT 3.1.1), driven from smol through
-//! `async-compat`.
+//! `async-compat`. With the `tls` feature, `MqttOptions::with_tls` and
+//! `MqttTls` connect over TLS, with a private CA and a client certificate
+//! if needed.
 //!
 //! ```no_run
 //! # smol::block_on(async {
@@ -33,6 +35,8 @@
 
 mod connection;
 mod endpoint;
+#[cfg(feature = "tls")]
+mod tls;
 
 use std::fmt;
 use std::sync::Arc;
@@ -43,6 +47,8 @@ use guard_smol::RunnerError;
 use crate::parameter::{Parameter, write_invalid};
 
 pub use endpoint::MqttEndpoint;
+#[cfg(feature = "tls")]
+pub use tls::MqttTls;
 
 /// Keep-alive interval unless set.
 pub const DEFAULT_KEEP_ALIVE: Duration = Duration::from_secs(30);
@@ -170,6 +176,8 @@ pub struct MqttOptions {
     keep_alive: Duration,
     connect_timeout: Duration,
     reconnect_delay: Duration,
+    #[cfg(feature = "tls")]
+    tls: Option<MqttTls>,
 }
 
 impl MqttOptions {
@@ -197,7 +205,18 @@ impl MqttOptions {
             keep_alive: DEFAULT_KEEP_ALIVE,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             reconnect_delay: DEFAULT_RECONNECT_DELAY,
+            #[cfg(feature = "tls")]
+            tls: None,
         })
+    }
+
+    /// Connects over TLS with `tls`'s certificates (the broker's TLS
+    /// listener, usually port 8883). The host is the name the broker's
+    /// certificate must be for (a DNS name or an IP address).
+    #[cfg(feature = "tls")]
+    pub fn with_tls(mut self, tls: MqttTls) -> Self {
+        self.tls = Some(tls);
+        self
     }
 
     /// The keep-alive interval.

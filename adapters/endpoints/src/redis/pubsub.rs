@@ -214,6 +214,16 @@ impl Drops {
     }
 }
 
+/// The client of the server at `url`; a `rediss://` one (with the `tls`
+/// feature) trusts the system's roots.
+fn client(url: &str) -> Result<redis::Client, EndpointError> {
+    #[cfg(feature = "tls")]
+    if redis::parse_redis_url(url).is_some_and(|u| matches!(u.scheme(), "rediss" | "valkeys")) {
+        return Ok(guard_redis::RedisTls::new().client(url)?);
+    }
+    Ok(redis::Client::open(url)?)
+}
+
 /// How often a subscription's reader, blocked on an idle connection,
 /// looks whether its promotion has ended: bounds how long it stays
 /// subscribed after a demotion (what it reads meanwhile is counted as
@@ -242,7 +252,7 @@ impl PubSubEndpoint {
                 "must be at least one, none empty",
             ));
         }
-        let client = redis::Client::open(url)?;
+        let client = client(url)?;
         let runner = ActiveRunner::new(config, scope)?;
         Ok(PubSubEndpoint {
             client,
@@ -253,6 +263,23 @@ impl PubSubEndpoint {
             when_full: WhenFull::default(),
             counters: Arc::default(),
         })
+    }
+
+    /// Subscribes over TLS with `tls`'s certificates (a private CA, a
+    /// client certificate); the URL must be `rediss://`. A `rediss://`
+    /// URL alone uses the system's trusted roots.
+    #[cfg(feature = "tls")]
+    pub fn with_tls(mut self, tls: &guard_redis::RedisTls) -> Result<Self, EndpointError> {
+        let info = self.client.get_connection_info().clone();
+        if !matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }) {
+            return Err(EndpointError::invalid(
+                Parameter::RedisUrl,
+                info.addr().to_string(),
+                "must be rediss:// (TLS) when TLS settings are given",
+            ));
+        }
+        self.client = tls.client(info)?;
+        Ok(self)
     }
 
     /// The handler queue: at most `capacity` messages wait for the
