@@ -17,7 +17,7 @@ use governor::{Quota, RateLimiter};
 use guard_benches::{SteppingClock, publish};
 use guard_core::limit::{AtomicTokenBucket, FullPolicy, Keyed, Rate, TokenBucket};
 use guard_core::time::Instant;
-use guard_std::{Clock, SystemClock};
+use guard_std::{Clock, QuantaClock, SystemClock};
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 
 #[global_allocator]
@@ -183,9 +183,10 @@ fn two_threads(iters: u64, decide: &(dyn Fn() + Sync)) -> Duration {
 /// `*_shared_fake_clock`: both limiters read one fake clock that every
 /// decision advances by 2 µs (an atomic add for both), so every decision
 /// admits and writes the shared state: the limiters' own cost under
-/// contention. `*_default_clock`: each on the clock a user gets by default
-/// (guard-std's `SystemClock`, `std::time::Instant`; governor's quanta
-/// clock, the TSC), where most decisions deny and the clock read dominates.
+/// contention. `*_default_clock` and `*_quanta_clock`: each on a real
+/// clock (guard-std's `SystemClock`, `std::time::Instant`; its
+/// `QuantaClock`, the default of in-memory limiters; governor's quanta
+/// clock), where most decisions deny and the clock read dominates.
 fn contended(c: &mut Criterion) {
     let mut g = c.benchmark_group("two_threads_one_bucket");
     let ticks = AtomicU64::new(1_000_000_000);
@@ -212,6 +213,15 @@ fn contended(c: &mut Criterion) {
     let clock = SystemClock::new();
     let ours = AtomicTokenBucket::new(bucket());
     g.bench_function("guard_atomic_bucket_default_clock", |b| {
+        b.iter_custom(|iters| {
+            two_threads(iters, &|| {
+                let _ = black_box(ours.check(clock.now()));
+            })
+        })
+    });
+    let clock = QuantaClock::new();
+    let ours = AtomicTokenBucket::new(bucket());
+    g.bench_function("guard_atomic_bucket_quanta_clock", |b| {
         b.iter_custom(|iters| {
             two_threads(iters, &|| {
                 let _ = black_box(ours.check(clock.now()));

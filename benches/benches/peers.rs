@@ -17,7 +17,7 @@ use crossbeam_queue::ArrayQueue;
 use embassy_sync::blocking_mutex::raw::CriticalSectionRawMutex;
 use governor::clock::FakeRelativeClock;
 use governor::{Quota, RateLimiter};
-use guard_benches::SteppingClock;
+use guard_benches::{SteppingClock, SteppingGovernorClock};
 use guard_core::dlq::{DeadLetterQueue, FailedElement, SharedDeadLetterQueue};
 use guard_core::guard::OnceGuard;
 use guard_core::limit::{
@@ -26,7 +26,7 @@ use guard_core::limit::{
 use guard_core::lock::Scope;
 use guard_core::retry::RetryPolicy;
 use guard_core::time::Instant;
-use guard_std::LocalLocker;
+use guard_std::{Clock, LocalLocker, QuantaClock, SystemClock};
 
 /// The floor: a `&mut` integer token bucket with `now` passed in and no
 /// denial information, as small as such a thing gets.
@@ -75,10 +75,12 @@ fn direct(c: &mut Criterion) {
         b.iter(|| black_box(ours.check(black_box(clock.tick()))))
     });
 
+    // Compared with governor, whose clock reading is not passed through
+    // `black_box` either (it is read inside `check`).
     let atomic = AtomicTokenBucket::new(bucket);
     let mut clock = SteppingClock::new(2_000);
     g.bench_function("guard_atomic_bucket", |b| {
-        b.iter(|| black_box(atomic.check(black_box(clock.tick()))))
+        b.iter(|| black_box(atomic.check(clock.tick())))
     });
 
     let leaky = LeakyBucket::new(10, Rate::per(1, Duration::from_micros(1))).unwrap();
@@ -105,6 +107,36 @@ fn direct(c: &mut Criterion) {
             fake.advance(Duration::from_micros(2));
             black_box(governor.check())
         })
+    });
+
+    // Equal clocks: governor reads a plain add, as guard's stepping clock.
+    let governor = RateLimiter::direct_with_clock(quota, SteppingGovernorClock::new(2_000));
+    g.bench_function("governor_direct_stepping_clock", |b| {
+        b.iter(|| black_box(governor.check()))
+    });
+    g.finish();
+
+    // Default clocks, one thread: each reads the clock a user gets by
+    // default (guard-std's `QuantaClock` for in-memory limiters, governor's
+    // quanta clock), and `SystemClock` (`std::time::Instant`) beside them.
+    // The bucket refills one token per ns, so every call admits.
+    let mut g = c.benchmark_group("direct_default_clock");
+    let fast = TokenBucket::new(10, Rate::per(1, Duration::from_nanos(1))).unwrap();
+    let atomic = AtomicTokenBucket::new(fast);
+    let clock = QuantaClock::new();
+    g.bench_function("guard_atomic_bucket_quanta_clock", |b| {
+        b.iter(|| black_box(atomic.check(clock.now())))
+    });
+    let atomic = AtomicTokenBucket::new(fast);
+    let clock = SystemClock::new();
+    g.bench_function("guard_atomic_bucket_system_clock", |b| {
+        b.iter(|| black_box(atomic.check(clock.now())))
+    });
+    let quota = Quota::per_second(NonZeroU32::new(1_000_000_000).unwrap())
+        .allow_burst(NonZeroU32::new(10).unwrap());
+    let governor = RateLimiter::direct(quota);
+    g.bench_function("governor_direct_default_clock", |b| {
+        b.iter(|| black_box(governor.check()))
     });
     g.finish();
 }

@@ -52,9 +52,30 @@ const PAIRS: &[Pair] = &[
     pair(
         "direct_admit",
         "guard_atomic_bucket",
-        "governor_direct_fake_clock",
+        "governor_direct_stepping_clock",
         Some(1.0),
-        "shared atomic token bucket vs governor direct",
+        "shared atomic token bucket vs governor direct, equal clocks (a plain add each)",
+    ),
+    pair(
+        "direct_admit",
+        "guard_atomic_bucket",
+        "governor_direct_fake_clock",
+        None,
+        "shared atomic token bucket vs governor direct on its `FakeRelativeClock` (an atomic add)",
+    ),
+    pair(
+        "direct_default_clock",
+        "guard_atomic_bucket_quanta_clock",
+        "governor_direct_default_clock",
+        Some(1.0),
+        "shared atomic token bucket vs governor direct, default clocks (both quanta)",
+    ),
+    pair(
+        "direct_default_clock",
+        "guard_atomic_bucket_system_clock",
+        "governor_direct_default_clock",
+        None,
+        "shared atomic token bucket on `SystemClock` (`std::time::Instant`) vs governor's default",
     ),
     pair(
         "direct_admit",
@@ -107,10 +128,17 @@ const PAIRS: &[Pair] = &[
     ),
     pair(
         "two_threads_one_bucket",
+        "guard_atomic_bucket_quanta_clock",
+        "governor_direct_default_clock",
+        Some(1.5),
+        "two threads, one bucket, default clocks (both quanta)",
+    ),
+    pair(
+        "two_threads_one_bucket",
         "guard_atomic_bucket_default_clock",
         "governor_direct_default_clock",
         None,
-        "two threads, one bucket, each on its default clock",
+        "two threads, one bucket, ours on `SystemClock` (`std::time::Instant`)",
     ),
     pair(
         "retry_five_delays",

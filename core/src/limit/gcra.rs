@@ -86,7 +86,8 @@ impl Gcra {
     /// reading at the end of the clock would admit every call.
     #[inline]
     pub(crate) const fn decide(&self, tat: u64, now: u64) -> Result<u64, u64> {
-        self.decide_increment(tat, now, self.interval)
+        // One unit: its slack is the tolerance, already computed.
+        self.decide_with_slack(tat, now, self.interval, self.tolerance)
     }
 
     /// Decides `increment` nanoseconds of credit at `now`: `cost ×
@@ -109,16 +110,31 @@ impl Gcra {
             .tolerance
             .saturating_add(self.interval)
             .saturating_sub(increment);
+        self.decide_with_slack(tat, now, increment, slack)
+    }
+
+    /// The decision itself: admitted from `tat - slack` on, moving the
+    /// settle instant to `max(tat, now) + increment`.
+    #[inline]
+    const fn decide_with_slack(
+        &self,
+        tat: u64,
+        now: u64,
+        increment: u64,
+        slack: u64,
+    ) -> Result<u64, u64> {
         // tat - slack below zero means the bucket admits at any reading.
         let admit_from = tat.saturating_sub(slack);
         if now < admit_from {
             return Err(admit_from);
         }
         let base = if tat > now { tat } else { now };
-        match base.checked_add(increment) {
-            Some(next) if next <= BucketState::LATEST.as_nanos() => Ok(next),
-            _ => Err(u64::MAX),
+        // `base + increment <= LATEST`, compared without the addition: the
+        // increment is at most the span, itself at most LATEST.
+        if base > BucketState::LATEST.as_nanos().saturating_sub(increment) {
+            return Err(u64::MAX);
         }
+        Ok(base.saturating_add(increment))
     }
 
     /// The settle instant `tat`, kept under `previous`, moved to these

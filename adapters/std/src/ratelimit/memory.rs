@@ -11,7 +11,7 @@ use guard_core::limit::{
 };
 
 use super::{FromQuota, KeysHeld, LimitFuture, Quota, RateLimiter, ReconfigureError};
-use crate::clock::{Clock, SystemClock};
+use crate::clock::{Clock, QuantaClock};
 use crate::sync::Mutex;
 
 /// Keys per shard by default.
@@ -57,19 +57,20 @@ fn heap_slots<A: Algorithm, const S: usize>() -> Box<KeyedSlots<String, A, S>> {
 /// Each shard hashes keys with a seed of its own chosen at start-up, so
 /// that clients cannot aim many keys at one set of a shard to crowd out
 /// others.
-pub struct MemoryLimiter<A: Algorithm, C: Clock = SystemClock, const S: usize = SHARD_KEYS> {
+pub struct MemoryLimiter<A: Algorithm, C: Clock = QuantaClock, const S: usize = SHARD_KEYS> {
     shards: Box<[Shard<A, S>]>,
     router: RandomState,
     clock: C,
 }
 
-impl<A> MemoryLimiter<A, SystemClock, SHARD_KEYS>
+impl<A> MemoryLimiter<A, QuantaClock, SHARD_KEYS>
 where
     A: Algorithm + Clone,
 {
-    /// Room for at least `capacity` keys (rounded up to whole shards).
+    /// Room for at least `capacity` keys (rounded up to whole shards), on
+    /// the counter clock ([`QuantaClock`]).
     pub fn new(algorithm: A, capacity: usize, policy: FullPolicy) -> Self {
-        Self::with_clock(algorithm, capacity, policy, SystemClock::new())
+        Self::with_clock(algorithm, capacity, policy, QuantaClock::new())
     }
 }
 
