@@ -2,8 +2,14 @@
 //! the same command or script at the same concurrency against the same
 //! server (which this harness starts on a free loopback port).
 //!
-//! `cargo bench -p guard-benches --bench redis_throughput [-- SECONDS]`
-//! (`--test` runs a short smoke pass).
+//! Ours and `redis-benchmark` are measured in turn (A B A B ...) several
+//! times, and each row gives the median ratio with its minimum and maximum,
+//! so that the machine's drift between two measurements does not decide
+//! the ratio. A second table takes one decision apart layer by layer.
+//!
+//! `cargo bench -p guard-benches --bench redis_throughput [-- SECONDS] [--rounds N]`
+//! (slices of SECONDS, 1 by default, N rounds, 5 by default; `--test` runs
+//! a short smoke pass).
 
 use std::process::Command;
 use std::sync::Arc;
@@ -23,12 +29,11 @@ const KEYSPACE: u64 = 100_000;
 /// Runs `op` from `concurrency` tasks spawned on smol's executor (where
 /// the connection's driver runs, as a server's handlers would) on one
 /// multiplexed connection for `duration`.
-fn ours<F, Fut>(concurrency: usize, duration: Duration, op: F) -> f64
+fn ours<F, Fut>(concurrency: usize, duration: Duration, op: Arc<F>) -> f64
 where
-    F: Fn(u64) -> Fut + Send + Sync + 'static,
+    F: Fn(u64) -> Fut + Send + Sync + 'static + ?Sized,
     Fut: std::future::Future<Output = ()> + Send,
 {
-    let op = Arc::new(op);
     let done = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     smol::block_on(async {
@@ -88,26 +93,82 @@ fn load(conn: &RedisConnection, source: &str) -> String {
     smol::block_on(conn.query(redis::cmd("SCRIPT").arg("LOAD").arg(source))).expect("SCRIPT LOAD")
 }
 
-/// One row of the table: ours beside the raw figure.
-fn row(rows: &mut Vec<String>, operation: &str, concurrency: usize, ours: f64, raw: f64) {
+/// Ours and `redis-benchmark` measured in turn, `rounds` times each
+/// against the same server (A B A B ...), so that drift of the machine
+/// between two measurements moves both alike; the ratio of each round is
+/// ours over the raw figure measured right after it.
+struct Alternated {
+    ours: Vec<f64>,
+    raw: Vec<f64>,
+}
+
+impl Alternated {
+    fn run(rounds: usize, mut ours: impl FnMut() -> f64, mut raw: impl FnMut(u64) -> f64) -> Self {
+        let mut runs = Alternated {
+            ours: Vec::new(),
+            raw: Vec::new(),
+        };
+        for _ in 0..rounds {
+            let rate = ours();
+            // As many requests as ours made in its slice: both run about
+            // as long.
+            runs.ours.push(rate);
+            runs.raw.push(raw((rate as u64).max(2_000)));
+        }
+        runs
+    }
+
+    fn ratios(&self) -> Vec<f64> {
+        self.ours
+            .iter()
+            .zip(&self.raw)
+            .map(|(o, r)| o / r)
+            .collect()
+    }
+}
+
+/// The median of `values` (the upper one of an even count).
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted.get(sorted.len() / 2).copied().unwrap_or(0.0)
+}
+
+fn min_max(values: &[f64]) -> (f64, f64) {
+    values
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(lo, hi), &v| (lo.min(v), hi.max(v)))
+}
+
+/// One row of the table: the medians, and the median ratio with its range.
+fn row(rows: &mut Vec<String>, operation: &str, concurrency: usize, runs: &Alternated) {
+    let ratios = runs.ratios();
+    let (lo, hi) = min_max(&ratios);
     rows.push(format!(
-        "| {operation} | {concurrency} | {ours:.0} | {raw:.0} | {:.2} |",
-        ours / raw
+        "| {operation} | {concurrency} | {:.0} | {:.0} | {:.2} | {lo:.2}–{hi:.2} |",
+        median(&runs.ours),
+        median(&runs.raw),
+        median(&ratios),
     ));
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let smoke = args.iter().any(|a| a == "--test");
-    let seconds: u64 = args
+    let seconds: f64 = args
         .iter()
         .filter_map(|a| a.parse().ok())
         .next()
+        .unwrap_or(1.0);
+    let rounds: usize = args
+        .iter()
+        .position(|a| a == "--rounds")
+        .and_then(|i| args.get(i + 1)?.parse().ok())
         .unwrap_or(5);
-    let duration = if smoke {
-        Duration::from_millis(200)
+    let (slice, rounds) = if smoke {
+        (Duration::from_millis(100), 1)
     } else {
-        Duration::from_secs(seconds)
+        (Duration::from_secs_f64(seconds), rounds)
     };
     let server = RedisServer::start().expect("redis-server");
     let conn = smol::block_on(RedisConnection::connect(
@@ -138,104 +199,289 @@ fn main() {
     let bucket_sha = load(&conn, &RedisTokenBucket::script_source());
 
     let mut rows = vec![
-        "| operation | concurrency | guard (ops/s) | redis-benchmark (ops/s) | ratio |".to_owned(),
-        "|---|---|---|---|---|".to_owned(),
+        format!(
+            "Each row: ours and `redis-benchmark` in turn, {rounds} times each, {slice:?} slices; \
+             medians, and the median ratio with its minimum and maximum."
+        ),
+        String::new(),
+        "| operation | concurrency | guard (ops/s) | redis-benchmark (ops/s) | ratio | range |"
+            .to_owned(),
+        "|---|---|---|---|---|---|".to_owned(),
     ];
     for concurrency in [1usize, 16, 64] {
-        let requests = if smoke { 2_000 } else { 200_000 };
-        let raw = |command: &[&str]| raw(server.port(), concurrency, requests, command);
-
-        let locker = locker.clone();
-        let ours_lock = ours(concurrency, duration, move |k| {
+        let raw =
+            |command: &[&str], requests: u64| raw(server.port(), concurrency, requests, command);
+        let lock = {
             let locker = locker.clone();
-            async move {
-                let _ = locker
-                    .try_lock(&format!("bench:lock:{k}"), ttl)
-                    .await
-                    .expect("try_lock");
-            }
-        });
-        let raw_set = raw(&["SET", "{bench:lock:__rand_int__}", "v", "NX", "PX", "1000"]);
-        row(
-            &mut rows,
-            "try_lock vs SET NX PX",
-            concurrency,
-            ours_lock,
-            raw_set,
+            Arc::new(move |k: u64| {
+                let locker = locker.clone();
+                async move {
+                    let _ = locker
+                        .try_lock(&format!("bench:lock:{k}"), ttl)
+                        .await
+                        .expect("try_lock");
+                }
+            })
+        };
+        let runs = Alternated::run(
+            rounds,
+            || ours(concurrency, slice, lock.clone()),
+            |n| {
+                raw(
+                    &["SET", "{bench:lock:__rand_int__}", "v", "NX", "PX", "1000"],
+                    n,
+                )
+            },
         );
-        let raw_acquire = raw(&[
-            "EVALSHA",
-            &acquire_sha,
-            "2",
-            "{bench:lock:__rand_int__}",
-            "fence:{bench:lock:__rand_int__}",
-            "v",
-            "1000",
-        ]);
+        row(&mut rows, "try_lock vs SET NX PX", concurrency, &runs);
+        let runs = Alternated::run(
+            rounds,
+            || ours(concurrency, slice, lock.clone()),
+            |n| {
+                raw(
+                    &[
+                        "EVALSHA",
+                        &acquire_sha,
+                        "2",
+                        "{bench:lock:__rand_int__}",
+                        "fence:{bench:lock:__rand_int__}",
+                        "v",
+                        "1000",
+                    ],
+                    n,
+                )
+            },
+        );
         row(
             &mut rows,
             "try_lock vs EVALSHA of its script",
             concurrency,
-            ours_lock,
-            raw_acquire,
+            &runs,
         );
 
-        let window = window.clone();
-        let ours_window = ours(concurrency, duration, move |k| {
+        let decide = {
             let window = window.clone();
-            async move {
-                let _ = window
-                    .check(&format!("bench:{k}"), Clock::Server)
-                    .await
-                    .expect("check");
-            }
-        });
-        let raw_window = raw(&[
-            "EVALSHA",
-            &window_sha,
-            "2",
-            "guard:rl:{bench:__rand_int__}",
-            "guard:rl:{bench:__rand_int__}:seq",
-            "",
-            "1000000",
-            "1000",
-            "1",
-        ]);
-        row(
-            &mut rows,
-            "sliding window vs EVALSHA",
-            concurrency,
-            ours_window,
-            raw_window,
+            Arc::new(move |k: u64| {
+                let window = window.clone();
+                async move {
+                    let _ = window
+                        .check(&format!("bench:{k}"), Clock::Server)
+                        .await
+                        .expect("check");
+                }
+            })
+        };
+        let runs = Alternated::run(
+            rounds,
+            || ours(concurrency, slice, decide.clone()),
+            |n| {
+                raw(
+                    &[
+                        "EVALSHA",
+                        &window_sha,
+                        "2",
+                        "guard:rl:{bench:__rand_int__}",
+                        "guard:rl:{bench:__rand_int__}:seq",
+                        "",
+                        "1000000",
+                        "1000",
+                        "1",
+                    ],
+                    n,
+                )
+            },
         );
+        row(&mut rows, "sliding window vs EVALSHA", concurrency, &runs);
 
-        let bucket = bucket.clone();
-        let ours_bucket = ours(concurrency, duration, move |k| {
+        let decide = {
             let bucket = bucket.clone();
-            async move {
-                let _ = bucket
-                    .check(&format!("bench:{k}"), Clock::Server)
-                    .await
-                    .expect("check");
-            }
-        });
-        let raw_bucket = raw(&[
-            "EVALSHA",
-            &bucket_sha,
-            "1",
-            "guard:tb:{bench:__rand_int__}:tb",
-            "",
-            "1000",
-            "1000",
-            "1",
-        ]);
-        row(
-            &mut rows,
-            "token bucket vs EVALSHA",
-            concurrency,
-            ours_bucket,
-            raw_bucket,
+            Arc::new(move |k: u64| {
+                let bucket = bucket.clone();
+                async move {
+                    let _ = bucket
+                        .check(&format!("bench:{k}"), Clock::Server)
+                        .await
+                        .expect("check");
+                }
+            })
+        };
+        let runs = Alternated::run(
+            rounds,
+            || ours(concurrency, slice, decide.clone()),
+            |n| {
+                raw(
+                    &[
+                        "EVALSHA",
+                        &bucket_sha,
+                        "1",
+                        "guard:tb:{bench:__rand_int__}:tb",
+                        "",
+                        "1000",
+                        "1000",
+                        "1",
+                    ],
+                    n,
+                )
+            },
         );
+        row(&mut rows, "token bucket vs EVALSHA", concurrency, &runs);
     }
+    rows.push(String::new());
+    rows.extend(breakdown(&server, &conn, rounds, slice));
     publish("redis", &(rows.join("\n") + "\n"));
+}
+
+/// The token bucket's call for `key` (server clock, 1 ms interval,
+/// capacity 1,000, cost 1).
+fn invoke<'a>(script: &'a redis::Script, key: &str) -> redis::ScriptInvocation<'a> {
+    let mut invocation = script.prepare_invoke();
+    invocation.key(key).arg("").arg(1_000).arg(1_000).arg(1);
+    invocation
+}
+
+/// Where a decision's time goes at concurrency 1: the token bucket's
+/// script called through each layer in turn, alternated as above, against
+/// `redis-benchmark`'s EVALSHA of the same script.
+fn breakdown(
+    server: &RedisServer,
+    conn: &RedisConnection,
+    rounds: usize,
+    slice: Duration,
+) -> Vec<String> {
+    let source = RedisTokenBucket::script_source();
+    let sha = load(conn, &source);
+    let script = Arc::new(redis::Script::new(&source));
+    // The keys formatted once, outside every measured layer.
+    let keys: Arc<Vec<String>> = Arc::new(
+        (0..KEYSPACE)
+            .map(|k| format!("guard:tb:{{bench:{k}}}:tb"))
+            .collect(),
+    );
+    let client = redis::Client::open(server.url()).expect("client");
+    let manager = smol::block_on(redis::aio::ConnectionManager::new_with_config(
+        client.clone(),
+        redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(2)))
+            .set_response_timeout(Some(Duration::from_secs(2))),
+    ))
+    .expect("connection manager");
+    let untimed = smol::block_on(redis::aio::ConnectionManager::new_with_config(
+        client.clone(),
+        redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(2)))
+            .set_response_timeout(None),
+    ))
+    .expect("connection manager");
+    let multiplexed =
+        smol::block_on(client.get_multiplexed_async_connection()).expect("multiplexed");
+
+    type Layer = Arc<dyn Fn(u64) -> futures_lite::future::Boxed<()> + Send + Sync>;
+    let bucket = Arc::new(
+        RedisTokenBucket::new(
+            conn.clone(),
+            TokenBucket::new(1_000, Rate::per(1, Duration::from_millis(1))).unwrap(),
+        )
+        .unwrap(),
+    );
+    let layers: Vec<(&str, Layer)> = vec![
+        ("`RedisTokenBucket::check` (key formatted per call)", {
+            let bucket = bucket.clone();
+            Arc::new(move |k| {
+                let bucket = bucket.clone();
+                Box::pin(async move {
+                    let _ = bucket.check(&format!("bench:{k}"), Clock::Server).await;
+                })
+            })
+        }),
+        (
+            "`RedisConnection::invoke`, key formatted before (our timeout around redis-rs's)",
+            {
+                let (conn, script, keys) = (conn.clone(), script.clone(), keys.clone());
+                Arc::new(move |k| {
+                    let (conn, script, keys) = (conn.clone(), script.clone(), keys.clone());
+                    Box::pin(async move {
+                        let invocation = invoke(&script, &keys[k as usize]);
+                        let _: Result<(i64, i64, i64, i64, i64), _> =
+                            conn.invoke(&invocation).await;
+                    })
+                })
+            },
+        ),
+        ("redis-rs `ConnectionManager` with a response timeout", {
+            let (manager, script, keys) = (manager.clone(), script.clone(), keys.clone());
+            Arc::new(move |k| {
+                let (mut manager, script, keys) = (manager.clone(), script.clone(), keys.clone());
+                Box::pin(async move {
+                    let _: Result<(i64, i64, i64, i64, i64), _> =
+                        invoke(&script, &keys[k as usize])
+                            .invoke_async(&mut manager)
+                            .await;
+                })
+            })
+        }),
+        ("redis-rs `ConnectionManager` without a response timeout", {
+            let (manager, script, keys) = (untimed.clone(), script.clone(), keys.clone());
+            Arc::new(move |k| {
+                let (mut manager, script, keys) = (manager.clone(), script.clone(), keys.clone());
+                Box::pin(async move {
+                    let _: Result<(i64, i64, i64, i64, i64), _> =
+                        invoke(&script, &keys[k as usize])
+                            .invoke_async(&mut manager)
+                            .await;
+                })
+            })
+        }),
+        ("redis-rs `MultiplexedConnection`, no timeout", {
+            let (multiplexed, script, keys) = (multiplexed.clone(), script.clone(), keys.clone());
+            Arc::new(move |k| {
+                let (mut multiplexed, script, keys) =
+                    (multiplexed.clone(), script.clone(), keys.clone());
+                Box::pin(async move {
+                    let _: Result<(i64, i64, i64, i64, i64), _> =
+                        invoke(&script, &keys[k as usize])
+                            .invoke_async(&mut multiplexed)
+                            .await;
+                })
+            })
+        }),
+    ];
+    let mut rows = vec![
+        "Where a decision's time goes at concurrency 1 (token bucket script, same server):"
+            .to_owned(),
+        String::new(),
+        "| layer | ops/s | redis-benchmark (ops/s) | ratio | range |".to_owned(),
+        "|---|---|---|---|---|".to_owned(),
+    ];
+    for (name, layer) in layers {
+        let runs = Alternated::run(
+            rounds,
+            || ours(1, slice, layer.clone()),
+            |n| {
+                raw(
+                    server.port(),
+                    1,
+                    n,
+                    &[
+                        "EVALSHA",
+                        &sha,
+                        "1",
+                        "guard:tb:{bench:__rand_int__}:tb",
+                        "",
+                        "1000",
+                        "1000",
+                        "1",
+                    ],
+                )
+            },
+        );
+        let ratios = runs.ratios();
+        let (lo, hi) = min_max(&ratios);
+        rows.push(format!(
+            "| {name} | {:.0} | {:.0} | {:.2} | {lo:.2}–{hi:.2} |",
+            median(&runs.ours),
+            median(&runs.raw),
+            median(&ratios)
+        ));
+    }
+    rows
 }

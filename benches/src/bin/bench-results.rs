@@ -223,7 +223,7 @@ fn run() -> Result<PathBuf, String> {
         &root,
         &extras,
         "redis_throughput",
-        &[if quick { "2" } else { "5" }],
+        &["1", "--rounds", if quick { "3" } else { "5" }],
     )?;
     cargo_bench(
         &root,
