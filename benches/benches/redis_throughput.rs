@@ -140,6 +140,9 @@ fn min_max(values: &[f64]) -> (f64, f64) {
         .fold((f64::MAX, f64::MIN), |(lo, hi), &v| (lo.min(v), hi.max(v)))
 }
 
+/// One measured operation: a call for a key number.
+type Layer = Arc<dyn Fn(u64) -> futures_lite::future::Boxed<()> + Send + Sync>;
+
 /// One row of the table: the medians, and the median ratio with its range.
 fn row(rows: &mut Vec<String>, operation: &str, concurrency: usize, runs: &Alternated) {
     let ratios = runs.ratios();
@@ -208,123 +211,99 @@ fn main() {
             .to_owned(),
         "|---|---|---|---|---|---|".to_owned(),
     ];
-    for concurrency in [1usize, 16, 64] {
-        let raw =
-            |command: &[&str], requests: u64| raw(server.port(), concurrency, requests, command);
-        let lock = {
-            let locker = locker.clone();
-            Arc::new(move |k: u64| {
-                let locker = locker.clone();
-                async move {
-                    let _ = locker
-                        .try_lock(&format!("bench:lock:{k}"), ttl)
-                        .await
-                        .expect("try_lock");
-                }
-            })
-        };
-        let runs = Alternated::run(
-            rounds,
-            || ours(concurrency, slice, lock.clone()),
-            |n| {
-                raw(
-                    &["SET", "{bench:lock:__rand_int__}", "v", "NX", "PX", "1000"],
-                    n,
-                )
-            },
-        );
-        row(&mut rows, "try_lock vs SET NX PX", concurrency, &runs);
-        let runs = Alternated::run(
-            rounds,
-            || ours(concurrency, slice, lock.clone()),
-            |n| {
-                raw(
-                    &[
-                        "EVALSHA",
-                        &acquire_sha,
-                        "2",
-                        "{bench:lock:__rand_int__}",
-                        "fence:{bench:lock:__rand_int__}",
-                        "v",
-                        "1000",
-                    ],
-                    n,
-                )
-            },
-        );
-        row(
-            &mut rows,
+    let lock: Layer = Arc::new(move |k| {
+        let locker = locker.clone();
+        Box::pin(async move {
+            let _ = locker
+                .try_lock(&format!("bench:lock:{k}"), ttl)
+                .await
+                .expect("try_lock");
+        })
+    });
+    let window: Layer = Arc::new(move |k| {
+        let window = window.clone();
+        Box::pin(async move {
+            let _ = window
+                .check(&format!("bench:{k}"), Clock::Server)
+                .await
+                .expect("check");
+        })
+    });
+    let bucket: Layer = Arc::new(move |k| {
+        let bucket = bucket.clone();
+        Box::pin(async move {
+            let _ = bucket
+                .check(&format!("bench:{k}"), Clock::Server)
+                .await
+                .expect("check");
+        })
+    });
+    let lock_keys = [
+        "{bench:lock:__rand_int__}",
+        "fence:{bench:lock:__rand_int__}",
+    ];
+    let window_keys = [
+        "guard:rl:{bench:__rand_int__}",
+        "guard:rl:{bench:__rand_int__}:seq",
+    ];
+    let comparisons: [(&str, &Layer, Vec<&str>); 4] = [
+        (
+            "try_lock vs SET NX PX",
+            &lock,
+            vec!["SET", "{bench:lock:__rand_int__}", "v", "NX", "PX", "1000"],
+        ),
+        (
             "try_lock vs EVALSHA of its script",
-            concurrency,
-            &runs,
-        );
-
-        let decide = {
-            let window = window.clone();
-            Arc::new(move |k: u64| {
-                let window = window.clone();
-                async move {
-                    let _ = window
-                        .check(&format!("bench:{k}"), Clock::Server)
-                        .await
-                        .expect("check");
-                }
-            })
-        };
-        let runs = Alternated::run(
-            rounds,
-            || ours(concurrency, slice, decide.clone()),
-            |n| {
-                raw(
-                    &[
-                        "EVALSHA",
-                        &window_sha,
-                        "2",
-                        "guard:rl:{bench:__rand_int__}",
-                        "guard:rl:{bench:__rand_int__}:seq",
-                        "",
-                        "1000000",
-                        "1000",
-                        "1",
-                    ],
-                    n,
-                )
-            },
-        );
-        row(&mut rows, "sliding window vs EVALSHA", concurrency, &runs);
-
-        let decide = {
-            let bucket = bucket.clone();
-            Arc::new(move |k: u64| {
-                let bucket = bucket.clone();
-                async move {
-                    let _ = bucket
-                        .check(&format!("bench:{k}"), Clock::Server)
-                        .await
-                        .expect("check");
-                }
-            })
-        };
-        let runs = Alternated::run(
-            rounds,
-            || ours(concurrency, slice, decide.clone()),
-            |n| {
-                raw(
-                    &[
-                        "EVALSHA",
-                        &bucket_sha,
-                        "1",
-                        "guard:tb:{bench:__rand_int__}:tb",
-                        "",
-                        "1000",
-                        "1000",
-                        "1",
-                    ],
-                    n,
-                )
-            },
-        );
-        row(&mut rows, "token bucket vs EVALSHA", concurrency, &runs);
+            &lock,
+            vec![
+                "EVALSHA",
+                &acquire_sha,
+                "2",
+                lock_keys[0],
+                lock_keys[1],
+                "v",
+                "1000",
+            ],
+        ),
+        (
+            "sliding window vs EVALSHA",
+            &window,
+            vec![
+                "EVALSHA",
+                &window_sha,
+                "2",
+                window_keys[0],
+                window_keys[1],
+                "",
+                "1000000",
+                "1000",
+                "1",
+            ],
+        ),
+        (
+            "token bucket vs EVALSHA",
+            &bucket,
+            vec![
+                "EVALSHA",
+                &bucket_sha,
+                "1",
+                "guard:tb:{bench:__rand_int__}:tb",
+                "",
+                "1000",
+                "1000",
+                "1",
+            ],
+        ),
+    ];
+    for concurrency in [1usize, 16, 64] {
+        for (name, op, command) in &comparisons {
+            let runs = Alternated::run(
+                rounds,
+                || ours(concurrency, slice, (*op).clone()),
+                |n| raw(server.port(), concurrency, n, command),
+            );
+            row(&mut rows, name, concurrency, &runs);
+        }
     }
     rows.push(String::new());
     rows.extend(breakdown(&server, &conn, rounds, slice));
@@ -375,7 +354,6 @@ fn breakdown(
     let multiplexed =
         smol::block_on(client.get_multiplexed_async_connection()).expect("multiplexed");
 
-    type Layer = Arc<dyn Fn(u64) -> futures_lite::future::Boxed<()> + Send + Sync>;
     let bucket = Arc::new(
         RedisTokenBucket::new(
             conn.clone(),
