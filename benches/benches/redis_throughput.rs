@@ -325,7 +325,7 @@ fn main() {
         }
     }
     rows.push(String::new());
-    rows.extend(breakdown(&server, &conn, rounds, slice));
+    rows.extend(breakdown(&server, &conn, &bucket, rounds, slice));
     publish("redis", &(rows.join("\n") + "\n"));
 }
 
@@ -337,12 +337,29 @@ fn invoke<'a>(script: &'a redis::Script, key: &str) -> redis::ScriptInvocation<'
     invocation
 }
 
+/// The token bucket's script sent straight through a redis-rs connection.
+fn redis_rs<C>(conn: C, script: &Arc<redis::Script>, keys: &Arc<Vec<String>>) -> Layer
+where
+    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let (script, keys) = (script.clone(), keys.clone());
+    Arc::new(move |k| {
+        let (mut conn, script, keys) = (conn.clone(), script.clone(), keys.clone());
+        Box::pin(async move {
+            let _: Result<(i64, i64, i64, i64, i64), _> = invoke(&script, &keys[k as usize])
+                .invoke_async(&mut conn)
+                .await;
+        })
+    })
+}
+
 /// Where a decision's time goes at concurrency 1: the token bucket's
 /// script called through each layer in turn, alternated as above, against
 /// `redis-benchmark`'s EVALSHA of the same script.
 fn breakdown(
     server: &RedisServer,
     conn: &RedisConnection,
+    decision: &Layer,
     rounds: usize,
     slice: Duration,
 ) -> Vec<String> {
@@ -356,91 +373,48 @@ fn breakdown(
             .collect(),
     );
     let client = redis::Client::open(server.url()).expect("client");
-    let manager = smol::block_on(redis::aio::ConnectionManager::new_with_config(
-        client.clone(),
-        redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(2)))
-            .set_response_timeout(Some(Duration::from_secs(2))),
-    ))
-    .expect("connection manager");
-    let untimed = smol::block_on(redis::aio::ConnectionManager::new_with_config(
-        client.clone(),
-        redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(2)))
-            .set_response_timeout(None),
-    ))
-    .expect("connection manager");
+    let manager = |response_timeout| {
+        smol::block_on(redis::aio::ConnectionManager::new_with_config(
+            client.clone(),
+            redis::aio::ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(Duration::from_secs(2)))
+                .set_response_timeout(response_timeout),
+        ))
+        .expect("connection manager")
+    };
     let multiplexed =
         smol::block_on(client.get_multiplexed_async_connection()).expect("multiplexed");
-
-    let bucket = Arc::new(
-        RedisTokenBucket::new(
-            conn.clone(),
-            TokenBucket::new(1_000, Rate::per(1, Duration::from_millis(1))).unwrap(),
-        )
-        .unwrap(),
-    );
-    let layers: Vec<(&str, Layer)> = vec![
-        ("`RedisTokenBucket::check` (key formatted per call)", {
-            let bucket = bucket.clone();
-            Arc::new(move |k| {
-                let bucket = bucket.clone();
-                Box::pin(async move {
-                    let _ = bucket.check(&format!("bench:{k}"), Clock::Server).await;
-                })
+    let invoked: Layer = {
+        let (conn, script, keys) = (conn.clone(), script.clone(), keys.clone());
+        Arc::new(move |k| {
+            let (conn, script, keys) = (conn.clone(), script.clone(), keys.clone());
+            Box::pin(async move {
+                let invocation = invoke(&script, &keys[k as usize]);
+                let _: Result<(i64, i64, i64, i64, i64), _> = conn.invoke(&invocation).await;
             })
-        }),
+        })
+    };
+    let layers: Vec<(&str, Layer)> = vec![
+        (
+            "`RedisTokenBucket::check` (key formatted per call)",
+            decision.clone(),
+        ),
         (
             "`RedisConnection::invoke`, key formatted before (our timeout around redis-rs's)",
-            {
-                let (conn, script, keys) = (conn.clone(), script.clone(), keys.clone());
-                Arc::new(move |k| {
-                    let (conn, script, keys) = (conn.clone(), script.clone(), keys.clone());
-                    Box::pin(async move {
-                        let invocation = invoke(&script, &keys[k as usize]);
-                        let _: Result<(i64, i64, i64, i64, i64), _> =
-                            conn.invoke(&invocation).await;
-                    })
-                })
-            },
+            invoked,
         ),
-        ("redis-rs `ConnectionManager` with a response timeout", {
-            let (manager, script, keys) = (manager.clone(), script.clone(), keys.clone());
-            Arc::new(move |k| {
-                let (mut manager, script, keys) = (manager.clone(), script.clone(), keys.clone());
-                Box::pin(async move {
-                    let _: Result<(i64, i64, i64, i64, i64), _> =
-                        invoke(&script, &keys[k as usize])
-                            .invoke_async(&mut manager)
-                            .await;
-                })
-            })
-        }),
-        ("redis-rs `ConnectionManager` without a response timeout", {
-            let (manager, script, keys) = (untimed.clone(), script.clone(), keys.clone());
-            Arc::new(move |k| {
-                let (mut manager, script, keys) = (manager.clone(), script.clone(), keys.clone());
-                Box::pin(async move {
-                    let _: Result<(i64, i64, i64, i64, i64), _> =
-                        invoke(&script, &keys[k as usize])
-                            .invoke_async(&mut manager)
-                            .await;
-                })
-            })
-        }),
-        ("redis-rs `MultiplexedConnection`, no timeout", {
-            let (multiplexed, script, keys) = (multiplexed.clone(), script.clone(), keys.clone());
-            Arc::new(move |k| {
-                let (mut multiplexed, script, keys) =
-                    (multiplexed.clone(), script.clone(), keys.clone());
-                Box::pin(async move {
-                    let _: Result<(i64, i64, i64, i64, i64), _> =
-                        invoke(&script, &keys[k as usize])
-                            .invoke_async(&mut multiplexed)
-                            .await;
-                })
-            })
-        }),
+        (
+            "redis-rs `ConnectionManager` with a response timeout",
+            redis_rs(manager(Some(Duration::from_secs(2))), &script, &keys),
+        ),
+        (
+            "redis-rs `ConnectionManager` without a response timeout",
+            redis_rs(manager(None), &script, &keys),
+        ),
+        (
+            "redis-rs `MultiplexedConnection`, no timeout",
+            redis_rs(multiplexed, &script, &keys),
+        ),
     ];
     let mut rows = vec![
         "Where a decision's time goes at concurrency 1 (token bucket script, same server):"

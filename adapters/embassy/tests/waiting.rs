@@ -2,8 +2,6 @@
 //! atomic bucket are admitted in arrival order at its rate, and a deadline
 //! shorter than the wait ends it at once.
 
-use std::cell::RefCell;
-use std::rc::Rc;
 use std::time::Duration;
 
 use embassy_sync::blocking_mutex::raw::CriticalSectionRawMutex;
@@ -21,39 +19,21 @@ static LINE: Line<CriticalSectionRawMutex, 32> = Line::new();
 
 #[test]
 fn waiters_on_a_device_are_admitted_in_arrival_order_at_the_rate() {
-    let admitted = Rc::new(RefCell::new(Vec::new()));
-    let ex = smol::LocalExecutor::new();
-    smol::block_on(ex.run(async {
-        let tasks: Vec<_> = (0..32)
-            .map(|i| {
-                let admitted = admitted.clone();
-                ex.spawn(async move {
-                    let mut s = 0x2545_f491_4f6c_dd1du64 ^ i;
-                    let mut random = move || {
-                        s ^= s << 13;
-                        s ^= s >> 7;
-                        s ^= s << 17;
-                        s
-                    };
-                    let report =
-                        until_admitted(&LINE, |now| BUCKET.check_n(1, now), None, &mut random)
-                            .await
-                            .expect("admitted");
-                    assert!(report.is_allowed());
-                    admitted
-                        .borrow_mut()
-                        .push((i, embassy_time::Instant::now()));
-                })
-            })
-            .collect();
-        for task in tasks {
-            task.await;
-        }
-    }));
-    let admitted = admitted.take();
-    let order: Vec<u64> = admitted.iter().map(|(i, _)| *i).collect();
-    assert_eq!(order, (0..32).collect::<Vec<_>>(), "arrival order");
-    let span = Duration::from_micros((admitted[31].1 - admitted[0].1).as_micros());
+    let finished = guard_testkit::finish_order(32, |i| async move {
+        let mut s = 0x2545_f491_4f6c_dd1du64 ^ i as u64;
+        let mut random = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        let report = until_admitted(&LINE, |now| BUCKET.check_n(1, now), None, &mut random)
+            .await
+            .expect("admitted");
+        assert!(report.is_allowed());
+    });
+    assert_eq!(finished.order, (0..32).collect::<Vec<_>>(), "arrival order");
+    let span = finished.span;
     assert!(span >= Duration::from_millis(310), "too fast: {span:?}");
     assert!(span <= Duration::from_millis(600), "too slow: {span:?}");
     assert!(LINE.is_empty());

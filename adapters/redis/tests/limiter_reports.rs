@@ -308,28 +308,13 @@ fn thirty_two_waiters_on_a_redis_bucket_are_admitted_in_arrival_order_at_its_rat
     let conn = connect(&server);
     let bucket =
         RedisTokenBucket::new(conn, TokenBucket::new(1, Rate::per_second(50)).unwrap()).unwrap();
-    let limiter = std::rc::Rc::new(guard_smol::WaitingLimiter::new(std::sync::Arc::new(bucket)));
-    let admitted = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
-    let ex = smol::LocalExecutor::new();
-    smol::block_on(ex.run(async {
-        let tasks: Vec<_> = (0..32)
-            .map(|i| {
-                let (limiter, admitted) = (limiter.clone(), admitted.clone());
-                ex.spawn(async move {
-                    let report = limiter.until_ready("hot", None).await.expect("admitted");
-                    assert!(report.is_allowed());
-                    admitted.borrow_mut().push((i, StdInstant::now()));
-                })
-            })
-            .collect();
-        for task in tasks {
-            task.await;
-        }
-    }));
-    let admitted = admitted.take();
-    let order: Vec<usize> = admitted.iter().map(|(i, _)| *i).collect();
-    assert_eq!(order, (0..32).collect::<Vec<_>>(), "arrival order");
-    let span = admitted[31].1 - admitted[0].1;
+    let limiter = guard_smol::WaitingLimiter::new(std::sync::Arc::new(bucket));
+    let finished = guard_testkit::finish_order(32, |_| async {
+        let report = limiter.until_ready("hot", None).await.expect("admitted");
+        assert!(report.is_allowed());
+    });
+    assert_eq!(finished.order, (0..32).collect::<Vec<_>>(), "arrival order");
+    let span = finished.span;
     eprintln!(
         "32 waiters at 50/s on Redis: {:.1} admitted per second",
         31.0 / span.as_secs_f64()

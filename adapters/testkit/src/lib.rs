@@ -10,6 +10,8 @@
 //!   signed, made by the test, for the servers' TLS listeners
 //!   (`RedisServer::start_tls`, `RedisCluster::start_tls`,
 //!   `RedisSentinel::start_tls`, `Mosquitto::start_tls`);
+//! - [`finish_order`]: concurrent waiters started in a known order, and
+//!   the order their waits ended in (the tests of waiting limiters);
 //! - [`free_port`], [`wait_until`], [`binary`]: helpers for any other
 //!   server a test starts (a missing binary names its Debian package).
 //!
@@ -24,8 +26,10 @@ mod mosquitto;
 mod process;
 mod redis;
 mod tls;
+mod waiters;
 
 pub use mosquitto::Mosquitto;
 pub use process::{HarnessError, binary, find_binary, free_port, wait_until};
 pub use redis::{RedisCluster, RedisSentinel, RedisServer, SENTINEL_SERVICE};
 pub use tls::TestCerts;
+pub use waiters::{Finished, finish_order};

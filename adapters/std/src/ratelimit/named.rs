@@ -79,11 +79,6 @@ impl NamedRateLimiter {
         Ok(())
     }
 
-    /// The limiter it names.
-    pub fn inner(&self) -> &Arc<dyn RateLimiter> {
-        &self.inner
-    }
-
     /// The keys an in-process limiter holds; records them in
     /// `guard_rl_keys{name}` and `guard_rl_keys_capacity{name}` too, so an
     /// exporter shows that the table stays within its bound.

@@ -47,20 +47,6 @@ impl Quota {
         }
     }
 
-    /// The time over which [`Self::limit`] units are granted: a bucket's
-    /// refill time from empty, a window's width (the `w` of a
-    /// `RateLimit-Policy` header field); zero for impossible parameters.
-    pub fn period(&self) -> Duration {
-        match self {
-            // Impossible parameters (refused by every limiter) have none.
-            Quota::TokenBucket { capacity, rate } | Quota::LeakyBucket { capacity, rate } => {
-                TokenBucket::new(*capacity, *rate)
-                    .map_or(Duration::ZERO, |b| b.interval().saturating_mul(*capacity))
-            }
-            Quota::SlidingWindow { window, .. } => *window,
-        }
-    }
-
     /// The algorithm's name, as in messages.
     pub const fn kind(&self) -> &'static str {
         match self {
