@@ -12,6 +12,7 @@ use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::sentinel::{SentinelClient, SentinelServerType};
 use redis::{FromRedisValue, ScriptInvocation};
 
+use crate::direct::{DirectPool, Lease};
 use crate::error::{Parameter, RedisGuardError};
 #[cfg(feature = "tls")]
 use crate::tls::RedisTls;
@@ -108,14 +109,24 @@ pub enum Topology {
 /// (`cargo bench -p guard-benches --bench redis_throughput`).
 pub const STANDALONE_CONNECTIONS: usize = 2;
 
-/// Standalone connections, taken in turn.
+/// A standalone server's connections: a direct one for a request that
+/// finds it idle (see `direct`), else the multiplexed ones in turn.
 struct Pool {
+    direct: Option<Box<DirectPool>>,
     managers: Box<[ConnectionManager]>,
     next: AtomicUsize,
 }
 
 impl Pool {
-    /// The next connection (a cheap clone of its manager).
+    /// The direct connection, if it is idle (or can be opened now).
+    async fn lease(&self) -> Option<Lease<'_>> {
+        match &self.direct {
+            Some(direct) => direct.lease().await,
+            None => None,
+        }
+    }
+
+    /// The next multiplexed connection (a cheap clone of its manager).
     fn pick(&self) -> ConnectionManager {
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.managers.len().max(1);
         // `managers` is never empty: `open` makes STANDALONE_CONNECTIONS.
@@ -240,6 +251,7 @@ impl RedisConnection {
                         );
                     }
                     Conn::Standalone(Pool {
+                        direct: DirectPool::new(client.get_connection_info()).map(Box::new),
                         managers: managers.into_boxed_slice(),
                         next: AtomicUsize::new(0),
                     })
@@ -291,7 +303,10 @@ impl RedisConnection {
     ) -> Result<T, RedisGuardError> {
         bounded(self.inner.timeout, async {
             match &self.inner.conn {
-                Conn::Standalone(pool) => Ok(script.invoke_async(&mut pool.pick()).await?),
+                Conn::Standalone(pool) => match pool.lease().await {
+                    Some(mut direct) => Ok(script.invoke_async(direct.conn()).await?),
+                    None => Ok(script.invoke_async(&mut pool.pick()).await?),
+                },
                 Conn::Cluster(c) => Ok(script.invoke_async(&mut c.clone()).await?),
                 Conn::Sentinel(s) => {
                     let mut conn = s.connection().await?;
@@ -312,7 +327,10 @@ impl RedisConnection {
     pub async fn query<T: FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, RedisGuardError> {
         bounded(self.inner.timeout, async {
             match &self.inner.conn {
-                Conn::Standalone(pool) => Ok(cmd.query_async(&mut pool.pick()).await?),
+                Conn::Standalone(pool) => match pool.lease().await {
+                    Some(mut direct) => Ok(cmd.query_async(direct.conn()).await?),
+                    None => Ok(cmd.query_async(&mut pool.pick()).await?),
+                },
                 Conn::Cluster(c) => Ok(cmd.query_async(&mut c.clone()).await?),
                 Conn::Sentinel(s) => {
                     let mut conn = s.connection().await?;

@@ -37,6 +37,7 @@
 
 mod connection;
 mod dedup;
+mod direct;
 mod error;
 mod limit;
 mod locker;
@@ -44,10 +45,11 @@ mod stream_dlq;
 #[cfg(feature = "tls")]
 mod tls;
 
-pub use connection::{RedisConnection, Topology};
+pub use connection::{RedisConnection, STANDALONE_CONNECTIONS, Topology};
 pub use dedup::{
     BACKSTOP_MARGIN, RedisBloomDeduplicator, RedisSetDeduplicator, RedisWindowedDeduplicator,
 };
+pub use direct::DIRECT_CONNECTIONS;
 pub use error::{Parameter, RedisGuardError};
 pub use limit::{
     CALLER_OFFSET_BOUND, CALLER_RATE_BOUND_PPM, Clock, LEAKY_BUCKET_PREFIX, RedisBucket,
