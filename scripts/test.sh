@@ -142,7 +142,7 @@ if [ "${GUARD_BENCH:-0}" = "1" ]; then
     cargo bench -p guard-sim --locked --bench slots
 else
     # Each benchmark once, as a test: proves they run without timing them.
-    for bench in limiters peers keyed redis_throughput endpoints; do
+    for bench in limiters peers keyed redis_throughput endpoints tower_layer; do
         cargo bench -p guard-benches --locked --bench "$bench" -- --test
     done
     cargo bench -p guard-sim --locked --bench slots -- --test

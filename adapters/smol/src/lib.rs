@@ -39,16 +39,35 @@
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
 
-mod active;
-mod control;
 mod delay;
-mod lease;
-mod scheduler;
-mod wait;
 
-pub use active::{ActiveRunner, RunnerError};
-pub use control::{Control, RunHandle, control};
 pub use delay::TimerDelay;
-pub use lease::{LeaseCheck, LeaseState};
-pub use scheduler::{JobRun, ScheduleError, Scheduler};
-pub use wait::{LINE_CAPACITY, WaitingLimiter};
+pub use guard_std::run::{
+    Control, DEFAULT_RELEASE_TIMEOUT, JobRun, LINE_CAPACITY, LeaseState, RunHandle, RunnerError,
+    SCHEDULE_COMPONENT, ScheduleError, control,
+};
+
+/// async-io's clock and timers (`std::time::Instant`, the reactor's
+/// timers) and the system's wall clock: the runtime of this adapter's
+/// runners.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AsyncIo;
+
+impl guard_std::run::Runtime for AsyncIo {
+    fn now(&self) -> std::time::Instant {
+        std::time::Instant::now()
+    }
+
+    async fn sleep_until(&self, at: std::time::Instant) {
+        async_io::Timer::at(at).await;
+    }
+}
+
+/// guard-std's [`ActiveRunner`](guard_std::run::ActiveRunner) on async-io.
+pub type ActiveRunner = guard_std::run::ActiveRunner<AsyncIo>;
+/// guard-std's [`Scheduler`](guard_std::run::Scheduler) on async-io.
+pub type Scheduler = guard_std::run::Scheduler<AsyncIo>;
+/// guard-std's [`WaitingLimiter`](guard_std::run::WaitingLimiter) on async-io.
+pub type WaitingLimiter = guard_std::run::WaitingLimiter<AsyncIo>;
+/// guard-std's [`LeaseCheck`](guard_std::run::LeaseCheck) of an [`ActiveRunner`].
+pub type LeaseCheck = guard_std::run::LeaseCheck<AsyncIo>;

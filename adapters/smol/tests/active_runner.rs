@@ -7,9 +7,10 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use guard_core::guard::{ActiveConfig, DemoteReason};
-use guard_core::lock::{Renewal, Scope, Token, Ttl, UnlockError};
+use guard_core::lock::{Scope, Ttl};
 use guard_smol::{ActiveRunner, RunHandle, control};
-use guard_std::{BoxFuture, DynLocker, GuardConfig, LocalLocker, LockerError, SharedLocker};
+use guard_std::{GuardConfig, LocalLocker, SharedLocker};
+use guard_testkit::{FaultyLocker, RenewFault};
 
 #[derive(Clone, Debug, PartialEq)]
 enum Event {
@@ -216,71 +217,19 @@ fn an_explicit_demote_hands_over_at_once() {
     tb.join().unwrap();
 }
 
-/// LocalLocker with a renewal behaviour swapped in.
-struct Wrapped {
-    inner: LocalLocker,
-    renew: RenewMode,
-    unlock_fails: bool,
-}
-
-#[derive(Clone, Copy)]
-enum RenewMode {
-    Unsupported,
-    AlwaysLost,
-    NeverAnswers,
-}
-
-impl DynLocker for Wrapped {
-    fn try_lock<'a>(
-        &'a self,
-        key: &'a str,
-        ttl: Ttl,
-    ) -> BoxFuture<'a, Result<Option<Token>, LockerError>> {
-        DynLocker::try_lock(&self.inner, key, ttl)
-    }
-    fn unlock<'a>(
-        &'a self,
-        key: &'a str,
-        token: &'a Token,
-    ) -> BoxFuture<'a, Result<(), UnlockError<LockerError>>> {
-        if self.unlock_fails {
-            return Box::pin(async {
-                Err(UnlockError::Backend(LockerError::new(
-                    std::io::Error::other("connection reset"),
-                )))
-            });
-        }
-        DynLocker::unlock(&self.inner, key, token)
-    }
-    fn can_renew(&self) -> bool {
-        !matches!(self.renew, RenewMode::Unsupported)
-    }
-    fn renew<'a>(
-        &'a self,
-        _: &'a str,
-        _: &'a Token,
-        _: Ttl,
-    ) -> BoxFuture<'a, Result<Renewal, LockerError>> {
-        match self.renew {
-            RenewMode::Unsupported => unreachable!("never called when can_renew is false"),
-            RenewMode::AlwaysLost => Box::pin(async { Ok(Renewal::Lost) }),
-            RenewMode::NeverAnswers => Box::pin(futures_lite::future::pending()),
-        }
-    }
-}
-
-fn wrapped(renew: RenewMode, unlock_fails: bool) -> GuardConfig {
-    GuardConfig::new().with_locker(SharedLocker::new(Wrapped {
-        inner: LocalLocker::new(),
-        renew,
-        unlock_fails,
-    }))
+fn wrapped(renew: RenewFault, unlock_fails: bool) -> GuardConfig {
+    FaultyLocker::new(LocalLocker::new(), renew, unlock_fails).config()
 }
 
 #[test]
 fn a_lost_renewal_demotes() {
     let log: Log = Arc::default();
-    let (a, ta) = replica(0, &wrapped(RenewMode::AlwaysLost, false), &log, Fail::Never);
+    let (a, ta) = replica(
+        0,
+        &wrapped(RenewFault::AlwaysLost, false),
+        &log,
+        Fail::Never,
+    );
     thread::sleep(Duration::from_millis(200));
     a.stop();
     ta.join().unwrap();
@@ -299,7 +248,7 @@ fn without_renewal_the_leader_stays_leader_across_release_and_reacquire() {
     let log: Log = Arc::default();
     let (a, ta) = replica(
         0,
-        &wrapped(RenewMode::Unsupported, false),
+        &wrapped(RenewFault::Unsupported, false),
         &log,
         Fail::Never,
     );
@@ -319,7 +268,12 @@ fn without_renewal_the_leader_stays_leader_across_release_and_reacquire() {
 #[test]
 fn without_renewal_a_failing_unlock_demotes() {
     let log: Log = Arc::default();
-    let (a, ta) = replica(0, &wrapped(RenewMode::Unsupported, true), &log, Fail::Never);
+    let (a, ta) = replica(
+        0,
+        &wrapped(RenewFault::Unsupported, true),
+        &log,
+        Fail::Never,
+    );
     thread::sleep(Duration::from_millis(200));
     a.stop();
     ta.join().unwrap();
@@ -338,7 +292,7 @@ fn a_leader_whose_renewals_never_answer_demotes_before_the_ttl() {
     let started = Instant::now();
     let (a, ta) = replica(
         0,
-        &wrapped(RenewMode::NeverAnswers, false),
+        &wrapped(RenewFault::NeverAnswers, false),
         &log,
         Fail::Never,
     );
@@ -396,7 +350,7 @@ fn without_a_locker_the_replica_is_always_active() {
 fn the_lease_check_gives_the_fence_only_until_the_renew_deadline() {
     // Renewals hang: the deadline (ttl 1 s - drift 100 ms after the
     // acquire was sent) is what ends the lease, on the runner's clock.
-    let config = wrapped(RenewMode::NeverAnswers, false);
+    let config = wrapped(RenewFault::NeverAnswers, false);
     let runner = ActiveRunner::new(&config, &scope())
         .unwrap()
         .with_settings(settings())

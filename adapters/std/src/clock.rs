@@ -62,7 +62,7 @@ impl Clock for SystemClock {
 }
 
 /// `SystemTime` in milliseconds since the epoch.
-fn system_wall() -> UnixMillis {
+pub(crate) fn system_wall() -> UnixMillis {
     // A clock set before 1970 reads as the epoch rather than failing.
     let ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)

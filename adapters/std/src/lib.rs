@@ -6,7 +6,9 @@
 //!   (the original's `WithLocker` / `WithOwner`), renewal detected as a
 //!   capability rather than assumed;
 //! - [`CronSchedule`]: cron expressions with a seconds field, in UTC;
-//! - [`Clock`]: monotonic and wall-clock time for guard-core.
+//! - [`Clock`]: monotonic and wall-clock time for guard-core;
+//! - [`run`]: the runners (active guard, scheduler, waiting limiter) on
+//!   any async runtime, named for theirs by guard-smol and guard-tokio.
 //!
 //! It supplies time and storage; the algorithms are guard-core's.
 //!
@@ -31,6 +33,7 @@ mod local_locker;
 pub mod metered;
 pub mod metrics;
 pub mod ratelimit;
+pub mod run;
 mod shared;
 mod sync;
 mod throttle;

@@ -22,12 +22,14 @@
 //! ```
 
 pub mod contract;
+mod faulty;
 mod mosquitto;
 mod process;
 mod redis;
 mod tls;
 mod waiters;
 
+pub use faulty::{FaultyLocker, RenewFault};
 pub use mosquitto::Mosquitto;
 pub use process::{HarnessError, binary, find_binary, free_port, wait_until};
 pub use redis::{RedisCluster, RedisSentinel, RedisServer, SENTINEL_SERVICE};

@@ -1,19 +1,19 @@
-//! Runs guard-core's `ActiveGuard` state machine on async-io timers.
+//! Runs guard-core's `ActiveGuard` state machine on a runtime's timers.
 
 use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
+use super::control::{Control, Heard};
+use super::lease::LeaseCheck;
+use super::{Runtime, RuntimeClock};
+use crate::{BoxFuture, Clock, GuardConfig, SharedLocker, Throttle};
 use futures_lite::future;
 use guard_core::guard::{
     Action, ActiveConfig, ActiveConfigError, ActiveGuard, ActiveTiming, DemoteReason, Done, Lease,
     Phase,
 };
 use guard_core::lock::{KeyError, Locker, Renewal, Scope, Token, Ttl, active_key};
-use guard_std::{BoxFuture, Clock, GuardConfig, SharedLocker, SystemClock, Throttle};
-
-use crate::control::{Control, Heard};
-use crate::lease::LeaseCheck;
 
 /// The original's timeout for the release of a lease.
 pub const DEFAULT_RELEASE_TIMEOUT: Duration = Duration::from_secs(3);
@@ -74,16 +74,16 @@ enum Wake {
 /// consumption to one replica. For sources that deliver each message to
 /// one consumer already (consumer groups, shared subscriptions) use none.
 #[derive(Debug)]
-pub struct ActiveRunner {
+pub struct ActiveRunner<R> {
     config: GuardConfig,
     key: String,
     timing: ActiveTiming,
     release_timeout: Duration,
-    clock: SystemClock,
-    lease: LeaseCheck,
+    clock: RuntimeClock<R>,
+    lease: LeaseCheck<R>,
 }
 
-impl Clone for ActiveRunner {
+impl<R: Runtime> Clone for ActiveRunner<R> {
     /// A runner with the same settings and a lease view of its own: a
     /// clone runs (and publishes its lease) independently.
     fn clone(&self) -> Self {
@@ -92,25 +92,37 @@ impl Clone for ActiveRunner {
             key: self.key.clone(),
             timing: self.timing,
             release_timeout: self.release_timeout,
-            clock: self.clock,
-            lease: LeaseCheck::new(self.clock),
+            clock: self.clock.clone(),
+            lease: LeaseCheck::new(self.clock.clone()),
         }
     }
 }
 
-impl ActiveRunner {
+impl<R: Runtime + Default> ActiveRunner<R> {
     /// A runner for `scope` (key `<prefix>active:<scope>`) with the
-    /// default timing (15 s lease, 5 s interval).
+    /// default timing (15 s lease, 5 s interval), on the default runtime
+    /// of its type.
     pub fn new(config: &GuardConfig, scope: &Scope) -> Result<Self, RunnerError> {
+        Self::with_runtime(config, scope, R::default())
+    }
+}
+
+impl<R: Runtime> ActiveRunner<R> {
+    /// [`new`](Self::new) on `runtime`'s clock and timers.
+    pub fn with_runtime(
+        config: &GuardConfig,
+        scope: &Scope,
+        runtime: R,
+    ) -> Result<Self, RunnerError> {
         let key = active_key(config.prefix(), scope).map_err(RunnerError::Key)?;
-        let clock = SystemClock::new();
+        let clock = RuntimeClock::new(runtime);
         Ok(ActiveRunner {
             config: config.clone(),
             key: key.as_str().to_owned(),
             timing: ActiveTiming::new(),
             release_timeout: DEFAULT_RELEASE_TIMEOUT,
+            lease: LeaseCheck::new(clock.clone()),
             clock,
-            lease: LeaseCheck::new(clock),
         })
     }
 
@@ -134,7 +146,7 @@ impl ActiveRunner {
     /// What the consumer checks before each handler call: the fence while
     /// this runner leads and its renew deadline has not passed. Follows
     /// [`run`](Self::run) of this runner (run it once at a time).
-    pub fn lease_check(&self) -> LeaseCheck {
+    pub fn lease_check(&self) -> LeaseCheck<R> {
         self.lease.clone()
     }
 
@@ -156,8 +168,9 @@ impl ActiveRunner {
         };
         // A standby is visible from the start (leader 0), not only once it
         // has led.
-        guard_std::metrics::record_standby(&self.key);
-        let clock = self.clock;
+        crate::metrics::record_standby(&self.key);
+        let clock = &self.clock;
+        let runtime = clock.runtime();
         let failures = Throttle::new();
         let ttl = self.timing.ttl();
         // From validated timing: the error type is `Infallible`.
@@ -186,6 +199,7 @@ impl ActiveRunner {
                             &self.key,
                             token,
                             self.release_timeout,
+                            runtime,
                         )));
                     }
                     Action::Promote { fence } => {
@@ -203,7 +217,7 @@ impl ActiveRunner {
                             continue;
                         }
                         log::info!("active guard {} promoted (fence {fence})", self.key);
-                        guard_std::metrics::record_promoted(&self.key);
+                        crate::metrics::record_promoted(&self.key);
                         if let Err(e) = on_promoted(fence).await {
                             log::warn!("active guard {} activate: {e}", self.key);
                             machine.handle_promote_failed(clock.now());
@@ -214,7 +228,7 @@ impl ActiveRunner {
                     Action::Demote(reason) => {
                         self.lease.publish(None);
                         log::info!("active guard {} demoted: {reason:?}", self.key);
-                        guard_std::metrics::record_demoted(&self.key, reason);
+                        crate::metrics::record_demoted(&self.key, reason);
                         on_demoted(reason).await;
                     }
                 }
@@ -239,9 +253,9 @@ impl ActiveRunner {
                             None => return future::pending().await,
                         },
                     };
-                    async_io::Timer::at(at).await;
+                    runtime.sleep_until(at).await;
                     match give_up_at {
-                        Some(g) if std::time::Instant::now() >= g => Wake::GiveUp,
+                        Some(g) if runtime.now() >= g => Wake::GiveUp,
                         _ => Wake::Timeout,
                     }
                 };
@@ -264,7 +278,7 @@ impl ActiveRunner {
                 Wake::Heard(Heard::Demote) => machine.demote(now),
                 Wake::Heard(Heard::Stop) => {
                     stop_heard = true;
-                    give_up_at = Some(std::time::Instant::now() + self.release_timeout);
+                    give_up_at = Some(runtime.now() + self.release_timeout);
                     machine.stop(now);
                 }
                 Wake::GiveUp => {
@@ -351,7 +365,13 @@ async fn renew(
     Done::renewed(result)
 }
 
-async fn release(locker: &SharedLocker, key: &str, token: Token, timeout: Duration) -> Done {
+async fn release(
+    locker: &SharedLocker,
+    key: &str,
+    token: Token,
+    timeout: Duration,
+    runtime: &impl Runtime,
+) -> Done {
     let unlock = async {
         let result = locker.unlock(key, &token).await;
         if let Err(e) = &result {
@@ -360,7 +380,7 @@ async fn release(locker: &SharedLocker, key: &str, token: Token, timeout: Durati
         Done::released(result)
     };
     let late = async {
-        async_io::Timer::after(timeout).await;
+        runtime.sleep(timeout).await;
         log::warn!("active guard {key} release timed out after {timeout:?}");
         Done::Released(false)
     };

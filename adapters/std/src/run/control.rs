@@ -21,8 +21,8 @@ pub struct RunHandle {
     tx: Sender<Command>,
 }
 
-/// The receiving side, given to [`crate::ActiveRunner::run`] or
-/// [`crate::Scheduler::run`]. Cloneable: one handle can stop many runners.
+/// The receiving side, given to [`ActiveRunner::run`](super::ActiveRunner::run) or
+/// [`Scheduler::run`](super::Scheduler::run). Cloneable: one handle can stop many runners.
 #[derive(Clone, Debug)]
 pub struct Control {
     rx: Receiver<Command>,

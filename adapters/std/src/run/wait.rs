@@ -1,21 +1,20 @@
-//! Waiting until a limiter admits, on `async-io` timers: guard-core's
-//! `limit::wait` over any guard-std `RateLimiter` (memory or Redis), one
-//! line of waiters per key.
+//! Waiting until a limiter admits, on a runtime's timers: guard-core's
+//! `limit::wait` over any `RateLimiter` (memory or Redis), one line of
+//! waiters per key.
 
 use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Instant as StdInstant;
 
 use embassy_sync::blocking_mutex::raw::CriticalSectionRawMutex;
 use guard_core::limit::Report;
 use guard_core::limit::wait::{Line, WaitError, until_admitted};
-use guard_core::time::Instant;
-use guard_std::ratelimit::{LimitError, RateLimiter};
 
-use crate::TimerDelay;
+use super::{Runtime, RuntimeClock, RuntimeDelay};
+use crate::Clock;
+use crate::ratelimit::{LimitError, RateLimiter};
 
 /// The most waiters one key's line holds; one more is refused with
 /// `WaitError::LineFull` (24 bytes a waiter, allocated only while the key
@@ -50,18 +49,18 @@ type KeyLine = Line<CriticalSectionRawMutex, LINE_CAPACITY>;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// # });
 /// ```
-pub struct WaitingLimiter {
+pub struct WaitingLimiter<R> {
     limiter: Arc<dyn RateLimiter>,
     /// The lines of keys that have waiters now.
     lines: Mutex<HashMap<String, Arc<KeyLine>>>,
     /// The jitter's randomness: a hash keyed at start-up over a counter.
     random: RandomState,
     draws: AtomicU64,
-    /// The origin of the instants the deadline is measured in.
-    origin: StdInstant,
+    /// The runtime's clock, which deadlines are measured on.
+    clock: RuntimeClock<R>,
 }
 
-impl std::fmt::Debug for WaitingLimiter {
+impl<R> std::fmt::Debug for WaitingLimiter<R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WaitingLimiter")
             .field("quota", &self.limiter.quota())
@@ -69,15 +68,22 @@ impl std::fmt::Debug for WaitingLimiter {
     }
 }
 
-impl WaitingLimiter {
-    /// Waiting over `limiter`.
+impl<R: Runtime + Default> WaitingLimiter<R> {
+    /// Waiting over `limiter`, on the default runtime of its type.
     pub fn new(limiter: Arc<dyn RateLimiter>) -> Self {
+        Self::with_runtime(limiter, R::default())
+    }
+}
+
+impl<R: Runtime> WaitingLimiter<R> {
+    /// Waiting over `limiter` on `runtime`'s clock and timers.
+    pub fn with_runtime(limiter: Arc<dyn RateLimiter>, runtime: R) -> Self {
         WaitingLimiter {
             limiter,
             lines: Mutex::new(HashMap::new()),
             random: RandomState::new(),
             draws: AtomicU64::new(0),
-            origin: StdInstant::now(),
+            clock: RuntimeClock::new(runtime),
         }
     }
 
@@ -86,11 +92,13 @@ impl WaitingLimiter {
         &self.limiter
     }
 
-    /// Waits until one request for `key` is admitted, or until `deadline`.
+    /// Waits until one request for `key` is admitted, or until `deadline`
+    /// (an instant on the runtime's timeline: `std::time::Instant` for
+    /// async-io, `tokio::time::Instant::into_std` for tokio).
     pub async fn until_ready(
         &self,
         key: &str,
-        deadline: Option<StdInstant>,
+        deadline: Option<std::time::Instant>,
     ) -> Result<Report, WaitError<LimitError>> {
         self.until_n_ready(key, 1, deadline).await
     }
@@ -102,15 +110,15 @@ impl WaitingLimiter {
         &self,
         key: &str,
         cost: u32,
-        deadline: Option<StdInstant>,
+        deadline: Option<std::time::Instant>,
     ) -> Result<Report, WaitError<LimitError>> {
         let line = self.line(key);
         let result = until_admitted(
             &line,
             || self.limiter.check_n(key, cost),
-            &mut TimerDelay,
-            || self.now(),
-            deadline.map(|d| self.instant(d)),
+            &mut RuntimeDelay(self.clock.runtime().clone()),
+            || self.clock.now(),
+            deadline.map(|d| self.clock.reading(d)),
             &mut || self.draw(),
         )
         .await;
@@ -139,15 +147,6 @@ impl WaitingLimiter {
         if Arc::strong_count(&line) == 2 && line.is_empty() {
             lines.remove(key);
         }
-    }
-
-    fn now(&self) -> Instant {
-        self.instant(StdInstant::now())
-    }
-
-    fn instant(&self, at: StdInstant) -> Instant {
-        let nanos = at.saturating_duration_since(self.origin).as_nanos();
-        Instant::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
     }
 
     fn draw(&self) -> u64 {

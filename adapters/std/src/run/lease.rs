@@ -2,8 +2,9 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
+use super::{Runtime, RuntimeClock};
+use crate::Clock;
 use guard_core::guard::Lease;
-use guard_std::{Clock, SystemClock};
 
 /// What a [`LeaseCheck`] finds at one instant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -18,7 +19,7 @@ pub enum LeaseState {
     NotHeld,
 }
 
-/// A view of the lease an [`ActiveRunner`](crate::ActiveRunner) holds, on
+/// A view of the lease an [`ActiveRunner`](super::ActiveRunner) holds, on
 /// the runner's own monotonic clock.
 ///
 /// The runner publishes its `ActiveGuard`'s lease after every step; an
@@ -41,13 +42,13 @@ pub enum LeaseState {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, Debug)]
-pub struct LeaseCheck {
+pub struct LeaseCheck<R> {
     lease: Arc<Mutex<Option<Lease>>>,
-    clock: SystemClock,
+    clock: RuntimeClock<R>,
 }
 
-impl LeaseCheck {
-    pub(crate) fn new(clock: SystemClock) -> Self {
+impl<R: Runtime> LeaseCheck<R> {
+    pub(crate) fn new(clock: RuntimeClock<R>) -> Self {
         LeaseCheck {
             lease: Arc::default(),
             clock,

@@ -5,13 +5,13 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 
+use super::control::{Control, Heard};
+use super::{Runtime, RuntimeClock};
+use crate::{Clock, GuardConfig, Throttle};
 use futures_lite::future;
 use guard_core::guard::{FailPolicy, OnceEvent, OnceGuard, OnceOutcome};
 use guard_core::lock::{KeyError, Scope, Ttl};
 use guard_core::slot::{Schedule, SlotTimer, UnixMillis};
-use guard_std::{Clock, GuardConfig, SystemClock, Throttle};
-
-use crate::control::{Control, Heard};
 
 /// The scope component of scheduled jobs.
 pub const SCHEDULE_COMPONENT: &str = "schedule";
@@ -87,7 +87,7 @@ struct Job {
 }
 
 /// Runs jobs on schedules (epoch-aligned [`guard_core::slot::Every`] or a
-/// cron [`guard_std::CronSchedule`]); every replica computes the same
+/// cron [`CronSchedule`](crate::CronSchedule)); every replica computes the same
 /// planned slot, and a `OnceGuard` keyed by
 /// `scope(schedule, owner, chain, router) + slot` lets one replica run it.
 ///
@@ -96,7 +96,8 @@ struct Job {
 /// - One job's runs never overlap on one replica.
 /// - Replica clocks must agree to within one period: beyond that they
 ///   compute different slots and may both run.
-pub struct Scheduler {
+pub struct Scheduler<R> {
+    runtime: R,
     config: GuardConfig,
     /// `None`: the once-guard default, one hour.
     slot_ttl: Option<Ttl>,
@@ -105,7 +106,7 @@ pub struct Scheduler {
     keys: HashSet<String>,
 }
 
-impl fmt::Debug for Scheduler {
+impl<R> fmt::Debug for Scheduler<R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Scheduler")
             .field(
@@ -120,10 +121,19 @@ impl fmt::Debug for Scheduler {
     }
 }
 
-impl Scheduler {
-    /// A scheduler using `config`'s locker, owner and prefix.
+impl<R: Runtime + Default> Scheduler<R> {
+    /// A scheduler using `config`'s locker, owner and prefix, on the
+    /// default runtime of its type.
     pub fn new(config: GuardConfig) -> Self {
+        Self::with_runtime(config, R::default())
+    }
+}
+
+impl<R: Runtime> Scheduler<R> {
+    /// [`new`](Self::new) on `runtime`'s clocks and timers.
+    pub fn with_runtime(config: GuardConfig, runtime: R) -> Self {
         Scheduler {
+            runtime,
             config,
             slot_ttl: None,
             fail_policy: FailPolicy::FailClosed,
@@ -173,7 +183,7 @@ impl Scheduler {
         if !self.keys.insert(scope.as_str().to_owned()) {
             return Err(ScheduleError::DuplicateRouterId(router_id.to_owned()));
         }
-        guard_std::metrics::record_once_scope(scope.as_str());
+        crate::metrics::record_once_scope(scope.as_str());
         self.jobs.push(Job {
             name: router_id.to_owned(),
             scope,
@@ -192,6 +202,7 @@ impl Scheduler {
             .map(|job| {
                 executor.spawn(run_job(
                     job,
+                    RuntimeClock::new(self.runtime.clone()),
                     self.config.clone(),
                     self.slot_ttl,
                     self.fail_policy,
@@ -213,7 +224,7 @@ impl Scheduler {
 /// counted there; backend errors are logged at most once per throttle
 /// interval).
 fn log_outcome(event: &OnceEvent<'_>, failures: &Throttle) {
-    guard_std::metrics::record_once(event);
+    crate::metrics::record_once(event);
     match (event.outcome, event.error) {
         (OnceOutcome::SkippedOnError, Some(e)) => {
             if let Some(held) = failures.admit() {
@@ -247,14 +258,14 @@ fn log_outcome(event: &OnceEvent<'_>, failures: &Throttle) {
     }
 }
 
-async fn run_job(
+async fn run_job<R: Runtime>(
     mut job: Job,
+    clock: RuntimeClock<R>,
     config: GuardConfig,
     ttl: Option<Ttl>,
     fail_policy: FailPolicy,
     control: Control,
 ) {
-    let clock = SystemClock::new();
     let mut guard = OnceGuard::new(config.locker(), job.scope.clone())
         .with_prefix(config.prefix())
         .with_fail_policy(fail_policy);
@@ -272,7 +283,7 @@ async fn run_job(
             true
         };
         let due = async {
-            async_io::Timer::after(wait).await;
+            clock.runtime().sleep(wait).await;
             false
         };
         if control.is_stopped() || future::or(stop, due).await {

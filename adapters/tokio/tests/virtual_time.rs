@@ -1,0 +1,324 @@
+//! guard-std's runners on tokio, spawned with `tokio::spawn` (so their
+//! futures are `Send`) and run in tokio's paused virtual time: the
+//! locker, the limiter and the runners all read `Tokio`, so an hour of
+//! leases and schedules takes milliseconds and every instant is exact.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use guard_core::guard::{ActiveConfig, DemoteReason};
+use guard_core::limit::{FullPolicy, Rate, TokenBucket};
+use guard_core::lock::{Scope, Ttl};
+use guard_core::slot::Every;
+use guard_std::ratelimit::MemoryLimiter;
+use guard_std::run::RuntimeClock;
+use guard_std::{GuardConfig, LocalLocker, SharedLocker};
+use guard_testkit::{FaultyLocker, RenewFault};
+use guard_tokio::{ActiveRunner, RunHandle, Scheduler, Tokio, WaitingLimiter, control};
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep};
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Event {
+    Promoted(usize),
+    Demoted(usize, DemoteReason),
+}
+
+type Log = Arc<Mutex<Vec<(Event, Instant)>>>;
+
+/// A locker whose leases expire on tokio's clock.
+fn virtual_locker() -> LocalLocker<RuntimeClock<Tokio>> {
+    LocalLocker::with_clock(RuntimeClock::new(Tokio::new()))
+}
+
+fn scope() -> Scope {
+    Scope::new("consumer").unwrap()
+}
+
+/// Spawns replica `id` on the default timing (15 s lease, 5 s interval).
+fn replica(id: usize, config: &GuardConfig, log: &Log) -> (RunHandle, JoinHandle<()>) {
+    let runner = ActiveRunner::new(config, &scope()).unwrap();
+    let (handle, ctl) = control();
+    let (on_p, on_d) = (log.clone(), log.clone());
+    let task = tokio::spawn(async move {
+        runner
+            .run(
+                ctl,
+                move |_fence| {
+                    let log = on_p.clone();
+                    async move {
+                        log.lock()
+                            .unwrap()
+                            .push((Event::Promoted(id), Instant::now()));
+                        Ok::<(), Infallible>(())
+                    }
+                },
+                move |reason| {
+                    let log = on_d.clone();
+                    async move {
+                        log.lock()
+                            .unwrap()
+                            .push((Event::Demoted(id, reason), Instant::now()));
+                    }
+                },
+            )
+            .await;
+    });
+    (handle, task)
+}
+
+/// The replica promoted last.
+fn leader(log: &Log) -> usize {
+    log.lock()
+        .unwrap()
+        .iter()
+        .rev()
+        .find_map(|(e, _)| match e {
+            Event::Promoted(id) => Some(*id),
+            Event::Demoted(..) => None,
+        })
+        .expect("someone leads")
+}
+
+fn promoted_at(log: &Log, id: usize, after: Instant) -> Instant {
+    log.lock()
+        .unwrap()
+        .iter()
+        .find_map(|(e, t)| (*e == Event::Promoted(id) && *t >= after).then_some(*t))
+        .unwrap_or_else(|| panic!("replica {id} not promoted after {after:?}"))
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_hour_of_leadership_with_a_stop_and_a_crash_runs_in_virtual_time() {
+    let real = std::time::Instant::now();
+    let start = Instant::now();
+    let config = GuardConfig::new().with_locker(SharedLocker::new(virtual_locker()));
+    let log: Log = Arc::default();
+    let mut replicas: Vec<_> = (0..3).map(|id| replica(id, &config, &log)).collect();
+
+    sleep(Duration::from_secs(20 * 60)).await;
+    let first = leader(&log);
+    let stopped = Instant::now();
+    replicas[first].0.stop();
+    sleep(Duration::from_secs(20 * 60)).await;
+    let second = leader(&log);
+    assert_ne!(second, first);
+    // A stop releases the lease: a standby takes it at its next attempt.
+    let handed = promoted_at(&log, second, stopped) - stopped;
+    assert!(handed <= Duration::from_secs(5), "after a stop: {handed:?}");
+
+    // A crash: the task is gone without releasing; the lease expires.
+    let crashed = Instant::now();
+    replicas[second].1.abort();
+    sleep(Duration::from_secs(20 * 60)).await;
+    let third = leader(&log);
+    assert!(
+        third != first && third != second,
+        "{first} {second} {third}"
+    );
+    let taken = promoted_at(&log, third, crashed) - crashed;
+    assert!(
+        taken > Duration::from_secs(5) && taken <= Duration::from_secs(15 + 5),
+        "after a crash the lease expires first (15 s), then the next attempt takes it: {taken:?}"
+    );
+
+    for (handle, _) in &replicas {
+        handle.stop();
+    }
+    for (i, (_, task)) in replicas.iter_mut().enumerate() {
+        if i != second {
+            task.await.expect("runner ends on stop");
+        }
+    }
+    // One leader at a time: each promotion after the previous leader's
+    // demotion (or crash).
+    let events = log.lock().unwrap().clone();
+    let promotions: Vec<_> = events
+        .iter()
+        .filter(|(e, _)| matches!(e, Event::Promoted(_)))
+        .collect();
+    assert_eq!(promotions.len(), 3, "{events:?}");
+    assert_eq!(
+        events.iter().map(|(e, _)| *e).collect::<Vec<_>>(),
+        [
+            Event::Promoted(first),
+            Event::Demoted(first, DemoteReason::Stopping),
+            Event::Promoted(second),
+            Event::Promoted(third),
+            Event::Demoted(third, DemoteReason::Stopping),
+        ]
+    );
+    assert!(Instant::now() - start >= Duration::from_secs(3600));
+    assert!(
+        real.elapsed() < Duration::from_secs(10),
+        "an hour of virtual time took {:?}",
+        real.elapsed()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_leader_whose_renewals_never_answer_demotes_before_the_lease_ends() {
+    let start = Instant::now();
+    let config = FaultyLocker::new(virtual_locker(), RenewFault::NeverAnswers, false).config();
+    let log: Log = Arc::default();
+    let (handle, task) = replica(0, &config, &log);
+    sleep(Duration::from_secs(60)).await;
+    handle.stop();
+    task.await.unwrap();
+    let events = log.lock().unwrap().clone();
+    let [
+        (Event::Promoted(0), promoted),
+        (Event::Demoted(0, reason), demoted),
+        ..,
+    ] = events[..]
+    else {
+        panic!("promoted then demoted: {events:?}");
+    };
+    assert_eq!(reason, DemoteReason::RenewDeadline);
+    assert_eq!(promoted, start, "acquired at once");
+    // The deadline is the acquire's send time + ttl - drift (ttl / 10):
+    // 13.5 s, to tokio's millisecond.
+    let held = demoted - start;
+    assert!(
+        held >= Duration::from_millis(13_500) && held <= Duration::from_millis(13_502),
+        "demoted after {held:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn three_replicas_run_every_slot_of_an_hour_once() {
+    let config = GuardConfig::new().with_locker(SharedLocker::new(virtual_locker()));
+    let runs: Arc<Mutex<Vec<(usize, u64)>>> = Arc::default();
+    let every_minute = Every::new(Duration::from_secs(60)).unwrap();
+    let mut replicas = Vec::new();
+    for id in 0..3 {
+        let mut scheduler = Scheduler::with_runtime(config.clone(), Tokio::with_virtual_wall());
+        let runs = runs.clone();
+        scheduler
+            .add_job("tick", "", every_minute, move |run| {
+                let runs = runs.clone();
+                async move { runs.lock().unwrap().push((id, run.slot.as_millis())) }
+            })
+            .unwrap();
+        let (handle, ctl) = control();
+        replicas.push((handle, tokio::spawn(scheduler.run(ctl))));
+        // Replicas start at different moments, as after a rollout.
+        sleep(Duration::from_secs(7)).await;
+    }
+    sleep(Duration::from_secs(3600)).await;
+    for (handle, _) in &replicas {
+        handle.stop();
+    }
+    for (_, task) in replicas {
+        task.await.unwrap();
+    }
+    let mut per_slot: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
+    for (id, slot) in runs.lock().unwrap().iter() {
+        per_slot.entry(*slot).or_default().push(*id);
+    }
+    assert!(per_slot.len() >= 60, "{} slots", per_slot.len());
+    assert!(per_slot.values().all(|ids| ids.len() == 1), "{per_slot:?}");
+    let slots: Vec<u64> = per_slot.keys().copied().collect();
+    assert!(
+        slots.windows(2).all(|w| w[1] - w[0] == 60_000),
+        "no slot missed: {slots:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn thirty_two_spawned_waiters_are_admitted_in_arrival_order_at_the_rate() {
+    let bucket = TokenBucket::new(1, Rate::per_second(100)).unwrap();
+    let limiter: MemoryLimiter<_, _> = MemoryLimiter::with_clock(
+        bucket,
+        64,
+        FullPolicy::DenyNewKeys,
+        RuntimeClock::new(Tokio::new()),
+    );
+    let waiting = Arc::new(WaitingLimiter::new(Arc::new(limiter)));
+    let order: Arc<Mutex<Vec<(usize, Instant)>>> = Arc::default();
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..32)
+        .map(|i| {
+            let (waiting, order) = (waiting.clone(), order.clone());
+            tokio::spawn(async move {
+                let report = waiting.until_ready("hot", None).await.expect("admitted");
+                assert!(report.is_allowed());
+                order.lock().unwrap().push((i, Instant::now()));
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let order = order.lock().unwrap().clone();
+    assert_eq!(
+        order.iter().map(|(i, _)| *i).collect::<Vec<_>>(),
+        (0..32).collect::<Vec<_>>(),
+        "arrival order"
+    );
+    // One at once, then one each 10 ms: 310 ms, each sleep lengthened by
+    // at most 1/16 of jitter and tokio's millisecond timer.
+    let span = order[31].1 - start;
+    assert!(span >= Duration::from_millis(310), "too fast: {span:?}");
+    assert!(
+        span <= Duration::from_millis(310 + 20 + 31),
+        "too slow: {span:?}"
+    );
+    assert_eq!(waiting.waiting_keys(), 0, "no line is left behind");
+}
+
+#[test]
+fn runners_run_on_a_multi_threaded_runtime_in_real_time() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_time()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let config = GuardConfig::new().with_locker(SharedLocker::new(LocalLocker::new()));
+        let timing = ActiveConfig::new()
+            .with_ttl(Ttl::from_secs(1).unwrap())
+            .with_interval(Duration::from_millis(50));
+        let log: Log = Arc::default();
+        let mut replicas = Vec::new();
+        for id in 0..2 {
+            let runner = ActiveRunner::new(&config, &scope())
+                .unwrap()
+                .with_settings(timing)
+                .unwrap();
+            let (handle, ctl) = control();
+            let log = log.clone();
+            replicas.push((
+                handle,
+                tokio::spawn(async move {
+                    runner
+                        .run(
+                            ctl,
+                            |_| {
+                                let log = log.clone();
+                                async move {
+                                    log.lock()
+                                        .unwrap()
+                                        .push((Event::Promoted(id), Instant::now()));
+                                    Ok::<(), Infallible>(())
+                                }
+                            },
+                            |_| async {},
+                        )
+                        .await
+                }),
+            ));
+        }
+        sleep(Duration::from_millis(300)).await;
+        let first = leader(&log);
+        replicas[first].0.stop();
+        sleep(Duration::from_millis(300)).await;
+        assert_eq!(leader(&log), 1 - first, "the standby took over");
+        for (handle, task) in replicas {
+            handle.stop();
+            task.await.unwrap();
+        }
+    });
+}

@@ -1,0 +1,65 @@
+//! Parameters the layer refuses, as values.
+
+use std::fmt;
+use std::time::Duration;
+
+/// A parameter the layer cannot work with. Each variant names the
+/// parameter and carries the value given, so the message says both.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// [`HeaderKey::new`](crate::HeaderKey::new): not a valid HTTP header
+    /// name.
+    HeaderName {
+        /// The name given.
+        value: String,
+    },
+    /// [`RateLimitLayerBuilder::policy_name`](crate::RateLimitLayerBuilder::policy_name):
+    /// not a name the `RateLimit` fields can carry as a structured-field
+    /// string.
+    PolicyName {
+        /// The name given.
+        value: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// [`ClientIp::x_forwarded_for`](crate::ClientIp::x_forwarded_for) or
+    /// [`ClientIp::forwarded`](crate::ClientIp::forwarded) with no proxy.
+    TrustedProxies {
+        /// The count given.
+        value: usize,
+    },
+    /// [`OnBackendError::FailClosed`](crate::OnBackendError::FailClosed)
+    /// asking clients to retry after no time at all.
+    BackendRetryAfter {
+        /// The duration given.
+        value: Duration,
+    },
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigError::HeaderName { value } => write!(
+                f,
+                "key header: {value:?} is not a valid HTTP header name (a token of letters, \
+                 digits and !#$%&'*+-.^_`|~)"
+            ),
+            ConfigError::PolicyName { value, reason } => {
+                write!(f, "policy name: {value:?} {reason}")
+            }
+            ConfigError::TrustedProxies { value } => write!(
+                f,
+                "trusted proxies: {value}: trusting a forwarding header needs at least one proxy \
+                 of yours in front of the server (ClientIp::peer() reads the peer address alone)"
+            ),
+            ConfigError::BackendRetryAfter { value } => write!(
+                f,
+                "backend retry-after: {value:?}: a refusal must ask the client to wait (at least \
+                 1 s once rounded up to whole seconds)"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}

@@ -1,0 +1,234 @@
+//! The response fields: `RateLimit-Policy` and `RateLimit` of
+//! draft-ietf-httpapi-ratelimit-headers (revision 11), `Retry-After`, and
+//! the legacy `X-RateLimit-*` trio.
+
+use std::time::Duration;
+
+use guard_std::ratelimit::Quota;
+use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
+
+use crate::error::ConfigError;
+
+/// `RateLimit-Policy`: the policy's quota and window.
+pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+/// `RateLimit`: what is left of the quota, and for how long.
+pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+/// Legacy `X-RateLimit-Limit` (the quota).
+pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+/// Legacy `X-RateLimit-Remaining`.
+pub const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+/// Legacy `X-RateLimit-Reset`, in seconds from now.
+pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
+/// Whole seconds, rounded up: a client told to wait never comes back early.
+pub(crate) fn ceil_secs(d: Duration) -> u64 {
+    d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
+}
+
+/// `name` as a structured-field string (RFC 9651 §3.3.3): quoted, with `"`
+/// and `\` escaped. The draft requires the policy item to be a String.
+pub(crate) fn sf_string(name: &str) -> Result<String, ConfigError> {
+    let refuse = |reason| ConfigError::PolicyName {
+        value: name.to_owned(),
+        reason,
+    };
+    if name.is_empty() {
+        return Err(refuse("is empty: a policy needs a name clients can match"));
+    }
+    let mut out = String::with_capacity(name.len() + 2);
+    out.push('"');
+    for c in name.chars() {
+        match c {
+            '"' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            ' '..='~' => out.push(c),
+            _ => {
+                return Err(refuse(
+                    "has a character outside printable ASCII (0x20 to 0x7E), which a \
+                     structured-field string cannot carry",
+                ));
+            }
+        }
+    }
+    out.push('"');
+    Ok(out)
+}
+
+/// The `w` of a quota: the seconds its `q` units are spread over, rounded
+/// up to at least one (the draft's window is a positive whole number of
+/// seconds). A bucket's is the time an emptied bucket takes to refill
+/// (`capacity` intervals); a window's is its width. `None` for a rate the
+/// limiter would have refused.
+pub(crate) fn window_secs(quota: &Quota) -> Option<u64> {
+    let nanos: u128 = match quota {
+        Quota::TokenBucket { capacity, rate } | Quota::LeakyBucket { capacity, rate } => {
+            let interval = rate.interval_nanos().ok()?;
+            u128::from(interval).saturating_mul(u128::from(*capacity))
+        }
+        Quota::SlidingWindow { window, .. } => window.as_nanos(),
+    };
+    let secs = nanos.div_ceil(1_000_000_000).max(1);
+    Some(u64::try_from(secs).unwrap_or(u64::MAX))
+}
+
+/// Appends `n` in decimal: the fields are written on every response, and
+/// this is several times cheaper than `core::fmt`.
+fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
+    let mut digits = [0u8; 20]; // u64::MAX has 20 digits
+    let mut start = digits.len();
+    loop {
+        start -= 1;
+        digits[start] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[start..]);
+}
+
+/// The number of decimal digits of `n`.
+fn decimal_len(n: u64) -> usize {
+    n.checked_ilog10().map_or(1, |log| log as usize + 1)
+}
+
+/// A field value built from ASCII we wrote ourselves, `text` filled to
+/// its capacity exactly: `bytes` then keeps the vector as it is (a vector
+/// with room to spare costs a second allocation, and a slower drop).
+fn value(text: Vec<u8>) -> HeaderValue {
+    debug_assert_eq!(text.len(), text.capacity());
+    // Digits, `;`, `=` and a validated sf-string: always a valid value; the
+    // fallback is never taken.
+    HeaderValue::try_from(text).unwrap_or_else(|_| HeaderValue::from_static(""))
+}
+
+/// `"<name>";q=<quota>;w=<window>` for `quota`.
+pub(crate) fn policy_value(name: &str, quota: &Quota) -> HeaderValue {
+    let q = u64::from(quota.limit());
+    let w = window_secs(quota);
+    let len = name.len() + 3 + decimal_len(q) + w.map_or(0, |w| 3 + decimal_len(w));
+    let mut text = Vec::with_capacity(len);
+    text.extend_from_slice(name.as_bytes());
+    text.extend_from_slice(b";q=");
+    push_decimal(&mut text, q);
+    if let Some(w) = w {
+        text.extend_from_slice(b";w=");
+        push_decimal(&mut text, w);
+    }
+    value(text)
+}
+
+/// `"<name>";r=<remaining>;t=<seconds>`.
+pub(crate) fn ratelimit_value(name: &str, remaining: u32, t: u64) -> HeaderValue {
+    let r = u64::from(remaining);
+    let len = name.len() + 3 + decimal_len(r) + 3 + decimal_len(t);
+    let mut text = Vec::with_capacity(len);
+    text.extend_from_slice(name.as_bytes());
+    text.extend_from_slice(b";r=");
+    push_decimal(&mut text, r);
+    text.extend_from_slice(b";t=");
+    push_decimal(&mut text, t);
+    value(text)
+}
+
+/// The rate-limit fields of one response, computed when the decision is
+/// made and written when the response is there.
+#[derive(Debug)]
+pub(crate) struct Fields {
+    pub policy: HeaderValue,
+    /// `RateLimit` and its numbers, when a decision reported them.
+    pub state: Option<(HeaderValue, u32, u64)>,
+    /// The quota, for the legacy `X-RateLimit-Limit`; `None` when the
+    /// legacy fields are off.
+    pub legacy_limit: Option<u32>,
+}
+
+impl Fields {
+    /// Adds the fields to `headers`. The draft's two are lists, so they are
+    /// appended (an inner layer's policy stays); the legacy ones are single
+    /// values and replaced.
+    pub fn write(self, headers: &mut HeaderMap) {
+        headers.append(RATELIMIT_POLICY, self.policy);
+        if let Some((ratelimit, remaining, t)) = self.state {
+            headers.append(RATELIMIT, ratelimit);
+            if self.legacy_limit.is_some() {
+                headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(remaining));
+                headers.insert(X_RATELIMIT_RESET, HeaderValue::from(t));
+            }
+        }
+        if let Some(limit) = self.legacy_limit {
+            headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(limit));
+        }
+    }
+}
+
+/// `Retry-After: <seconds>`, at least one for any wait.
+pub(crate) fn write_retry_after(headers: &mut HeaderMap, secs: u64) {
+    headers.insert(RETRY_AFTER, HeaderValue::from(secs.max(1)));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use guard_core::limit::Rate;
+
+    #[test]
+    fn decimals() {
+        for n in [0, 7, 10, 4_294_967_295, u64::MAX] {
+            let mut out = Vec::new();
+            push_decimal(&mut out, n);
+            assert_eq!(out, n.to_string().into_bytes());
+            assert_eq!(decimal_len(n), out.len());
+        }
+        assert_eq!(ratelimit_value("\"d\"", 0, 120), "\"d\";r=0;t=120");
+    }
+
+    #[test]
+    fn rounds_up_to_whole_seconds() {
+        assert_eq!(ceil_secs(Duration::ZERO), 0);
+        assert_eq!(ceil_secs(Duration::from_nanos(1)), 1);
+        assert_eq!(ceil_secs(Duration::from_secs(2)), 2);
+        assert_eq!(ceil_secs(Duration::from_millis(2_001)), 3);
+    }
+
+    #[test]
+    fn policy_names_are_quoted_and_escaped() {
+        assert_eq!(sf_string("default").unwrap(), "\"default\"");
+        assert_eq!(sf_string(r#"a"b\c"#).unwrap(), r#""a\"b\\c""#);
+        assert!(matches!(sf_string(""), Err(ConfigError::PolicyName { .. })));
+        assert!(matches!(
+            sf_string("d\u{e9}faut"),
+            Err(ConfigError::PolicyName { .. })
+        ));
+        assert!(matches!(
+            sf_string("tab\there"),
+            Err(ConfigError::PolicyName { .. })
+        ));
+    }
+
+    #[test]
+    fn windows_map_as_documented() {
+        let window = Quota::SlidingWindow {
+            limit: 10,
+            window: Duration::from_millis(1_500),
+        };
+        assert_eq!(window_secs(&window), Some(2));
+        assert_eq!(policy_value("\"p\"", &window), "\"p\";q=10;w=2");
+
+        // Five tokens at one per 300 ms: refilled in 1.5 s, advertised as 2.
+        let bucket = Quota::TokenBucket {
+            capacity: 5,
+            rate: Rate::per(1, Duration::from_millis(300)),
+        };
+        assert_eq!(window_secs(&bucket), Some(2));
+        // A rate no limiter accepts has no window: `w` is left out.
+        let broken = Quota::LeakyBucket {
+            capacity: 5,
+            rate: Rate::per(0, Duration::from_secs(1)),
+        };
+        assert_eq!(window_secs(&broken), None);
+        assert_eq!(policy_value("\"p\"", &broken), "\"p\";q=5");
+    }
+}

@@ -1,0 +1,580 @@
+//! The layer, its builder, its service and the service's future.
+
+use std::fmt;
+use std::future::Future;
+use std::mem;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use bytes::Bytes;
+use guard_std::Throttle;
+use guard_std::ratelimit::{LimitError, LimitFuture, LimitResult, RateLimiter, Report};
+use http::header::{CONTENT_TYPE, HeaderValue};
+use http::request::Parts;
+use http::{Request, Response, StatusCode};
+use pin_project_lite::pin_project;
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::body::ResponseBody;
+use crate::error::ConfigError;
+use crate::extract::{ClientIp, KeyExtractor};
+use crate::headers::{
+    Fields, ceil_secs, policy_value, ratelimit_value, sf_string, write_retry_after,
+};
+
+/// The policy name in the `RateLimit` fields unless one is given.
+pub const DEFAULT_POLICY_NAME: &str = "default";
+
+/// How long a fail-closed layer asks clients to wait when the limiter's
+/// backend fails, unless told otherwise.
+pub const DEFAULT_BACKEND_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// What the layer does with a request its [`KeyExtractor`] finds no key in.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MissingKey {
+    /// Answer `400 Bad Request`, naming what is missing (the default).
+    ///
+    /// A request without a key is either a client that left out what the
+    /// API asks for (a header) or a server set up without what the key
+    /// needs (client IPs without connect info). Refusing says so at the
+    /// first request; a shared key would quietly put every such request
+    /// in one quota, and letting them through would leave them unlimited.
+    #[default]
+    Refuse,
+    /// Limit every request without a key under this one key, together.
+    Shared(String),
+}
+
+/// What the layer does when the limiter's backend fails
+/// ([`LimitError::Backend`], for example Redis unreachable). Either way
+/// the failure is logged as a warning, at most one line per
+/// [`guard_std::THROTTLE_INTERVAL`] with the count of the others.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OnBackendError {
+    /// Refuse the request: `503 Service Unavailable` with `Retry-After`
+    /// of `retry_after` rounded up to whole seconds (the default, with
+    /// [`DEFAULT_BACKEND_RETRY_AFTER`]). A limiter that cannot decide
+    /// protects nothing if it admits, so by default it does not.
+    FailClosed {
+        /// How long clients are asked to wait; at least a nanosecond.
+        retry_after: Duration,
+    },
+    /// Pass the request to the inner service unlimited, without rate-limit
+    /// fields: availability over protection, for limits that are a
+    /// courtesy rather than a defence.
+    FailOpen,
+}
+
+impl Default for OnBackendError {
+    fn default() -> Self {
+        OnBackendError::FailClosed {
+            retry_after: DEFAULT_BACKEND_RETRY_AFTER,
+        }
+    }
+}
+
+/// The cost of a request, from its head.
+type CostFn = dyn Fn(&Parts) -> u32 + Send + Sync;
+
+/// What every service of one layer shares.
+struct Config {
+    limiter: Arc<dyn RateLimiter>,
+    key: Box<dyn KeyExtractor>,
+    cost: Option<Box<CostFn>>,
+    /// The policy name as a structured-field string, quotes included.
+    policy: String,
+    missing_key: MissingKey,
+    on_backend_error: OnBackendError,
+    legacy_headers: bool,
+    backend_log: Throttle,
+}
+
+/// Builds a [`RateLimitLayer`]; every option has a default, and
+/// [`build`](Self::build) checks them all.
+///
+/// | option | default |
+/// | --- | --- |
+/// | [`key`](Self::key) | [`ClientIp::peer`] |
+/// | [`cost`](Self::cost) | 1 per request |
+/// | [`policy_name`](Self::policy_name) | [`DEFAULT_POLICY_NAME`] |
+/// | [`on_missing_key`](Self::on_missing_key) | [`MissingKey::Refuse`] (`400`) |
+/// | [`on_backend_error`](Self::on_backend_error) | [`OnBackendError::FailClosed`] (`503`, `Retry-After: 1`) |
+/// | [`legacy_headers`](Self::legacy_headers) | off |
+#[must_use = "a builder does nothing until built"]
+pub struct RateLimitLayerBuilder {
+    limiter: Arc<dyn RateLimiter>,
+    key: Box<dyn KeyExtractor>,
+    cost: Option<Box<CostFn>>,
+    policy_name: String,
+    missing_key: MissingKey,
+    on_backend_error: OnBackendError,
+    legacy_headers: bool,
+}
+
+impl fmt::Debug for RateLimitLayerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayerBuilder")
+            .field("quota", &self.limiter.quota())
+            .field("key", &self.key.describe())
+            .field("cost", &self.cost.as_ref().map(|_| "fn"))
+            .field("policy_name", &self.policy_name)
+            .field("missing_key", &self.missing_key)
+            .field("on_backend_error", &self.on_backend_error)
+            .field("legacy_headers", &self.legacy_headers)
+            .finish()
+    }
+}
+
+impl RateLimitLayerBuilder {
+    /// What requests are limited by; [`ClientIp::peer`] by default.
+    pub fn key(mut self, extractor: impl KeyExtractor) -> Self {
+        self.key = Box::new(extractor);
+        self
+    }
+
+    /// The units a request costs, from its head; 1 by default. A cost of
+    /// zero is admitted without counting (and still reports the quota). A
+    /// cost above the whole quota can never be admitted: it is answered
+    /// `413 Content Too Large`, not `429`, so that clients do not retry it.
+    pub fn cost<F>(mut self, cost: F) -> Self
+    where
+        F: Fn(&Parts) -> u32 + Send + Sync + 'static,
+    {
+        self.cost = Some(Box::new(cost));
+        self
+    }
+
+    /// The policy's name in `RateLimit-Policy` and `RateLimit`;
+    /// [`DEFAULT_POLICY_NAME`] by default. It must be printable ASCII and
+    /// not empty (checked by [`build`](Self::build)).
+    pub fn policy_name(mut self, name: impl Into<String>) -> Self {
+        self.policy_name = name.into();
+        self
+    }
+
+    /// What to do with a request that has no key; [`MissingKey::Refuse`]
+    /// by default.
+    pub fn on_missing_key(mut self, missing_key: MissingKey) -> Self {
+        self.missing_key = missing_key;
+        self
+    }
+
+    /// What to do when the limiter's backend fails;
+    /// [`OnBackendError::FailClosed`] with [`DEFAULT_BACKEND_RETRY_AFTER`]
+    /// by default.
+    pub fn on_backend_error(mut self, on_backend_error: OnBackendError) -> Self {
+        self.on_backend_error = on_backend_error;
+        self
+    }
+
+    /// Also write `X-RateLimit-Limit`, `X-RateLimit-Remaining` and
+    /// `X-RateLimit-Reset` (seconds from now, as `t`), which many clients
+    /// still read; off by default.
+    pub fn legacy_headers(mut self, on: bool) -> Self {
+        self.legacy_headers = on;
+        self
+    }
+
+    /// The layer, or the first parameter it cannot work with.
+    pub fn build(self) -> Result<RateLimitLayer, ConfigError> {
+        let policy = sf_string(&self.policy_name)?;
+        if let OnBackendError::FailClosed { retry_after } = self.on_backend_error
+            && retry_after.is_zero()
+        {
+            return Err(ConfigError::BackendRetryAfter { value: retry_after });
+        }
+        Ok(RateLimitLayer {
+            config: Arc::new(Config {
+                limiter: self.limiter,
+                key: self.key,
+                cost: self.cost,
+                policy,
+                missing_key: self.missing_key,
+                on_backend_error: self.on_backend_error,
+                legacy_headers: self.legacy_headers,
+                backend_log: Throttle::new(),
+            }),
+        })
+    }
+}
+
+/// A tower [`Layer`] that rate-limits HTTP requests with a guard
+/// [`RateLimiter`]; see the [crate documentation](crate).
+#[derive(Clone)]
+pub struct RateLimitLayer {
+    config: Arc<Config>,
+}
+
+impl fmt::Debug for RateLimitLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.config.fmt(f)
+    }
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayer")
+            .field("quota", &self.limiter.quota())
+            .field("key", &self.key.describe())
+            .field("policy", &self.policy)
+            .field("missing_key", &self.missing_key)
+            .field("on_backend_error", &self.on_backend_error)
+            .field("legacy_headers", &self.legacy_headers)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RateLimitLayer {
+    /// The layer over `limiter` with every option at its default: keyed
+    /// by [`ClientIp::peer`], fail-closed, policy [`DEFAULT_POLICY_NAME`].
+    pub fn new(limiter: Arc<dyn RateLimiter>) -> Self {
+        Self::builder(limiter)
+            .build()
+            .unwrap_or_else(|_| unreachable!("the defaults are valid parameters"))
+    }
+
+    /// A builder over `limiter` (any guard [`RateLimiter`]: in memory,
+    /// Redis), with every option at its default.
+    pub fn builder(limiter: Arc<dyn RateLimiter>) -> RateLimitLayerBuilder {
+        RateLimitLayerBuilder {
+            limiter,
+            key: Box::new(ClientIp::peer()),
+            cost: None,
+            policy_name: DEFAULT_POLICY_NAME.to_owned(),
+            missing_key: MissingKey::default(),
+            on_backend_error: OnBackendError::default(),
+            legacy_headers: false,
+        }
+    }
+
+    /// The limiter the layer decides with.
+    pub fn limiter(&self) -> &Arc<dyn RateLimiter> {
+        &self.config.limiter
+    }
+}
+
+impl<S> Layer<S> for RateLimitLayer {
+    type Service = RateLimitService<S>;
+
+    fn layer(&self, inner: S) -> RateLimitService<S> {
+        RateLimitService {
+            inner,
+            config: Arc::clone(&self.config),
+        }
+    }
+}
+
+/// The service of a [`RateLimitLayer`]: decides each request before the
+/// inner service sees it.
+///
+/// Readiness is the inner service's: [`poll_ready`](Service::poll_ready)
+/// delegates to it. A refused request never reaches the inner service, so
+/// the readiness it reserved stays for the next call. With a limiter that
+/// decides at once (in memory) the request goes straight to the ready
+/// inner service; with one that waits for a backend (Redis), the ready
+/// inner service goes into the response future and a clone stays here,
+/// which the caller polls ready before the next call (tower's usual
+/// pattern, hence `S: Clone`).
+#[derive(Clone)]
+pub struct RateLimitService<S> {
+    inner: S,
+    config: Arc<Config>,
+}
+
+impl<S: fmt::Debug> fmt::Debug for RateLimitService<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitService")
+            .field("inner", &self.inner)
+            .field("layer", &self.config)
+            .finish()
+    }
+}
+
+impl<S> RateLimitService<S> {
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, the layer dropped.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+/// What the layer does with a request once decided.
+enum Verdict {
+    /// Pass it on; write these fields on the response (none when a
+    /// failed backend was ignored).
+    Admit(Option<Fields>),
+    /// Answer it without the inner service.
+    Answer(Response<Bytes>),
+}
+
+/// The layer's own answer: `status` with a short text.
+fn answer(status: StatusCode, text: String) -> Response<Bytes> {
+    let mut response = Response::new(Bytes::from(text));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+impl Config {
+    /// The decision, when the limiter gives it without waiting.
+    fn decide_now(&self, key: &str, cost: u32) -> Option<LimitResult> {
+        match self.limiter.check_n(key, cost) {
+            LimitFuture::Ready(Some(result)) => Some(result),
+            // A remote limiter: this future is dropped unpolled and the
+            // decision is asked for again by the response future, which
+            // can own the key. guard's limiters, like any future written
+            // with `async`, do their work when polled, so the dropped one
+            // did nothing.
+            _ => None,
+        }
+    }
+
+    /// The fields of a decision, `t` seconds being the effective window.
+    fn fields(&self, report: &Report, t: u64) -> Fields {
+        Fields {
+            policy: policy_value(&self.policy, &self.limiter.quota()),
+            state: Some((
+                ratelimit_value(&self.policy, report.remaining, t),
+                report.remaining,
+                t,
+            )),
+            legacy_limit: self.legacy_headers.then_some(report.limit),
+        }
+    }
+
+    fn verdict(&self, result: LimitResult) -> Verdict {
+        match result {
+            Ok(report) => match report.retry_after() {
+                // `t` is the time until the key is back to a full quota.
+                None => Verdict::Admit(Some(self.fields(&report, ceil_secs(report.reset_after)))),
+                Some(wait) => {
+                    // Never 0 for a refusal. `t` is the same point in time:
+                    // the draft asks that Retry-After not be earlier than
+                    // the end of the effective window.
+                    let secs = ceil_secs(wait).max(1);
+                    let mut refusal = answer(
+                        StatusCode::TOO_MANY_REQUESTS,
+                        format!(
+                            "429 Too Many Requests: the rate limit of policy {} is reached; \
+                             retry after {secs} s\n",
+                            self.policy
+                        ),
+                    );
+                    self.fields(&report, secs).write(refusal.headers_mut());
+                    write_retry_after(refusal.headers_mut(), secs);
+                    Verdict::Answer(refusal)
+                }
+            },
+            Err(LimitError::Cost(e)) => {
+                let mut refusal = answer(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!(
+                        "413 Content Too Large: this request costs {} units, more than the whole \
+                         quota of {} of policy {}: it can never be admitted\n",
+                        e.cost, e.limit, self.policy
+                    ),
+                );
+                Fields {
+                    policy: policy_value(&self.policy, &self.limiter.quota()),
+                    state: None,
+                    legacy_limit: self.legacy_headers.then_some(e.limit),
+                }
+                .write(refusal.headers_mut());
+                Verdict::Answer(refusal)
+            }
+            Err(LimitError::Backend(e)) => match self.on_backend_error {
+                OnBackendError::FailClosed { retry_after } => {
+                    if let Some(held) = self.backend_log.admit() {
+                        log::warn!(
+                            "rate limit: the limiter's backend failed, request refused with 503 \
+                             (fail-closed): {e} ({held} more since the last line)"
+                        );
+                    }
+                    let secs = ceil_secs(retry_after).max(1);
+                    let mut refusal = answer(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!(
+                            "503 Service Unavailable: the rate limiter cannot decide now; retry \
+                             after {secs} s\n"
+                        ),
+                    );
+                    write_retry_after(refusal.headers_mut(), secs);
+                    Verdict::Answer(refusal)
+                }
+                OnBackendError::FailOpen => {
+                    if let Some(held) = self.backend_log.admit() {
+                        log::warn!(
+                            "rate limit: the limiter's backend failed, request admitted \
+                             unlimited (fail-open): {e} ({held} more since the last line)"
+                        );
+                    }
+                    Verdict::Admit(None)
+                }
+            },
+        }
+    }
+
+    /// The answer to a request without a key, under [`MissingKey::Refuse`].
+    fn no_key(&self) -> Response<Bytes> {
+        answer(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "400 Bad Request: the rate limit needs {}, which this request does not have\n",
+                self.key.describe()
+            ),
+        )
+    }
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// A decision that waited for the backend, with what followed it.
+enum Remote<O> {
+    /// Admitted: the inner service's output and the fields to write.
+    Called(O, Option<Fields>),
+    /// Answered by the layer.
+    Answered(Response<Bytes>),
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimitService<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    ReqBody: Send + 'static,
+{
+    type Response = Response<ResponseBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let config = &*self.config;
+        let (parts, body) = request.into_parts();
+        let cost = config.cost.as_ref().map_or(1, |cost| cost(&parts));
+        // `Err(key)`: the limiter waits for a backend; decide in the future.
+        let decided = match config.key.extract(&parts) {
+            Some(key) => config
+                .decide_now(key.as_str(), cost)
+                .ok_or_else(|| key.into_owned()),
+            None => match &config.missing_key {
+                MissingKey::Refuse => return ResponseFuture::answered(config.no_key()),
+                MissingKey::Shared(key) => config.decide_now(key, cost).ok_or_else(|| key.clone()),
+            },
+        };
+        match decided {
+            Ok(result) => match config.verdict(result) {
+                Verdict::Admit(fields) => ResponseFuture {
+                    state: State::Admitted {
+                        future: self.inner.call(Request::from_parts(parts, body)),
+                        fields,
+                    },
+                },
+                Verdict::Answer(refusal) => ResponseFuture::answered(refusal),
+            },
+            Err(key) => {
+                let clone = self.inner.clone();
+                let mut inner = mem::replace(&mut self.inner, clone);
+                let config = Arc::clone(&self.config);
+                ResponseFuture {
+                    state: State::Deciding {
+                        future: Box::pin(async move {
+                            let result = config.limiter.check_n(&key, cost).await;
+                            match config.verdict(result) {
+                                Verdict::Admit(fields) => Remote::Called(
+                                    inner.call(Request::from_parts(parts, body)).await,
+                                    fields,
+                                ),
+                                Verdict::Answer(refusal) => Remote::Answered(refusal),
+                            }
+                        }),
+                    },
+                }
+            }
+        }
+    }
+}
+
+pin_project! {
+    /// The future of a [`RateLimitService`] call: the inner service's
+    /// response with the rate-limit fields added, or the layer's own
+    /// answer.
+    pub struct ResponseFuture<F>
+    where
+        F: Future,
+    {
+        #[pin]
+        state: State<F>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F>
+    where
+        F: Future,
+    {
+        Admitted { #[pin] future: F, fields: Option<Fields> },
+        Answered { refusal: Option<Response<Bytes>> },
+        Deciding { future: BoxFuture<Remote<F::Output>> },
+    }
+}
+
+impl<F: Future> ResponseFuture<F> {
+    fn answered(refusal: Response<Bytes>) -> Self {
+        ResponseFuture {
+            state: State::Answered {
+                refusal: Some(refusal),
+            },
+        }
+    }
+}
+
+/// The inner response with the fields written.
+fn finish<B>(mut response: Response<B>, fields: Option<Fields>) -> Response<ResponseBody<B>> {
+    if let Some(fields) = fields {
+        fields.write(response.headers_mut());
+    }
+    response.map(ResponseBody::inner)
+}
+
+impl<F, B, E> Future for ResponseFuture<F>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+{
+    type Output = Result<Response<ResponseBody<B>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().state.project() {
+            StateProj::Admitted { future, fields } => {
+                let result = ready!(future.poll(cx));
+                Poll::Ready(result.map(|response| finish(response, fields.take())))
+            }
+            StateProj::Answered { refusal } => match refusal.take() {
+                Some(refusal) => Poll::Ready(Ok(refusal.map(ResponseBody::text))),
+                // Polled again after completion.
+                None => Poll::Pending,
+            },
+            StateProj::Deciding { future } => match ready!(future.as_mut().poll(cx)) {
+                Remote::Called(result, fields) => {
+                    Poll::Ready(result.map(|response| finish(response, fields)))
+                }
+                Remote::Answered(refusal) => Poll::Ready(Ok(refusal.map(ResponseBody::text))),
+            },
+        }
+    }
+}

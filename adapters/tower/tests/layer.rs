@@ -1,0 +1,726 @@
+//! The layer through `tower::ServiceExt::oneshot`, on limiters whose clock
+//! the tests move by hand: admitted counts, refusals and every field value
+//! are exact.
+
+mod common;
+
+use common::Answer;
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::extract::ConnectInfo;
+use guard_core::limit::{FullPolicy, LeakyBucket, Rate, SlidingWindow, TokenBucket};
+use guard_std::BackendError;
+use guard_std::ManualClock;
+use guard_std::ratelimit::{
+    LimitError, LimitFuture, MemoryLimiter, Quota, RateLimiter, ReconfigureError,
+};
+use guard_tower::{
+    ClientIp, ConfigError, HeaderKey, MissingKey, OnBackendError, PathKey, RateLimitLayer,
+    RateLimitLayerBuilder, key_fn,
+};
+use http::{Request, Response, StatusCode};
+use tower::{Layer, Service, ServiceExt};
+
+/// A token bucket on a hand-moved clock, in memory.
+fn bucket(capacity: u32, rate: Rate) -> (Arc<dyn RateLimiter>, ManualClock) {
+    let clock = ManualClock::default();
+    let bucket = TokenBucket::new(capacity, rate).unwrap();
+    let limiter =
+        MemoryLimiter::<_, _, 64>::with_clock(bucket, 64, FullPolicy::DenyNewKeys, clock.clone());
+    (Arc::new(limiter), clock)
+}
+
+/// The inner service: `200 hello`, counting its calls.
+#[derive(Clone, Default)]
+struct Hello {
+    calls: Arc<AtomicUsize>,
+}
+
+impl Hello {
+    fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+}
+
+impl Service<Request<String>> for Hello {
+    type Response = Response<String>;
+    type Error = Infallible;
+    type Future = std::future::Ready<Result<Response<String>, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Request<String>) -> Self::Future {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        std::future::ready(Ok(Response::new("hello".to_owned())))
+    }
+}
+
+async fn send(layer: &RateLimitLayer, inner: &Hello, request: Request<String>) -> Answer {
+    let response = layer.layer(inner.clone()).oneshot(request).await.unwrap();
+    Answer::read(response).await
+}
+
+/// A request from `ip` (as axum's connect info records it).
+fn from(ip: &str) -> Request<String> {
+    let mut request = Request::new(String::new());
+    let addr = SocketAddr::new(ip.parse().unwrap(), 40000);
+    request.extensions_mut().insert(ConnectInfo(addr));
+    request
+}
+
+fn with_header(name: &str, value: &str) -> Request<String> {
+    Request::builder()
+        .header(name, value)
+        .body(String::new())
+        .unwrap()
+}
+
+#[tokio::test]
+async fn admits_the_burst_then_answers_429_with_exact_fields() {
+    let (limiter, clock) = bucket(5, Rate::per_second(1));
+    let layer = RateLimitLayer::builder(limiter).build().unwrap();
+    let inner = Hello::default();
+
+    for i in 0..5u32 {
+        let a = send(&layer, &inner, from("192.0.2.1")).await;
+        assert_eq!(a.status, StatusCode::OK, "request {i}");
+        assert_eq!(a.text, "hello");
+        assert_eq!(a.header("ratelimit-policy"), Some(r#""default";q=5;w=5"#));
+        // r tokens left; full again after the spent ones refill, 1 s each.
+        let expected = format!(r#""default";r={};t={}"#, 4 - i, i + 1);
+        assert_eq!(a.header("ratelimit"), Some(expected.as_str()));
+        assert_eq!(a.header("retry-after"), None);
+    }
+    let refused = send(&layer, &inner, from("192.0.2.1")).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.header("retry-after"), Some("1"));
+    assert_eq!(refused.header("ratelimit"), Some(r#""default";r=0;t=1"#));
+    assert_eq!(
+        refused.header("ratelimit-policy"),
+        Some(r#""default";q=5;w=5"#)
+    );
+    assert_eq!(
+        refused.header("content-type"),
+        Some("text/plain; charset=utf-8")
+    );
+    assert!(refused.text.contains("retry after 1 s"), "{}", refused.text);
+    assert_eq!(
+        inner.calls(),
+        5,
+        "a refused request never reaches the inner service"
+    );
+
+    // One token back after a second: one more, then refused again.
+    clock.advance(Duration::from_secs(1));
+    let again = send(&layer, &inner, from("192.0.2.1")).await;
+    assert_eq!(again.status, StatusCode::OK);
+    assert_eq!(again.header("ratelimit"), Some(r#""default";r=0;t=5"#));
+    let refused = send(&layer, &inner, from("192.0.2.1")).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(inner.calls(), 6);
+}
+
+#[tokio::test]
+async fn retry_after_rounds_up_and_is_never_zero() {
+    // One token per 1.5 s.
+    let (limiter, clock) = bucket(1, Rate::per(1, Duration::from_millis(1_500)));
+    let layer = RateLimitLayer::builder(limiter).build().unwrap();
+    let inner = Hello::default();
+    assert_eq!(
+        send(&layer, &inner, from("192.0.2.1")).await.status,
+        StatusCode::OK
+    );
+
+    let refused = send(&layer, &inner, from("192.0.2.1")).await;
+    assert_eq!(refused.header("retry-after"), Some("2"), "1.5 s rounds up");
+    assert_eq!(refused.header("ratelimit"), Some(r#""default";r=0;t=2"#));
+    assert_eq!(
+        refused.header("ratelimit-policy"),
+        Some(r#""default";q=1;w=2"#)
+    );
+
+    clock.advance(Duration::from_millis(1_499));
+    let refused = send(&layer, &inner, from("192.0.2.1")).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        refused.header("retry-after"),
+        Some("1"),
+        "1 ms rounds up to 1 s"
+    );
+
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(
+        send(&layer, &inner, from("192.0.2.1")).await.status,
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn the_policy_field_follows_the_limiter_quota() {
+    let inner = Hello::default();
+    let clock = ManualClock::default();
+
+    let window = SlidingWindow::<8>::new(Duration::from_secs(10), 3).unwrap();
+    let window =
+        MemoryLimiter::<_, _, 64>::with_clock(window, 64, FullPolicy::DenyNewKeys, clock.clone());
+    let layer = RateLimitLayer::builder(Arc::new(window)).build().unwrap();
+    let a = send(&layer, &inner, from("192.0.2.1")).await;
+    assert_eq!(a.header("ratelimit-policy"), Some(r#""default";q=3;w=10"#));
+    // The window empties 10 s after its only admission.
+    assert_eq!(a.header("ratelimit"), Some(r#""default";r=2;t=10"#));
+
+    // Four units drained at two a second: empty again in 2 s.
+    let leaky = LeakyBucket::new(4, Rate::per_second(2)).unwrap();
+    let leaky =
+        MemoryLimiter::<_, _, 64>::with_clock(leaky, 64, FullPolicy::DenyNewKeys, clock.clone());
+    let layer = RateLimitLayer::builder(Arc::new(leaky)).build().unwrap();
+    let a = send(&layer, &inner, from("192.0.2.1")).await;
+    assert_eq!(a.header("ratelimit-policy"), Some(r#""default";q=4;w=2"#));
+
+    // A quota replaced while serving shows on the next response.
+    let (limiter, _clock) = bucket(5, Rate::per_second(1));
+    let layer = RateLimitLayer::builder(Arc::clone(&limiter))
+        .build()
+        .unwrap();
+    limiter
+        .reconfigure(Quota::TokenBucket {
+            capacity: 20,
+            rate: Rate::per_second(2),
+        })
+        .unwrap();
+    let a = send(&layer, &inner, from("192.0.2.1")).await;
+    assert_eq!(a.header("ratelimit-policy"), Some(r#""default";q=20;w=10"#));
+}
+
+#[tokio::test]
+async fn a_named_policy_is_an_escaped_sf_string_and_inner_fields_stay() {
+    let (limiter, _clock) = bucket(2, Rate::per_second(1));
+    let layer = RateLimitLayer::builder(limiter)
+        .policy_name(r#"api "v1""#)
+        .build()
+        .unwrap();
+    let inner = tower::service_fn(|_: Request<String>| async {
+        let mut response = Response::new(String::new());
+        response
+            .headers_mut()
+            .insert("ratelimit", r#""inner";r=7;t=1"#.parse().unwrap());
+        Ok::<_, Infallible>(response)
+    });
+    let response = layer.layer(inner).oneshot(from("192.0.2.1")).await.unwrap();
+    let fields: Vec<_> = response.headers().get_all("ratelimit").iter().collect();
+    assert_eq!(fields, [r#""inner";r=7;t=1"#, r#""api \"v1\"";r=1;t=1"#]);
+    assert_eq!(
+        response.headers()["ratelimit-policy"],
+        r#""api \"v1\"";q=2;w=2"#
+    );
+}
+
+#[tokio::test]
+async fn each_client_ip_has_its_own_quota() {
+    let (limiter, _clock) = bucket(1, Rate::per_second(1));
+    let layer = RateLimitLayer::builder(limiter)
+        .key(ClientIp::peer())
+        .build()
+        .unwrap();
+    let inner = Hello::default();
+    assert_eq!(
+        send(&layer, &inner, from("192.0.2.1")).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&layer, &inner, from("192.0.2.1")).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        send(&layer, &inner, from("192.0.2.2")).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&layer, &inner, from("2001:db8::1")).await.status,
+        StatusCode::OK
+    );
+
+    // Behind one trusted proxy, the address it appended is the key.
+    let (limiter, _clock) = bucket(1, Rate::per_second(1));
+    let layer = RateLimitLayer::builder(limiter)
+        .key(ClientIp::x_forwarded_for(1).unwrap())
+        .build()
+        .unwrap();
+    let via_proxy = |client: &str| {
+        let mut request = from("10.0.0.1");
+        request
+            .headers_mut()
+            .insert("x-forwarded-for", client.parse().unwrap());
+        request
+    };
+    assert_eq!(
+        send(&layer, &inner, via_proxy("203.0.113.1")).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&layer, &inner, via_proxy("203.0.113.2")).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&layer, &inner, via_proxy("6.6.6.6, 203.0.113.1"))
+            .await
+            .status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "a client cannot pick its key by prepending an entry"
+    );
+}
+
+#[tokio::test]
+async fn a_request_without_connect_info_is_refused_naming_it() {
+    let (limiter, _clock) = bucket(5, Rate::per_second(1));
+    // `new`: every default, the client IP among them.
+    let layer = RateLimitLayer::new(limiter);
+    let inner = Hello::default();
+    let a = send(&layer, &inner, Request::new(String::new())).await;
+    assert_eq!(a.status, StatusCode::BAD_REQUEST);
+    assert!(a.text.contains("ConnectInfo<SocketAddr>"), "{}", a.text);
+    assert_eq!(a.header("ratelimit"), None);
+    assert_eq!(inner.calls(), 0);
+}
+
+#[tokio::test]
+async fn header_keys_are_separate_and_a_missing_header_is_refused_or_shared() {
+    let (limiter, _clock) = bucket(1, Rate::per_second(1));
+    let layer = RateLimitLayer::builder(Arc::clone(&limiter))
+        .key(HeaderKey::new("x-api-key").unwrap())
+        .build()
+        .unwrap();
+    let inner = Hello::default();
+    assert_eq!(
+        send(&layer, &inner, with_header("x-api-key", "k1"))
+            .await
+            .status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&layer, &inner, with_header("x-api-key", "k1"))
+            .await
+            .status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        send(&layer, &inner, with_header("x-api-key", "k2"))
+            .await
+            .status,
+        StatusCode::OK
+    );
+
+    let missing = send(&layer, &inner, Request::new(String::new())).await;
+    assert_eq!(missing.status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        missing.text,
+        "400 Bad Request: the rate limit needs the x-api-key header, which this request does \
+         not have\n"
+    );
+
+    // Keyless requests together under one key.
+    let layer = RateLimitLayer::builder(limiter)
+        .key(HeaderKey::new("x-api-key").unwrap())
+        .on_missing_key(MissingKey::Shared("anonymous".into()))
+        .build()
+        .unwrap();
+    assert_eq!(
+        send(&layer, &inner, Request::new(String::new()))
+            .await
+            .status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&layer, &inner, Request::new(String::new()))
+            .await
+            .status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        send(&layer, &inner, with_header("x-api-key", "anonymous"))
+            .await
+            .status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "the shared key is a key like any other"
+    );
+}
+
+#[tokio::test]
+async fn path_keys_and_closure_keys() {
+    let path = |p: &str| Request::builder().uri(p).body(String::new()).unwrap();
+    let inner = Hello::default();
+
+    let (limiter, _clock) = bucket(1, Rate::per_second(1));
+    let layer = RateLimitLayer::builder(limiter)
+        .key(PathKey)
+        .build()
+        .unwrap();
+    assert_eq!(
+        send(&layer, &inner, path("/a?x=1")).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&layer, &inner, path("/a?x=2")).await.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "the query is not part of the key"
+    );
+    assert_eq!(
+        send(&layer, &inner, path("/b")).await.status,
+        StatusCode::OK
+    );
+
+    let (limiter, _clock) = bucket(1, Rate::per_second(1));
+    let tenant = key_fn("a tenant in the path", |request| {
+        let segment = request
+            .uri
+            .path()
+            .trim_start_matches('/')
+            .split('/')
+            .next()?;
+        (!segment.is_empty()).then(|| segment.to_owned())
+    });
+    let layer = RateLimitLayer::builder(limiter)
+        .key(tenant)
+        .build()
+        .unwrap();
+    assert_eq!(
+        send(&layer, &inner, path("/acme/orders")).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&layer, &inner, path("/acme/users")).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        send(&layer, &inner, path("/initech/users")).await.status,
+        StatusCode::OK
+    );
+    let none = send(&layer, &inner, path("/")).await;
+    assert_eq!(none.status, StatusCode::BAD_REQUEST);
+    assert!(none.text.contains("a tenant in the path"), "{}", none.text);
+}
+
+#[tokio::test]
+async fn costs_are_counted_and_a_cost_above_the_quota_is_413() {
+    let (limiter, _clock) = bucket(5, Rate::per_second(1));
+    let layer = RateLimitLayer::builder(limiter)
+        .cost(|request| {
+            request
+                .headers
+                .get("x-cost")
+                .and_then(|v| v.to_str().ok()?.parse().ok())
+                .unwrap_or(1)
+        })
+        .legacy_headers(true)
+        .build()
+        .unwrap();
+    let inner = Hello::default();
+    let costing = |cost: &str| {
+        let mut request = from("192.0.2.1");
+        request
+            .headers_mut()
+            .insert("x-cost", cost.parse().unwrap());
+        request
+    };
+
+    let a = send(&layer, &inner, costing("3")).await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(a.header("ratelimit"), Some(r#""default";r=2;t=3"#));
+    let free = send(&layer, &inner, costing("0")).await;
+    assert_eq!(free.status, StatusCode::OK);
+    assert_eq!(
+        free.header("ratelimit"),
+        Some(r#""default";r=2;t=3"#),
+        "cost 0 counts nothing"
+    );
+
+    // Three more than the two left: refused whole, one token short.
+    let refused = send(&layer, &inner, costing("3")).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.header("retry-after"), Some("1"));
+    assert_eq!(refused.header("ratelimit"), Some(r#""default";r=2;t=1"#));
+
+    let too_big = send(&layer, &inner, costing("6")).await;
+    assert_eq!(too_big.status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(
+        too_big.text,
+        "413 Content Too Large: this request costs 6 units, more than the whole quota of 5 of \
+         policy \"default\": it can never be admitted\n"
+    );
+    assert_eq!(too_big.header("retry-after"), None, "no wait admits it");
+    assert_eq!(
+        too_big.header("ratelimit-policy"),
+        Some(r#""default";q=5;w=5"#)
+    );
+    assert_eq!(too_big.header("x-ratelimit-limit"), Some("5"));
+    assert_eq!(too_big.header("ratelimit"), None);
+    assert_eq!(inner.calls(), 2);
+
+    // What was left is untouched by the refusals.
+    assert_eq!(
+        send(&layer, &inner, costing("2")).await.header("ratelimit"),
+        Some(r#""default";r=0;t=5"#)
+    );
+}
+
+#[tokio::test]
+async fn legacy_fields_are_written_only_when_asked() {
+    let (limiter, _clock) = bucket(1, Rate::per_second(1));
+    let inner = Hello::default();
+    let off = RateLimitLayer::builder(Arc::clone(&limiter))
+        .build()
+        .unwrap();
+    let a = send(&off, &inner, from("192.0.2.1")).await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert!(
+        a.headers
+            .keys()
+            .all(|k| !k.as_str().starts_with("x-ratelimit"))
+    );
+
+    let on = RateLimitLayer::builder(limiter)
+        .legacy_headers(true)
+        .build()
+        .unwrap();
+    let a = send(&on, &inner, from("192.0.2.2")).await;
+    assert_eq!(a.header("x-ratelimit-limit"), Some("1"));
+    assert_eq!(a.header("x-ratelimit-remaining"), Some("0"));
+    assert_eq!(a.header("x-ratelimit-reset"), Some("1"));
+    let refused = send(&on, &inner, from("192.0.2.2")).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.header("x-ratelimit-limit"), Some("1"));
+    assert_eq!(refused.header("x-ratelimit-remaining"), Some("0"));
+    assert_eq!(refused.header("x-ratelimit-reset"), Some("1"));
+}
+
+/// A limiter whose backend is down: every decision is a backend error.
+struct Down;
+
+impl RateLimiter for Down {
+    fn check_n<'a>(&'a self, _: &'a str, _: u32) -> LimitFuture<'a> {
+        let error = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "redis down");
+        LimitFuture::Ready(Some(Err(LimitError::Backend(BackendError::new(error)))))
+    }
+
+    fn quota(&self) -> Quota {
+        Quota::TokenBucket {
+            capacity: 5,
+            rate: Rate::per_second(1),
+        }
+    }
+
+    fn reconfigure(&self, _: Quota) -> Result<(), ReconfigureError> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_failed_backend_fails_closed_by_default() {
+    let inner = Hello::default();
+    let layer = RateLimitLayer::builder(Arc::new(Down)).build().unwrap();
+    let a = send(&layer, &inner, from("192.0.2.1")).await;
+    assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(a.header("retry-after"), Some("1"));
+    assert_eq!(a.header("ratelimit"), None);
+    assert!(a.text.contains("retry after 1 s"), "{}", a.text);
+    assert!(
+        !a.text.contains("redis down"),
+        "the backend's error stays in the log"
+    );
+    assert_eq!(inner.calls(), 0);
+
+    let layer = RateLimitLayer::builder(Arc::new(Down))
+        .on_backend_error(OnBackendError::FailClosed {
+            retry_after: Duration::from_millis(2_500),
+        })
+        .build()
+        .unwrap();
+    let a = send(&layer, &inner, from("192.0.2.1")).await;
+    assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(a.header("retry-after"), Some("3"));
+}
+
+#[tokio::test]
+async fn a_failed_backend_fails_open_when_asked() {
+    let inner = Hello::default();
+    let layer = RateLimitLayer::builder(Arc::new(Down))
+        .on_backend_error(OnBackendError::FailOpen)
+        .build()
+        .unwrap();
+    for _ in 0..10 {
+        let a = send(&layer, &inner, from("192.0.2.1")).await;
+        assert_eq!(a.status, StatusCode::OK);
+        assert_eq!(a.text, "hello");
+        assert_eq!(a.header("ratelimit"), None, "no decision, no fields");
+        assert_eq!(a.header("ratelimit-policy"), None);
+    }
+    assert_eq!(inner.calls(), 10);
+}
+
+/// A limiter that waits for its "backend" (one `Pending` before each
+/// decision), like a Redis one: the decision is made in the response
+/// future. Counts the decisions it was polled to make.
+struct Remote {
+    inner: Arc<dyn RateLimiter>,
+    decided: AtomicUsize,
+}
+
+/// `Pending` once (waking at once), then ready.
+struct YieldOnce(bool);
+
+impl Future for YieldOnce {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.0 {
+            Poll::Ready(())
+        } else {
+            self.0 = true;
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }
+    }
+}
+
+impl RateLimiter for Remote {
+    fn check_n<'a>(&'a self, key: &'a str, cost: u32) -> LimitFuture<'a> {
+        LimitFuture::Pending(Box::pin(async move {
+            YieldOnce(false).await;
+            self.decided.fetch_add(1, Ordering::SeqCst);
+            self.inner.check_n(key, cost).await
+        }))
+    }
+
+    fn quota(&self) -> Quota {
+        self.inner.quota()
+    }
+
+    fn reconfigure(&self, quota: Quota) -> Result<(), ReconfigureError> {
+        self.inner.reconfigure(quota)
+    }
+}
+
+#[tokio::test]
+async fn a_limiter_that_waits_decides_in_the_response_future() {
+    let (memory, _clock) = bucket(2, Rate::per_second(1));
+    let remote = Arc::new(Remote {
+        inner: memory,
+        decided: AtomicUsize::new(0),
+    });
+    let layer = RateLimitLayer::builder(Arc::clone(&remote) as Arc<dyn RateLimiter>)
+        .build()
+        .unwrap();
+    let inner = Hello::default();
+    let a = send(&layer, &inner, from("192.0.2.1")).await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(a.header("ratelimit"), Some(r#""default";r=1;t=1"#));
+    let a = send(&layer, &inner, from("192.0.2.1")).await;
+    assert_eq!(a.header("ratelimit"), Some(r#""default";r=0;t=2"#));
+    let refused = send(&layer, &inner, from("192.0.2.1")).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.header("retry-after"), Some("1"));
+    assert_eq!(inner.calls(), 2);
+    assert_eq!(
+        remote.decided.load(Ordering::SeqCst),
+        3,
+        "one decision per request: the future dropped in `call` did nothing"
+    );
+
+    // And it is spawnable: the response future is `Send`.
+    let service = layer.layer(inner.clone());
+    let spawned = tokio::spawn(service.oneshot(from("192.0.2.9")));
+    assert_eq!(spawned.await.unwrap().unwrap().status(), StatusCode::OK);
+}
+
+/// A service that is not ready until told.
+#[derive(Clone)]
+struct Gate {
+    open: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Service<Request<String>> for Gate {
+    type Response = Response<String>;
+    type Error = Infallible;
+    type Future = std::future::Ready<Result<Response<String>, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        if self.open.load(Ordering::SeqCst) {
+            Poll::Ready(Ok(()))
+        } else {
+            Poll::Pending
+        }
+    }
+
+    fn call(&mut self, _: Request<String>) -> Self::Future {
+        std::future::ready(Ok(Response::new(String::new())))
+    }
+}
+
+#[test]
+fn readiness_is_the_inner_services() {
+    let (limiter, _clock) = bucket(1, Rate::per_second(1));
+    let layer = RateLimitLayer::builder(limiter).build().unwrap();
+    let open = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut service = layer.layer(Gate { open: open.clone() });
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    assert!(service.poll_ready(&mut cx).is_pending());
+    open.store(true, Ordering::SeqCst);
+    assert!(matches!(service.poll_ready(&mut cx), Poll::Ready(Ok(()))));
+}
+
+#[test]
+fn bad_parameters_are_errors_naming_them() {
+    let (limiter, _clock) = bucket(1, Rate::per_second(1));
+    let builder = || RateLimitLayer::builder(Arc::clone(&limiter));
+
+    let err = builder().policy_name("d\u{e9}faut").build().unwrap_err();
+    assert!(matches!(&err, ConfigError::PolicyName { value, .. } if value == "d\u{e9}faut"));
+    let message = err.to_string();
+    assert!(
+        message.starts_with("policy name: \"d\u{e9}faut\""),
+        "{message}"
+    );
+    assert!(message.contains("printable ASCII"), "{message}");
+    assert!(matches!(
+        builder().policy_name("").build(),
+        Err(ConfigError::PolicyName { .. })
+    ));
+
+    let err = builder()
+        .on_backend_error(OnBackendError::FailClosed {
+            retry_after: Duration::ZERO,
+        })
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        err,
+        ConfigError::BackendRetryAfter {
+            value: Duration::ZERO
+        }
+    );
+    assert!(
+        err.to_string().starts_with("backend retry-after: 0ns"),
+        "{err}"
+    );
+
+    let err = HeaderKey::new("x-api key").unwrap_err();
+    assert_eq!(err.to_string().split(':').next(), Some("key header"));
+    assert!(err.to_string().contains("\"x-api key\""), "{err}");
+
+    // Every option at once still builds.
+    let _: RateLimitLayerBuilder = builder()
+        .key(PathKey)
+        .cost(|_| 2)
+        .policy_name("p")
+        .on_missing_key(MissingKey::Refuse)
+        .on_backend_error(OnBackendError::FailOpen)
+        .legacy_headers(true);
+}
