@@ -10,6 +10,9 @@
 //! - [`WaitingLimiter`] waits until any guard-std `RateLimiter` admits:
 //!   `until_ready` / `until_n_ready`, with a deadline, jitter and the
 //!   waiters of a key served in arrival order;
+//! - [`LockWatchdog`] holds a lock while a job runs, renewed every
+//!   ttl / 3 and released when the job ends; the job gets the fence and
+//!   learns when the hold is lost;
 //! - [`TimerDelay`] is an `embedded_hal_async` delay, for guard-core's
 //!   retry executor and `LockerExt::lock`.
 //!
@@ -61,6 +64,15 @@ impl guard_std::run::Runtime for AsyncIo {
     async fn sleep_until(&self, at: std::time::Instant) {
         async_io::Timer::at(at).await;
     }
+
+    /// A thread of its own that drives `future` with async-io's
+    /// `block_on` (clean-up is rare; no executor is assumed).
+    fn spawn_detached(&self, future: guard_std::BoxFuture<'static, ()>) -> bool {
+        std::thread::Builder::new()
+            .name("guard-cleanup".into())
+            .spawn(move || async_io::block_on(future))
+            .is_ok()
+    }
 }
 
 /// guard-std's [`ActiveRunner`](guard_std::run::ActiveRunner) on async-io.
@@ -69,5 +81,9 @@ pub type ActiveRunner = guard_std::run::ActiveRunner<AsyncIo>;
 pub type Scheduler = guard_std::run::Scheduler<AsyncIo>;
 /// guard-std's [`WaitingLimiter`](guard_std::run::WaitingLimiter) on async-io.
 pub type WaitingLimiter = guard_std::run::WaitingLimiter<AsyncIo>;
+/// guard-std's [`LockWatchdog`](guard_std::run::LockWatchdog) on async-io.
+pub type LockWatchdog = guard_std::run::LockWatchdog<AsyncIo>;
+/// What a job under a [`LockWatchdog`] sees of its lock.
+pub type Hold = guard_std::run::Hold<AsyncIo>;
 /// guard-std's [`LeaseCheck`](guard_std::run::LeaseCheck) of an [`ActiveRunner`].
 pub type LeaseCheck = guard_std::run::LeaseCheck<AsyncIo>;

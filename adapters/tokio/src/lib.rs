@@ -11,6 +11,9 @@
 //! - [`WaitingLimiter`]: waits until any guard-std `RateLimiter` admits,
 //!   with a deadline, jitter and the waiters of a key served in arrival
 //!   order;
+//! - [`LockWatchdog`]: a lock held while a job runs, renewed every
+//!   ttl / 3, released when the job ends (or from a task if its future
+//!   is dropped); the job gets the fence and learns when the hold is lost;
 //! - [`TokioDelay`]: an `embedded_hal_async` delay for guard-core's retry
 //!   executor and `LockerExt::lock`.
 //!
@@ -108,6 +111,17 @@ impl Runtime for Tokio {
     fn sleep_until(&self, at: std::time::Instant) -> impl Future<Output = ()> + Send {
         tokio::time::sleep_until(tokio::time::Instant::from_std(at))
     }
+
+    /// A task on the current tokio runtime; `false` outside one.
+    fn spawn_detached(&self, future: guard_std::BoxFuture<'static, ()>) -> bool {
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                drop(handle.spawn(future));
+                true
+            }
+            Err(_) => false,
+        }
+    }
 }
 
 /// guard-std's [`ActiveRunner`](guard_std::run::ActiveRunner) on tokio.
@@ -118,5 +132,9 @@ pub type Scheduler = guard_std::run::Scheduler<Tokio>;
 pub type WaitingLimiter = guard_std::run::WaitingLimiter<Tokio>;
 /// guard-std's [`LeaseCheck`](guard_std::run::LeaseCheck) of an [`ActiveRunner`].
 pub type LeaseCheck = guard_std::run::LeaseCheck<Tokio>;
+/// guard-std's [`LockWatchdog`](guard_std::run::LockWatchdog) on tokio.
+pub type LockWatchdog = guard_std::run::LockWatchdog<Tokio>;
+/// What a job under a [`LockWatchdog`] sees of its lock.
+pub type Hold = guard_std::run::Hold<Tokio>;
 /// An `embedded_hal_async` delay on tokio's timers.
 pub type TokioDelay = RuntimeDelay<Tokio>;

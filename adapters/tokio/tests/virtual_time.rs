@@ -322,3 +322,57 @@ fn runners_run_on_a_multi_threaded_runtime_in_real_time() {
         }
     });
 }
+
+/// Three replicas run a job that takes 150 s every minute for an hour;
+/// returns each run's (start, end).
+async fn overrunning_job(exclusive: bool) -> Vec<(Instant, Instant)> {
+    let config = GuardConfig::new().with_locker(SharedLocker::new(virtual_locker()));
+    let runs: Arc<Mutex<Vec<(Instant, Instant)>>> = Arc::default();
+    let mut replicas = Vec::new();
+    for _ in 0..3 {
+        let mut scheduler = Scheduler::with_runtime(config.clone(), Tokio::with_virtual_wall());
+        if exclusive {
+            scheduler = scheduler
+                .with_exclusive_runs(Ttl::from_secs(30).unwrap())
+                .unwrap();
+        }
+        let runs = runs.clone();
+        let every_minute = Every::new(Duration::from_secs(60)).unwrap();
+        scheduler
+            .add_job("export", "", every_minute, move |run| {
+                let runs = runs.clone();
+                async move {
+                    assert!(run.fence.is_some());
+                    let start = Instant::now();
+                    sleep(Duration::from_secs(150)).await;
+                    runs.lock().unwrap().push((start, Instant::now()));
+                }
+            })
+            .unwrap();
+        let (handle, ctl) = control();
+        replicas.push((handle, tokio::spawn(scheduler.run(ctl))));
+    }
+    sleep(Duration::from_secs(3600)).await;
+    for (handle, _) in &replicas {
+        handle.stop();
+    }
+    for (_, task) in replicas {
+        task.await.unwrap();
+    }
+    let mut runs = runs.lock().unwrap().clone();
+    runs.sort();
+    runs
+}
+
+#[tokio::test(start_paused = true)]
+async fn exclusive_runs_of_a_job_that_outruns_its_period_never_overlap() {
+    let overlapping = |runs: &[(Instant, Instant)]| runs.windows(2).any(|w| w[1].0 < w[0].1);
+    // Without the option, each slot runs once, but the runs of
+    // consecutive slots overlap on different replicas.
+    let plain = overrunning_job(false).await;
+    assert!(overlapping(&plain), "{} runs", plain.len());
+    let exclusive = overrunning_job(true).await;
+    assert!(!overlapping(&exclusive), "{exclusive:?}");
+    // A run every third slot: 150 s of work every 180 s.
+    assert!(exclusive.len() >= 18, "{} runs", exclusive.len());
+}

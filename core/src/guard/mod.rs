@@ -14,10 +14,12 @@
 mod active;
 mod lease;
 mod once;
+mod watchdog;
 
 pub use active::{
     Acquired, Action, ActiveConfig, ActiveConfigError, ActiveGuard, ActiveTiming,
     DEFAULT_ACTIVE_TTL, DemoteReason, Done, Phase, Renewed,
 };
 pub use lease::{Lease, SharedLease};
+pub use watchdog::{HoldLost, Watchdog};
 pub use once::{DEFAULT_ONCE_TTL, FailPolicy, OnceEvent, OnceGuard, OnceObserver, OnceOutcome};

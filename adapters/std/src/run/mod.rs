@@ -9,6 +9,9 @@
 //!   the replicas that share a locker;
 //! - [`WaitingLimiter`]: waits until any [`RateLimiter`](crate::ratelimit::RateLimiter)
 //!   admits, in arrival order per key;
+//! - [`LockWatchdog`]: a lock held while a job runs, renewed every
+//!   ttl / 3 and released when the job ends; the job sees the fence and
+//!   learns when the hold is lost;
 //! - [`control`]: stopping and demoting a running guard from elsewhere.
 //!
 //! Every future here is `Send` when the callbacks given to it are: a
@@ -21,6 +24,7 @@
 
 mod active;
 mod control;
+mod hold;
 mod lease;
 mod scheduler;
 mod wait;
@@ -35,8 +39,9 @@ use crate::Clock;
 
 pub use active::{ActiveRunner, DEFAULT_RELEASE_TIMEOUT, RunnerError};
 pub use control::{Control, RunHandle, control};
+pub use hold::{Hold, LockWatchdog};
 pub use lease::{LeaseCheck, LeaseState};
-pub use scheduler::{JobRun, SCHEDULE_COMPONENT, ScheduleError, Scheduler};
+pub use scheduler::{JobRun, RUNNING_KEY, SCHEDULE_COMPONENT, ScheduleError, Scheduler};
 pub use wait::{LINE_CAPACITY, WaitingLimiter};
 
 /// What a runner reads and waits on: its runtime's monotonic clock, the
@@ -58,6 +63,15 @@ pub trait Runtime: Clone + Send + Sync + 'static {
     /// Completes at `at` on the runtime's timeline (at once if it has
     /// passed).
     fn sleep_until(&self, at: std::time::Instant) -> impl Future<Output = ()> + Send;
+
+    /// Runs `future` to completion on its own, detached from the caller:
+    /// for clean-up that must outlive a dropped future (the release of a
+    /// lock whose job was cancelled). `false` if this runtime cannot
+    /// (then nothing runs), the default.
+    fn spawn_detached(&self, future: crate::BoxFuture<'static, ()>) -> bool {
+        drop(future);
+        false
+    }
 
     /// Completes after `duration`; a duration too long to represent
     /// sleeps a century.

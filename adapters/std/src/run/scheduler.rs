@@ -6,12 +6,29 @@ use std::future::Future;
 use std::pin::Pin;
 
 use super::control::{Control, Heard};
+use super::hold::LockWatchdog;
 use super::{Runtime, RuntimeClock};
 use crate::{Clock, GuardConfig, Throttle};
 use futures_lite::future;
-use guard_core::guard::{FailPolicy, OnceEvent, OnceGuard, OnceOutcome};
-use guard_core::lock::{KeyError, Scope, Ttl};
+use guard_core::guard::{
+    ActiveConfig, ActiveConfigError, ActiveTiming, FailPolicy, OnceEvent, OnceGuard, OnceOutcome,
+};
+use guard_core::lock::{KeyError, Scope, Ttl, once_key};
 use guard_core::slot::{Schedule, SlotTimer, UnixMillis};
+
+/// The last part of the key each run of a job holds with
+/// [`Scheduler::with_exclusive_runs`].
+pub const RUNNING_KEY: &str = "running";
+
+/// A scheduler's settings for every job.
+#[derive(Clone, Copy, Debug)]
+struct Settings {
+    /// `None`: the once-guard default, one hour.
+    slot_ttl: Option<Ttl>,
+    fail_policy: FailPolicy,
+    /// The timing of each run's lock, with exclusive runs.
+    exclusive: Option<ActiveTiming>,
+}
 
 /// The scope component of scheduled jobs.
 pub const SCHEDULE_COMPONENT: &str = "schedule";
@@ -39,6 +56,8 @@ pub enum ScheduleError {
     DuplicateRouterId(String),
     /// The scope or key cannot be built.
     Key(KeyError),
+    /// The ttl of exclusive runs leaves no time to renew.
+    ExclusiveRuns(ActiveConfigError),
 }
 
 impl fmt::Display for ScheduleError {
@@ -51,6 +70,7 @@ impl fmt::Display for ScheduleError {
                 write!(f, "router id {id:?} is already scheduled in this chain")
             }
             ScheduleError::Key(e) => write!(f, "scheduled job key: {e}"),
+            ScheduleError::ExclusiveRuns(e) => write!(f, "exclusive runs: {e}"),
         }
     }
 }
@@ -59,6 +79,7 @@ impl std::error::Error for ScheduleError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             ScheduleError::Key(e) => Some(e),
+            ScheduleError::ExclusiveRuns(e) => Some(e),
             _ => None,
         }
     }
@@ -99,9 +120,7 @@ struct Job {
 pub struct Scheduler<R> {
     runtime: R,
     config: GuardConfig,
-    /// `None`: the once-guard default, one hour.
-    slot_ttl: Option<Ttl>,
-    fail_policy: FailPolicy,
+    settings: Settings,
     jobs: Vec<Job>,
     keys: HashSet<String>,
 }
@@ -135,8 +154,11 @@ impl<R: Runtime> Scheduler<R> {
         Scheduler {
             runtime,
             config,
-            slot_ttl: None,
-            fail_policy: FailPolicy::FailClosed,
+            settings: Settings {
+                slot_ttl: None,
+                fail_policy: FailPolicy::FailClosed,
+                exclusive: None,
+            },
             jobs: Vec::new(),
             keys: HashSet::new(),
         }
@@ -146,15 +168,32 @@ impl<R: Runtime> Scheduler<R> {
     /// It must exceed the longest run of a job and the clock skew between
     /// replicas; a shorter one keeps fewer keys in the backend.
     pub fn with_slot_ttl(mut self, ttl: Ttl) -> Self {
-        self.slot_ttl = Some(ttl);
+        self.settings.slot_ttl = Some(ttl);
         self
     }
 
     /// What a slot claim does when the backend fails (default
     /// fail-closed: the slot is skipped; a missed run heals next period).
     pub fn with_fail_policy(mut self, policy: FailPolicy) -> Self {
-        self.fail_policy = policy;
+        self.settings.fail_policy = policy;
         self
+    }
+
+    /// Holds a lock on each job for the whole of each run (key
+    /// `<prefix>once:<scope>:running`, beside its slot claims), renewed
+    /// every ttl / 3 by a [`LockWatchdog`]: a run that outlasts its period
+    /// keeps the replica that claims the next slot from starting it (that
+    /// slot is skipped, and logged), so the runs of one job never overlap
+    /// across replicas. The job gets that lock's fence. `ttl` bounds how
+    /// long a crashed run's lock outlives it. Without a locker it changes
+    /// nothing.
+    pub fn with_exclusive_runs(mut self, ttl: Ttl) -> Result<Self, ScheduleError> {
+        let timing = ActiveConfig::new()
+            .with_ttl(ttl)
+            .validate()
+            .map_err(ScheduleError::ExclusiveRuns)?;
+        self.settings.exclusive = Some(timing);
+        Ok(self)
     }
 
     /// Adds `job` on `schedule` for router `router_id` in `chain` (may be
@@ -204,8 +243,7 @@ impl<R: Runtime> Scheduler<R> {
                     job,
                     RuntimeClock::new(self.runtime.clone()),
                     self.config.clone(),
-                    self.slot_ttl,
-                    self.fail_policy,
+                    self.settings,
                     control.clone(),
                 ))
             })
@@ -262,19 +300,32 @@ async fn run_job<R: Runtime>(
     mut job: Job,
     clock: RuntimeClock<R>,
     config: GuardConfig,
-    ttl: Option<Ttl>,
-    fail_policy: FailPolicy,
+    settings: Settings,
     control: Control,
 ) {
     let mut guard = OnceGuard::new(config.locker(), job.scope.clone())
         .with_prefix(config.prefix())
-        .with_fail_policy(fail_policy);
-    if let Some(ttl) = ttl {
+        .with_fail_policy(settings.fail_policy);
+    if let Some(ttl) = settings.slot_ttl {
         guard = guard.with_ttl(ttl);
     }
     // A backend that is down fails every slot: its warning is throttled.
     let failures = Throttle::new();
     let guard = guard.with_observer(|event: &OnceEvent<'_>| log_outcome(event, &failures));
+    // The lock each run holds, with exclusive runs and a locker.
+    let exclusive = match (settings.exclusive, config.locker()) {
+        (Some(timing), Some(locker)) => match once_key(config.prefix(), &job.scope, RUNNING_KEY) {
+            Ok(key) => Some((
+                LockWatchdog::with_validated(locker.clone(), timing, clock.runtime().clone()),
+                key,
+            )),
+            Err(e) => {
+                log::error!("scheduled job {}: run lock key: {e}", job.name);
+                return;
+            }
+        },
+        _ => None,
+    };
     let mut timer = SlotTimer::new(job.schedule, clock.wall());
     while let Some(next) = timer.next_fire() {
         let wait = next.saturating_duration_since(clock.wall());
@@ -293,13 +344,35 @@ async fn run_job<R: Runtime>(
             break;
         };
         match guard.allow(&slot.as_millis().to_string()).await {
-            Ok(outcome) if outcome.is_allowed() => {
-                (job.run)(JobRun {
-                    slot,
-                    fence: outcome.fence(),
-                })
-                .await;
-            }
+            Ok(outcome) if outcome.is_allowed() => match &exclusive {
+                None => {
+                    (job.run)(JobRun {
+                        slot,
+                        fence: outcome.fence(),
+                    })
+                    .await;
+                }
+                Some((watchdog, key)) => {
+                    let run = &mut job.run;
+                    let ran = watchdog
+                        .run(key, |hold| {
+                            run(JobRun {
+                                slot,
+                                fence: hold.fence(),
+                            })
+                        })
+                        .await;
+                    match ran {
+                        Ok(Some(())) => {}
+                        Ok(None) => log::info!(
+                            "scheduled job {}: slot {} skipped, a run of it is still going on elsewhere",
+                            job.name,
+                            slot.as_millis()
+                        ),
+                        Err(e) => log::error!("scheduled job {}: run lock: {e}", job.name),
+                    }
+                }
+            },
             Ok(_) => {}
             Err(e) => log::error!("scheduled job {}: {e}", job.name),
         }
