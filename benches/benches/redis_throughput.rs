@@ -37,38 +37,74 @@ enum Placement {
     Caller,
 }
 
+/// One caller's loop: `op` on pseudo-random keys until `duration` has
+/// passed since `start`, counting each call in `done`.
+async fn caller<F, Fut>(
+    task: usize,
+    start: Instant,
+    duration: Duration,
+    done: Arc<AtomicU64>,
+    op: Arc<F>,
+) where
+    F: Fn(u64) -> Fut + Send + Sync + 'static + ?Sized,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let mut n = task as u64 * 7919;
+    while start.elapsed() < duration {
+        n = n
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        op((n >> 33) % KEYSPACE).await;
+        done.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 /// Runs `op` from `concurrency` callers placed as `placement` says, for
 /// `duration`; returns calls per second.
 fn ours<F, Fut>(placement: Placement, concurrency: usize, duration: Duration, op: Arc<F>) -> f64
 where
     F: Fn(u64) -> Fut + Send + Sync + 'static + ?Sized,
-    Fut: std::future::Future<Output = ()> + Send,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
 {
     let done = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
-    let caller = |task: usize| {
-        let (done, op) = (done.clone(), op.clone());
-        async move {
-            let mut n = task as u64 * 7919;
-            while start.elapsed() < duration {
-                n = n
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                op((n >> 33) % KEYSPACE).await;
-                done.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-    };
     match placement {
         // One caller: `concurrency` is 1 wherever this placement is used.
-        Placement::Caller => smol::block_on(caller(0)),
+        Placement::Caller => smol::block_on(caller(0, start, duration, done.clone(), op)),
         Placement::Spawned => smol::block_on(async {
-            let tasks: Vec<_> = (0..concurrency).map(|t| smol::spawn(caller(t))).collect();
+            let tasks: Vec<_> = (0..concurrency)
+                .map(|t| smol::spawn(caller(t, start, duration, done.clone(), op.clone())))
+                .collect();
             for t in tasks {
                 t.await;
             }
         }),
     }
+    done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+}
+
+/// [`ours`] with the callers spawned on a tokio runtime (whose
+/// connection's tasks run there too).
+fn ours_on_tokio<F, Fut>(
+    runtime: &tokio::runtime::Runtime,
+    concurrency: usize,
+    duration: Duration,
+    op: Arc<F>,
+) -> f64
+where
+    F: Fn(u64) -> Fut + Send + Sync + 'static + ?Sized,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let done = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    runtime.block_on(async {
+        let tasks: Vec<_> = (0..concurrency)
+            .map(|t| tokio::spawn(caller(t, start, duration, done.clone(), op.clone())))
+            .collect();
+        for t in tasks {
+            t.await.expect("caller");
+        }
+    });
     done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
 }
 
@@ -318,6 +354,7 @@ fn main() {
             bucket_command(&bucket_sha),
         ),
     ];
+    let mut on_smol = Vec::new();
     for concurrency in [1usize, 16, 64] {
         for (name, op, command) in &comparisons {
             let runs = Alternated::run(
@@ -326,11 +363,81 @@ fn main() {
                 |n| raw(server.port(), concurrency, n, command),
             );
             row(&mut rows, name, concurrency, &runs);
+            if *name == "token bucket vs EVALSHA" {
+                on_smol.push((concurrency, median(&runs.ratios())));
+            }
         }
     }
+    rows.extend(on_tokio(&server, &bucket_sha, rounds, slice, &on_smol));
     rows.push(String::new());
     rows.extend(breakdown(&server, &conn, &bucket, rounds, slice));
     publish("redis", &(rows.join("\n") + "\n"));
+}
+
+/// The token bucket's rows on tokio (the connection opened and the
+/// callers spawned on a tokio runtime of two workers), and how they
+/// compare with smol's rows of the same run (`on_smol`: concurrency and
+/// median ratio to `redis-benchmark`).
+fn on_tokio(
+    server: &RedisServer,
+    sha: &str,
+    rounds: usize,
+    slice: Duration,
+    on_smol: &[(usize, f64)],
+) -> Vec<String> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let conn = runtime
+        .block_on(RedisConnection::connect(
+            Topology::Standalone { url: server.url() },
+            Duration::from_secs(2),
+        ))
+        .expect("connect on tokio");
+    let bucket = Arc::new(
+        RedisTokenBucket::new(
+            conn,
+            TokenBucket::new(1_000, Rate::per(1, Duration::from_millis(1))).unwrap(),
+        )
+        .unwrap(),
+    );
+    let decision: Layer = Arc::new(move |k| {
+        let bucket = bucket.clone();
+        Box::pin(async move {
+            let _ = bucket
+                .check(&format!("bench:{k}"), Clock::Server)
+                .await
+                .expect("check");
+        })
+    });
+    let mut rows = Vec::new();
+    let mut versus = Vec::new();
+    for &(concurrency, smol_ratio) in on_smol.iter().filter(|(c, _)| *c <= 16) {
+        let runs = Alternated::run(
+            rounds,
+            || ours_on_tokio(&runtime, concurrency, slice, decision.clone()),
+            |n| raw(server.port(), concurrency, n, &bucket_command(sha)),
+        );
+        row(
+            &mut rows,
+            "token bucket on tokio vs EVALSHA",
+            concurrency,
+            &runs,
+        );
+        let ratio = median(&runs.ratios()) / smol_ratio;
+        versus.push(format!(
+            "{concurrency} caller(s): {ratio:.2} ({})",
+            if ratio >= 1.0 { "met" } else { "missed" }
+        ));
+    }
+    rows.push(String::new());
+    rows.push(format!(
+        "Token bucket on tokio / on smol, each as its median ratio to `redis-benchmark` (goal ≥ 1.0): {}.",
+        versus.join("; ")
+    ));
+    rows
 }
 
 /// `redis-benchmark`'s `EVALSHA` of the token bucket's script, loaded as

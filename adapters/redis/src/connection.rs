@@ -180,7 +180,7 @@ async fn bounded<T>(
     request: impl Future<Output = Result<T, RedisGuardError>>,
 ) -> Result<T, RedisGuardError> {
     future::or(request, async {
-        async_io::Timer::after(timeout).await;
+        crate::rt::sleep(timeout).await;
         Err(RedisGuardError::Timeout(timeout))
     })
     .await

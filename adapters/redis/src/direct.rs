@@ -18,6 +18,8 @@
 //!   a restarted server costs no failed request.
 //! - Plain `redis://` over TCP with RESP2 only; TLS, Unix sockets and
 //!   RESP3 keep to the multiplexed connections.
+//! - It runs on the caller's runtime (tokio's inside a tokio runtime with
+//!   the `tokio` feature, else async-io's), as redis-rs's own tasks do.
 
 use std::io::ErrorKind;
 use std::net::TcpStream;
@@ -47,8 +49,86 @@ const REOPEN_AFTER: Duration = Duration::from_secs(1);
 const MAX_DEPTH: usize = 16;
 
 /// One TCP connection, written and read by the request that holds it.
+/// A TCP stream on the runtime it was opened on (see `rt`).
+enum Stream {
+    AsyncIo(Async<TcpStream>),
+    #[cfg(feature = "tokio")]
+    Tokio(tokio::net::TcpStream),
+}
+
+impl Stream {
+    /// Connects to `host:port` on the caller's runtime, without Nagle's
+    /// delay (requests are single writes).
+    async fn connect(host: &str, port: u16) -> std::io::Result<Stream> {
+        #[cfg(feature = "tokio")]
+        if crate::rt::on_tokio() {
+            let stream = tokio::net::TcpStream::connect((host, port)).await?;
+            stream.set_nodelay(true)?;
+            return Ok(Stream::Tokio(stream));
+        }
+        let mut last = None;
+        for addr in async_net::resolve((host, port)).await? {
+            match Async::<TcpStream>::connect(addr).await {
+                Ok(stream) => {
+                    stream.get_ref().set_nodelay(true)?;
+                    return Ok(Stream::AsyncIo(stream));
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| {
+            std::io::Error::new(ErrorKind::NotFound, "the host resolved to no address")
+        }))
+    }
+
+    /// Whether it was opened on tokio.
+    fn on_tokio(&self) -> bool {
+        match self {
+            Stream::AsyncIo(_) => false,
+            #[cfg(feature = "tokio")]
+            Stream::Tokio(_) => true,
+        }
+    }
+
+    async fn write_all(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        match self {
+            Stream::AsyncIo(s) => s.write_all(bytes).await,
+            #[cfg(feature = "tokio")]
+            Stream::Tokio(s) => tokio::io::AsyncWriteExt::write_all(s, bytes).await,
+        }
+    }
+
+    async fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::AsyncIo(s) => s.read(buf).await,
+            #[cfg(feature = "tokio")]
+            Stream::Tokio(s) => tokio::io::AsyncReadExt::read(s, buf).await,
+        }
+    }
+
+    /// Whether the server has closed it (or sent something unasked): a
+    /// non-blocking peek, no round trip.
+    fn is_stale(&self) -> bool {
+        let mut byte = [0u8; 1];
+        match self {
+            Stream::AsyncIo(s) => match s.get_ref().peek(&mut byte) {
+                Err(e) => e.kind() != ErrorKind::WouldBlock,
+                // 0: closed; anything else: bytes nobody asked for.
+                Ok(_) => true,
+            },
+            #[cfg(feature = "tokio")]
+            Stream::Tokio(s) => {
+                let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+                let mut buf = tokio::io::ReadBuf::new(&mut byte);
+                // Pending: nothing to read, the healthy case.
+                s.poll_peek(&mut cx, &mut buf).is_ready()
+            }
+        }
+    }
+}
+
 pub(crate) struct Direct {
-    stream: Async<TcpStream>,
+    stream: Stream,
     buf: Vec<u8>,
     db: i64,
     /// Set from writing a request until its whole reply is read: a
@@ -69,26 +149,8 @@ impl Direct {
     /// the database as `info`'s URL says.
     async fn open(host: &str, port: u16, info: &ConnectionInfo) -> RedisResult<Direct> {
         let settings = info.redis_settings();
-        let addrs = async_net::resolve((host, port)).await?;
-        let mut last = None;
-        let mut stream = None;
-        for addr in addrs {
-            match Async::<TcpStream>::connect(addr).await {
-                Ok(s) => {
-                    stream = Some(s);
-                    break;
-                }
-                Err(e) => last = Some(e),
-            }
-        }
-        let stream = match (stream, last) {
-            (Some(s), _) => s,
-            (None, Some(e)) => return Err(e.into()),
-            (None, None) => return Err(protocol("the host resolved to no address")),
-        };
-        stream.get_ref().set_nodelay(true)?;
         let mut conn = Direct {
-            stream,
+            stream: Stream::connect(host, port).await?,
             buf: Vec::with_capacity(512),
             db: settings.db(),
             in_flight: false,
@@ -111,15 +173,9 @@ impl Direct {
         Ok(conn)
     }
 
-    /// Whether the server has closed this idle connection (or sent
-    /// something unasked): a non-blocking peek, no round trip.
+    /// Whether the server has closed this idle connection.
     fn is_stale(&self) -> bool {
-        let mut byte = [0u8; 1];
-        match self.stream.get_ref().peek(&mut byte) {
-            Err(e) => e.kind() != ErrorKind::WouldBlock,
-            // 0: closed; anything else: bytes nobody asked for.
-            Ok(_) => true,
-        }
+        self.stream.is_stale()
     }
 
     /// Writes one packed request and reads its whole reply.
@@ -255,6 +311,15 @@ impl DirectPool {
                 .pop();
             match conn {
                 Some(conn) if conn.is_stale() => self.discard(conn),
+                // Opened on the other runtime (a connection used from both):
+                // kept for its own, this request goes multiplexed.
+                Some(conn) if conn.stream.on_tokio() != crate::rt::on_tokio() => {
+                    self.idle
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .push(conn);
+                    return None;
+                }
                 Some(conn) => {
                     return Some(Lease {
                         pool: self,

@@ -41,6 +41,7 @@ mod direct;
 mod error;
 mod limit;
 mod locker;
+mod rt;
 mod stream_dlq;
 #[cfg(feature = "tls")]
 mod tls;
