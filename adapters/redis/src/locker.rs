@@ -6,7 +6,7 @@ use guard_core::lock::redis::{
     ACQUIRE_SCRIPT as ACQUIRE, InvalidRedisKey, RELEASE_SCRIPT as RELEASE, RENEW_SCRIPT as RENEW,
     RedisKeys, check_prefix,
 };
-use guard_core::lock::{LeaseRenewer, Locker, Renewal, Token, TokenId, Ttl, UnlockError};
+use guard_core::lock::{Renewal, SendLeaseRenewer, SendLocker, Token, TokenId, Ttl, UnlockError};
 use guard_std::TokenIds;
 use redis::Script;
 
@@ -103,7 +103,7 @@ impl RedisLocker {
     }
 }
 
-impl Locker for RedisLocker {
+impl SendLocker for RedisLocker {
     type Error = RedisGuardError;
 
     async fn try_lock(&self, key: &str, ttl: Ttl) -> Result<Option<Token>, RedisGuardError> {
@@ -135,7 +135,7 @@ impl Locker for RedisLocker {
     }
 }
 
-impl LeaseRenewer for RedisLocker {
+impl SendLeaseRenewer for RedisLocker {
     async fn renew(&self, key: &str, token: &Token, ttl: Ttl) -> Result<Renewal, RedisGuardError> {
         let (lock, _) = lock_keys(&self.prefix, key)?;
         let mut invocation = self.renew.prepare_invoke();

@@ -5,7 +5,7 @@ use std::convert::Infallible;
 use std::sync::PoisonError;
 use std::time::Duration;
 
-use guard_core::lock::{LeaseRenewer, Locker, Renewal, Token, TokenId, Ttl, UnlockError};
+use guard_core::lock::{Renewal, SendLeaseRenewer, SendLocker, Token, TokenId, Ttl, UnlockError};
 use guard_core::time::Instant;
 
 use crate::clock::{Clock, SystemClock};
@@ -143,7 +143,7 @@ impl<C: Clock> LocalLocker<C> {
     }
 }
 
-impl<C: Clock> Locker for LocalLocker<C> {
+impl<C: Clock> SendLocker for LocalLocker<C> {
     type Error = Infallible;
 
     async fn try_lock(&self, key: &str, ttl: Ttl) -> Result<Option<Token>, Infallible> {
@@ -155,7 +155,7 @@ impl<C: Clock> Locker for LocalLocker<C> {
     }
 }
 
-impl<C: Clock> LeaseRenewer for LocalLocker<C> {
+impl<C: Clock> SendLeaseRenewer for LocalLocker<C> {
     async fn renew(&self, key: &str, token: &Token, ttl: Ttl) -> Result<Renewal, Infallible> {
         Ok(self.renew_now(key, token, ttl))
     }

@@ -6,7 +6,9 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use guard_core::lock::{DEFAULT_PREFIX, KeyError, Locker, Renewal, Scope, Token, Ttl, UnlockError};
+use guard_core::lock::{
+    DEFAULT_PREFIX, KeyError, Renewal, Scope, SendLocker, Token, Ttl, UnlockError,
+};
 
 /// A boxed, `Send` future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -209,7 +211,7 @@ impl SharedLocker {
     }
 }
 
-impl Locker for SharedLocker {
+impl SendLocker for SharedLocker {
     type Error = BackendError;
 
     async fn try_lock(&self, key: &str, ttl: Ttl) -> Result<Option<Token>, BackendError> {

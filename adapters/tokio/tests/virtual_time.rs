@@ -376,3 +376,24 @@ async fn exclusive_runs_of_a_job_that_outruns_its_period_never_overlap() {
     // A run every third slot: 150 s of work every 180 s.
     assert!(exclusive.len() >= 18, "{} runs", exclusive.len());
 }
+
+/// Generic code that spawns lock calls asks for `SendLocker`: the bound
+/// that says the locker's futures are `Send`.
+fn spawn_try_lock<L>(locker: Arc<L>, key: &'static str) -> JoinHandle<bool>
+where
+    L: guard_core::lock::SendLocker + Sync + 'static,
+{
+    tokio::spawn(async move {
+        let ttl = Ttl::from_secs(5).unwrap();
+        matches!(locker.try_lock(key, ttl).await, Ok(Some(_)))
+    })
+}
+
+#[tokio::test]
+async fn a_send_locker_s_calls_can_be_spawned() {
+    let local = Arc::new(LocalLocker::new());
+    assert!(spawn_try_lock(local.clone(), "k").await.unwrap());
+    assert!(!spawn_try_lock(local, "k").await.unwrap(), "held");
+    let shared = Arc::new(SharedLocker::new(LocalLocker::new()));
+    assert!(spawn_try_lock(shared, "k").await.unwrap());
+}

@@ -136,6 +136,15 @@ impl<E: fmt::Debug + fmt::Display> core::error::Error for UnlockError<E> {}
 /// - `unlock` deletes only if the token matches ([`UnlockError::NotHeld`]
 ///   otherwise);
 /// - the fence of each grant is greater than every earlier fence of the key.
+///
+/// Send-ness follows the concrete locker: on a microcontroller a locker's
+/// futures hold `!Send` peripherals, and nothing here asks for more. A
+/// locker whose futures are `Send` implements [`SendLocker`] instead (the
+/// same methods, futures declared `Send`) and is a `Locker` through it, so
+/// generic code that spawns on a multi-threaded executor can ask for
+/// `L: SendLocker`. guard-std's `LocalLocker` and `SharedLocker` and
+/// guard-redis's `RedisLocker` are `SendLocker`s.
+#[trait_variant::make(SendLocker: Send)]
 #[allow(async_fn_in_trait, reason = "Send-ness follows the concrete locker")]
 pub trait Locker {
     /// A backend failure (connection, timeout, bad reply).
@@ -149,7 +158,9 @@ pub trait Locker {
 }
 
 /// A locker that can extend a held lock in place, with no window in which
-/// another holder could take it.
+/// another holder could take it. [`SendLeaseRenewer`] is its variant
+/// with `Send` futures, as [`SendLocker`] is [`Locker`]'s.
+#[trait_variant::make(SendLeaseRenewer: Send)]
 #[allow(async_fn_in_trait, reason = "Send-ness follows the concrete locker")]
 pub trait LeaseRenewer: Locker {
     /// Resets the TTL of `key` to `ttl` if `token` still holds it.
