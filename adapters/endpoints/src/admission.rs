@@ -27,6 +27,8 @@
 //! # });
 //! ```
 
+use guard_redis::CallerRuntime;
+use guard_std::run::Runtime as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -108,7 +110,7 @@ impl Admission {
             match self.limiter.check(key).await.map(|report| report.decision) {
                 Ok(Decision::Allowed) => return Ok(()),
                 Ok(Decision::Denied { retry_after }) => {
-                    async_io::Timer::after(retry_after).await;
+                    CallerRuntime.sleep(retry_after).await;
                 }
                 Err(e) => return Err(Refusal::LimiterFailed(Arc::new(e))),
             }
@@ -132,7 +134,7 @@ impl Admission {
                     if waited.saturating_add(retry_after) > max_wait {
                         return Verdict::Refused(Refusal::Limited { waited });
                     }
-                    async_io::Timer::after(retry_after).await;
+                    CallerRuntime.sleep(retry_after).await;
                 }
                 Err(e) => return Verdict::Refused(Refusal::LimiterFailed(Arc::new(e))),
             }

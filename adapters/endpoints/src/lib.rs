@@ -35,5 +35,6 @@ pub mod mqtt;
 mod parameter;
 pub mod queue;
 pub mod redis;
+mod runtime;
 
 pub use parameter::Parameter;

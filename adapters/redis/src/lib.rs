@@ -42,6 +42,7 @@ mod error;
 mod limit;
 mod locker;
 mod rt;
+pub use rt::CallerRuntime;
 mod stream_dlq;
 #[cfg(feature = "tls")]
 mod tls;

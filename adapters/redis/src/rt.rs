@@ -4,6 +4,7 @@
 //! features, it takes tokio's inside a tokio runtime), so a tokio
 //! application runs no second reactor.
 
+use std::future::Future;
 use std::time::Duration;
 
 /// Whether the caller runs inside a tokio runtime (and this build can
@@ -27,4 +28,48 @@ pub(crate) async fn sleep(duration: Duration) {
         return;
     }
     async_io::Timer::after(duration).await;
+}
+
+/// The caller's runtime as a guard-std [`Runtime`](guard_std::run::Runtime):
+/// tokio's clock, timers and tasks inside a tokio runtime (with the
+/// `tokio` feature), else async-io's timers, `std::time::Instant` and a
+/// thread for detached clean-up. For runners that must follow whichever
+/// runtime drives them, as guard-endpoints' do.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CallerRuntime;
+
+impl guard_std::run::Runtime for CallerRuntime {
+    fn now(&self) -> std::time::Instant {
+        #[cfg(feature = "tokio")]
+        if on_tokio() {
+            return tokio::time::Instant::now().into_std();
+        }
+        std::time::Instant::now()
+    }
+
+    fn sleep_until(&self, at: std::time::Instant) -> impl Future<Output = ()> + Send {
+        // Decided when the sleep starts: the runtime that polls it.
+        let tokio = on_tokio();
+        async move {
+            #[cfg(feature = "tokio")]
+            if tokio {
+                tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await;
+                return;
+            }
+            let _ = tokio;
+            async_io::Timer::at(at).await;
+        }
+    }
+
+    fn spawn_detached(&self, future: guard_std::BoxFuture<'static, ()>) -> bool {
+        #[cfg(feature = "tokio")]
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            drop(handle.spawn(future));
+            return true;
+        }
+        std::thread::Builder::new()
+            .name("guard-cleanup".into())
+            .spawn(move || async_io::block_on(future))
+            .is_ok()
+    }
 }

@@ -1,14 +1,16 @@
 //! One MQTT connection: connect, subscribe (confirmed by the SUBACK),
 //! hand each message to the handler and acknowledge it after.
 
+use guard_redis::CallerRuntime;
+use guard_std::run::Runtime as _;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::Arc;
 
+use crate::runtime::LeaseCheck;
 use async_channel::Sender;
 use async_compat::Compat;
 use futures_lite::future;
-use guard_smol::LeaseCheck;
 use rumqttc::{
     AsyncClient, ClientError, Event, EventLoop, Incoming, Publish, QoS, SubscribeReasonCode,
 };
@@ -65,7 +67,7 @@ impl Connection {
             }
         });
         future::or(connected, async {
-            async_io::Timer::after(options.connect_timeout).await;
+            CallerRuntime.sleep(options.connect_timeout).await;
             Err(MqttError::Timeout(options.connect_timeout))
         })
         .await?;

@@ -1,12 +1,16 @@
 //! The endpoint: subscribe always (shared or broadcast), or only while
 //! this replica holds the lease (guarded plain subscription).
 
+use guard_redis::CallerRuntime;
+use guard_std::run::Runtime as _;
 use std::future::Future;
 
 use futures_lite::future;
 use guard_core::guard::ActiveConfig;
 use guard_core::lock::Scope;
-use guard_smol::{ActiveRunner, Control};
+use guard_std::run::Control;
+
+use crate::runtime::ActiveRunner;
 use guard_std::GuardConfig;
 
 use super::connection::Connection;
@@ -120,7 +124,7 @@ impl MqttEndpoint {
             if let Err(e) = future::or(stopped, attempt).await {
                 log::warn!("MQTT {filter}: {e}; reconnecting");
                 future::or(control.stopped(), async {
-                    async_io::Timer::after(self.options.reconnect_delay).await;
+                    CallerRuntime.sleep(self.options.reconnect_delay).await;
                 })
                 .await;
             }
@@ -168,7 +172,7 @@ impl MqttEndpoint {
                                     .unwrap_or(Err(MqttError::Closed(None)))
                             };
                             future::or(answer, async {
-                                async_io::Timer::after(options.connect_timeout).await;
+                                CallerRuntime.sleep(options.connect_timeout).await;
                                 Err(MqttError::Timeout(options.connect_timeout))
                             })
                             .await
@@ -226,7 +230,7 @@ impl MqttEndpoint {
             }
         }
         // The runner has returned once the channel closed.
-        if thread.join().is_err() {
+        if !thread.join().await {
             log::error!("MQTT {filter}: its lease thread panicked");
         }
     }

@@ -6,7 +6,7 @@
 //!   and EMQX support it (Mosquitto round-robins the group's members).
 //! - A **plain subscription** is delivered to every subscriber. On its own
 //!   it suits state every replica should see; for work that must happen
-//!   once, give it an [`ActiveRunner`](guard_smol::ActiveRunner) lease with
+//!   once, give it an [`ActiveRunner`](guard_std::run::ActiveRunner) lease with
 //!   [`MqttEndpoint::with_guard`], so only the elected replica subscribes.
 //!   Messages published while no replica is subscribed (a takeover) are
 //!   not delivered to anyone: the guard removes duplicate consumption, it
@@ -42,7 +42,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use guard_smol::RunnerError;
+use guard_std::run::RunnerError;
 
 use crate::parameter::{Parameter, write_invalid};
 

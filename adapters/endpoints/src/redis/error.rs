@@ -4,7 +4,7 @@ use std::error::Error;
 use std::fmt;
 
 use guard_redis::RedisGuardError;
-use guard_smol::RunnerError;
+use guard_std::run::RunnerError;
 
 use crate::parameter::{Parameter, write_invalid};
 

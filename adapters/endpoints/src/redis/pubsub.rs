@@ -9,7 +9,7 @@
 //! a subscription that dies while the lease still renews demotes.
 //!
 //! Every message is checked against the lease immediately before the
-//! handler is called ([`guard_smol::LeaseCheck`]): after a pause, messages
+//! handler is called ([`LeaseCheck`](guard_std::run::LeaseCheck)): after a pause, messages
 //! buffered on the socket are refused (counted, logged) once the renew
 //! deadline has passed on this replica's monotonic clock, even before the
 //! runner has noticed and demoted. The standby that took over handles its
@@ -48,17 +48,20 @@
 //!   whenever the handler waits), so a flood never starves the caller's
 //!   other tasks.
 
-use std::cell::RefCell;
+use guard_redis::CallerRuntime;
+use guard_std::run::Runtime as _;
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures_lite::future;
 use guard_core::guard::ActiveConfig;
 use guard_core::lock::Scope;
-use guard_smol::{ActiveRunner, Control, LeaseState, RunHandle};
+use guard_std::run::{Control, LeaseState, RunHandle};
+
+use crate::runtime::ActiveRunner;
 use guard_std::{GuardConfig, Throttle};
 
 use guard_redis::RedisGuardError;
@@ -421,7 +424,7 @@ impl PubSubEndpoint {
             }
         }
         // The lease thread has finished its work once the queue closed.
-        if thread.join().is_err() {
+        if !thread.join().await {
             log::error!("Pub/Sub {:?}: its lease thread panicked", self.patterns);
         }
         self.stats()
@@ -439,7 +442,9 @@ struct LeaseKeeper {
 
 impl LeaseKeeper {
     async fn run(self, runner: ActiveRunner, control: Control) {
-        let current: RefCell<Option<Subscription>> = RefCell::new(None);
+        // A mutex, not a cell: on tokio this future is a task, which may
+        // move between workers.
+        let current: Mutex<Option<Subscription>> = Mutex::new(None);
         let (this, current) = (&self, &current);
         runner
             .run(
@@ -447,12 +452,17 @@ impl LeaseKeeper {
                 move |_fence| async move {
                     let subscription = this.reader.subscribe().await?;
                     log::info!("Pub/Sub {:?} subscribed", this.reader.patterns);
-                    *current.borrow_mut() = Some(subscription);
+                    *current.lock().unwrap_or_else(PoisonError::into_inner) = Some(subscription);
                     Ok::<(), RedisGuardError>(())
                 },
                 move |_reason| async move {
                     // Stops the reader, which unsubscribes.
-                    drop(current.borrow_mut().take());
+                    drop(
+                        current
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .take(),
+                    );
                     // What waits in the queue is no longer ours to handle
                     // (the lease is already withdrawn from the handler
                     // loop, which counts what it takes).
@@ -524,7 +534,7 @@ impl Reader {
                     .unwrap_or(Err(RedisGuardError::Timeout(timeout)))
             },
             async {
-                async_io::Timer::after(timeout).await;
+                CallerRuntime.sleep(timeout).await;
                 Err(RedisGuardError::Timeout(timeout))
             },
         )

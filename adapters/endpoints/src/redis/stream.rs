@@ -27,6 +27,8 @@
 //! must be handled in order (one device's readings, say) need a
 //! concurrency of 1, or one stream per key.
 
+use guard_redis::CallerRuntime;
+use guard_std::run::Runtime as _;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fmt;
@@ -35,7 +37,7 @@ use std::time::Duration;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use guard_core::retry::{Classifier, Jitter, JitterNeedsRandom, RetryExecutor, RetryPolicy};
-use guard_smol::{Control, TimerDelay};
+use guard_std::run::{Control, RuntimeDelay};
 use redis::Value;
 use redis::streams::{StreamAutoClaimReply, StreamId, StreamReadReply};
 
@@ -400,7 +402,7 @@ impl StreamConsumer {
             RetryExecutor::new(self.retry, classifier).map_err(|e| retry_refused(self.retry, e))?;
         let mut calls = 0;
         let result = retry
-            .run(&mut TimerDelay, |attempt| {
+            .run(&mut RuntimeDelay(CallerRuntime), |attempt| {
                 calls = attempt;
                 // Borrowed only to make the call's future, never across an
                 // await: concurrent entries share the handler.
@@ -591,7 +593,7 @@ impl StreamConsumer {
             };
             if idle {
                 futures_lite::future::or(control.stopped(), async {
-                    async_io::Timer::after(self.poll_interval).await;
+                    CallerRuntime.sleep(self.poll_interval).await;
                 })
                 .await;
             }
