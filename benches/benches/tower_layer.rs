@@ -11,6 +11,9 @@
 //! guard-tower always writes its two fields (`RateLimit-Policy`,
 //! `RateLimit`); tower-governor is shown without headers and with
 //! `use_headers` (`X-RateLimit-Limit`, `X-RateLimit-Remaining`).
+//! `guard_tower_wait` is the same layer with `wait_up_to` (on async-io's
+//! clock): nobody ever waits, so it measures what the option costs a
+//! request decided at once (a look at the key's count of waiters).
 //!
 //! `cargo bench -p guard-benches --bench tower_layer`
 
@@ -116,10 +119,27 @@ fn guard_tower() -> RateLimitLayer {
         .unwrap()
 }
 
+/// [`guard_tower`] with `wait_up_to`.
+fn guard_tower_wait() -> RateLimitLayer {
+    let bucket = TokenBucket::new(BURST, Rate::per(1, Duration::from_nanos(1))).unwrap();
+    let limiter = MemoryLimiter::new(bucket, 2 * KEYS, FullPolicy::DenyNewKeys);
+    RateLimitLayer::builder(Arc::new(limiter))
+        .key(ClientIp::peer())
+        .wait_up_to(Duration::from_secs(1), guard_smol::AsyncIo)
+        .build()
+        .unwrap()
+}
+
 fn layers(c: &mut Criterion, group: &str, peers: &[SocketAddr]) {
     let mut g = c.benchmark_group(group);
     row(&mut g, "inner_only", inner(), peers);
     row(&mut g, "guard_tower", guard_tower().layer(inner()), peers);
+    row(
+        &mut g,
+        "guard_tower_wait",
+        guard_tower_wait().layer(inner()),
+        peers,
+    );
 
     let config = GovernorConfigBuilder::default()
         .per_nanosecond(1)

@@ -2,7 +2,7 @@
 //! B9) and the metrics they record.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -314,7 +314,9 @@ fn a_memory_limiter_reconfigured_under_load_keeps_its_keys_and_admits_by_each_qu
         FullPolicy::DenyNewKeys,
         clock.clone(),
     ));
-    let phase = AtomicUsize::new(0);
+    // Held for reading across each decision and its count, for writing
+    // across the switch: no decision straddles it.
+    let phase = std::sync::RwLock::new(0usize);
     let admitted = [AtomicU64::new(0), AtomicU64::new(0)];
     let stop = AtomicBool::new(false);
     let exhausted = || limiter.check_n_now("hot", 0).unwrap().remaining == 0;
@@ -322,11 +324,9 @@ fn a_memory_limiter_reconfigured_under_load_keeps_its_keys_and_admits_by_each_qu
         for _ in 0..4 {
             s.spawn(|| {
                 while !stop.load(Ordering::SeqCst) {
-                    // The phase is read before deciding: the test changes
-                    // it only while the key is exhausted.
-                    let phase = phase.load(Ordering::SeqCst);
+                    let phase = phase.read().unwrap();
                     if limiter.check_now("hot").is_allowed() {
-                        admitted[phase].fetch_add(1, Ordering::SeqCst);
+                        admitted[*phase].fetch_add(1, Ordering::SeqCst);
                     }
                 }
             });
@@ -343,14 +343,17 @@ fn a_memory_limiter_reconfigured_under_load_keeps_its_keys_and_admits_by_each_qu
             }
         };
         step(200);
-        phase.store(1, Ordering::SeqCst);
-        let dynamic: &dyn RateLimiter = &*limiter;
-        dynamic
-            .reconfigure(Quota::TokenBucket {
-                capacity: 40,
-                rate: Rate::per(2, Duration::from_millis(1)),
-            })
-            .unwrap();
+        {
+            let mut switched = phase.write().unwrap();
+            *switched = 1;
+            let dynamic: &dyn RateLimiter = &*limiter;
+            dynamic
+                .reconfigure(Quota::TokenBucket {
+                    capacity: 40,
+                    rate: Rate::per(2, Duration::from_millis(1)),
+                })
+                .unwrap();
+        }
         step(200);
         stop.store(true, Ordering::SeqCst);
     });

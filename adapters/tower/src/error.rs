@@ -35,6 +35,12 @@ pub enum ConfigError {
         /// The duration given.
         value: Duration,
     },
+    /// [`RateLimitLayerBuilder::wait_up_to`](crate::RateLimitLayerBuilder::wait_up_to)
+    /// with no time to wait.
+    WaitUpTo {
+        /// The duration given.
+        value: Duration,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -57,6 +63,11 @@ impl fmt::Display for ConfigError {
                 f,
                 "backend retry-after: {value:?}: a refusal must ask the client to wait (at least \
                  1 s once rounded up to whole seconds)"
+            ),
+            ConfigError::WaitUpTo { value } => write!(
+                f,
+                "wait up to: {value:?}: a wait must be longer than zero (no refusal asks for \
+                 less); leave the option out to refuse at once"
             ),
         }
     }

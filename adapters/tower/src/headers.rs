@@ -2,6 +2,7 @@
 //! draft-ietf-httpapi-ratelimit-headers (revision 11), `Retry-After`, and
 //! the legacy `X-RateLimit-*` trio.
 
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use guard_std::ratelimit::Quota;
@@ -120,6 +121,62 @@ pub(crate) fn policy_value(name: &str, quota: &Quota) -> HeaderValue {
     value(text)
 }
 
+/// Distinct quotas whose `RateLimit-Policy` value a layer keeps; a limiter
+/// reconfigured to more than these formats the value of the others per
+/// response, as if uncached.
+const CACHED_QUOTAS: usize = 8;
+
+/// A policy's `RateLimit-Policy` value, formatted once per quota: every
+/// response carries it, and the quota changes only when the limiter is
+/// reconfigured. The values are keyed by the quota itself, so a value is
+/// never shown for a quota other than the one just read from the limiter:
+/// a reconfiguration shows on the next response.
+///
+/// Reading takes no lock and writes nothing shared but the value's
+/// reference count: the slots are set once each, and a quota found in
+/// none takes the first free one.
+pub(crate) struct PolicyField {
+    /// The name as a structured-field string, quotes included.
+    name: String,
+    cached: [OnceLock<(Quota, HeaderValue)>; CACHED_QUOTAS],
+}
+
+impl PolicyField {
+    /// The field of policy `name` (an sf-string), formatted for `quota`.
+    pub fn new(name: String, quota: Quota) -> Self {
+        let field = PolicyField {
+            name,
+            cached: [const { OnceLock::new() }; CACHED_QUOTAS],
+        };
+        field.value(&quota);
+        field
+    }
+
+    /// The name as a structured-field string.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The value for `quota`: the cached one (a reference count) when the
+    /// quota is one cached, else formatted (and cached if a slot is free).
+    pub fn value(&self, quota: &Quota) -> HeaderValue {
+        for slot in &self.cached {
+            match slot.get() {
+                Some((cached, value)) if cached == quota => return value.clone(),
+                Some(_) => {}
+                None => {
+                    let value = policy_value(&self.name, quota);
+                    // Taken meanwhile by another response, for this quota
+                    // or another: this one is cached by a later miss.
+                    let _ = slot.set((*quota, value.clone()));
+                    return value;
+                }
+            }
+        }
+        policy_value(&self.name, quota)
+    }
+}
+
 /// `"<name>";r=<remaining>;t=<seconds>`.
 pub(crate) fn ratelimit_value(name: &str, remaining: u32, t: u64) -> HeaderValue {
     let r = u64::from(remaining);
@@ -230,5 +287,30 @@ mod tests {
         };
         assert_eq!(window_secs(&broken), None);
         assert_eq!(policy_value("\"p\"", &broken), "\"p\";q=5");
+    }
+
+    #[test]
+    fn the_cached_policy_follows_the_quota_it_is_given() {
+        let field = PolicyField::new("\"p\"".to_owned(), window_quota(3));
+        assert_eq!(field.value(&window_quota(3)), "\"p\";q=3;w=2");
+        assert_eq!(field.value(&window_quota(7)), "\"p\";q=7;w=2");
+        assert_eq!(field.value(&window_quota(7)), "\"p\";q=7;w=2");
+        assert_eq!(field.value(&window_quota(3)), "\"p\";q=3;w=2");
+        // Past the slots, still right: formatted per call.
+        let cached = |f: &PolicyField| f.cached.iter().filter(|s| s.get().is_some()).count();
+        assert_eq!(cached(&field), 2);
+        for limit in 10..40 {
+            let expected = format!("\"p\";q={limit};w=2");
+            assert_eq!(field.value(&window_quota(limit)), expected.as_str());
+        }
+        assert_eq!(cached(&field), CACHED_QUOTAS);
+        assert_eq!(field.value(&window_quota(3)), "\"p\";q=3;w=2");
+    }
+
+    fn window_quota(limit: u32) -> Quota {
+        Quota::SlidingWindow {
+            limit,
+            window: Duration::from_millis(1_500),
+        }
     }
 }

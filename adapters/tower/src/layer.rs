@@ -6,11 +6,13 @@ use std::mem;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use guard_core::limit::wait::WaitError;
 use guard_std::Throttle;
 use guard_std::ratelimit::{LimitError, LimitFuture, LimitResult, RateLimiter, Report};
+use guard_std::run::Runtime;
 use http::header::{CONTENT_TYPE, HeaderValue};
 use http::request::Parts;
 use http::{Request, Response, StatusCode};
@@ -20,10 +22,11 @@ use tower_service::Service;
 
 use crate::body::ResponseBody;
 use crate::error::ConfigError;
-use crate::extract::{ClientIp, KeyExtractor};
+use crate::extract::{ClientIp, Key, KeyExtractor};
 use crate::headers::{
-    Fields, ceil_secs, policy_value, ratelimit_value, sf_string, write_retry_after,
+    Fields, PolicyField, ceil_secs, ratelimit_value, sf_string, write_retry_after,
 };
+use crate::wait::{Entered, Wait, Waited};
 
 /// The policy name in the `RateLimit` fields unless one is given.
 pub const DEFAULT_POLICY_NAME: &str = "default";
@@ -86,12 +89,14 @@ struct Config {
     limiter: Arc<dyn RateLimiter>,
     key: Box<dyn KeyExtractor>,
     cost: Option<Box<CostFn>>,
-    /// The policy name as a structured-field string, quotes included.
-    policy: String,
+    /// The policy name and its `RateLimit-Policy` value.
+    policy: PolicyField,
     missing_key: MissingKey,
     on_backend_error: OnBackendError,
     legacy_headers: bool,
     backend_log: Throttle,
+    /// Set by [`RateLimitLayerBuilder::wait_up_to`].
+    wait: Option<Wait>,
 }
 
 /// Builds a [`RateLimitLayer`]; every option has a default, and
@@ -105,6 +110,7 @@ struct Config {
 /// | [`on_missing_key`](Self::on_missing_key) | [`MissingKey::Refuse`] (`400`) |
 /// | [`on_backend_error`](Self::on_backend_error) | [`OnBackendError::FailClosed`] (`503`, `Retry-After: 1`) |
 /// | [`legacy_headers`](Self::legacy_headers) | off |
+/// | [`wait_up_to`](Self::wait_up_to) | no waiting: a refusal is a `429` at once |
 #[must_use = "a builder does nothing until built"]
 pub struct RateLimitLayerBuilder {
     limiter: Arc<dyn RateLimiter>,
@@ -114,6 +120,7 @@ pub struct RateLimitLayerBuilder {
     missing_key: MissingKey,
     on_backend_error: OnBackendError,
     legacy_headers: bool,
+    wait: Option<Wait>,
 }
 
 impl fmt::Debug for RateLimitLayerBuilder {
@@ -126,6 +133,7 @@ impl fmt::Debug for RateLimitLayerBuilder {
             .field("missing_key", &self.missing_key)
             .field("on_backend_error", &self.on_backend_error)
             .field("legacy_headers", &self.legacy_headers)
+            .field("wait_up_to", &self.wait.as_ref().map(|w| w.max))
             .finish()
     }
 }
@@ -180,6 +188,48 @@ impl RateLimitLayerBuilder {
         self
     }
 
+    /// Hold a request the limiter refuses until it is admitted, at most
+    /// `max` from its arrival on `runtime`'s clock, instead of answering
+    /// `429` at once; off by default. `runtime` gives the clock and timers
+    /// the wait runs on: `guard_tokio::Tokio` under tokio (virtual under
+    /// `tokio::time::pause`), `guard_smol::AsyncIo` under async-io.
+    ///
+    /// - Admitted within `max`: the request goes to the inner service
+    ///   with the fields of the decision that admitted it.
+    /// - Not admissible within `max`: `429` with that refusal's
+    ///   `Retry-After` and fields, as without waiting. A request whose own
+    ///   refusal already asks for more than `max` is answered at once; one
+    ///   in line behind others is answered at its turn when the limiter
+    ///   then asks for more than is left, and at its deadline at the
+    ///   latest.
+    /// - More than [`LINE_CAPACITY`](guard_std::run::LINE_CAPACITY)
+    ///   requests already waiting on its key: `429` saying so, with the
+    ///   `Retry-After` of the last refusal the request got, or 1 s.
+    /// - A cost above the quota stays `413`, a backend failure follows
+    ///   [`on_backend_error`](Self::on_backend_error).
+    ///
+    /// **Order.** While none of this layer's requests on a key waits, a
+    /// request is decided at once, exactly as without waiting (no line, no
+    /// allocation, no timer): the common case costs nothing more. A refused
+    /// one joins the key's line; from then until the line is empty, every
+    /// request on the key joins the line too, behind it. Waiters are
+    /// admitted in arrival order, and a request arriving while others wait
+    /// does not take a unit freed for them: with the fast path alone, a
+    /// steady stream of arrivals would take every freed unit before the
+    /// waiter's timer fired, and waiters would starve until their
+    /// deadline. Requests not counted by this layer (another layer on the
+    /// same limiter, another process on a shared Redis key) are not in the
+    /// line and may pass.
+    ///
+    /// A waiting request holds what the inner service's readiness
+    /// reserved, and its connection, until it is admitted or answered. If
+    /// its response future is dropped (the client went away), it leaves
+    /// the line and the next waiter's turn comes at once.
+    pub fn wait_up_to<R: Runtime>(mut self, max: Duration, runtime: R) -> Self {
+        self.wait = Some(Wait::new(Arc::clone(&self.limiter), max, runtime));
+        self
+    }
+
     /// The layer, or the first parameter it cannot work with.
     pub fn build(self) -> Result<RateLimitLayer, ConfigError> {
         let policy = sf_string(&self.policy_name)?;
@@ -188,16 +238,22 @@ impl RateLimitLayerBuilder {
         {
             return Err(ConfigError::BackendRetryAfter { value: retry_after });
         }
+        if let Some(wait) = &self.wait
+            && wait.max.is_zero()
+        {
+            return Err(ConfigError::WaitUpTo { value: wait.max });
+        }
         Ok(RateLimitLayer {
             config: Arc::new(Config {
+                policy: PolicyField::new(policy, self.limiter.quota()),
                 limiter: self.limiter,
                 key: self.key,
                 cost: self.cost,
-                policy,
                 missing_key: self.missing_key,
                 on_backend_error: self.on_backend_error,
                 legacy_headers: self.legacy_headers,
                 backend_log: Throttle::new(),
+                wait: self.wait,
             }),
         })
     }
@@ -221,10 +277,11 @@ impl fmt::Debug for Config {
         f.debug_struct("RateLimitLayer")
             .field("quota", &self.limiter.quota())
             .field("key", &self.key.describe())
-            .field("policy", &self.policy)
+            .field("policy", &self.policy.name())
             .field("missing_key", &self.missing_key)
             .field("on_backend_error", &self.on_backend_error)
             .field("legacy_headers", &self.legacy_headers)
+            .field("wait_up_to", &self.wait.as_ref().map(|w| w.max))
             .finish_non_exhaustive()
     }
 }
@@ -249,6 +306,7 @@ impl RateLimitLayer {
             missing_key: MissingKey::default(),
             on_backend_error: OnBackendError::default(),
             legacy_headers: false,
+            wait: None,
         }
     }
 
@@ -276,8 +334,10 @@ impl<S> Layer<S> for RateLimitLayer {
 /// delegates to it. A refused request never reaches the inner service, so
 /// the readiness it reserved stays for the next call. With a limiter that
 /// decides at once (in memory) the request goes straight to the ready
-/// inner service; with one that waits for a backend (Redis), the ready
-/// inner service goes into the response future and a clone stays here,
+/// inner service; with one that waits for a backend (Redis), or for a
+/// request that waits in line
+/// ([`wait_up_to`](RateLimitLayerBuilder::wait_up_to)), the ready inner
+/// service goes into the response future and a clone stays here,
 /// which the caller polls ready before the next call (tower's usual
 /// pattern, hence `S: Clone`).
 #[derive(Clone)]
@@ -327,6 +387,25 @@ fn answer(status: StatusCode, text: String) -> Response<Bytes> {
     response
 }
 
+/// A request that waits in its key's line, counted from before its
+/// response future is returned.
+struct Queued {
+    entered: Entered,
+    deadline: Instant,
+    /// The refusal that sent it to the line, if it was decided first.
+    refusal: Option<Report>,
+}
+
+/// Why a request in line was answered without a decision of its own.
+#[derive(Clone, Copy)]
+enum Crowded {
+    /// [`LINE_CAPACITY`](guard_std::run::LINE_CAPACITY) requests were
+    /// already waiting on its key.
+    LineFull,
+    /// Its deadline passed before its turn.
+    TimedOut,
+}
+
 impl Config {
     /// The decision, when the limiter gives it without waiting.
     fn decide_now(&self, key: &str, cost: u32) -> Option<LimitResult> {
@@ -341,12 +420,17 @@ impl Config {
         }
     }
 
+    /// The `RateLimit-Policy` value for the limiter's quota now.
+    fn policy_value(&self) -> HeaderValue {
+        self.policy.value(&self.limiter.quota())
+    }
+
     /// The fields of a decision, `t` seconds being the effective window.
     fn fields(&self, report: &Report, t: u64) -> Fields {
         Fields {
-            policy: policy_value(&self.policy, &self.limiter.quota()),
+            policy: self.policy_value(),
             state: Some((
-                ratelimit_value(&self.policy, report.remaining, t),
+                ratelimit_value(self.policy.name(), report.remaining, t),
                 report.remaining,
                 t,
             )),
@@ -369,7 +453,7 @@ impl Config {
                         format!(
                             "429 Too Many Requests: the rate limit of policy {} is reached; \
                              retry after {secs} s\n",
-                            self.policy
+                            self.policy.name()
                         ),
                     );
                     self.fields(&report, secs).write(refusal.headers_mut());
@@ -383,11 +467,13 @@ impl Config {
                     format!(
                         "413 Content Too Large: this request costs {} units, more than the whole \
                          quota of {} of policy {}: it can never be admitted\n",
-                        e.cost, e.limit, self.policy
+                        e.cost,
+                        e.limit,
+                        self.policy.name()
                     ),
                 );
                 Fields {
-                    policy: policy_value(&self.policy, &self.limiter.quota()),
+                    policy: self.policy_value(),
                     state: None,
                     legacy_limit: self.legacy_headers.then_some(e.limit),
                 }
@@ -436,16 +522,127 @@ impl Config {
             ),
         )
     }
+
+    /// The line a request decided `result` joins: when the layer waits,
+    /// `result` is a refusal, and it asks for no more than is left until
+    /// `deadline` (on the wait's clock). `None`: answer `result` as it is.
+    fn queue(&self, key: &str, result: &LimitResult, deadline: Instant) -> Option<Queued> {
+        let wait = self.wait.as_ref()?;
+        let Ok(report) = result else { return None };
+        let retry = report.retry_after()?;
+        // Waiting longer than is left could only end in this refusal:
+        // answer it now, without a line or a timer.
+        if retry > deadline.saturating_duration_since(wait.now()) {
+            return None;
+        }
+        Some(Queued {
+            entered: wait.enter(key),
+            deadline,
+            refusal: Some(*report),
+        })
+    }
+
+    /// A `429` for a request in line that got no refusal of its own: the
+    /// `Retry-After` of the refusal that sent it to the line, or 1 s.
+    fn crowded(&self, why: Crowded, refusal: Option<Report>) -> Response<Bytes> {
+        let secs = refusal
+            .and_then(|r| r.retry_after())
+            .map_or(1, |wait| ceil_secs(wait).max(1));
+        let policy = self.policy.name();
+        let text = match why {
+            Crowded::LineFull => format!(
+                "429 Too Many Requests: the rate limit of policy {policy} is reached and too many \
+                 requests are already waiting; retry after {secs} s\n"
+            ),
+            Crowded::TimedOut => format!(
+                "429 Too Many Requests: the rate limit of policy {policy} is reached and this \
+                 request was not admitted within its wait; retry after {secs} s\n"
+            ),
+        };
+        let mut refusal_answer = answer(StatusCode::TOO_MANY_REQUESTS, text);
+        match refusal {
+            Some(report) => self.fields(&report, secs),
+            None => Fields {
+                policy: self.policy_value(),
+                state: None,
+                legacy_limit: self.legacy_headers.then(|| self.limiter.quota().limit()),
+            },
+        }
+        .write(refusal_answer.headers_mut());
+        write_retry_after(refusal_answer.headers_mut(), secs);
+        refusal_answer
+    }
+
+    /// Waits in `key`'s line as `queued`, then decides.
+    async fn wait_in_line(&self, wait: &Wait, key: &str, cost: u32, queued: Queued) -> Verdict {
+        let Queued {
+            entered,
+            deadline,
+            refusal,
+        } = queued;
+        let waited = wait.wait(key, cost, deadline).await;
+        // Out of the line: later arrivals on the key may pass again.
+        drop(entered);
+        match waited {
+            Waited::Admitted(report) => self.verdict(Ok(report)),
+            Waited::Ended(WaitError::Deadline(report)) => self.verdict(Ok(report)),
+            Waited::Ended(WaitError::Limiter(e)) => self.verdict(Err(e)),
+            Waited::Ended(WaitError::LineFull(_)) => {
+                Verdict::Answer(self.crowded(Crowded::LineFull, refusal))
+            }
+            Waited::TimedOut => Verdict::Answer(self.crowded(Crowded::TimedOut, refusal)),
+        }
+    }
+
+    /// The decision of a request that could not be decided in `call`:
+    /// asked of a limiter that waits for its backend (`queued` is `None`),
+    /// or waited for in line.
+    async fn decide_later(
+        &self,
+        key: &str,
+        cost: u32,
+        deadline: Option<Instant>,
+        queued: Option<Queued>,
+    ) -> Verdict {
+        let queued = match queued {
+            Some(queued) => queued,
+            None => {
+                let result = self.limiter.check_n(key, cost).await;
+                let queued = deadline.and_then(|d| self.queue(key, &result, d));
+                match queued {
+                    Some(queued) => queued,
+                    None => return self.verdict(result),
+                }
+            }
+        };
+        match &self.wait {
+            Some(wait) => self.wait_in_line(wait, key, cost, queued).await,
+            None => unreachable!("only a layer that waits queues requests"),
+        }
+    }
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
-/// A decision that waited for the backend, with what followed it.
+/// A decision made in the response future, with what followed it.
 enum Remote<O> {
     /// Admitted: the inner service's output and the fields to write.
     Called(O, Option<Fields>),
     /// Answered by the layer.
     Answered(Response<Bytes>),
+}
+
+/// What `call` found out about a request before returning its future.
+enum Next {
+    /// Decided.
+    Now(LimitResult),
+    /// To be decided in the response future, on this key (owned): the
+    /// limiter waits for its backend, or the request waits in line.
+    Later {
+        key: String,
+        deadline: Option<Instant>,
+        queued: Option<Queued>,
+    },
 }
 
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimitService<S>
@@ -466,18 +663,55 @@ where
         let config = &*self.config;
         let (parts, body) = request.into_parts();
         let cost = config.cost.as_ref().map_or(1, |cost| cost(&parts));
-        // `Err(key)`: the limiter waits for a backend; decide in the future.
-        let decided = match config.key.extract(&parts) {
-            Some(key) => config
-                .decide_now(key.as_str(), cost)
-                .ok_or_else(|| key.into_owned()),
+        let key = match config.key.extract(&parts) {
+            Some(key) => key,
             None => match &config.missing_key {
                 MissingKey::Refuse => return ResponseFuture::answered(config.no_key()),
-                MissingKey::Shared(key) => config.decide_now(key, cost).ok_or_else(|| key.clone()),
+                MissingKey::Shared(key) => Key::from(key.as_str()),
             },
         };
-        match decided {
-            Ok(result) => match config.verdict(result) {
+        let key = key.as_str();
+        let next = match &config.wait {
+            // Others wait on this key: behind them.
+            Some(wait) if !wait.nobody_waits(key) => {
+                let deadline = wait.deadline(wait.now());
+                Next::Later {
+                    key: key.to_owned(),
+                    deadline: Some(deadline),
+                    queued: Some(Queued {
+                        entered: wait.enter(key),
+                        deadline,
+                        refusal: None,
+                    }),
+                }
+            }
+            _ => match config.decide_now(key, cost) {
+                Some(result) => {
+                    // Refused within what the wait allows: into the line.
+                    let queued = match &config.wait {
+                        Some(wait) if matches!(&result, Ok(r) if r.is_denied()) => {
+                            config.queue(key, &result, wait.deadline(wait.now()))
+                        }
+                        _ => None,
+                    };
+                    match queued {
+                        Some(queued) => Next::Later {
+                            key: key.to_owned(),
+                            deadline: Some(queued.deadline),
+                            queued: Some(queued),
+                        },
+                        None => Next::Now(result),
+                    }
+                }
+                None => Next::Later {
+                    key: key.to_owned(),
+                    deadline: config.wait.as_ref().map(|w| w.deadline(w.now())),
+                    queued: None,
+                },
+            },
+        };
+        match next {
+            Next::Now(result) => match config.verdict(result) {
                 Verdict::Admit(fields) => ResponseFuture {
                     state: State::Admitted {
                         future: self.inner.call(Request::from_parts(parts, body)),
@@ -486,15 +720,18 @@ where
                 },
                 Verdict::Answer(refusal) => ResponseFuture::answered(refusal),
             },
-            Err(key) => {
+            Next::Later {
+                key,
+                deadline,
+                queued,
+            } => {
                 let clone = self.inner.clone();
                 let mut inner = mem::replace(&mut self.inner, clone);
                 let config = Arc::clone(&self.config);
                 ResponseFuture {
                     state: State::Deciding {
                         future: Box::pin(async move {
-                            let result = config.limiter.check_n(&key, cost).await;
-                            match config.verdict(result) {
+                            match config.decide_later(&key, cost, deadline, queued).await {
                                 Verdict::Admit(fields) => Remote::Called(
                                     inner.call(Request::from_parts(parts, body)).await,
                                     fields,

@@ -14,6 +14,7 @@
 //! | refused | `429 Too Many Requests`, `Retry-After` (whole seconds, rounded up, at least 1) and both fields |
 //! | cost above the whole quota | `413 Content Too Large` with `RateLimit-Policy`: no wait would admit it, so it is not a `429` a client would retry |
 //! | no key | `400 Bad Request` naming what is missing ([`MissingKey::Refuse`], the default), or one shared key ([`MissingKey::Shared`]) |
+//! | refused, with [`wait_up_to`](RateLimitLayerBuilder::wait_up_to) | held in its key's line until admitted (then as admitted), or `429` once no admission can come within the wait (see [below](#waiting-instead-of-refusing)) |
 //! | backend failure | `503 Service Unavailable` with `Retry-After: 1` ([`OnBackendError::FailClosed`], the default), or the inner service unlimited ([`OnBackendError::FailOpen`]); logged either way |
 //!
 //! ```
@@ -79,7 +80,8 @@
 //!
 //! The quota is read from the limiter for every response, so a
 //! [`reconfigure`](guard_std::ratelimit::RateLimiter::reconfigure) shows at
-//! once. Both fields are appended, so the fields of an inner layer with
+//! once; `RateLimit-Policy` is formatted once per quota and reused while
+//! the limiter reports the same one. Both fields are appended, so the fields of an inner layer with
 //! another policy name stay. With
 //! [`legacy_headers`](RateLimitLayerBuilder::legacy_headers) the layer
 //! also writes `X-RateLimit-Limit` (`q`), `X-RateLimit-Remaining` (`r`)
@@ -94,17 +96,59 @@
 //! limiters that do their work when polled (guard's do). The response
 //! future is `Send` either way.
 //!
-//! # Not yet available
+//! # Waiting instead of refusing
 //!
-//! Waiting instead of refusing (hold a request until the limiter would
-//! admit it, up to a bound) is not in this release. It will be a builder
-//! option, `wait(max: Duration)`, added without changing anything here.
+//! [`wait_up_to(max, runtime)`](RateLimitLayerBuilder::wait_up_to) holds a
+//! refused request until the limiter admits it, at most `max` from its
+//! arrival, with guard-std's
+//! [`WaitingLimiter`](guard_std::run::WaitingLimiter) on `runtime`'s clock
+//! and timers (`guard_tokio::Tokio`, `guard_smol::AsyncIo`):
+//!
+//! ```
+//! # use std::sync::Arc;
+//! # use std::time::Duration;
+//! # use guard_core::limit::{FullPolicy, Rate, TokenBucket};
+//! # use guard_std::ratelimit::MemoryLimiter;
+//! # use guard_tower::RateLimitLayer;
+//! # let limiter = MemoryLimiter::new(TokenBucket::new(5, Rate::per_second(1))?, 10_000, FullPolicy::DenyNewKeys);
+//! let layer = RateLimitLayer::builder(Arc::new(limiter))
+//!     .wait_up_to(Duration::from_secs(2), guard_tokio::Tokio::new())
+//!     .build()?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! - A request is decided at once, as without waiting, while none of the
+//!   layer's requests on its key waits: no line, timer or allocation in
+//!   the common case. Refused, it joins its key's line if the refusal asks
+//!   for no more than `max`; otherwise it is answered `429` at once.
+//! - While a key has waiters, every new request on it joins the line
+//!   behind them instead of being decided first: waiters are admitted in
+//!   arrival order, and a unit freed for a waiter is not taken by a
+//!   request that arrived later (which, with a steady stream of arrivals,
+//!   would starve the waiters until their deadline).
+//! - Admitted: the inner service is called with the fields of the
+//!   admitting decision. A waiter whose turn comes when the limiter asks
+//!   for more than is left of its wait is answered `429` then, with that
+//!   refusal's `Retry-After` and fields; at its deadline at the latest
+//!   (behind a slow backend), with the `Retry-After` of its first refusal,
+//!   or 1 s if it had none.
+//! - More than [`LINE_CAPACITY`](guard_std::run::LINE_CAPACITY) waiters on
+//!   a key: `429` at once, saying so. A cost above the quota stays `413`;
+//!   a backend failure follows [`OnBackendError`].
+//! - A response future dropped while waiting (the client went away)
+//!   leaves the line, and the next waiter's turn comes at once.
+//!
+//! Deadlines and sleeps are on `runtime`'s clock, so under
+//! `tokio::time::pause` (with the limiter on the same clock,
+//! `MemoryLimiter::with_clock(.., RuntimeClock::new(Tokio::new()))`) a
+//! test of waits finishes at once.
 
 mod body;
 mod error;
 mod extract;
 mod headers;
 mod layer;
+mod wait;
 
 pub use body::ResponseBody;
 pub use error::ConfigError;

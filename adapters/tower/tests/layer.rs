@@ -191,6 +191,10 @@ async fn the_policy_field_follows_the_limiter_quota() {
     let layer = RateLimitLayer::builder(Arc::clone(&limiter))
         .build()
         .unwrap();
+    for _ in 0..2 {
+        let a = send(&layer, &inner, from("192.0.2.1")).await;
+        assert_eq!(a.header("ratelimit-policy"), Some(r#""default";q=5;w=5"#));
+    }
     limiter
         .reconfigure(Quota::TokenBucket {
             capacity: 20,
