@@ -21,5 +21,5 @@ pub use active::{
     DEFAULT_ACTIVE_TTL, DemoteReason, Done, Phase, Renewed,
 };
 pub use lease::{Lease, SharedLease};
-pub use watchdog::{HoldLost, Watchdog};
 pub use once::{DEFAULT_ONCE_TTL, FailPolicy, OnceEvent, OnceGuard, OnceObserver, OnceOutcome};
+pub use watchdog::{HoldLost, Watchdog};

@@ -59,7 +59,10 @@ fn heap_slots<A: Algorithm, const S: usize>() -> Box<KeyedSlots<String, A, S>> {
 /// others.
 pub struct MemoryLimiter<A: Algorithm, C: Clock = QuantaClock, const S: usize = SHARD_KEYS> {
     shards: Box<[Shard<A, S>]>,
-    router: RandomState,
+    /// Picks a key's shard: foldhash with a seed chosen at start-up (the
+    /// tables' own hasher; std's SipHash here cost a third of a keyed
+    /// decision).
+    router: DefaultHashState,
     clock: C,
 }
 
@@ -81,15 +84,16 @@ where
 {
     /// As [`MemoryLimiter::new`], on `clock`.
     pub fn with_clock(algorithm: A, capacity: usize, policy: FullPolicy, clock: C) -> Self {
-        let router = RandomState::new();
+        let random = RandomState::new();
+        let router = DefaultHashState::with_seed(random.hash_one(u64::MAX));
         let count = capacity.div_ceil(S).max(1);
         let mut shards = Vec::with_capacity(count);
         // A loop for the same reason as in `heap_slots`: a shard holds one
         // state of its own (the overflow state), as large as a slot's.
         for shard in 0..count {
-            // The router's keys are random, so its hash of the shard number
-            // is a seed nobody outside can predict.
-            let seed = DefaultHashState::with_seed(router.hash_one(shard));
+            // Std's keys are random, so its hash of the shard number is a
+            // seed nobody outside can predict.
+            let seed = DefaultHashState::with_seed(random.hash_one(shard));
             shards.push(Mutex::new(Keyed::with_hasher_and_storage(
                 algorithm.clone(),
                 policy,
