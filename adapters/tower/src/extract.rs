@@ -399,7 +399,10 @@ impl KeyExtractor for HeaderKey {
 }
 
 /// The request's path (without the query): each path has its own quota,
-/// shared by every client. Every request has one.
+/// shared by every client. Every request has one. The path is taken as
+/// sent, not decoded: `/a/b` and `/a/%62` are two keys although a router
+/// may serve both from one handler; normalise paths in front of the layer,
+/// or key with [`key_fn`] over the route, where that matters.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct PathKey;
 

@@ -43,7 +43,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     };
     let router = app::router(app::limiter())?;
-    let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, port)).await?;
+    let listener = match tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, port)).await {
+        Ok(listener) => listener,
+        Err(e) => {
+            eprintln!("cannot listen on 127.0.0.1:{port}: {e}");
+            std::process::exit(1);
+        }
+    };
     let addr = listener.local_addr()?;
     println!("listening on http://{addr}");
     println!(
