@@ -64,14 +64,14 @@ pub type LockerError = BackendError;
 /// claimed it for every locker and made leaders of renew-less lockers flap
 /// on every tick). Futures do their work when polled, not when created.
 pub trait DynLocker: Send + Sync {
-    /// [`Locker::try_lock`].
+    /// [`Locker::try_lock`](guard_core::lock::Locker::try_lock).
     fn try_lock<'a>(
         &'a self,
         key: &'a str,
         ttl: Ttl,
     ) -> BoxFuture<'a, Result<Option<Token>, BackendError>>;
 
-    /// [`Locker::unlock`].
+    /// [`Locker::unlock`](guard_core::lock::Locker::unlock).
     fn unlock<'a>(
         &'a self,
         key: &'a str,
@@ -159,7 +159,7 @@ macro_rules! impl_dyn_locker {
 }
 
 /// A cheaply cloned handle to one locker, shared by every guard of a
-/// process. It is a [`Locker`] with `Send` futures; renewal is the
+/// process. It is a [`SendLocker`] (a `Locker` with `Send` futures); renewal is the
 /// inherent [`SharedLocker::renew`], available when
 /// [`SharedLocker::can_renew`]. It deliberately does not implement
 /// `LeaseRenewer`, so a backend that cannot renew never looks as if it can.
