@@ -41,16 +41,26 @@ impl Inline {
         Ok(())
     }
 
+    /// One byte: an octet's digits and dots are written one by one, since
+    /// a slice copy of one to three bytes is a call to `memmove`.
+    fn push_byte(&mut self, byte: u8) -> fmt::Result {
+        let slot = self
+            .bytes
+            .get_mut(usize::from(self.len))
+            .ok_or(fmt::Error)?;
+        *slot = byte;
+        self.len = self.len.checked_add(1).ok_or(fmt::Error)?;
+        Ok(())
+    }
+
     fn push_decimal(&mut self, n: u8) -> fmt::Result {
-        let digits = [b'0' + n / 100, b'0' + n / 10 % 10, b'0' + n % 10];
-        let skip = if n >= 100 {
-            0
-        } else if n >= 10 {
-            1
-        } else {
-            2
-        };
-        self.push(&digits[skip..])
+        if n >= 100 {
+            self.push_byte(b'0' + n / 100)?;
+        }
+        if n >= 10 {
+            self.push_byte(b'0' + n / 10 % 10)?;
+        }
+        self.push_byte(b'0' + n % 10)
     }
 
     /// Dotted decimal, without `core::fmt` (which costs more than the
@@ -59,7 +69,11 @@ impl Inline {
         let mut inline = Inline::EMPTY;
         for (i, octet) in ip.octets().into_iter().enumerate() {
             // 15 bytes at most: never full.
-            let _ = if i > 0 { inline.push(b".") } else { Ok(()) };
+            let _ = if i > 0 {
+                inline.push_byte(b'.')
+            } else {
+                Ok(())
+            };
             let _ = inline.push_decimal(octet);
         }
         inline

@@ -76,18 +76,17 @@ pub(crate) fn window_secs(quota: &Quota) -> Option<u64> {
 
 /// Appends `n` in decimal: the fields are written on every response, and
 /// this is several times cheaper than `core::fmt`.
-fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
-    let mut digits = [0u8; 20]; // u64::MAX has 20 digits
-    let mut start = digits.len();
+fn push_decimal(out: &mut Vec<u8>, n: u64) {
+    // Most significant digit first, one push each: a copy of a few bytes
+    // from a scratch buffer is a call to `memmove`, dearer than the digits.
+    let mut power = 10u64.pow(decimal_len(n) as u32 - 1);
     loop {
-        start -= 1;
-        digits[start] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
+        out.push(b'0' + (n / power % 10) as u8);
+        if power == 1 {
             break;
         }
+        power /= 10;
     }
-    out.extend_from_slice(&digits[start..]);
 }
 
 /// The number of decimal digits of `n`.
