@@ -13,16 +13,7 @@ use guard_endpoints::redis::PubSubEndpoint;
 use guard_redis::{RedisConnection, RedisLocker, Topology};
 use guard_std::run::control;
 use guard_std::{GuardConfig, SharedLocker};
-use guard_testkit::{Mosquitto, RedisServer};
-
-/// The names of this process's threads.
-fn thread_names() -> Vec<String> {
-    std::fs::read_dir("/proc/self/task")
-        .expect("/proc/self/task")
-        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
-        .map(|name| name.trim().to_owned())
-        .collect()
-}
+use guard_testkit::{Mosquitto, RedisServer, thread_names};
 
 type Seen = Arc<Mutex<Vec<(String, Option<u64>)>>>;
 

@@ -10,17 +10,8 @@ use std::time::Duration;
 use guard_core::limit::{Rate, TokenBucket};
 use guard_core::lock::{Locker, Ttl};
 use guard_redis::{Clock, RedisConnection, RedisLocker, RedisTokenBucket, Topology};
-use guard_testkit::RedisServer;
+use guard_testkit::{RedisServer, thread_names};
 use guard_tokio::WaitingLimiter;
-
-/// The names of this process's threads.
-fn thread_names() -> Vec<String> {
-    std::fs::read_dir("/proc/self/task")
-        .expect("/proc/self/task")
-        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
-        .map(|name| name.trim().to_owned())
-        .collect()
-}
 
 #[test]
 fn a_tokio_application_decides_locks_and_waits_on_redis_without_a_second_reactor() {

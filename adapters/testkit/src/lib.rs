@@ -31,7 +31,7 @@ mod waiters;
 
 pub use faulty::{FaultyLocker, RenewFault};
 pub use mosquitto::Mosquitto;
-pub use process::{HarnessError, binary, find_binary, free_port, wait_until};
+pub use process::{HarnessError, binary, find_binary, free_port, thread_names, wait_until};
 pub use redis::{RedisCluster, RedisSentinel, RedisServer, SENTINEL_SERVICE};
 pub use tls::TestCerts;
 pub use waiters::{Finished, finish_order};

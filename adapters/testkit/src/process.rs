@@ -87,3 +87,16 @@ pub fn wait_until(
     }
     Err(HarnessError::NotReady(what.to_owned()))
 }
+
+/// The names of this process's threads (Linux: `/proc/self/task`), for
+/// tests that check which runtimes started threads.
+pub fn thread_names() -> Vec<String> {
+    std::fs::read_dir("/proc/self/task")
+        .map(|tasks| {
+            tasks
+                .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+                .map(|name| name.trim().to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
