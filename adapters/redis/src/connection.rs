@@ -119,10 +119,35 @@ struct Pool {
 
 impl Pool {
     /// The direct connection, if it is idle (or can be opened now).
+    ///
+    /// When it had to be opened again because the server closed the last
+    /// one, the multiplexed connections are refreshed first: taken only
+    /// while the direct one is busy, they could otherwise keep a dead
+    /// socket for minutes and fail the first request that falls back to
+    /// them (a leader's renewal, long after a restart), where before the
+    /// direct connection they failed at once.
     async fn lease(&self) -> Option<Lease<'_>> {
-        match &self.direct {
-            Some(direct) => direct.lease().await,
-            None => None,
+        let direct = self.direct.as_ref()?;
+        let lease = direct.lease().await;
+        if direct.take_reopened() {
+            self.refresh_managers().await;
+        }
+        lease
+    }
+
+    /// A `PING` on each multiplexed connection in turn: one on a socket
+    /// of a server that went fails, and redis-rs connects it again before
+    /// its next request. The outcome is not needed.
+    async fn refresh_managers(&self) {
+        let pings = self.managers.iter().map(|manager| {
+            let mut manager = manager.clone();
+            async move {
+                let _: redis::RedisResult<String> =
+                    redis::cmd("PING").query_async(&mut manager).await;
+            }
+        });
+        for ping in pings.collect::<Vec<_>>() {
+            ping.await;
         }
     }
 

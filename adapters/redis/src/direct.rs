@@ -23,7 +23,7 @@
 
 use std::io::ErrorKind;
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -277,6 +277,12 @@ pub(crate) struct DirectPool {
     live: AtomicUsize,
     /// No new connection is opened before this instant (after a failure).
     reopen_at: Mutex<Option<Instant>>,
+    /// A connection was dropped (the server closed it, or a request cut
+    /// off or failed on it) since one was last opened.
+    dropped: AtomicBool,
+    /// A connection was opened after one was dropped, and nobody has
+    /// asked yet (see [`take_reopened`](Self::take_reopened)).
+    reopened: AtomicBool,
 }
 
 impl DirectPool {
@@ -296,6 +302,8 @@ impl DirectPool {
             idle: Mutex::new(Vec::with_capacity(DIRECT_CONNECTIONS)),
             live: AtomicUsize::new(0),
             reopen_at: Mutex::new(None),
+            dropped: AtomicBool::new(false),
+            reopened: AtomicBool::new(false),
         })
     }
 
@@ -348,10 +356,15 @@ impl DirectPool {
         let opened = Direct::open(&self.host, self.port, &self.info).await;
         std::mem::forget(opening);
         match opened {
-            Ok(conn) => Some(Lease {
-                pool: self,
-                conn: Some(conn),
-            }),
+            Ok(conn) => {
+                if self.dropped.swap(false, Ordering::AcqRel) {
+                    self.reopened.store(true, Ordering::Release);
+                }
+                Some(Lease {
+                    pool: self,
+                    conn: Some(conn),
+                })
+            }
             Err(e) => {
                 log::debug!(
                     "redis: no direct connection to {}:{}: {e}",
@@ -370,7 +383,16 @@ impl DirectPool {
 
     fn discard(&self, conn: Direct) {
         drop(conn);
+        self.dropped.store(true, Ordering::Release);
         self.live.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Whether a connection was opened again after one was dropped, once:
+    /// the server was gone and is back, so the multiplexed connections,
+    /// which requests use only while this one is busy, may still hold
+    /// sockets of the server that went (see `Pool::lease`).
+    pub(crate) fn take_reopened(&self) -> bool {
+        self.reopened.swap(false, Ordering::AcqRel)
     }
 }
 

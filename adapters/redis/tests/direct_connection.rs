@@ -106,3 +106,36 @@ fn a_wrong_password_is_an_error_not_a_silent_fallback() {
         "the error names the authentication: {err}"
     );
 }
+
+#[test]
+fn a_request_that_falls_back_to_a_multiplexed_connection_after_a_restart_does_not_fail() {
+    let mut server =
+        RedisServer::start_with(&["--enable-debug-command", "yes"]).expect("redis-server");
+    let conn = connect(server.url(), Duration::from_secs(2));
+    assert_eq!(echo(&conn, "before"), "before");
+    // The multiplexed connections see the server go and try to reconnect
+    // while it is down; they are not used again until a request finds the
+    // direct connection busy.
+    server.restart().expect("restart");
+    std::thread::sleep(Duration::from_millis(300));
+    smol::block_on(async {
+        let busy = async {
+            let slept: Result<(), _> = conn
+                .query(redis::cmd("DEBUG").arg("SLEEP").arg("0.3"))
+                .await;
+            slept.expect("DEBUG SLEEP over the direct connection");
+        };
+        let beside = async {
+            async_io::Timer::after(Duration::from_millis(50)).await;
+            for i in 0..(2 * STANDALONE_CONNECTIONS) {
+                let text = format!("beside-{i}");
+                let got: String = conn
+                    .query(redis::cmd("ECHO").arg(&text))
+                    .await
+                    .expect("a request over a multiplexed connection after the restart");
+                assert_eq!(got, text);
+            }
+        };
+        futures_lite::future::zip(busy, beside).await;
+    });
+}
