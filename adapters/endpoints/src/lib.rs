@@ -30,8 +30,15 @@
 
 pub mod admission;
 pub mod config;
+mod deliver;
+// The elected consumer of a broadcast source, for the sources that have
+// one besides MQTT and Redis Pub/Sub.
+#[cfg(any(feature = "nats", feature = "amqp"))]
+mod elected;
 mod lease_thread;
 pub mod mqtt;
+#[cfg(feature = "nats")]
+pub mod nats;
 mod parameter;
 pub mod queue;
 pub mod redis;

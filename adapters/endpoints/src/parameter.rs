@@ -46,6 +46,34 @@ pub enum Parameter {
     TlsClientCert,
     /// The private key of that client certificate (PEM).
     TlsClientKey,
+    /// A server's URL (NATS, AMQP, PostgreSQL, MySQL).
+    ServerUrl,
+    /// A NATS subject.
+    Subject,
+    /// A NATS queue group.
+    QueueGroup,
+    /// A JetStream stream's name.
+    StreamName,
+    /// A JetStream durable consumer's name.
+    DurableName,
+    /// How often a message is delivered before it is dead-lettered.
+    MaxDeliver,
+    /// How long a delivered message waits for its acknowledgement.
+    AckWait,
+    /// Where given-up messages are published (a NATS subject).
+    DeadLetterSubject,
+    /// An AMQP queue.
+    AmqpQueue,
+    /// An AMQP exchange.
+    Exchange,
+    /// Messages delivered before any is acknowledged (AMQP prefetch).
+    Prefetch,
+    /// A database table.
+    Table,
+    /// How long a claimed row stays claimed.
+    ClaimLease,
+    /// Where a checkpoint is kept.
+    Checkpoint,
 }
 
 impl Parameter {
@@ -63,6 +91,16 @@ impl Parameter {
                 | Parameter::TopicFilter
                 | Parameter::GuardedSubscription
                 | Parameter::RedisUrl
+                | Parameter::ServerUrl
+                | Parameter::Subject
+                | Parameter::QueueGroup
+                | Parameter::StreamName
+                | Parameter::DurableName
+                | Parameter::DeadLetterSubject
+                | Parameter::AmqpQueue
+                | Parameter::Exchange
+                | Parameter::Table
+                | Parameter::Checkpoint
         )
     }
 }
@@ -76,7 +114,7 @@ impl fmt::Display for Parameter {
             Parameter::Batch => "stream consumer batch",
             Parameter::Concurrency => "stream consumer concurrency",
             Parameter::ClaimIdle => "claim idle time",
-            Parameter::RetryPolicy => "stream consumer retry policy",
+            Parameter::RetryPolicy => "retry policy",
             Parameter::Patterns => "Pub/Sub patterns",
             Parameter::QueueCapacity => "handler queue capacity",
             Parameter::BrokerHost => "broker host",
@@ -89,6 +127,20 @@ impl fmt::Display for Parameter {
             Parameter::TlsRootCa => "TLS root CA",
             Parameter::TlsClientCert => "TLS client certificate",
             Parameter::TlsClientKey => "TLS client key",
+            Parameter::ServerUrl => "server URL",
+            Parameter::Subject => "subject",
+            Parameter::QueueGroup => "queue group",
+            Parameter::StreamName => "JetStream stream",
+            Parameter::DurableName => "durable consumer name",
+            Parameter::MaxDeliver => "max deliveries",
+            Parameter::AckWait => "ack wait",
+            Parameter::DeadLetterSubject => "dead-letter subject",
+            Parameter::AmqpQueue => "AMQP queue",
+            Parameter::Exchange => "AMQP exchange",
+            Parameter::Prefetch => "prefetch",
+            Parameter::Table => "table",
+            Parameter::ClaimLease => "claim lease",
+            Parameter::Checkpoint => "checkpoint",
         })
     }
 }

@@ -24,6 +24,7 @@
 pub mod contract;
 mod faulty;
 mod mosquitto;
+pub mod nats;
 mod process;
 mod redis;
 mod tls;

@@ -36,14 +36,15 @@ use std::future::Future;
 use std::time::Duration;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use guard_core::retry::{Classifier, Jitter, JitterNeedsRandom, RetryExecutor, RetryPolicy};
-use guard_std::run::{Control, RuntimeDelay};
+use guard_core::retry::{Classifier, RetryPolicy};
+use guard_std::run::Control;
 use redis::Value;
 use redis::streams::{StreamAutoClaimReply, StreamId, StreamReadReply};
 
 use guard_redis::{DeadLetter, RedisConnection, RedisGuardError, StreamDlq};
 
 use super::EndpointError;
+use crate::deliver;
 use crate::parameter::Parameter;
 
 /// Entries read per round, new or claimed.
@@ -175,13 +176,12 @@ fn named(parameter: Parameter, value: &str) -> Result<String, EndpointError> {
 }
 
 /// A retry policy the consumer cannot run: it draws no random bits.
-fn retry_refused(policy: RetryPolicy, why: JitterNeedsRandom) -> EndpointError {
+fn retry_refused(refused: deliver::RetryRefused) -> EndpointError {
     EndpointError::InvalidInput {
         parameter: Parameter::RetryPolicy,
-        value: format!("with {:?} jitter", policy.jitter()),
-        rule: "a stream consumer draws no random bits, so its retry policy takes no jitter"
-            .to_owned(),
-        source: Some(Box::new(why)),
+        value: refused.value(),
+        rule: deliver::RetryRefused::RULE.to_owned(),
+        source: Some(Box::new(refused.cause())),
     }
 }
 
@@ -297,10 +297,7 @@ impl StreamConsumer {
     /// How a failing entry is retried before it is given up. The
     /// consumer draws no random bits, so a policy with jitter is refused.
     pub fn with_retry(mut self, policy: RetryPolicy) -> Result<Self, EndpointError> {
-        if policy.jitter() != Jitter::None {
-            return Err(retry_refused(policy, JitterNeedsRandom));
-        }
-        self.retry = policy;
+        self.retry = deliver::checked(policy).map_err(retry_refused)?;
         Ok(self)
     }
 
@@ -397,20 +394,13 @@ impl StreamConsumer {
         Fut: Future<Output = Result<(), E>>,
         E: fmt::Display,
     {
-        // `with_retry` refuses jitter, so this cannot fail.
-        let mut retry =
-            RetryExecutor::new(self.retry, classifier).map_err(|e| retry_refused(self.retry, e))?;
-        let mut calls = 0;
-        let result = retry
-            .run(&mut RuntimeDelay(CallerRuntime), |attempt| {
-                calls = attempt;
-                // Borrowed only to make the call's future, never across an
-                // await: concurrent entries share the handler.
-                (handler.borrow_mut())(entry.clone())
-            })
-            .await;
-        guard_std::metrics::record_retry_attempts(&self.stream, calls);
-        let failure = match result {
+        let handled = deliver::handle(self.retry, classifier, &self.stream, &entry, |entry| {
+            // Borrowed only to make the call's future, never across an
+            // await: concurrent entries share the handler.
+            (handler.borrow_mut())(entry)
+        })
+        .await;
+        let failure = match handled {
             Ok(()) => return Ok(Outcome::Acked(entry.id)),
             Err(failure) => failure,
         };

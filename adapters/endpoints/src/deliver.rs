@@ -1,0 +1,174 @@
+//! One message's trip through its handler, shared by every endpoint of a
+//! source that delivers once (a Redis consumer group, a NATS queue group,
+//! a JetStream consumer, a RabbitMQ work queue, a claimed database row):
+//! the handler is called, retried under the endpoint's [`RetryPolicy`]
+//! while its [`Classifier`] allows, and the message is either handled or
+//! given up with the last error and the number of calls. The endpoint
+//! then acknowledges it, or dead-letters it and acknowledges, or leaves it
+//! to the source's redelivery when the dead letter could not be written;
+//! never drops it.
+
+use std::fmt;
+use std::future::Future;
+
+use guard_core::retry::{Classifier, Jitter, JitterNeedsRandom, RetryExecutor, RetryPolicy};
+use guard_redis::CallerRuntime;
+use guard_std::run::RuntimeDelay;
+
+/// Why a [`RetryPolicy`] cannot drive an endpoint's retries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RetryRefused {
+    /// The policy's jitter, which needs random bits the endpoint lacks.
+    pub(crate) jitter: Jitter,
+}
+
+impl RetryRefused {
+    /// The refused value, as an `InvalidInput` error shows it.
+    pub(crate) fn value(&self) -> String {
+        format!("with {:?} jitter", self.jitter)
+    }
+
+    /// The rule the policy breaks.
+    pub(crate) const RULE: &'static str =
+        "an endpoint draws no random bits, so its retry policy takes no jitter";
+
+    /// The cause, for the error's `source`.
+    pub(crate) fn cause(&self) -> JitterNeedsRandom {
+        JitterNeedsRandom
+    }
+}
+
+/// `policy` if an endpoint can run it: endpoints draw no random bits, so
+/// a policy with jitter is refused (a retry delay is the same on every
+/// replica; the source's own redelivery spreads replicas apart).
+pub(crate) fn checked(policy: RetryPolicy) -> Result<RetryPolicy, RetryRefused> {
+    match policy.jitter() {
+        Jitter::None => Ok(policy),
+        jitter => Err(RetryRefused { jitter }),
+    }
+}
+
+/// A message the handler did not take: its last error and the calls made.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct GaveUp {
+    /// The last call's error, with why no further call was made.
+    pub(crate) error: String,
+    /// Calls made, the first included.
+    pub(crate) attempts: u32,
+}
+
+impl fmt::Display for GaveUp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.error)
+    }
+}
+
+/// Calls `handler` with `message` (a clone per call) under `policy`
+/// (checked by [`checked`]) until it succeeds, `classifier` refuses the
+/// error, or the retries are spent; records the calls made under `label`
+/// (`guard_retry_attempts{operation}`).
+pub(crate) async fn handle<M, F, Fut, E>(
+    policy: RetryPolicy,
+    classifier: Classifier<E>,
+    label: &str,
+    message: &M,
+    mut handler: F,
+) -> Result<(), GaveUp>
+where
+    M: Clone,
+    F: FnMut(M) -> Fut,
+    Fut: Future<Output = Result<(), E>>,
+    E: fmt::Display,
+{
+    let mut retry = match RetryExecutor::new(policy, classifier) {
+        Ok(retry) => retry,
+        // Endpoints check their policy when built; a policy that slipped
+        // past is a refusal of the message, never a panic.
+        Err(e) => {
+            return Err(GaveUp {
+                error: format!("retry policy refused: {e}"),
+                attempts: 0,
+            });
+        }
+    };
+    let mut calls = 0;
+    let result = retry
+        .run(&mut RuntimeDelay(CallerRuntime), |attempt| {
+            calls = attempt;
+            handler(message.clone())
+        })
+        .await;
+    guard_std::metrics::record_retry_attempts(label, calls);
+    result.map_err(|failure| GaveUp {
+        error: failure.to_string(),
+        attempts: failure.attempts,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_failing_handler_is_called_as_often_as_the_policy_allows_then_given_up() {
+        let policy = RetryPolicy::fixed_delay(2, Duration::from_millis(1));
+        let mut calls = 0;
+        let outcome = futures_lite::future::block_on(handle(
+            policy,
+            Classifier::retry_all(),
+            "test",
+            &"message",
+            |m: &str| {
+                calls += 1;
+                async move { Err::<(), _>(format!("{m} failed")) }
+            },
+        ));
+        let gave_up = outcome.unwrap_err();
+        assert_eq!((calls, gave_up.attempts), (3, 3));
+        assert!(gave_up.error.contains("message failed"), "{gave_up}");
+    }
+
+    #[test]
+    fn a_handler_that_succeeds_on_a_retry_is_handled() {
+        let policy = RetryPolicy::fixed_delay(3, Duration::from_millis(1));
+        let mut calls = 0;
+        let outcome = futures_lite::future::block_on(handle(
+            policy,
+            Classifier::retry_all(),
+            "test",
+            &(),
+            |()| {
+                calls += 1;
+                let fail = calls < 2;
+                async move { if fail { Err("once") } else { Ok(()) } }
+            },
+        ));
+        assert_eq!((outcome, calls), (Ok(()), 2));
+    }
+
+    #[test]
+    fn an_error_the_classifier_refuses_is_not_retried() {
+        let policy = RetryPolicy::fixed_delay(5, Duration::from_millis(1));
+        let mut calls = 0;
+        let outcome = futures_lite::future::block_on(handle(
+            policy,
+            Classifier::retry_all().never(|e: &&str| *e == "poison"),
+            "test",
+            &(),
+            |()| {
+                calls += 1;
+                async { Err("poison") }
+            },
+        ));
+        assert_eq!((outcome.unwrap_err().attempts, calls), (1, 1));
+    }
+
+    #[test]
+    fn a_policy_with_jitter_is_refused_with_its_jitter() {
+        let policy = RetryPolicy::new().with_jitter(Jitter::Full);
+        let refused = checked(policy).unwrap_err();
+        assert_eq!(refused.jitter, Jitter::Full);
+        assert!(checked(RetryPolicy::new()).is_ok());
+    }
+}

@@ -1,0 +1,134 @@
+//! A broadcast source consumed only by the replica that holds the lease.
+//!
+//! Where a source gives every subscriber every message (a plain NATS
+//! subject, a RabbitMQ fanout exchange), the seeds' rule is to elect one
+//! consumer. [`serve_while_leading`] runs an [`ActiveRunner`] on the lease
+//! task (see [`crate::lease_thread`]): each promotion opens the source's
+//! subscription there, confirmed by the server before the promotion
+//! counts; the subscription then crosses to the caller, which serves it
+//! and checks the lease before every handler call. A demotion drops the
+//! subscription (the source stops delivering to this replica); a
+//! subscription that ends while leading demotes, releasing the lease for
+//! a standby.
+//!
+//! Guarantees, for the caller's `serve`:
+//! - it only ever serves a subscription opened under a lease;
+//! - with the [`LeaseCheck`] it is given, it hands a message over only
+//!   while the lease is valid on this replica's clock, with the fence
+//!   ([`LeaseCheck::fence`]; a paused replica refuses what it finds
+//!   buffered once its renew deadline has passed);
+//! - at most one subscription is open at a time.
+//!
+//! Messages published while no replica is subscribed (a takeover) reach
+//! nobody: the guard removes duplicate consumption, it adds no
+//! persistence.
+
+use std::fmt;
+use std::future::Future;
+
+use futures_lite::future;
+use guard_std::run::Control;
+
+use crate::lease_thread::{self, StopOnDrop};
+use crate::runtime::{ActiveRunner, LeaseCheck};
+
+/// What woke the serving side.
+enum Next<S> {
+    /// The subscription being served ended (its connection closed).
+    Ended,
+    /// A new subscription (promoted), `None` (demoted), or the lease task
+    /// has ended (`Err`).
+    Command(Result<Option<S>, async_channel::RecvError>),
+}
+
+/// Runs `runner` until `control` stops it. On each promotion, `open`
+/// subscribes (on the lease task; an error fails the promotion, which
+/// releases the lease); `serve` then serves that subscription on the
+/// caller's task until it ends or a demotion drops it. `what` names the
+/// source in logs and the lease thread.
+pub(crate) async fn serve_while_leading<S, E, Open, OpenFut, Serve, ServeFut>(
+    runner: &ActiveRunner,
+    control: Control,
+    what: &str,
+    open: Open,
+    mut serve: Serve,
+) where
+    S: Send + 'static,
+    E: fmt::Display + Send + 'static,
+    Open: Fn() -> OpenFut + Send + Sync + 'static,
+    OpenFut: Future<Output = Result<S, E>> + Send,
+    Serve: FnMut(S, LeaseCheck) -> ServeFut,
+    ServeFut: Future<Output = ()>,
+{
+    // Our own handle demotes the runner when a subscription ends, and
+    // stops it when this function returns or is dropped.
+    let (own, linked) = control.linked();
+    let _stop = StopOnDrop(own.clone());
+    // A clone runs on the lease task; its lease view is the one checked.
+    let runner = runner.clone();
+    let lease = runner.lease_check();
+    let (tx, rx) = async_channel::unbounded::<Option<S>>();
+    let elect = move || async move {
+        let (promoted, demoted) = (tx.clone(), tx);
+        let open = &open;
+        runner
+            .run(
+                linked,
+                move |_fence| {
+                    let tx = promoted.clone();
+                    async move {
+                        let subscription = open().await?;
+                        // The receiver lives until this runner returns.
+                        tx.send(Some(subscription)).await.ok();
+                        Ok::<(), E>(())
+                    }
+                },
+                move |_reason| {
+                    let tx = demoted.clone();
+                    async move {
+                        tx.send(None).await.ok();
+                    }
+                },
+            )
+            .await;
+        // Both senders drop with the callbacks: serving ends.
+    };
+    let task = match lease_thread::spawn(&format!("{what}-lease"), elect) {
+        Ok(task) => task,
+        Err(e) => {
+            log::error!("{what}: cannot start its lease thread: {e}");
+            return;
+        }
+    };
+    let mut next: Option<S> = None;
+    loop {
+        let subscription = match next.take() {
+            Some(subscription) => subscription,
+            None => match rx.recv().await {
+                Ok(Some(subscription)) => subscription,
+                Ok(None) => continue,
+                Err(_) => break,
+            },
+        };
+        let woke = future::or(
+            async {
+                serve(subscription, lease.clone()).await;
+                Next::Ended
+            },
+            async { Next::Command(rx.recv().await) },
+        )
+        .await;
+        match woke {
+            Next::Ended => {
+                log::warn!("{what}: the subscription ended while leading; stepping down");
+                own.demote();
+            }
+            Next::Command(Ok(subscription)) => next = subscription,
+            Next::Command(Err(_)) => break,
+        }
+    }
+    // The runner has returned once the channel closed.
+    if !task.join().await {
+        log::error!("{what}: its lease thread panicked");
+    }
+}
