@@ -726,3 +726,80 @@ fn an_empty_key_is_named_as_such() {
     let e = Config::from_toml("[locker]\n'' = 1\n").unwrap_err();
     assert!(e.to_string().contains("`locker.\"\"` = set"), "{e}");
 }
+
+#[cfg(feature = "nats")]
+#[test]
+fn nats_endpoints_parse_into_their_delivery_and_refuse_what_cannot_work() {
+    use guard_endpoints::config::{NatsDelivery, Source};
+    let config = Config::from_toml(
+        r#"
+        [[endpoints]]
+        name = "orders"
+        kind = "nats"
+        url = "nats://127.0.0.1:4222"
+        subject = "orders.*"
+        queue_group = "billing"
+        dead_letter_subject = "orders-dlq"
+
+        [[endpoints]]
+        name = "alerts"
+        kind = "nats"
+        url = "127.0.0.1:4222"
+        subject = "alerts.>"
+        guard = true
+
+        [[endpoints]]
+        name = "jobs"
+        kind = "nats-jetstream"
+        url = "nats://127.0.0.1:4222"
+        stream = "JOBS"
+        subjects = ["jobs.>"]
+        durable = "gateways"
+        ack_wait_ms = 5000
+        max_deliver = 3
+        "#,
+    )
+    .unwrap();
+    let Source::Nats(orders) = &config.endpoints[0].source else {
+        panic!()
+    };
+    assert_eq!(orders.delivery, NatsDelivery::QueueGroup("billing".into()));
+    assert_eq!(orders.dead_letter_subject.as_deref(), Some("orders-dlq"));
+    let Source::Nats(alerts) = &config.endpoints[1].source else {
+        panic!()
+    };
+    assert_eq!(alerts.delivery, NatsDelivery::Elected);
+    let Source::NatsJetStream(jobs) = &config.endpoints[2].source else {
+        panic!()
+    };
+    assert_eq!((jobs.max_deliver, jobs.ack_wait.as_millis()), (3, 5000));
+    assert_eq!(jobs.subjects, vec!["jobs.>".to_owned()]);
+
+    let nats = |extra: &str| {
+        format!(
+            "[[endpoints]]\nname = \"n\"\nkind = \"nats\"\nurl = \"nats://127.0.0.1:4222\"\n{extra}"
+        )
+    };
+    let err = error(&nats("subject = \"a..b\""));
+    assert!(err.contains("`endpoints[0].subject` = \"a..b\""), "{err}");
+    let err = error(&nats("subject = \"a\"\nqueue_group = \"g\"\nguard = true"));
+    assert!(
+        err.contains("`endpoints[0].guard` = true") && err.contains("one member already"),
+        "{err}"
+    );
+    let err = error(&nats("subject = \"a\"\ndead_letter_subject = \"dlq.*\""));
+    assert!(
+        err.contains("`endpoints[0].dead_letter_subject` = \"dlq.*\""),
+        "{err}"
+    );
+    let err = error(&nats("subject = \"a\"\nshare_group = \"g\""));
+    assert!(err.contains("share_group"), "{err}");
+    let err = error(
+        "[[endpoints]]\nname = \"j\"\nkind = \"nats-jetstream\"\nurl = \"nats://h:1\"\nstream = \"A.B\"\ndurable = \"d\"",
+    );
+    assert!(err.contains("`endpoints[0].stream` = \"A.B\""), "{err}");
+    let err = error(
+        "[[endpoints]]\nname = \"j\"\nkind = \"nats-jetstream\"\nurl = \"nats://h:1\"\nstream = \"A\"\ndurable = \"d\"\nmax_deliver = 0",
+    );
+    assert!(err.contains("`endpoints[0].max_deliver` = 0"), "{err}");
+}

@@ -9,8 +9,9 @@ use std::sync::Arc;
 
 use guard_core::retry::Classifier;
 use guard_endpoints::admission::{Admission, DEAD_LETTERS, Undelivered, Verdict};
-use guard_endpoints::config::{Config, Endpoint, LimitKey, MqttDelivery, Source};
+use guard_endpoints::config::{Config, Endpoint, LimitKey, MqttDelivery, NatsDelivery, Source};
 use guard_endpoints::mqtt::{MqttEndpoint, Subscription};
+use guard_endpoints::nats::{Delivery, JetStreamConsumer, NatsOptions, NatsSubscriber};
 use guard_endpoints::redis::{StreamConsumer, StreamMessage};
 use guard_redis::StreamDlq;
 use guard_smol::Control;
@@ -129,6 +130,20 @@ impl Inbox {
             && let Verdict::Refused(why) = admission
                 .admit(self.key_of(key, &message.id, Some(message)))
                 .await
+        {
+            return Err(Refused::Limited(why.to_string()));
+        }
+        Ok(())
+    }
+
+    /// Passes a message of a source that retries and dead-letters by
+    /// itself (NATS): `Ok` when the handler may run.
+    async fn check_message(&self, from: &str, payload: &[u8]) -> Result<(), Refused> {
+        if let Some(why) = self.too_large(payload.len()) {
+            return Err(Refused::Invalid(why));
+        }
+        if let Some((admission, key)) = &self.limit
+            && let Verdict::Refused(why) = admission.admit(self.key_of(key, from, None)).await
         {
             return Err(Refused::Limited(why.to_string()));
         }
@@ -280,10 +295,8 @@ pub(crate) async fn start(
             let fields = Arc::new(source.fields.clone());
             Ok(Box::pin(async move {
                 // An entry that can never be handled is not retried.
-                let classifier =
-                    Classifier::retry_all().never(|e: &Refused| matches!(e, Refused::Invalid(_)));
                 let stats = consumer
-                    .run(control, classifier, |message| {
+                    .run(control, never_invalid(), |message| {
                         let (inbox, emit, name, fields) =
                             (inbox.clone(), emit.clone(), name.clone(), fields.clone());
                         async move {
@@ -352,6 +365,103 @@ pub(crate) async fn start(
                     .await;
             }))
         }
+        Source::Nats(source) => {
+            let options = NatsOptions::new(&source.url)
+                .map_err(|e| context(e.into()))?
+                .with_name(&format!("{name}-{identity}"));
+            let delivery = match &source.delivery {
+                NatsDelivery::QueueGroup(group) => {
+                    Delivery::queue_group(group).map_err(|e| context(e.into()))?
+                }
+                NatsDelivery::Broadcast => Delivery::Broadcast,
+                NatsDelivery::Elected => Delivery::Elected,
+            };
+            let mut subscriber = NatsSubscriber::new(options, &source.subject, delivery)
+                .and_then(|s| s.with_retry(source.retry))
+                .map_err(|e| context(e.into()))?;
+            if let Some(subject) = &source.dead_letter_subject {
+                subscriber = subscriber
+                    .with_dead_letters(subject)
+                    .map_err(|e| context(e.into()))?;
+            }
+            if source.delivery == NatsDelivery::Elected {
+                let scope = built
+                    .guards
+                    .scope("endpoint/nats")
+                    .and_then(|s| s.segment("node", &name))
+                    .map_err(|e| context(e.into()))?;
+                subscriber = subscriber
+                    .with_guard(&built.guards, &scope)
+                    .and_then(|s| s.with_guard_settings(timing))
+                    .map_err(|e| context(e.into()))?;
+            }
+            Ok(Box::pin(async move {
+                let stats = subscriber
+                    .run(control, never_invalid(), |message| {
+                        let (inbox, emit, name) = (inbox.clone(), emit.clone(), name.clone());
+                        async move {
+                            // A refusal fails the message: retried (unless
+                            // it can never pass), then dead-lettered.
+                            inbox
+                                .check_message(&message.subject, &message.payload)
+                                .await?;
+                            emit(Event::Received {
+                                endpoint: name,
+                                from: message.subject,
+                                fence: message.fence,
+                                content: Content::Payload(text(&message.payload)),
+                            });
+                            Ok::<(), Refused>(())
+                        }
+                    })
+                    .await;
+                log::info!("endpoint {name}: {stats:?}");
+            }))
+        }
+        Source::NatsJetStream(source) => {
+            let options = NatsOptions::new(&source.url)
+                .map_err(|e| context(e.into()))?
+                .with_name(&format!("{name}-{identity}"));
+            let subjects: Vec<&str> = source.subjects.iter().map(String::as_str).collect();
+            let mut consumer = JetStreamConsumer::new(options, &source.stream, &source.durable)
+                .and_then(|c| c.with_subjects(&subjects))
+                .and_then(|c| c.with_ack_wait(source.ack_wait))
+                .and_then(|c| c.with_max_deliver(source.max_deliver))
+                .and_then(|c| c.with_batch(source.batch))
+                .and_then(|c| c.with_retry(source.retry))
+                .map_err(|e| context(e.into()))?;
+            if let Some(subject) = &source.dead_letter_subject {
+                consumer = consumer
+                    .with_dead_letters(subject)
+                    .map_err(|e| context(e.into()))?;
+            }
+            Ok(Box::pin(async move {
+                let stats = consumer
+                    .run(control, never_invalid(), |message| {
+                        let (inbox, emit, name) = (inbox.clone(), emit.clone(), name.clone());
+                        async move {
+                            inbox
+                                .check_message(&message.subject, &message.payload)
+                                .await?;
+                            emit(Event::Received {
+                                endpoint: name,
+                                from: format!("{}#{}", message.subject, message.sequence),
+                                fence: None,
+                                content: Content::Payload(text(&message.payload)),
+                            });
+                            Ok::<(), Refused>(())
+                        }
+                    })
+                    .await;
+                log::info!("endpoint {name}: {stats:?}");
+            }))
+        }
         _ => Err(GatewayError::UnsupportedEndpoint { name }),
     }
+}
+
+/// Retries every refusal but one that can never pass (too large, a field
+/// missing).
+fn never_invalid() -> Classifier<Refused> {
+    Classifier::retry_all().never(|e: &Refused| matches!(e, Refused::Invalid(_)))
 }

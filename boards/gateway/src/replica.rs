@@ -236,6 +236,20 @@ pub fn summary(config: &Config) -> String {
                         "mqtt, elected subscriber".to_owned()
                     }
                 },
+                Source::Nats(n) => match &n.delivery {
+                    guard_endpoints::config::NatsDelivery::QueueGroup(g) => {
+                        format!("nats, queue group {g}")
+                    }
+                    guard_endpoints::config::NatsDelivery::Broadcast => {
+                        "nats, broadcast".to_owned()
+                    }
+                    guard_endpoints::config::NatsDelivery::Elected => {
+                        "nats, elected subscriber".to_owned()
+                    }
+                },
+                Source::NatsJetStream(j) => {
+                    format!("nats-jetstream, durable consumer {}", j.durable)
+                }
                 _ => "another kind".to_owned(),
             };
             let limit = e

@@ -10,6 +10,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use guard_testkit::Mosquitto;
+use guard_testkit::nats::NatsServer;
 use guard_testkit::{RedisServer, free_port};
 
 const TTL_MS: u64 = 2_000;
@@ -767,6 +768,17 @@ enum Source {
     Redis(String),
     /// MQTT topic `alerts/fire` on a broker's port.
     Mqtt(u16),
+    /// NATS subject `alerts.fire` on a server's URL.
+    Nats(String),
+}
+
+/// A NATS client of `url`, and a way to run its futures.
+fn nats_client(url: &str) -> async_nats::Client {
+    nats_block_on(async_nats::connect(url)).expect("nats connect")
+}
+
+fn nats_block_on<F: std::future::Future>(work: F) -> F::Output {
+    futures_lite::future::block_on(async_compat::Compat::new(work))
 }
 
 impl Source {
@@ -794,6 +806,15 @@ impl Source {
                     client
                         .publish("alerts/fire", QoS::AtLeastOnce, false, payload)
                         .unwrap();
+                })
+            }
+            Source::Nats(url) => {
+                let client = nats_client(&url);
+                Box::new(move |payload| {
+                    nats_block_on(async {
+                        client.publish("alerts.fire", payload.into()).await.unwrap();
+                        client.flush().await.unwrap();
+                    });
                 })
             }
         }
@@ -918,6 +939,96 @@ fn a_paused_mqtt_leader_does_not_handle_what_arrived_after_its_deadline() {
         broker.port()
     );
     a_paused_leader_acts_late_on_nothing(&endpoint, &Source::Mqtt(broker.port()), &server);
+}
+
+#[test]
+fn a_paused_nats_leader_does_not_handle_what_arrived_after_its_deadline() {
+    let server = RedisServer::start().expect("redis-server");
+    let nats = NatsServer::start().expect("nats-server");
+    let endpoint = format!(
+        "[[endpoints]]\nname = \"alerts\"\nkind = \"nats\"\nurl = \"{}\"\nsubject = \"alerts.*\"\nguard = true\n",
+        nats.url()
+    );
+    a_paused_leader_acts_late_on_nothing(&endpoint, &Source::Nats(nats.url()), &server);
+}
+
+#[test]
+fn three_processes_share_a_nats_queue_group_and_a_jetstream_consumer_each_message_once() {
+    let server = RedisServer::start().expect("redis-server");
+    let nats = NatsServer::start().expect("nats-server");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nats.toml");
+    let url = nats.url();
+    std::fs::write(
+        &path,
+        base_config(&server.url())
+            + &format!(
+                r#"
+[[endpoints]]
+name = "orders"
+kind = "nats"
+url = "{url}"
+subject = "orders.*"
+queue_group = "billing"
+
+[[endpoints]]
+name = "jobs"
+kind = "nats-jetstream"
+url = "{url}"
+stream = "JOBS"
+subjects = ["jobs.>"]
+durable = "gateways"
+"#
+            ),
+    )
+    .unwrap();
+    let lines: Lines = Arc::default();
+    let processes: Vec<Process> = (0..3).map(|id| start(id, &path, &lines)).collect();
+    let client = nats_client(&url);
+    let js = nats_block_on(async { async_nats::jetstream::new(client.clone()) });
+    assert!(
+        wait_for(Duration::from_secs(10), || nats_block_on(
+            js.get_stream("JOBS")
+        )
+        .is_ok()),
+        "no process created the stream"
+    );
+    // Every process subscribed to the queue group.
+    thread::sleep(Duration::from_millis(1_000));
+    nats_block_on(async {
+        for i in 0..100 {
+            client
+                .publish("orders.created", format!("o{i}").into())
+                .await
+                .unwrap();
+            js.publish("jobs.new", format!("j{i}").into())
+                .await
+                .unwrap()
+                .await
+                .unwrap();
+        }
+        client.flush().await.unwrap();
+    });
+    let counts = [("orders", 100), ("jobs", 100)];
+    let all = wait_for(Duration::from_secs(10), || {
+        counts
+            .iter()
+            .all(|(endpoint, n)| received(&lines, endpoint).len() == *n)
+    });
+    thread::sleep(Duration::from_millis(300)); // late duplicates would show
+    for (endpoint, n) in counts {
+        let by = received(&lines, endpoint);
+        assert!(all && by.len() == n, "{endpoint}: {} of {n}", by.len());
+        let twice: Vec<_> = by.iter().filter(|(_, ids)| ids.len() > 1).collect();
+        assert!(twice.is_empty(), "{endpoint}: handled twice: {twice:?}");
+    }
+    let took_part: std::collections::BTreeSet<usize> = received(&lines, "orders")
+        .values()
+        .flatten()
+        .copied()
+        .collect();
+    assert_eq!(took_part.len(), 3, "orders: only {took_part:?} took part");
+    drop(processes);
 }
 
 #[test]

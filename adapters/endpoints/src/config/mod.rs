@@ -43,6 +43,9 @@
 //! ```
 
 mod connect;
+// Without the `nats` feature the kinds are read, then refused.
+#[cfg_attr(not(feature = "nats"), allow(dead_code, unused_imports))]
+mod nats;
 mod raw;
 mod resolve;
 mod tls;
@@ -288,6 +291,62 @@ pub enum Source {
     RedisStream(StreamSource),
     /// MQTT.
     Mqtt(MqttSource),
+    /// A core NATS subject.
+    Nats(NatsSource),
+    /// A JetStream durable consumer: single delivery by the server.
+    NatsJetStream(JetStreamSource),
+}
+
+/// `kind = "nats"`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NatsSource {
+    /// The server.
+    pub url: String,
+    /// The subject (wildcards allowed).
+    pub subject: String,
+    /// Who receives each message.
+    pub delivery: NatsDelivery,
+    /// Retries of a failing message.
+    pub retry: RetryPolicy,
+    /// Where given-up messages are published; without one they are
+    /// counted and logged as lost.
+    pub dead_letter_subject: Option<String>,
+}
+
+/// How a NATS endpoint subscribes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NatsDelivery {
+    /// A queue group: the server gives each message to one member; no
+    /// guard.
+    QueueGroup(String),
+    /// A plain subscription on every replica: a broadcast.
+    Broadcast,
+    /// A plain subscription on the elected replica only.
+    Elected,
+}
+
+/// `kind = "nats-jetstream"`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JetStreamSource {
+    /// The server.
+    pub url: String,
+    /// The stream.
+    pub stream: String,
+    /// Subjects of a stream to create if it does not exist (empty: it
+    /// must exist).
+    pub subjects: Vec<String>,
+    /// The durable consumer, the same on every replica.
+    pub durable: String,
+    /// How long the server waits for an acknowledgement.
+    pub ack_wait: Duration,
+    /// Deliveries before a failing message is dead-lettered.
+    pub max_deliver: u32,
+    /// Messages pulled per request.
+    pub batch: usize,
+    /// Retries of a failing message within one delivery.
+    pub retry: RetryPolicy,
+    /// Where dead letters go (`dead-letters.<stream>` unless given).
+    pub dead_letter_subject: Option<String>,
 }
 
 /// `kind = "redis-pubsub"`.

@@ -209,6 +209,8 @@ pub(super) enum Endpoint {
     RedisPubsub(PubSub),
     RedisStream(Stream),
     Mqtt(Mqtt),
+    Nats(Nats),
+    NatsJetStream(NatsJetStream),
 }
 
 impl Endpoint {
@@ -217,6 +219,8 @@ impl Endpoint {
             Endpoint::RedisPubsub(e) => &e.name,
             Endpoint::RedisStream(e) => &e.name,
             Endpoint::Mqtt(e) => &e.name,
+            Endpoint::Nats(e) => &e.name,
+            Endpoint::NatsJetStream(e) => &e.name,
         }
     }
 }
@@ -285,6 +289,48 @@ pub(super) struct Mqtt {
     pub tls_key: Option<String>,
 }
 
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[cfg_attr(not(feature = "nats"), allow(dead_code))]
+pub(super) struct Nats {
+    pub name: String,
+    pub url: String,
+    pub subject: String,
+    pub queue_group: Option<String>,
+    #[serde(default)]
+    pub guard: bool,
+    pub retries: Option<u32>,
+    pub retry_delay_ms: Option<u64>,
+    pub dead_letter_subject: Option<String>,
+    pub limit: Option<String>,
+    pub limit_key: Option<String>,
+    pub when_limited: Option<WhenLimited>,
+    pub max_wait_ms: Option<u64>,
+    pub max_payload_bytes: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[cfg_attr(not(feature = "nats"), allow(dead_code))]
+pub(super) struct NatsJetStream {
+    pub name: String,
+    pub url: String,
+    pub stream: String,
+    pub subjects: Option<Vec<String>>,
+    pub durable: String,
+    pub ack_wait_ms: Option<u64>,
+    pub max_deliver: Option<u32>,
+    pub batch: Option<u64>,
+    pub retries: Option<u32>,
+    pub retry_delay_ms: Option<u64>,
+    pub dead_letter_subject: Option<String>,
+    pub limit: Option<String>,
+    pub limit_key: Option<String>,
+    pub when_limited: Option<WhenLimited>,
+    pub max_wait_ms: Option<u64>,
+    pub max_payload_bytes: Option<u64>,
+}
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct Metrics {
@@ -311,7 +357,7 @@ pub(super) fn parse(text: &str) -> Result<(File, Vec<Endpoint>), ConfigError> {
 /// Entry `i` of `[[endpoints]]`, read as its kind's struct.
 fn endpoint(i: usize, mut table: toml::Table) -> Result<Endpoint, ConfigError> {
     let at = format!("endpoints[{i}]");
-    let kinds = "one of `redis-pubsub`, `redis-stream`, `mqtt`";
+    let kinds = "one of `redis-pubsub`, `redis-stream`, `mqtt`, `nats`, `nats-jetstream`";
     let kind = match table.remove("kind") {
         Some(toml::Value::String(kind)) => kind,
         Some(other) => return Err(invalid(format!("{at}.kind"), other, kinds)),
@@ -335,6 +381,8 @@ fn endpoint(i: usize, mut table: toml::Table) -> Result<Endpoint, ConfigError> {
         "redis-pubsub" => read(&at, table).map(Endpoint::RedisPubsub),
         "redis-stream" => read(&at, table).map(Endpoint::RedisStream),
         "mqtt" => read(&at, table).map(Endpoint::Mqtt),
+        "nats" => read(&at, table).map(Endpoint::Nats),
+        "nats-jetstream" => read(&at, table).map(Endpoint::NatsJetStream),
         other => Err(invalid(format!("{at}.kind"), format!("{other:?}"), kinds)),
     }
 }

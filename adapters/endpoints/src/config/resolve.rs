@@ -30,25 +30,25 @@ const MQTTS_PORT: u16 = 8883;
 const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(5);
 /// The stream consumer's defaults (the original's).
 const DEFAULT_CLAIM_IDLE: Duration = Duration::from_secs(30);
-const DEFAULT_RETRIES: u32 = 3;
-const DEFAULT_RETRY_DELAY: Duration = Duration::from_millis(100);
+pub(super) const DEFAULT_RETRIES: u32 = 3;
+pub(super) const DEFAULT_RETRY_DELAY: Duration = Duration::from_millis(100);
 
 /// Upper bounds of durations, so that a typo (an extra digit, a value in
 /// the wrong unit) is an error rather than a job that never runs or a
 /// lease Redis cannot store.
 const MAX_PERIOD_MS: u64 = 366 * 24 * 3600 * 1000; // a year
 const MAX_ONCE_TTL_S: u64 = 366 * 24 * 3600; // a year
-const MAX_LEASE_MS: u64 = 24 * 3600 * 1000; // a day
-const MAX_TIMEOUT_MS: u64 = 3600 * 1000; // an hour
+pub(super) const MAX_LEASE_MS: u64 = 24 * 3600 * 1000; // a day
+pub(super) const MAX_TIMEOUT_MS: u64 = 3600 * 1000; // an hour
 const MAX_WAIT_MS: u64 = 24 * 3600 * 1000; // a day
 const MAX_PAYLOAD_BYTES: u64 = 512 << 20; // Redis's own limit for a value
 const MAX_QUEUE: u64 = 1 << 20; // messages; a GiB at a KiB each
-const MAX_BATCH: u64 = 10_000; // entries a round: one reply of a few MiB
+pub(super) const MAX_BATCH: u64 = 10_000; // entries a round: one reply of a few MiB
 
-type Env<'e> = &'e dyn Fn(&str) -> Option<String>;
+pub(super) type Env<'e> = &'e dyn Fn(&str) -> Option<String>;
 
 /// `value` if it is in `1..=max`, else an error naming `key`.
-fn bounded(key: &str, value: u64, max: u64, unit: &str) -> Result<u64, ConfigError> {
+pub(super) fn bounded(key: &str, value: u64, max: u64, unit: &str) -> Result<u64, ConfigError> {
     if value == 0 || value > max {
         return Err(invalid(
             key,
@@ -208,7 +208,7 @@ pub(super) fn config(
 }
 
 /// `value` with every `${NAME}` replaced from `env`.
-fn expand(key: &str, value: &str, env: Env<'_>) -> Result<String, ConfigError> {
+pub(super) fn expand(key: &str, value: &str, env: Env<'_>) -> Result<String, ConfigError> {
     let mut out = String::new();
     let mut rest = value;
     while let Some(start) = rest.find("${") {
@@ -839,6 +839,8 @@ fn endpoint(
         raw::Endpoint::RedisPubsub(p) => p.max_payload_bytes,
         raw::Endpoint::RedisStream(s) => s.max_payload_bytes,
         raw::Endpoint::Mqtt(m) => m.max_payload_bytes,
+        raw::Endpoint::Nats(n) => n.max_payload_bytes,
+        raw::Endpoint::NatsJetStream(j) => j.max_payload_bytes,
     };
     let max_payload_bytes = match max_payload {
         None => super::DEFAULT_MAX_PAYLOAD_BYTES,
@@ -1097,6 +1099,34 @@ fn endpoint(
                 tls,
             });
             (&m.name, source, limit)
+        }
+        raw::Endpoint::Nats(n) => {
+            let limit = endpoint_limit(
+                LimitKeys {
+                    limit: &n.limit,
+                    limit_key: &n.limit_key,
+                    when_limited: n.when_limited,
+                    max_wait_ms: n.max_wait_ms,
+                },
+                key,
+                false,
+                limiters,
+            )?;
+            (&n.name, super::nats::subject(n, key, env)?, limit)
+        }
+        raw::Endpoint::NatsJetStream(j) => {
+            let limit = endpoint_limit(
+                LimitKeys {
+                    limit: &j.limit,
+                    limit_key: &j.limit_key,
+                    when_limited: j.when_limited,
+                    max_wait_ms: j.max_wait_ms,
+                },
+                key,
+                false,
+                limiters,
+            )?;
+            (&j.name, super::nats::jetstream(j, key, env)?, limit)
         }
     };
     Ok(Endpoint {

@@ -59,7 +59,10 @@ use guard_std::run::RunnerError;
 use crate::deliver::RetryRefused;
 use crate::parameter::{Parameter, write_invalid};
 
-pub use jetstream::{JetStreamConsumer, JetStreamMessage, JetStreamStats};
+pub use jetstream::{
+    DEFAULT_ACK_WAIT, DEFAULT_BATCH, DEFAULT_MAX_DELIVER, DEFAULT_REDELIVERY_DELAY,
+    JetStreamConsumer, JetStreamMessage, JetStreamStats,
+};
 pub use subscriber::{NatsStats, NatsSubscriber};
 
 /// Limit on connecting, and the wait before connecting again.
