@@ -34,7 +34,7 @@ for target in "${targets[@]}"; do
     grep -qx "$target" <<<"$installed" || rustup target add "$target"
 done
 
-step "system packages: redis-server, redis-tools, mosquitto and qemu-system-arm"
+step "system packages: redis-server, redis-tools, mosquitto, qemu-system-arm, nats-server, mariadb, postgresql, rabbitmq-server"
 need_packages=()
 command -v redis-server >/dev/null 2>&1 || need_packages+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || need_packages+=(redis-tools)
@@ -42,6 +42,16 @@ command -v redis-cli >/dev/null 2>&1 || need_packages+=(redis-tools)
 [ -x /usr/sbin/mosquitto ] || command -v mosquitto >/dev/null 2>&1 || need_packages+=(mosquitto)
 # The firmware test runs on QEMU's Cortex-M4F board.
 command -v qemu-system-arm >/dev/null 2>&1 || need_packages+=(qemu-system-arm)
+# The other sources' tests: NATS and MariaDB servers of their own (a
+# private mariadbd logs rows to its binlog), PostgreSQL (a database of
+# their own on the machine's server, and a private server), RabbitMQ (a
+# virtual host of their own on the machine's broker, and a private node).
+[ -x /usr/sbin/nats-server ] || command -v nats-server >/dev/null 2>&1 || need_packages+=(nats-server)
+[ -x /usr/sbin/mariadbd ] || need_packages+=(mariadb-server)
+command -v mariadb >/dev/null 2>&1 || need_packages+=(mariadb-client)
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_packages+=(postgresql)
+command -v psql >/dev/null 2>&1 || need_packages+=(postgresql-client)
+[ -x /usr/sbin/rabbitmq-server ] || command -v rabbitmq-server >/dev/null 2>&1 || need_packages+=(rabbitmq-server)
 if [ ${#need_packages[@]} -gt 0 ]; then
     if [ "$(id -u)" -ne 0 ]; then
         echo "missing Debian packages: ${need_packages[*]}; run as root or install them first" >&2
@@ -49,6 +59,22 @@ if [ ${#need_packages[@]} -gt 0 ]; then
     fi
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_packages[@]}"
+fi
+
+step "services: PostgreSQL on 5432 and RabbitMQ on 5672"
+listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+if ! listening 5432; then
+    pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n 1)" main start
+    # The tests connect over TCP as `postgres` without a password.
+    hba=$(ls /etc/postgresql/*/main/pg_hba.conf | head -n 1)
+    if ! grep -q "^host all all 127.0.0.1/32 trust" "$hba"; then
+        sed -i '1i host all all 127.0.0.1/32 trust' "$hba"
+        pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n 1)" main reload
+    fi
+fi
+if ! listening 5672; then
+    rabbitmq-server -detached
+    for _ in $(seq 60); do listening 5672 && break; sleep 1; done
 fi
 
 step "format"

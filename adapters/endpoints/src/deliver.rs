@@ -11,9 +11,11 @@
 use std::fmt;
 use std::future::Future;
 
-use guard_core::retry::{Classifier, Jitter, JitterNeedsRandom, RetryExecutor, RetryPolicy};
+use guard_core::retry::{
+    Classifier, Interrupted, Jitter, JitterNeedsRandom, RetryExecutor, RetryPolicy,
+};
 use guard_redis::CallerRuntime;
-use guard_std::run::RuntimeDelay;
+use guard_std::run::Runtime as _;
 
 /// Why a [`RetryPolicy`] cannot drive an endpoint's retries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,6 +74,27 @@ pub(crate) async fn handle<M, F, Fut, E>(
     classifier: Classifier<E>,
     label: &str,
     message: &M,
+    handler: F,
+) -> Result<(), GaveUp>
+where
+    M: Clone,
+    F: FnMut(M) -> Fut,
+    Fut: Future<Output = Result<(), E>>,
+    E: fmt::Display,
+{
+    handle_while(policy, classifier, label, message, || true, handler).await
+}
+
+/// As [`handle`], calling again only while `may_call` holds, asked after
+/// each wait, immediately before the call (an elected consumer's lease
+/// check: every call, retries included, is made under a valid lease).
+/// The caller checks before the first call.
+pub(crate) async fn handle_while<M, F, Fut, E>(
+    policy: RetryPolicy,
+    classifier: Classifier<E>,
+    label: &str,
+    message: &M,
+    mut may_call: impl FnMut() -> bool,
     mut handler: F,
 ) -> Result<(), GaveUp>
 where
@@ -92,8 +115,12 @@ where
         }
     };
     let mut calls = 0;
+    let sleep = async |wait| {
+        CallerRuntime.sleep(wait).await;
+        if may_call() { Ok(()) } else { Err(Interrupted) }
+    };
     let result = retry
-        .run(&mut RuntimeDelay(CallerRuntime), |attempt| {
+        .run_interruptible(sleep, |attempt| {
             calls = attempt;
             handler(message.clone())
         })
@@ -162,6 +189,29 @@ mod tests {
             },
         ));
         assert_eq!((outcome.unwrap_err().attempts, calls), (1, 1));
+    }
+
+    #[test]
+    fn no_retry_is_made_once_the_condition_fails() {
+        let policy = RetryPolicy::fixed_delay(5, Duration::from_millis(1));
+        let (mut calls, mut checks) = (0, 0);
+        let outcome = futures_lite::future::block_on(handle_while(
+            policy,
+            Classifier::retry_all(),
+            "test",
+            &(),
+            || {
+                checks += 1;
+                checks < 2
+            },
+            |()| {
+                calls += 1;
+                async { Err("failed") }
+            },
+        ));
+        let gave_up = outcome.unwrap_err();
+        assert_eq!((calls, checks, gave_up.attempts), (2, 2, 2));
+        assert!(gave_up.error.contains("retry interrupted"), "{gave_up}");
     }
 
     #[test]

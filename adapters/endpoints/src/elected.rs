@@ -44,8 +44,10 @@ enum Next<S> {
 /// Runs `runner` until `control` stops it. On each promotion, `open`
 /// subscribes (on the lease task; an error fails the promotion, which
 /// releases the lease); `serve` then serves that subscription on the
-/// caller's task until it ends or a demotion drops it. `what` names the
-/// source in logs and the lease thread.
+/// caller's task until it ends or a demotion drops it. `open` is given
+/// the new lease's fence (the [`LeaseCheck`] shows it only once the
+/// promotion succeeded). `what` names the source in logs and the lease
+/// thread.
 pub(crate) async fn serve_while_leading<S, E, Open, OpenFut, Serve, ServeFut>(
     runner: &ActiveRunner,
     control: Control,
@@ -55,7 +57,7 @@ pub(crate) async fn serve_while_leading<S, E, Open, OpenFut, Serve, ServeFut>(
 ) where
     S: Send + 'static,
     E: fmt::Display + Send + 'static,
-    Open: Fn() -> OpenFut + Send + Sync + 'static,
+    Open: Fn(u64) -> OpenFut + Send + Sync + 'static,
     OpenFut: Future<Output = Result<S, E>> + Send,
     Serve: FnMut(S, LeaseCheck) -> ServeFut,
     ServeFut: Future<Output = ()>,
@@ -74,10 +76,10 @@ pub(crate) async fn serve_while_leading<S, E, Open, OpenFut, Serve, ServeFut>(
         runner
             .run(
                 linked,
-                move |_fence| {
+                move |fence| {
                     let tx = promoted.clone();
                     async move {
-                        let subscription = open().await?;
+                        let subscription = open(fence).await?;
                         // The receiver lives until this runner returns.
                         tx.send(Some(subscription)).await.ok();
                         Ok::<(), E>(())

@@ -13,6 +13,16 @@
 //!   retry, dead letters, claims of a dead consumer's entries);
 //! - [`mqtt`]: [`mqtt::MqttEndpoint`] with a shared subscription (the
 //!   broker delivers once) or a plain one (broadcast, optionally elected);
+//! - `nats` (feature `nats`): a queue group (no guard), a plain subject
+//!   (broadcast, optionally elected), and a JetStream durable consumer
+//!   (redelivery, dead letters after the last delivery);
+//! - `amqp` (feature `amqp`): RabbitMQ work queues (no guard, the broker's
+//!   dead-letter exchange), elected fanout consumers, and the broker's
+//!   single-active-consumer queues compared with our election;
+//! - `postgres` (feature `postgres`): a table of work every replica polls,
+//!   each row claimed by one (`FOR UPDATE SKIP LOCKED`) under a lease;
+//! - `mysql` (feature `mysql`): MariaDB/MySQL binlog change data capture
+//!   by one elected reader, checkpointed under its fence;
 //! - [`admission`]: rate limits that act on every message of an endpoint,
 //!   and the dead letters of the ones refused;
 //! - [`queue`]: the bounded handler queue of a broadcast source and its
@@ -24,22 +34,34 @@
 //! client certificate), `MqttOptions::with_tls` for MQTT, and the
 //! configuration's `tls_ca`, `tls_cert`, `tls_key` and `tls` keys.
 //!
-//! Errors are typed: [`mqtt::MqttError`] and [`redis::EndpointError`]
-//! name the [`Parameter`] they refuse and keep their cause in
-//! [`source`](std::error::Error::source).
+//! Errors are typed: [`mqtt::MqttError`], [`redis::EndpointError`] and
+//! the errors of the feature-gated sources (`NatsError`, `AmqpError`,
+//! `PgQueueError`, `BinlogError`) name the [`Parameter`] they refuse and
+//! keep their cause in [`source`](std::error::Error::source).
+//!
+//! Kafka and configuration services of the Nacos kind need no endpoint
+//! here: a Kafka consumer group already delivers each record to one
+//! member (the seeds' rule: no guard), and a configuration change must
+//! reach every replica (deliberately not deduplicated); see the README.
 
 pub mod admission;
+#[cfg(feature = "amqp")]
+pub mod amqp;
 pub mod config;
 mod deliver;
 // The elected consumer of a broadcast source, for the sources that have
 // one besides MQTT and Redis Pub/Sub.
-#[cfg(any(feature = "nats", feature = "amqp"))]
+#[cfg(any(feature = "nats", feature = "amqp", feature = "mysql"))]
 mod elected;
 mod lease_thread;
 pub mod mqtt;
+#[cfg(feature = "mysql")]
+pub mod mysql;
 #[cfg(feature = "nats")]
 pub mod nats;
 mod parameter;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 pub mod queue;
 pub mod redis;
 mod runtime;

@@ -1,6 +1,7 @@
 //! The parameters an endpoint refuses, named in the `InvalidInput`
-//! variants of [`MqttError`](crate::mqtt::MqttError) and
-//! [`EndpointError`](crate::redis::EndpointError).
+//! variant of every endpoint's error type ([`MqttError`](crate::mqtt::MqttError),
+//! [`EndpointError`](crate::redis::EndpointError), and those of the NATS,
+//! AMQP, PostgreSQL and binlog endpoints).
 
 use std::fmt;
 
@@ -14,9 +15,9 @@ pub enum Parameter {
     ConsumerGroup,
     /// A stream consumer's own name.
     ConsumerName,
-    /// Entries a stream consumer reads per round.
+    /// Messages an endpoint reads or pulls per round.
     Batch,
-    /// Entries a stream consumer handles at once.
+    /// Messages an endpoint handles at once.
     Concurrency,
     /// How long an entry is idle before a stream consumer claims it.
     ClaimIdle,
@@ -111,8 +112,8 @@ impl fmt::Display for Parameter {
             Parameter::Stream => "stream",
             Parameter::ConsumerGroup => "consumer group",
             Parameter::ConsumerName => "consumer name",
-            Parameter::Batch => "stream consumer batch",
-            Parameter::Concurrency => "stream consumer concurrency",
+            Parameter::Batch => "batch",
+            Parameter::Concurrency => "concurrency",
             Parameter::ClaimIdle => "claim idle time",
             Parameter::RetryPolicy => "retry policy",
             Parameter::Patterns => "Pub/Sub patterns",

@@ -869,7 +869,7 @@ fn stream_consumer_rejects_bad_input() {
             .unwrap_err();
         assert!(
             err.to_string().contains(&format!(
-                "stream consumer concurrency {concurrency}: must be from 1 to the batch (10)"
+                "concurrency {concurrency}: must be from 1 to the batch (10)"
             )),
             "{err}"
         );

@@ -6,6 +6,10 @@
 //!   `redis-server` processes, and [`Mosquitto`]: a real broker, each on a
 //!   free 127.0.0.1 port with its own temporary directory, stopped by PID
 //!   when dropped (also when a test panics);
+//! - [`nats::NatsServer`], [`mariadb::MariaDb`] (rows logged to its
+//!   binlog), [`postgres`] (a database unique to the test, or a private
+//!   server) and [`rabbitmq`] (a virtual host unique to the test, or a
+//!   private node): the other sources' servers, the same way;
 //! - [`TestCerts`]: a CA and the server and client certificates it
 //!   signed, made by the test, for the servers' TLS listeners
 //!   (`RedisServer::start_tls`, `RedisCluster::start_tls`,
@@ -23,9 +27,12 @@
 
 pub mod contract;
 mod faulty;
+pub mod mariadb;
 mod mosquitto;
 pub mod nats;
+pub mod postgres;
 mod process;
+pub mod rabbitmq;
 mod redis;
 mod tls;
 mod waiters;

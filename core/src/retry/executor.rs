@@ -157,11 +157,33 @@ impl<E, R: RandomSource> RetryExecutor<E, R> {
     }
 
     /// The async twin of [`Self::run_blocking`], waiting on `delay`.
-    pub async fn run<T, F, Fut, D>(&mut self, delay: &mut D, mut op: F) -> Result<T, RetryError<E>>
+    pub async fn run<T, F, Fut, D>(&mut self, delay: &mut D, op: F) -> Result<T, RetryError<E>>
     where
         F: FnMut(u32) -> Fut,
         Fut: Future<Output = Result<T, E>>,
         D: DelayNs,
+    {
+        let sleep = async |wait| {
+            delay_for(delay, wait).await;
+            Ok(())
+        };
+        self.run_interruptible(sleep, op).await
+    }
+
+    /// As [`Self::run`], waiting with `sleep`, which may end the retries
+    /// ([`Interrupted`]: a shutdown, a lease that is gone) before the next
+    /// call. Unlike [`Self::run_blocking`], `sleep` is asked before every
+    /// call after the first, a zero wait included, so that it can check a
+    /// condition every call depends on.
+    pub async fn run_interruptible<T, F, Fut, S>(
+        &mut self,
+        mut sleep: S,
+        mut op: F,
+    ) -> Result<T, RetryError<E>>
+    where
+        F: FnMut(u32) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        S: AsyncFnMut(Duration) -> Result<(), Interrupted>,
     {
         let mut backoff = Backoff::new(self.policy);
         let mut attempt = 1u32;
@@ -170,9 +192,14 @@ impl<E, R: RandomSource> RetryExecutor<E, R> {
                 Ok(value) => return Ok(value),
                 Err(error) => error,
             };
-            // The error is kept only to be returned if this was the last call.
-            let (wait, _error) = self.after_failure(&mut backoff, error, attempt)?;
-            delay_for(delay, wait).await;
+            let (wait, error) = self.after_failure(&mut backoff, error, attempt)?;
+            if sleep(wait).await.is_err() {
+                return Err(RetryError {
+                    error,
+                    attempts: attempt,
+                    reason: GiveUpReason::Interrupted,
+                });
+            }
             attempt = attempt.saturating_add(1);
         }
     }

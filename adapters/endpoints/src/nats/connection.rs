@@ -1,20 +1,12 @@
 //! Connecting, and running async-nats's futures on a tokio runtime.
 
-use std::future::Future;
-
-use async_compat::Compat;
 use futures_lite::future;
 use guard_redis::CallerRuntime;
 use guard_std::run::{Control, Runtime as _};
 
 use super::{NatsError, NatsOptions};
 
-/// Runs `work` where async-nats can: on the caller's tokio runtime if
-/// there is one, else on async-compat's runtime thread (its timers and
-/// sockets need tokio's reactor).
-pub(crate) async fn on_tokio<F: Future>(work: F) -> F::Output {
-    Compat::new(work).await
-}
+pub(crate) use crate::runtime::on_tokio;
 
 /// One attempt to connect.
 pub(crate) async fn connect(options: &NatsOptions) -> Result<async_nats::Client, NatsError> {

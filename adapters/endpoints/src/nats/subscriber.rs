@@ -188,7 +188,7 @@ impl NatsSubscriber {
             }
             (Delivery::Elected, Some(runner)) => {
                 let (subject, opener) = (self.subject.clone(), client.clone());
-                let open = move || {
+                let open = move |_fence| {
                     let (client, subject) = (opener.clone(), subject.clone());
                     on_tokio(async move {
                         let subscriber = client
@@ -290,10 +290,23 @@ impl NatsSubscriber {
                 payload: message.payload.to_vec(),
                 fence,
             };
-            let handled = deliver::handle(self.retry, classifier, &self.subject, &message, |m| {
-                // Borrowed only to make the call's future.
-                (handler.borrow_mut())(m)
-            })
+            // Every call, retries included, under the lease the first was
+            // made under.
+            let still_leading = || match (&lease, fence) {
+                (Some(lease), Some(fence)) => lease.fence() == Some(fence),
+                _ => true,
+            };
+            let handled = deliver::handle_while(
+                self.retry,
+                classifier,
+                &self.subject,
+                &message,
+                still_leading,
+                |m| {
+                    // Borrowed only to make the call's future.
+                    (handler.borrow_mut())(m)
+                },
+            )
             .await;
             match handled {
                 Ok(()) => Counters::add(&counters.handled),

@@ -1,0 +1,779 @@
+//! The elected binlog reader.
+
+use std::cell::{Cell, RefCell};
+use std::fmt;
+use std::future::Future;
+
+use futures_lite::StreamExt;
+use guard_core::guard::ActiveConfig;
+use guard_core::lock::Scope;
+use guard_core::retry::{Classifier, RetryPolicy};
+use guard_std::GuardConfig;
+use guard_std::run::{Control, LeaseState};
+use mysql_async::binlog::events::{EventData, RowsEventData};
+use mysql_async::binlog::value::BinlogValue;
+use mysql_async::prelude::Queryable;
+use mysql_async::{BinlogStream, BinlogStreamRequest, Conn, Opts, OptsBuilder, Value};
+
+use super::checkpoint::{BinlogPosition, CheckpointError, Checkpoints};
+use super::{
+    BinlogError, ChangeKind, ColumnValue, DEFAULT_CHECKPOINT_TABLE, DEFAULT_DEAD_LETTER_TABLE,
+    RowChange, checked_identifier,
+};
+use crate::deliver::{self, GaveUp};
+use crate::elected::serve_while_leading;
+use crate::parameter::Parameter;
+use crate::runtime::on_tokio;
+use crate::runtime::{ActiveRunner, LeaseCheck};
+
+/// Where a reader without a checkpoint starts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Start {
+    /// At the server's current end of the binlog: changes from now on.
+    #[default]
+    Current,
+    /// At the server's first binlog still kept.
+    Beginning,
+}
+
+/// What a reader did, counted from its start.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BinlogStats {
+    /// Row changes the handler took.
+    pub handled: u64,
+    /// Row changes whose retries were spent, written to the dead-letter
+    /// table.
+    pub dead_lettered: u64,
+    /// Checkpoints saved.
+    pub checkpoints: u64,
+    /// Checkpoints refused because a newer leader owns the position.
+    pub checkpoints_refused: u64,
+    /// Row changes read while the lease was past its renew deadline or
+    /// gone: not handed over (the next leader reads them again from the
+    /// checkpoint).
+    pub refused_late: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    handled: Cell<u64>,
+    dead_lettered: Cell<u64>,
+    checkpoints: Cell<u64>,
+    checkpoints_refused: Cell<u64>,
+    refused_late: Cell<u64>,
+}
+
+impl Counters {
+    fn add(counter: &Cell<u64>) {
+        counter.set(counter.get() + 1);
+    }
+
+    fn stats(&self) -> BinlogStats {
+        BinlogStats {
+            handled: self.handled.get(),
+            dead_lettered: self.dead_lettered.get(),
+            checkpoints: self.checkpoints.get(),
+            checkpoints_refused: self.checkpoints_refused.get(),
+            refused_late: self.refused_late.get(),
+        }
+    }
+}
+
+/// A binlog stream opened under a lease: the stream, a second connection
+/// for checkpoints and dead letters, and where the stream starts.
+struct Opened {
+    stream: BinlogStream,
+    conn: Conn,
+    from: BinlogPosition,
+    fence: u64,
+}
+
+/// The row changes of one database server, read by the replica that holds
+/// the lease; see the [module documentation](super).
+///
+/// ```no_run
+/// # smol::block_on(async {
+/// use guard_core::retry::Classifier;
+/// use guard_endpoints::mysql::BinlogReader;
+/// use guard_std::{GuardConfig, LocalLocker, SharedLocker};
+///
+/// let config = GuardConfig::new().with_locker(SharedLocker::new(LocalLocker::new()));
+/// let scope = config.scope("endpoint/binlog")?;
+/// let reader = BinlogReader::new("mysql://root@127.0.0.1:3306/app", "orders-cdc", &config, &scope)?;
+/// let (_handle, control) = guard_smol::control();
+/// reader
+///     .run(control, Classifier::retry_all(), |change| async move {
+///         println!("{} {}.{} {:?}", change.kind.name(), change.database, change.table, change.after);
+///         Ok::<(), String>(())
+///     })
+///     .await;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # });
+/// ```
+pub struct BinlogReader {
+    opts: Opts,
+    url: String,
+    name: String,
+    server_id: u32,
+    start: Start,
+    checkpoints: Checkpoints,
+    dead_letters: String,
+    checkpoint_every: u32,
+    retry: RetryPolicy,
+    runner: ActiveRunner,
+}
+
+impl fmt::Debug for BinlogReader {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BinlogReader")
+            .field("name", &self.name)
+            .field("server_id", &self.server_id)
+            .field("checkpoints", &self.checkpoints)
+            .field("checkpoint_every", &self.checkpoint_every)
+            .finish()
+    }
+}
+
+impl BinlogReader {
+    /// A reader named `name` (its checkpoint's key; the same on every
+    /// replica) of the server at `url` (`mysql://user:password@host:port/db`:
+    /// the checkpoint and dead-letter tables live in `db`), elected under
+    /// `config`'s locker in `scope`. Server id 4000 + a hash of the name
+    /// unless set (one per reader name: the server drops an older
+    /// connection with the same id), start at the current end of the
+    /// binlog, a checkpoint after every transaction, the original's
+    /// retry policy.
+    pub fn new(
+        url: &str,
+        name: &str,
+        config: &GuardConfig,
+        scope: &Scope,
+    ) -> Result<Self, BinlogError> {
+        let opts = Opts::from_url(url).map_err(|e| {
+            BinlogError::invalid(
+                Parameter::ServerUrl,
+                url,
+                format!("must be mysql://user:password@host:port/database ({e})"),
+            )
+        })?;
+        if opts.db_name().is_none() {
+            return Err(BinlogError::invalid(
+                Parameter::ServerUrl,
+                url,
+                "must name a database (its checkpoint and dead-letter tables live there)",
+            ));
+        }
+        if name.is_empty() || name.len() > 191 {
+            return Err(BinlogError::invalid(
+                Parameter::Checkpoint,
+                name,
+                "must be from 1 to 191 bytes",
+            ));
+        }
+        // Rows matched, not changed: a checkpoint saved twice at the same
+        // position is not a refusal.
+        let opts: Opts = OptsBuilder::from_opts(opts).client_found_rows(true).into();
+        let hash = name
+            .bytes()
+            .fold(0_u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b)));
+        Ok(BinlogReader {
+            opts,
+            url: url.to_owned(),
+            name: name.to_owned(),
+            server_id: 4000 + hash % 1_000_000,
+            start: Start::Current,
+            checkpoints: Checkpoints::new(DEFAULT_CHECKPOINT_TABLE),
+            dead_letters: DEFAULT_DEAD_LETTER_TABLE.to_owned(),
+            checkpoint_every: 1,
+            retry: RetryPolicy::new(),
+            runner: ActiveRunner::new(config, scope).map_err(BinlogError::Guard)?,
+        })
+    }
+
+    /// Lease timing; validated.
+    pub fn with_guard_settings(mut self, settings: ActiveConfig) -> Result<Self, BinlogError> {
+        self.runner = self
+            .runner
+            .with_settings(settings)
+            .map_err(BinlogError::Guard)?;
+        Ok(self)
+    }
+
+    /// The server id the reader registers with (not 0, and not the id of
+    /// any server or other reader of the same server).
+    pub fn with_server_id(mut self, id: u32) -> Result<Self, BinlogError> {
+        if id == 0 {
+            return Err(BinlogError::invalid(
+                Parameter::ServerUrl,
+                "server id 0",
+                "a replica's server id must not be 0",
+            ));
+        }
+        self.server_id = id;
+        Ok(self)
+    }
+
+    /// Where a reader without a checkpoint starts.
+    pub fn with_start(mut self, start: Start) -> Self {
+        self.start = start;
+        self
+    }
+
+    /// The checkpoints table (a plain SQL identifier).
+    pub fn with_checkpoint_table(mut self, table: &str) -> Result<Self, BinlogError> {
+        self.checkpoints = Checkpoints::new(&checked_identifier(Parameter::Table, table)?);
+        Ok(self)
+    }
+
+    /// The dead-letter table (a plain SQL identifier).
+    pub fn with_dead_letter_table(mut self, table: &str) -> Result<Self, BinlogError> {
+        self.dead_letters = checked_identifier(Parameter::Table, table)?;
+        Ok(self)
+    }
+
+    /// A checkpoint after every `transactions` transactions (at least 1):
+    /// fewer writes, more changes handled again after a takeover.
+    pub fn with_checkpoint_every(mut self, transactions: u32) -> Result<Self, BinlogError> {
+        if transactions == 0 {
+            return Err(BinlogError::invalid(
+                Parameter::Checkpoint,
+                "every 0 transactions",
+                "must be at least 1",
+            ));
+        }
+        self.checkpoint_every = transactions;
+        Ok(self)
+    }
+
+    /// How a failing handler is retried before the change is
+    /// dead-lettered. Endpoints draw no random bits, so a policy with
+    /// jitter is refused.
+    pub fn with_retry(mut self, policy: RetryPolicy) -> Result<Self, BinlogError> {
+        self.retry = deliver::checked(policy).map_err(BinlogError::retry)?;
+        Ok(self)
+    }
+
+    /// The checkpoints table.
+    pub fn checkpoints(&self) -> &Checkpoints {
+        &self.checkpoints
+    }
+
+    /// The reader's name: its checkpoint's key.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The lease key.
+    pub fn key(&self) -> &str {
+        self.runner.key()
+    }
+
+    /// Runs until `control` stops it: reads while this replica leads and
+    /// calls `handler` for each row change, one at a time, in binlog
+    /// order. Returns what it did.
+    pub async fn run<F, Fut, E>(
+        &self,
+        control: Control,
+        classifier: Classifier<E>,
+        handler: F,
+    ) -> BinlogStats
+    where
+        F: FnMut(RowChange) -> Fut,
+        Fut: Future<Output = Result<(), E>>,
+        E: fmt::Display,
+    {
+        let counters = Counters::default();
+        let handler = RefCell::new(handler);
+        let what = format!("binlog {}", self.name);
+        let (opts, name, server_id, start, checkpoints, dead_letters) = (
+            self.opts.clone(),
+            self.name.clone(),
+            self.server_id,
+            self.start,
+            self.checkpoints.clone(),
+            self.dead_letters.clone(),
+        );
+        let open = move |fence| {
+            let (opts, name, checkpoints, dead_letters) = (
+                opts.clone(),
+                name.clone(),
+                checkpoints.clone(),
+                dead_letters.clone(),
+            );
+            on_tokio(async move {
+                open(
+                    opts,
+                    &name,
+                    server_id,
+                    start,
+                    &checkpoints,
+                    &dead_letters,
+                    fence,
+                )
+                .await
+            })
+        };
+        let (handler, counters) = (&handler, &counters);
+        let serve = move |opened, lease| self.serve(opened, lease, classifier, handler, counters);
+        serve_while_leading(&self.runner, control, &what, open, serve).await;
+        counters.stats()
+    }
+
+    /// Reads one opened stream until it ends, the lease is found invalid
+    /// or a checkpoint is refused.
+    async fn serve<F, Fut, E>(
+        &self,
+        opened: Opened,
+        lease: LeaseCheck,
+        classifier: Classifier<E>,
+        handler: &RefCell<F>,
+        counters: &Counters,
+    ) where
+        F: FnMut(RowChange) -> Fut,
+        Fut: Future<Output = Result<(), E>>,
+        E: fmt::Display,
+    {
+        let Opened {
+            mut stream,
+            mut conn,
+            from,
+            fence,
+        } = opened;
+        log::info!(
+            "binlog {}: reading from {from} under fence {fence}",
+            self.name
+        );
+        let mut file = from.file.clone();
+        // The reader's own writes are in the binlog too: never handed
+        // over, and never a reason for a checkpoint (which would log a
+        // change of its own, and so on).
+        let own = OwnTables {
+            database: self.opts.db_name().unwrap_or_default().to_owned(),
+            tables: [
+                self.checkpoints.table().to_owned(),
+                self.dead_letters.clone(),
+            ],
+        };
+        let mut handed_since_save = false;
+        let mut transactions = 0_u32;
+        let mut unsaved: Option<BinlogPosition> = None;
+        loop {
+            let event = match on_tokio(stream.next()).await {
+                Some(Ok(event)) => event,
+                Some(Err(e)) => {
+                    log::warn!("binlog {}: {e}", self.name);
+                    break;
+                }
+                None => break,
+            };
+            let end = u64::from(event.header().log_pos());
+            // Decoded in full before any await: the event and the
+            // stream's table maps are borrowed.
+            let (changes, boundary) = match decode(&event, &stream, &file, end, &own) {
+                Ok(Decoded::Rotate(next)) => {
+                    file = next;
+                    continue;
+                }
+                Ok(Decoded::Changes(changes)) => (changes, false),
+                Ok(Decoded::Boundary) => (Vec::new(), true),
+                Ok(Decoded::Other) => continue,
+                Err(e) => {
+                    log::error!(
+                        "binlog {}: {file}:{end}: cannot decode ({e}); stopping",
+                        self.name
+                    );
+                    break;
+                }
+            };
+            for mut change in changes {
+                // Checked where the side effect happens: nothing past the
+                // renew deadline or after leadership ended.
+                change.fence = match lease.state() {
+                    LeaseState::Valid(fence) => fence,
+                    LeaseState::PastDeadline | LeaseState::NotHeld => {
+                        Counters::add(&counters.refused_late);
+                        guard_std::metrics::record_refused_late(self.key());
+                        log::warn!(
+                            "binlog {}: lease past its renew deadline at {}; stopping",
+                            self.name,
+                            change.position
+                        );
+                        return;
+                    }
+                };
+                // Every call, retries included, under the lease the first
+                // was made under.
+                let fence = change.fence;
+                let still_leading = || lease.fence() == Some(fence);
+                let handled = deliver::handle_while(
+                    self.retry,
+                    classifier,
+                    &self.name,
+                    &change,
+                    still_leading,
+                    |c| {
+                        // Borrowed only to make the call's future.
+                        (handler.borrow_mut())(c)
+                    },
+                )
+                .await;
+                handed_since_save = true;
+                match handled {
+                    Ok(()) => Counters::add(&counters.handled),
+                    Err(gave_up) => {
+                        if let Err(e) = self.dead_letter(&mut conn, &change, &gave_up).await {
+                            // Not past it: the next leader reads it again.
+                            log::error!(
+                                "binlog {}: {} {gave_up}; the dead-letter table failed ({e}); stopping",
+                                self.name,
+                                change.position
+                            );
+                            return;
+                        }
+                        Counters::add(&counters.dead_lettered);
+                        log::warn!(
+                            "binlog {}: {} {gave_up}; dead-lettered",
+                            self.name,
+                            change.position
+                        );
+                    }
+                }
+            }
+            if boundary && handed_since_save {
+                handed_since_save = false;
+                transactions += 1;
+                unsaved = Some(BinlogPosition {
+                    file: file.clone(),
+                    pos: end,
+                });
+            }
+            if transactions >= self.checkpoint_every
+                && let Some(position) = unsaved.take()
+            {
+                transactions = 0;
+                let saved = on_tokio(
+                    self.checkpoints
+                        .save(&mut conn, &self.name, &position, fence),
+                );
+                match saved.await {
+                    Ok(()) => Counters::add(&counters.checkpoints),
+                    Err(CheckpointError::Stale { .. }) => {
+                        Counters::add(&counters.checkpoints_refused);
+                        log::warn!(
+                            "binlog {}: checkpoint {position} refused under fence {fence}: a newer reader leads; stopping",
+                            self.name
+                        );
+                        return;
+                    }
+                    Err(e) => {
+                        log::warn!("binlog {}: {e}; stopping", self.name);
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Records a given-up change in the dead-letter table.
+    async fn dead_letter(
+        &self,
+        conn: &mut Conn,
+        change: &RowChange,
+        gave_up: &GaveUp,
+    ) -> Result<(), mysql_async::Error> {
+        let row = change.after.as_ref().or(change.before.as_ref());
+        on_tokio(conn.exec_drop(
+            format!(
+                "INSERT INTO `{}` (reader, file, pos, row_index, db, tbl, kind, row_values, error, attempts) \
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                self.dead_letters
+            ),
+            (
+                &self.name,
+                &change.position.file,
+                change.position.pos,
+                change.row,
+                &change.database,
+                &change.table,
+                change.kind.name(),
+                row.map(|values| json_array(values)),
+                &gave_up.error,
+                gave_up.attempts,
+            ),
+        ))
+        .await
+    }
+
+    /// The server's URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+}
+
+/// Connects twice (a stream and a connection for writes), checks the
+/// binlog format, claims the checkpoint under `fence`, finds where to
+/// start, and requests the stream from there.
+async fn open(
+    opts: Opts,
+    name: &str,
+    server_id: u32,
+    start: Start,
+    checkpoints: &Checkpoints,
+    dead_letters: &str,
+    fence: u64,
+) -> Result<Opened, BinlogError> {
+    let server = |what: &str| {
+        let what = what.to_owned();
+        move |e: mysql_async::Error| BinlogError::server(what, e)
+    };
+    let mut conn = Conn::new(opts.clone()).await.map_err(server("connect"))?;
+    let format: Option<String> = conn
+        .query_first("SELECT @@GLOBAL.binlog_format")
+        .await
+        .map_err(server("binlog_format"))?;
+    if format.as_deref() != Some("ROW") {
+        return Err(BinlogError::server(
+            "binlog_format",
+            std::io::Error::other(format!(
+                "the server logs {format:?}, a reader needs binlog_format = ROW"
+            )),
+        ));
+    }
+    checkpoints
+        .create(&mut conn)
+        .await
+        .map_err(|e| BinlogError::server("checkpoints", e))?;
+    conn.query_drop(format!(
+        "CREATE TABLE IF NOT EXISTS `{dead_letters}` (\
+         id BIGINT UNSIGNED AUTO_INCREMENT PRIMARY KEY, reader VARCHAR(191) NOT NULL, \
+         file VARCHAR(255) NOT NULL, pos BIGINT UNSIGNED NOT NULL, row_index INT UNSIGNED NOT NULL, \
+         db VARCHAR(64) NOT NULL, tbl VARCHAR(64) NOT NULL, kind VARCHAR(8) NOT NULL, \
+         row_values LONGTEXT, error TEXT NOT NULL, attempts INT UNSIGNED NOT NULL, \
+         failed_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6))"
+    ))
+    .await
+    .map_err(server("dead-letter table"))?;
+    let claimed = checkpoints
+        .claim(&mut conn, name, fence)
+        .await
+        .map_err(|e| BinlogError::server("claim the checkpoint", e))?;
+    let from = match (claimed, start) {
+        (Some(position), _) => position,
+        (None, Start::Beginning) => BinlogPosition {
+            file: String::new(),
+            pos: 4,
+        },
+        (None, Start::Current) => {
+            let status: Option<mysql_async::Row> = conn
+                .query_first("SHOW MASTER STATUS")
+                .await
+                .map_err(server("SHOW MASTER STATUS"))?;
+            let status = status.ok_or_else(|| {
+                BinlogError::server(
+                    "SHOW MASTER STATUS",
+                    std::io::Error::other("the server keeps no binlog (log_bin is off)"),
+                )
+            })?;
+            let file: Option<String> = status.get(0);
+            let pos: Option<u64> = status.get(1);
+            let position = BinlogPosition {
+                file: file.unwrap_or_default(),
+                pos: pos.unwrap_or(4),
+            };
+            // Saved at once: a takeover resumes here, not at a later end.
+            checkpoints
+                .save(&mut conn, name, &position, fence)
+                .await
+                .map_err(|e| BinlogError::server("first checkpoint", e))?;
+            position
+        }
+    };
+    let streaming = Conn::new(opts).await.map_err(server("connect"))?;
+    let request = BinlogStreamRequest::new(server_id)
+        .with_filename(from.file.as_bytes())
+        .with_pos(from.pos);
+    let stream = streaming
+        .get_binlog_stream(request)
+        .await
+        .map_err(server("binlog stream"))?;
+    Ok(Opened {
+        stream,
+        conn,
+        from,
+        fence,
+    })
+}
+
+/// The tables a reader writes itself, in its database.
+struct OwnTables {
+    database: String,
+    tables: [String; 2],
+}
+
+impl OwnTables {
+    fn contains(&self, database: &str, table: &str) -> bool {
+        database == self.database && self.tables.iter().any(|t| t == table)
+    }
+}
+
+/// What one binlog event means to the reader.
+enum Decoded {
+    /// The stream moves to this file.
+    Rotate(String),
+    /// Row changes (fence not yet set).
+    Changes(Vec<RowChange>),
+    /// A transaction ended: a position the reader can resume from.
+    Boundary,
+    /// Nothing to act on.
+    Other,
+}
+
+fn decode(
+    event: &mysql_async::binlog::events::Event,
+    stream: &BinlogStream,
+    file: &str,
+    end: u64,
+    own: &OwnTables,
+) -> std::io::Result<Decoded> {
+    let Some(data) = event.read_data()? else {
+        return Ok(Decoded::Other);
+    };
+    Ok(match data {
+        EventData::RotateEvent(rotate) => Decoded::Rotate(file_name(rotate.name_raw())),
+        EventData::XidEvent(_) => Decoded::Boundary,
+        // DDL, and the COMMIT of a non-transactional table, end a
+        // transaction; BEGIN opens one.
+        EventData::QueryEvent(query) if query.query().trim() != "BEGIN" => Decoded::Boundary,
+        EventData::RowsEvent(rows) => {
+            let Some(table) = stream.get_tme(rows.table_id()) else {
+                return Err(std::io::Error::other(format!(
+                    "no table map for table id {}",
+                    rows.table_id()
+                )));
+            };
+            if own.contains(&table.database_name(), &table.table_name()) {
+                return Ok(Decoded::Other);
+            }
+            let kind = match &rows {
+                RowsEventData::WriteRowsEventV1(_) | RowsEventData::WriteRowsEvent(_) => {
+                    ChangeKind::Insert
+                }
+                RowsEventData::DeleteRowsEventV1(_) | RowsEventData::DeleteRowsEvent(_) => {
+                    ChangeKind::Delete
+                }
+                _ => ChangeKind::Update,
+            };
+            let mut changes = Vec::new();
+            for (index, row) in rows.rows(table).enumerate() {
+                let (before, after) = row?;
+                changes.push(RowChange {
+                    database: table.database_name().into_owned(),
+                    table: table.table_name().into_owned(),
+                    kind,
+                    before: before.map(|r| r.unwrap().into_iter().map(column).collect()),
+                    after: after.map(|r| r.unwrap().into_iter().map(column).collect()),
+                    position: BinlogPosition {
+                        file: file.to_owned(),
+                        pos: end,
+                    },
+                    row: u32::try_from(index).unwrap_or(u32::MAX),
+                    fence: 0,
+                });
+            }
+            Decoded::Changes(changes)
+        }
+        _ => Decoded::Other,
+    })
+}
+
+/// A binlog file's name from a rotate event: `<base>.<digits>`. MariaDB's
+/// first (artificial) rotate event carries its checksum, which the decoder
+/// leaves on the name: the name ends with its digits.
+fn file_name(raw: &[u8]) -> String {
+    let name = match raw.iter().rposition(|&b| b == b'.') {
+        Some(dot) => {
+            let digits = raw[dot + 1..]
+                .iter()
+                .take_while(|b| b.is_ascii_digit())
+                .count();
+            &raw[..dot + 1 + digits]
+        }
+        None => raw,
+    };
+    String::from_utf8_lossy(name).into_owned()
+}
+
+/// A column's value as bytes: text for what is not already bytes.
+fn column(value: BinlogValue<'static>) -> ColumnValue {
+    match value {
+        BinlogValue::Value(Value::NULL) => None,
+        BinlogValue::Value(Value::Bytes(bytes)) => Some(bytes),
+        BinlogValue::Value(value) => {
+            let text = value.as_sql(true);
+            Some(text.trim_matches('\'').as_bytes().to_vec())
+        }
+        other => match Value::try_from(other) {
+            Ok(Value::Bytes(bytes)) => Some(bytes),
+            Ok(value) => Some(value.as_sql(true).into_bytes()),
+            Err(e) => Some(format!("<{e}>").into_bytes()),
+        },
+    }
+}
+
+/// A JSON array of a row's values: strings (invalid UTF-8 replaced) or
+/// null.
+fn json_array(values: &[ColumnValue]) -> String {
+    let mut out = String::from("[");
+    for (i, value) in values.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        match value {
+            None => out.push_str("null"),
+            Some(bytes) => {
+                out.push('"');
+                for c in String::from_utf8_lossy(bytes).chars() {
+                    match c {
+                        '"' => out.push_str("\\\""),
+                        '\\' => out.push_str("\\\\"),
+                        c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+                        c => out.push(c),
+                    }
+                }
+                out.push('"');
+            }
+        }
+    }
+    out.push(']');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_are_kept_as_json_arrays() {
+        let row = vec![Some(b"1".to_vec()), None, Some(b"a\"b\\\n".to_vec())];
+        assert_eq!(json_array(&row), r#"["1",null,"a\"b\\\u000a"]"#);
+    }
+
+    #[test]
+    fn a_file_name_ends_with_its_digits() {
+        assert_eq!(file_name(b"binlog.000001\\\xef-\x01"), "binlog.000001");
+        assert_eq!(file_name(b"mysql-bin.000012"), "mysql-bin.000012");
+    }
+
+    #[test]
+    fn columns_are_bytes_or_text() {
+        assert_eq!(column(BinlogValue::Value(Value::NULL)), None);
+        assert_eq!(
+            column(BinlogValue::Value(Value::Int(-3))),
+            Some(b"-3".to_vec())
+        );
+        assert_eq!(
+            column(BinlogValue::Value(Value::Bytes(b"x".to_vec()))),
+            Some(b"x".to_vec())
+        );
+    }
+}

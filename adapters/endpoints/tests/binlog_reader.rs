@@ -1,0 +1,399 @@
+//! The binlog reader on a private MariaDB server (rows logged to its
+//! binlog) started by each test on a free loopback port.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::Duration;
+
+use async_compat::Compat;
+use guard_core::guard::ActiveConfig;
+use guard_core::lock::Ttl;
+use guard_core::retry::{Classifier, Jitter, RetryPolicy};
+use guard_endpoints::Parameter;
+use guard_endpoints::mysql::{
+    BinlogError, BinlogPosition, BinlogReader, BinlogStats, ChangeKind, CheckpointError,
+};
+use guard_smol::{RunHandle, control};
+use guard_std::{GuardConfig, LocalLocker, SharedLocker};
+use guard_testkit::mariadb::MariaDb;
+use guard_testkit::{FaultyLocker, RenewFault};
+
+/// Order id → (reader, fence) of each time it was handled.
+type Seen = Arc<Mutex<BTreeMap<u32, Vec<(usize, u64)>>>>;
+
+const TTL: Duration = Duration::from_millis(900);
+
+fn wait_until(limit: Duration, done: impl FnMut() -> bool) -> bool {
+    guard_testkit::wait_until("condition", limit, done).is_ok()
+}
+
+fn server() -> MariaDb {
+    let server = MariaDb::start().expect("mariadbd");
+    server
+        .execute(
+            "CREATE DATABASE app; CREATE TABLE app.orders (id INT PRIMARY KEY, item VARCHAR(32))",
+        )
+        .unwrap();
+    server
+}
+
+fn reader(server: &MariaDb, config: &GuardConfig) -> BinlogReader {
+    let scope = config.scope("endpoint/binlog").unwrap();
+    BinlogReader::new(&server.url("app"), "orders-cdc", config, &scope)
+        .unwrap()
+        .with_guard_settings(
+            ActiveConfig::new()
+                .with_ttl(Ttl::new(TTL).unwrap())
+                .with_interval(TTL / 3),
+        )
+        .unwrap()
+        .with_retry(RetryPolicy::fixed_delay(2, Duration::from_millis(10)))
+        .unwrap()
+}
+
+/// Inserts orders `range`, each in a transaction of its own.
+fn insert(server: &MariaDb, range: std::ops::Range<u32>, item: &str) {
+    let sql: String = range
+        .map(|id| format!("INSERT INTO app.orders VALUES ({id}, '{item}');"))
+        .collect();
+    server.execute(&sql).unwrap();
+}
+
+/// Runs `reader` as replica `id`; its handler records each insert and
+/// fails on items named `poison`.
+fn run(
+    reader: BinlogReader,
+    id: usize,
+    seen: &Seen,
+) -> (RunHandle, thread::JoinHandle<BinlogStats>) {
+    let seen = seen.clone();
+    let (handle, ctl) = control();
+    let thread = thread::spawn(move || {
+        smol::block_on(reader.run(ctl, Classifier::retry_all(), move |change| {
+            let result = (|| {
+                if change.kind != ChangeKind::Insert {
+                    return Ok(());
+                }
+                let after = change.after.as_ref().ok_or("an insert without a row")?;
+                let order: u32 = String::from_utf8_lossy(after[0].as_deref().unwrap_or_default())
+                    .parse()
+                    .map_err(|_| "not an id")?;
+                seen.lock()
+                    .unwrap()
+                    .entry(order)
+                    .or_default()
+                    .push((id, change.fence));
+                if after[1].as_deref() == Some(b"poison") {
+                    return Err("cannot handle a poisoned order");
+                }
+                Ok(())
+            })();
+            std::future::ready(result)
+        }))
+    });
+    (handle, thread)
+}
+
+fn stop(replica: (RunHandle, thread::JoinHandle<BinlogStats>)) -> BinlogStats {
+    replica.0.stop();
+    replica.1.join().unwrap()
+}
+
+/// Waits until some reader holds the checkpoint (it is reading).
+fn wait_for_reader(server: &MariaDb) {
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            server
+                .execute("SELECT fence FROM app.guard_binlog_checkpoints WHERE name = 'orders-cdc'")
+                .is_ok_and(|out| out.trim().parse::<u64>().is_ok_and(|f| f > 0))
+        }),
+        "no reader claimed the checkpoint"
+    );
+}
+
+fn handled(seen: &Seen, range: std::ops::Range<u32>) -> bool {
+    let seen = seen.lock().unwrap();
+    range.clone().all(|id| seen.contains_key(&id))
+}
+
+#[test]
+fn three_readers_one_leads_and_a_standby_resumes_from_the_checkpoint() {
+    let server = server();
+    let seen: Seen = Arc::default();
+    let config = GuardConfig::new().with_locker(SharedLocker::new(LocalLocker::new()));
+    let mut replicas: Vec<_> = (0..3)
+        .map(|id| Some(run(reader(&server, &config), id, &seen)))
+        .collect();
+    wait_for_reader(&server);
+    insert(&server, 0..50, "a");
+    assert!(wait_until(Duration::from_secs(10), || handled(
+        &seen,
+        0..50
+    )));
+    let leaders: Vec<usize> = {
+        let seen = seen.lock().unwrap();
+        assert!(seen.values().all(|h| h.len() == 1), "{seen:?}");
+        let mut ids: Vec<usize> = seen.values().map(|h| h[0].0).collect();
+        ids.dedup();
+        ids
+    };
+    assert_eq!(leaders.len(), 1, "one reader handles: {leaders:?}");
+    let leader = leaders[0];
+    let first_fence = seen.lock().unwrap()[&0][0].1;
+
+    stop(replicas[leader].take().unwrap());
+    insert(&server, 50..100, "b");
+    assert!(wait_until(Duration::from_secs(10), || handled(
+        &seen,
+        50..100
+    )));
+    let seen = seen.lock().unwrap();
+    // A checkpoint after every transaction: a takeover hands again at most
+    // the one transaction the old leader was in.
+    let twice: Vec<_> = seen.iter().filter(|(_, h)| h.len() > 1).collect();
+    assert!(
+        twice.len() <= 1,
+        "handled again after the takeover: {twice:?}"
+    );
+    let (next, next_fence) = seen[&99][0];
+    assert_ne!(next, leader);
+    assert!(next_fence > first_fence);
+    drop(seen);
+    for replica in replicas.into_iter().flatten() {
+        stop(replica);
+    }
+}
+
+#[test]
+fn a_reader_past_its_renew_deadline_hands_nothing_over() {
+    for (renew, expect_all) in [(RenewFault::NeverAnswers, false), (RenewFault::None, true)] {
+        let server = server();
+        let config = FaultyLocker::new(LocalLocker::new(), renew, false).config();
+        let reader = reader(&server, &config);
+        let calls = Arc::new(Mutex::new(Vec::<u32>::new()));
+        let recorded = calls.clone();
+        let (handle, ctl) = control();
+        let thread = thread::spawn(move || {
+            smol::block_on(reader.run(ctl, Classifier::retry_all(), move |change| {
+                let id: u32 = String::from_utf8_lossy(
+                    change.after.expect("an insert")[0]
+                        .as_deref()
+                        .unwrap_or_default(),
+                )
+                .parse()
+                .expect("an order id");
+                recorded.lock().unwrap().push(id);
+                if id == 0 {
+                    // The replica stalls for twice the lease while
+                    // changes arrive on its stream.
+                    thread::sleep(TTL * 2);
+                }
+                std::future::ready(Ok::<(), String>(()))
+            }))
+        });
+        wait_for_reader(&server);
+        // One transaction of eleven rows: the first stalls the replica,
+        // the other ten are decoded and waiting when it wakes.
+        let values: Vec<String> = (0..11).map(|id| format!("({id}, 'a')")).collect();
+        server
+            .execute(&format!(
+                "INSERT INTO app.orders VALUES {}",
+                values.join(",")
+            ))
+            .unwrap();
+        assert!(wait_until(Duration::from_secs(5), || !calls
+            .lock()
+            .unwrap()
+            .is_empty()));
+        thread::sleep(TTL * 3);
+        handle.stop();
+        let stats = thread.join().unwrap();
+        let late = calls.lock().unwrap().iter().filter(|id| **id > 0).count();
+        if expect_all {
+            assert_eq!(late, 10, "{stats:?}");
+        } else {
+            assert_eq!(late, 0, "handled past the renew deadline: {stats:?}");
+            assert_eq!(stats.refused_late, 1, "{stats:?}");
+        }
+    }
+}
+
+#[test]
+fn a_checkpoint_under_an_older_fence_is_refused() {
+    let server = server();
+    let config = GuardConfig::new().with_locker(SharedLocker::new(LocalLocker::new()));
+    let reader = reader(&server, &config);
+    let checkpoints = reader.checkpoints().clone();
+    let url = server.url("app");
+    futures_lite::future::block_on(Compat::new(async {
+        let mut conn = mysql_async::Conn::new(
+            mysql_async::OptsBuilder::from_opts(mysql_async::Opts::from_url(&url).unwrap())
+                .client_found_rows(true),
+        )
+        .await
+        .unwrap();
+        checkpoints.create(&mut conn).await.unwrap();
+        assert_eq!(checkpoints.claim(&mut conn, "cdc", 5).await.unwrap(), None);
+        let at = |pos| BinlogPosition {
+            file: "binlog.000001".into(),
+            pos,
+        };
+        checkpoints
+            .save(&mut conn, "cdc", &at(100), 7)
+            .await
+            .unwrap();
+        // The same position again is not a refusal.
+        checkpoints
+            .save(&mut conn, "cdc", &at(100), 7)
+            .await
+            .unwrap();
+        let stale = checkpoints.save(&mut conn, "cdc", &at(200), 6).await;
+        assert!(
+            matches!(stale, Err(CheckpointError::Stale { fence: 6 })),
+            "{stale:?}"
+        );
+        let stale = checkpoints.claim(&mut conn, "cdc", 6).await;
+        assert!(
+            matches!(stale, Err(CheckpointError::Stale { .. })),
+            "{stale:?}"
+        );
+        assert_eq!(
+            checkpoints.claim(&mut conn, "cdc", 8).await.unwrap(),
+            Some(at(100))
+        );
+    }));
+
+    // A leading reader whose checkpoint a newer fence took over (a
+    // leader it does not know of) stops at its next checkpoint and cannot
+    // lead again under its older fences.
+    let seen: Seen = Arc::default();
+    let leader = run(reader, 0, &seen);
+    wait_for_reader(&server);
+    insert(&server, 0..1, "a");
+    assert!(wait_until(Duration::from_secs(5), || handled(&seen, 0..1)));
+    server
+        .execute("UPDATE app.guard_binlog_checkpoints SET fence = fence + 1000 WHERE name = 'orders-cdc'")
+        .unwrap();
+    insert(&server, 1..3, "b");
+    thread::sleep(Duration::from_millis(1_500));
+    let stats = stop(leader);
+    assert_eq!(stats.checkpoints_refused, 1, "{stats:?}");
+    // It handed over the change before the refused checkpoint, and
+    // nothing after it.
+    assert!(!handled(&seen, 2..3), "{:?}", seen.lock().unwrap());
+}
+
+#[test]
+fn a_poisoned_change_is_dead_lettered_with_its_origin() {
+    let server = server();
+    let seen: Seen = Arc::default();
+    let config = GuardConfig::new().with_locker(SharedLocker::new(LocalLocker::new()));
+    let replica = run(reader(&server, &config), 0, &seen);
+    wait_for_reader(&server);
+    insert(&server, 7..8, "poison");
+    insert(&server, 8..10, "fine");
+    assert!(wait_until(Duration::from_secs(10), || handled(
+        &seen,
+        7..10
+    )));
+    assert_eq!(seen.lock().unwrap()[&7].len(), 3, "1 call + 2 retries");
+    let letters = server
+        .execute(
+            "SELECT reader, file, pos > 0, row_index, db, tbl, kind, row_values, attempts, error \
+             FROM app.guard_binlog_dead_letters",
+        )
+        .unwrap();
+    let fields: Vec<&str> = letters.trim().split('\t').collect();
+    assert_eq!(
+        &fields[..9],
+        &[
+            "orders-cdc",
+            "binlog.000001",
+            "1",
+            "0",
+            "app",
+            "orders",
+            "insert",
+            r#"["7","poison"]"#,
+            "3"
+        ],
+        "{letters}"
+    );
+    assert!(
+        fields[9].contains("cannot handle a poisoned order"),
+        "{letters}"
+    );
+    let stats = stop(replica);
+    assert_eq!(stats.dead_lettered, 1, "{stats:?}");
+}
+
+#[test]
+fn the_reader_resumes_from_its_checkpoint_after_the_server_restarts() {
+    let mut server = server();
+    let seen: Seen = Arc::default();
+    let config = GuardConfig::new().with_locker(SharedLocker::new(LocalLocker::new()));
+    let replica = run(reader(&server, &config), 0, &seen);
+    wait_for_reader(&server);
+    insert(&server, 0..10, "a");
+    assert!(wait_until(Duration::from_secs(10), || handled(
+        &seen,
+        0..10
+    )));
+    server.restart().expect("restart");
+    insert(&server, 10..20, "b");
+    assert!(
+        wait_until(Duration::from_secs(20), || handled(&seen, 10..20)),
+        "{:?}",
+        seen.lock().unwrap().keys().collect::<Vec<_>>()
+    );
+    let seen = seen.lock().unwrap();
+    let twice: Vec<_> = seen.iter().filter(|(_, h)| h.len() > 1).collect();
+    assert!(
+        twice.is_empty(),
+        "handled again after the restart: {twice:?}"
+    );
+    drop(seen);
+    stop(replica);
+}
+
+#[test]
+fn bad_parameters_are_refused_naming_the_parameter_the_value_and_the_rule() {
+    let config = GuardConfig::new().with_locker(SharedLocker::new(LocalLocker::new()));
+    let scope = config.scope("endpoint/binlog").unwrap();
+    let invalid = |e: BinlogError| match e {
+        BinlogError::InvalidInput {
+            parameter,
+            value,
+            rule,
+            ..
+        } => (parameter, value, rule),
+        other => panic!("{other}"),
+    };
+    let (parameter, value, _) =
+        invalid(BinlogReader::new("postgres://x", "cdc", &config, &scope).unwrap_err());
+    assert_eq!(
+        (parameter, value.as_str()),
+        (Parameter::ServerUrl, "postgres://x")
+    );
+    let (_, _, rule) =
+        invalid(BinlogReader::new("mysql://root@h:3306", "cdc", &config, &scope).unwrap_err());
+    assert!(rule.contains("must name a database"), "{rule}");
+    let reader = BinlogReader::new("mysql://root@h:3306/app", "cdc", &config, &scope).unwrap();
+    let (parameter, value, _) =
+        invalid(reader.with_checkpoint_table("a; drop table x").unwrap_err());
+    assert_eq!(
+        (parameter, value.as_str()),
+        (Parameter::Table, "a; drop table x")
+    );
+    let reader = BinlogReader::new("mysql://root@h:3306/app", "cdc", &config, &scope).unwrap();
+    let (parameter, _, _) = invalid(
+        reader
+            .with_retry(RetryPolicy::new().with_jitter(Jitter::Full))
+            .unwrap_err(),
+    );
+    assert_eq!(parameter, Parameter::RetryPolicy);
+    let reader = BinlogReader::new("mysql://root@h:3306/app", "cdc", &config, &scope).unwrap();
+    let (parameter, _, _) = invalid(reader.with_checkpoint_every(0).unwrap_err());
+    assert_eq!(parameter, Parameter::Checkpoint);
+}
