@@ -803,3 +803,137 @@ fn nats_endpoints_parse_into_their_delivery_and_refuse_what_cannot_work() {
     );
     assert!(err.contains("`endpoints[0].max_deliver` = 0"), "{err}");
 }
+
+#[cfg(all(feature = "amqp", feature = "postgres", feature = "mysql"))]
+#[test]
+fn rabbitmq_postgres_and_binlog_endpoints_parse_and_refuse_what_cannot_work() {
+    use guard_endpoints::config::{AmqpDelivery, BinlogStart, Source};
+    let config = Config::from_toml(
+        r#"
+        [[endpoints]]
+        name = "orders"
+        kind = "rabbitmq"
+        url = "amqp://guest:guest@127.0.0.1:5672/%2f"
+        queue = "orders"
+        single_active = true
+        prefetch = 32
+
+        [[endpoints]]
+        name = "alerts"
+        kind = "rabbitmq"
+        url = "amqp://guest:guest@127.0.0.1:5672/%2f"
+        exchange = "alerts"
+        guard = true
+
+        [[endpoints]]
+        name = "jobs"
+        kind = "postgres-queue"
+        url = "postgres://postgres@127.0.0.1:5432/app"
+        table = "jobs"
+        claim_lease_ms = 10000
+        max_deliveries = 3
+
+        [[endpoints]]
+        name = "cdc"
+        kind = "mysql-binlog"
+        url = "mysql://root@127.0.0.1:3306/app"
+        start = "beginning"
+        checkpoint_every = 10
+        "#,
+    )
+    .unwrap();
+    let Source::Rabbitmq(orders) = &config.endpoints[0].source else {
+        panic!()
+    };
+    assert_eq!(
+        (&orders.delivery, orders.prefetch),
+        (
+            &AmqpDelivery::WorkQueue {
+                queue: "orders".into(),
+                single_active: true
+            },
+            32
+        )
+    );
+    let Source::Rabbitmq(alerts) = &config.endpoints[1].source else {
+        panic!()
+    };
+    assert_eq!(
+        alerts.delivery,
+        AmqpDelivery::Fanout {
+            exchange: "alerts".into(),
+            elected: true
+        }
+    );
+    let Source::PostgresQueue(jobs) = &config.endpoints[2].source else {
+        panic!()
+    };
+    assert_eq!(
+        (jobs.claim_lease.as_millis(), jobs.max_deliveries),
+        (10_000, 3)
+    );
+    let Source::MysqlBinlog(cdc) = &config.endpoints[3].source else {
+        panic!()
+    };
+    assert_eq!(
+        (cdc.start, cdc.checkpoint_every),
+        (BinlogStart::Beginning, 10)
+    );
+
+    let endpoint =
+        |kind: &str, keys: &str| format!("[[endpoints]]\nname = \"e\"\nkind = \"{kind}\"\n{keys}");
+    let amqp = "url = \"amqp://guest:guest@h:5672/v\"\n";
+    let err = error(&endpoint(
+        "rabbitmq",
+        &format!("{amqp}queue = \"q\"\nguard = true"),
+    ));
+    assert!(
+        err.contains("`endpoints[0].guard` = true") && err.contains("single_active"),
+        "{err}"
+    );
+    let err = error(&endpoint(
+        "rabbitmq",
+        &format!("{amqp}queue = \"q\"\nexchange = \"x\""),
+    ));
+    assert!(err.contains("not both"), "{err}");
+    let err = error(&endpoint("rabbitmq", amqp));
+    assert!(err.contains("`endpoints[0].queue` = missing"), "{err}");
+    let err = error(&endpoint("rabbitmq", &format!("{amqp}queue = \"\"")));
+    assert!(err.contains("`endpoints[0].queue` = \"\""), "{err}");
+    let err = error(&endpoint(
+        "rabbitmq",
+        &format!("{amqp}queue = \"q\"\nprefetch = 0"),
+    ));
+    assert!(err.contains("`endpoints[0].prefetch` = 0"), "{err}");
+    let err = error(&endpoint("rabbitmq", "url = \"http://h\"\nqueue = \"q\""));
+    assert!(err.contains("`endpoints[0].url`"), "{err}");
+    let pg = "url = \"postgres://postgres@h:5432/app\"\n";
+    let err = error(&endpoint(
+        "postgres-queue",
+        &format!("{pg}table = \"a; drop table x\""),
+    ));
+    assert!(err.contains("\"a; drop table x\""), "{err}");
+    let err = error(&endpoint(
+        "postgres-queue",
+        &format!("{pg}table = \"t\"\nclaim_lease_ms = 0"),
+    ));
+    assert!(err.contains("`endpoints[0].claim_lease_ms`"), "{err}");
+    let err = error(&endpoint("mysql-binlog", "url = \"mysql://root@h:3306\""));
+    assert!(
+        err.contains("`endpoints[0].url`") && err.contains("must name a database"),
+        "{err}"
+    );
+    let err = error(&endpoint(
+        "mysql-binlog",
+        "url = \"mysql://root@h:3306/app\"\ncheckpoint_table = \"x`y\"",
+    ));
+    assert!(
+        err.contains("`endpoints[0].checkpoint_table` = \"x`y\""),
+        "{err}"
+    );
+    let err = error(&endpoint(
+        "mysql-binlog",
+        "url = \"mysql://root@h:3306/app\"\nstart = \"end\"",
+    ));
+    assert!(err.contains("start"), "{err}");
+}

@@ -9,9 +9,14 @@ use std::sync::Arc;
 
 use guard_core::retry::Classifier;
 use guard_endpoints::admission::{Admission, DEAD_LETTERS, Undelivered, Verdict};
-use guard_endpoints::config::{Config, Endpoint, LimitKey, MqttDelivery, NatsDelivery, Source};
+use guard_endpoints::amqp::{AmqpOptions, WorkQueueConsumer};
+use guard_endpoints::config::{
+    AmqpDelivery, BinlogStart, Config, Endpoint, LimitKey, MqttDelivery, NatsDelivery, Source,
+};
 use guard_endpoints::mqtt::{MqttEndpoint, Subscription};
+use guard_endpoints::mysql::{BinlogReader, ColumnValue, Start, json_array};
 use guard_endpoints::nats::{Delivery, JetStreamConsumer, NatsOptions, NatsSubscriber};
+use guard_endpoints::postgres::PgQueue;
 use guard_endpoints::redis::{StreamConsumer, StreamMessage};
 use guard_redis::StreamDlq;
 use guard_smol::Control;
@@ -136,10 +141,11 @@ impl Inbox {
         Ok(())
     }
 
-    /// Passes a message of a source that retries and dead-letters by
-    /// itself (NATS): `Ok` when the handler may run.
-    async fn check_message(&self, from: &str, payload: &[u8]) -> Result<(), Refused> {
-        if let Some(why) = self.too_large(payload.len()) {
+    /// Passes a message of `size` bytes from a source that retries and
+    /// dead-letters by itself (NATS, RabbitMQ, PostgreSQL, the binlog):
+    /// `Ok` when the handler may run.
+    async fn check_message(&self, from: &str, size: usize) -> Result<(), Refused> {
+        if let Some(why) = self.too_large(size) {
             return Err(Refused::Invalid(why));
         }
         if let Some((admission, key)) = &self.limit
@@ -403,7 +409,7 @@ pub(crate) async fn start(
                             // A refusal fails the message: retried (unless
                             // it can never pass), then dead-lettered.
                             inbox
-                                .check_message(&message.subject, &message.payload)
+                                .check_message(&message.subject, message.payload.len())
                                 .await?;
                             emit(Event::Received {
                                 endpoint: name,
@@ -441,13 +447,159 @@ pub(crate) async fn start(
                         let (inbox, emit, name) = (inbox.clone(), emit.clone(), name.clone());
                         async move {
                             inbox
-                                .check_message(&message.subject, &message.payload)
+                                .check_message(&message.subject, message.payload.len())
                                 .await?;
                             emit(Event::Received {
                                 endpoint: name,
                                 from: format!("{}#{}", message.subject, message.sequence),
                                 fence: None,
                                 content: Content::Payload(text(&message.payload)),
+                            });
+                            Ok::<(), Refused>(())
+                        }
+                    })
+                    .await;
+                log::info!("endpoint {name}: {stats:?}");
+            }))
+        }
+        Source::Rabbitmq(source) => {
+            let options = AmqpOptions::new(&source.url)
+                .map_err(|e| context(e.into()))?
+                .with_connection_name(&format!("{name}-{identity}"));
+            match &source.delivery {
+                AmqpDelivery::WorkQueue {
+                    queue,
+                    single_active,
+                } => {
+                    let mut consumer = WorkQueueConsumer::new(options, queue)
+                        .and_then(|c| c.with_prefetch(source.prefetch))
+                        .and_then(|c| c.with_retry(source.retry))
+                        .map_err(|e| context(e.into()))?;
+                    if let Some(dead_letters) = &source.dead_letter_queue {
+                        consumer = consumer
+                            .with_dead_letter_queue(dead_letters)
+                            .map_err(|e| context(e.into()))?;
+                    }
+                    if *single_active {
+                        consumer = consumer.with_single_active_consumer();
+                    }
+                    Ok(Box::pin(async move {
+                        let ran = consumer
+                            .run(control, never_invalid(), |message| {
+                                let (inbox, emit, name) =
+                                    (inbox.clone(), emit.clone(), name.clone());
+                                async move {
+                                    inbox
+                                        .check_message(&message.routing_key, message.payload.len())
+                                        .await?;
+                                    emit(Event::Received {
+                                        endpoint: name,
+                                        from: message.routing_key,
+                                        fence: message.fence,
+                                        content: Content::Payload(text(&message.payload)),
+                                    });
+                                    Ok::<(), Refused>(())
+                                }
+                            })
+                            .await;
+                        match ran {
+                            Ok(stats) => log::info!("endpoint {name}: {stats:?}"),
+                            Err(e) => log::error!("endpoint {name}: {e}"),
+                        }
+                    }))
+                }
+                AmqpDelivery::Fanout { .. } => Err(GatewayError::UnsupportedEndpoint { name }),
+            }
+        }
+        Source::PostgresQueue(source) => {
+            let mut queue = PgQueue::new(&source.url, &source.table)
+                .and_then(|q| q.with_batch(source.batch))
+                .and_then(|q| q.with_claim_lease(source.claim_lease))
+                .and_then(|q| q.with_max_deliveries(source.max_deliveries))
+                .and_then(|q| q.with_retry(source.retry))
+                .and_then(|q| q.with_consumer_name(&format!("{name}-{identity}")))
+                .map_err(|e| context(e.into()))?
+                .with_poll_interval(source.poll_interval);
+            if let Some(table) = &source.dead_letter_table {
+                queue = queue
+                    .with_dead_letter_table(table)
+                    .map_err(|e| context(e.into()))?;
+            }
+            queue.create_tables().await.map_err(|e| context(e.into()))?;
+            let table = source.table.clone();
+            Ok(Box::pin(async move {
+                let stats = queue
+                    .run(control, never_invalid(), |message| {
+                        let (inbox, emit, name) = (inbox.clone(), emit.clone(), name.clone());
+                        let from = format!("{table}#{}", message.id);
+                        async move {
+                            inbox.check_message(&from, message.payload.len()).await?;
+                            emit(Event::Received {
+                                endpoint: name,
+                                from,
+                                fence: None,
+                                content: Content::Payload(text(&message.payload)),
+                            });
+                            Ok::<(), Refused>(())
+                        }
+                    })
+                    .await;
+                log::info!("endpoint {name}: {stats:?}");
+            }))
+        }
+        Source::MysqlBinlog(source) => {
+            let scope = built
+                .guards
+                .scope("endpoint/binlog")
+                .and_then(|s| s.segment("node", &name))
+                .map_err(|e| context(e.into()))?;
+            let mut reader = BinlogReader::new(&source.url, &name, &built.guards, &scope)
+                .and_then(|r| r.with_guard_settings(timing))
+                .and_then(|r| r.with_checkpoint_every(source.checkpoint_every))
+                .and_then(|r| r.with_retry(source.retry))
+                .map_err(|e| context(e.into()))?
+                .with_start(match source.start {
+                    BinlogStart::Current => Start::Current,
+                    BinlogStart::Beginning => Start::Beginning,
+                });
+            if let Some(id) = source.server_id {
+                reader = reader.with_server_id(id).map_err(|e| context(e.into()))?;
+            }
+            if let Some(table) = &source.checkpoint_table {
+                reader = reader
+                    .with_checkpoint_table(table)
+                    .map_err(|e| context(e.into()))?;
+            }
+            if let Some(table) = &source.dead_letter_table {
+                reader = reader
+                    .with_dead_letter_table(table)
+                    .map_err(|e| context(e.into()))?;
+            }
+            Ok(Box::pin(async move {
+                let stats = reader
+                    .run(control, never_invalid(), |change| {
+                        let (inbox, emit, name) = (inbox.clone(), emit.clone(), name.clone());
+                        async move {
+                            let from = format!(
+                                "{}.{}@{}#{}",
+                                change.database, change.table, change.position, change.row
+                            );
+                            let image = |row: &Option<Vec<ColumnValue>>| {
+                                row.as_deref().map_or_else(|| "-".to_owned(), json_array)
+                            };
+                            let (before, after) = (image(&change.before), image(&change.after));
+                            inbox
+                                .check_message(&from, before.len() + after.len())
+                                .await?;
+                            emit(Event::Received {
+                                endpoint: name,
+                                from,
+                                fence: Some(change.fence),
+                                content: Content::Fields(vec![
+                                    ("kind".to_owned(), change.kind.name().to_owned()),
+                                    ("before".to_owned(), before),
+                                    ("after".to_owned(), after),
+                                ]),
                             });
                             Ok::<(), Refused>(())
                         }

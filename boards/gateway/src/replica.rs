@@ -250,6 +250,26 @@ pub fn summary(config: &Config) -> String {
                 Source::NatsJetStream(j) => {
                     format!("nats-jetstream, durable consumer {}", j.durable)
                 }
+                Source::Rabbitmq(r) => match &r.delivery {
+                    guard_endpoints::config::AmqpDelivery::WorkQueue {
+                        queue,
+                        single_active: false,
+                    } => format!("rabbitmq, work queue {queue}"),
+                    guard_endpoints::config::AmqpDelivery::WorkQueue { queue, .. } => {
+                        format!("rabbitmq, single-active-consumer queue {queue}")
+                    }
+                    guard_endpoints::config::AmqpDelivery::Fanout {
+                        exchange,
+                        elected: true,
+                    } => format!("rabbitmq, elected consumer of fanout {exchange}"),
+                    guard_endpoints::config::AmqpDelivery::Fanout { exchange, .. } => {
+                        format!("rabbitmq, broadcast from fanout {exchange}")
+                    }
+                },
+                Source::PostgresQueue(p) => {
+                    format!("postgres-queue, rows claimed from {}", p.table)
+                }
+                Source::MysqlBinlog(_) => "mysql-binlog, elected reader".to_owned(),
                 _ => "another kind".to_owned(),
             };
             let limit = e

@@ -1032,6 +1032,142 @@ durable = "gateways"
 }
 
 #[test]
+fn three_processes_share_a_work_queue_a_table_of_work_and_a_binlog_each_item_once() {
+    use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+    use lapin::{BasicProperties, Connection, ConnectionProperties};
+
+    let server = RedisServer::start().expect("redis-server");
+    let vhost = guard_testkit::rabbitmq::Vhost::create().expect("a RabbitMQ vhost");
+    let database = guard_testkit::postgres::PgDatabase::create().expect("a PostgreSQL database");
+    let mariadb = guard_testkit::mariadb::MariaDb::start().expect("mariadbd");
+    mariadb
+        .execute(
+            "CREATE DATABASE app; CREATE TABLE app.orders (id INT PRIMARY KEY, item VARCHAR(16))",
+        )
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sources.toml");
+    std::fs::write(
+        &path,
+        base_config(&server.url())
+            + &format!(
+                r#"
+[[endpoints]]
+name = "orders"
+kind = "rabbitmq"
+url = "{}"
+queue = "orders"
+
+[[endpoints]]
+name = "jobs"
+kind = "postgres-queue"
+url = "{}"
+table = "jobs"
+
+[[endpoints]]
+name = "cdc"
+kind = "mysql-binlog"
+url = "{}"
+"#,
+                vhost.url(),
+                database.url(),
+                mariadb.url("app"),
+            ),
+    )
+    .unwrap();
+    let lines: Lines = Arc::default();
+    let processes: Vec<Process> = (0..3).map(|id| start(id, &path, &lines)).collect();
+    // Each source is ready: the queue declared, the table created, the
+    // binlog reader's checkpoint claimed.
+    let amqp = smol::block_on(Connection::connect(
+        &vhost.url(),
+        ConnectionProperties::default(),
+    ))
+    .expect("amqp connect");
+    let channel = smol::block_on(amqp.create_channel()).unwrap();
+    smol::block_on(channel.confirm_select(ConfirmSelectOptions::default())).unwrap();
+    assert!(
+        wait_for(Duration::from_secs(20), || {
+            database.query("SELECT count(*) FROM jobs").is_ok()
+                && mariadb
+                    .execute("SELECT fence FROM app.guard_binlog_checkpoints")
+                    .is_ok_and(|out| !out.trim().is_empty())
+                && smol::block_on(channel.queue_declare(
+                    "orders".into(),
+                    lapin::options::QueueDeclareOptions {
+                        passive: true,
+                        ..Default::default()
+                    },
+                    lapin::types::FieldTable::default(),
+                ))
+                .is_ok()
+        }),
+        "a source was not set up: {:?}",
+        lines.lock().unwrap()
+    );
+    thread::sleep(Duration::from_millis(500));
+    smol::block_on(async {
+        for i in 0..50 {
+            channel
+                .basic_publish(
+                    "".into(),
+                    "orders".into(),
+                    BasicPublishOptions::default(),
+                    format!("o{i}").as_bytes(),
+                    BasicProperties::default(),
+                )
+                .await
+                .unwrap();
+        }
+        channel.wait_for_confirms().await.unwrap();
+    });
+    database
+        .query("INSERT INTO jobs (payload) SELECT convert_to('j' || g, 'UTF8') FROM generate_series(0, 49) g")
+        .unwrap();
+    let inserts: String = (0..50)
+        .map(|i| format!("INSERT INTO app.orders VALUES ({i}, 'c{i}');"))
+        .collect();
+    mariadb.execute(&inserts).unwrap();
+
+    // A binlog change prints its row as the `after` field.
+    let changes = |lines: &Lines| -> BTreeMap<String, Vec<usize>> {
+        let mut by: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+        for (id, _, line) in lines.lock().unwrap().iter() {
+            if line.starts_with("received endpoint=cdc ")
+                && let Some(after) = line.split(" after=").nth(1)
+            {
+                by.entry(after.to_owned()).or_default().push(*id);
+            }
+        }
+        by
+    };
+    let all = wait_for(Duration::from_secs(20), || {
+        received(&lines, "orders").len() == 50
+            && received(&lines, "jobs").len() == 50
+            && changes(&lines).len() == 50
+    });
+    thread::sleep(Duration::from_millis(300)); // late duplicates would show
+    for (endpoint, by) in [
+        ("orders", received(&lines, "orders")),
+        ("jobs", received(&lines, "jobs")),
+        ("cdc", changes(&lines)),
+    ] {
+        assert!(
+            all && by.len() == 50,
+            "{endpoint}: {} of 50: {by:?}",
+            by.len()
+        );
+        let twice: Vec<_> = by.iter().filter(|(_, ids)| ids.len() > 1).collect();
+        assert!(twice.is_empty(), "{endpoint}: handled twice: {twice:?}");
+    }
+    // One elected reader hands the binlog over.
+    let readers: std::collections::BTreeSet<usize> =
+        changes(&lines).values().flatten().copied().collect();
+    assert_eq!(readers.len(), 1, "cdc: read by {readers:?}");
+    drop(processes);
+}
+
+#[test]
 fn a_stop_while_connecting_to_a_silent_redis_ends_the_replica_at_once() {
     // Accepts connections and never answers.
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

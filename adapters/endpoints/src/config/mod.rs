@@ -43,9 +43,15 @@
 //! ```
 
 mod connect;
-// Without the `nats` feature the kinds are read, then refused.
+// Without its feature a kind is read, then refused.
+#[cfg_attr(not(feature = "amqp"), allow(dead_code, unused_imports))]
+mod amqp;
+#[cfg_attr(not(feature = "mysql"), allow(dead_code, unused_imports))]
+mod mysql;
 #[cfg_attr(not(feature = "nats"), allow(dead_code, unused_imports))]
 mod nats;
+#[cfg_attr(not(feature = "postgres"), allow(dead_code, unused_imports))]
+mod postgres;
 mod raw;
 mod resolve;
 mod tls;
@@ -295,6 +301,99 @@ pub enum Source {
     Nats(NatsSource),
     /// A JetStream durable consumer: single delivery by the server.
     NatsJetStream(JetStreamSource),
+    /// RabbitMQ: a work queue, or a fanout exchange.
+    Rabbitmq(AmqpSource),
+    /// A PostgreSQL table of work, each row claimed by one replica.
+    PostgresQueue(PgQueueSource),
+    /// MariaDB/MySQL binlog change data capture: one elected reader.
+    MysqlBinlog(BinlogSource),
+}
+
+/// `kind = "rabbitmq"`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AmqpSource {
+    /// The broker (`amqp://user:password@host:port/vhost`).
+    pub url: String,
+    /// What is consumed, and who receives each message.
+    pub delivery: AmqpDelivery,
+    /// Messages delivered before any is acknowledged.
+    pub prefetch: u16,
+    /// Retries of a failing message.
+    pub retry: RetryPolicy,
+    /// Where given-up messages go (`<queue or exchange>.dead-letters`
+    /// unless given).
+    pub dead_letter_queue: Option<String>,
+}
+
+/// What a RabbitMQ endpoint consumes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AmqpDelivery {
+    /// A queue every replica consumes: the broker delivers each message to
+    /// one of them; no guard.
+    WorkQueue {
+        /// The queue.
+        queue: String,
+        /// The broker's single-active-consumer queue: one replica at a
+        /// time receives.
+        single_active: bool,
+    },
+    /// A fanout exchange: every bound queue gets every message.
+    Fanout {
+        /// The exchange.
+        exchange: String,
+        /// Only the elected replica binds a queue (`guard = true`).
+        elected: bool,
+    },
+}
+
+/// `kind = "postgres-queue"`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PgQueueSource {
+    /// The server (`postgres://user@host:port/database`).
+    pub url: String,
+    /// The table of work.
+    pub table: String,
+    /// Where given-up rows go (`<table>_dead_letters` unless given).
+    pub dead_letter_table: Option<String>,
+    /// Rows claimed at once.
+    pub batch: usize,
+    /// How long a claim lasts.
+    pub claim_lease: Duration,
+    /// Claims of a row before it is dead-lettered unhandled.
+    pub max_deliveries: u32,
+    /// How long to wait after a poll that found nothing.
+    pub poll_interval: Duration,
+    /// Retries of a failing row within one claim.
+    pub retry: RetryPolicy,
+}
+
+/// Where a binlog reader without a checkpoint starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BinlogStart {
+    /// The server's current end of the binlog.
+    Current,
+    /// The server's first binlog still kept.
+    Beginning,
+}
+
+/// `kind = "mysql-binlog"`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BinlogSource {
+    /// The server (`mysql://user:password@host:port/database`).
+    pub url: String,
+    /// The server id the reader registers with (derived from the name
+    /// unless given).
+    pub server_id: Option<u32>,
+    /// Where a reader without a checkpoint starts.
+    pub start: BinlogStart,
+    /// A checkpoint after this many transactions.
+    pub checkpoint_every: u32,
+    /// The checkpoints table (the default unless given).
+    pub checkpoint_table: Option<String>,
+    /// The dead-letter table (the default unless given).
+    pub dead_letter_table: Option<String>,
+    /// Retries of a failing change.
+    pub retry: RetryPolicy,
 }
 
 /// `kind = "nats"`.

@@ -5,36 +5,19 @@
 
 use std::time::Duration;
 
-use guard_core::retry::RetryPolicy;
-
 use super::raw;
-use super::resolve::{
-    DEFAULT_RETRIES, DEFAULT_RETRY_DELAY, Env, MAX_BATCH, MAX_TIMEOUT_MS, bounded, expand,
-};
+use super::resolve::{Env, MAX_BATCH, MAX_TIMEOUT_MS, bounded, expand, retry};
 use super::{ConfigError, JetStreamSource, NatsDelivery, NatsSource, Source, invalid};
 
 /// The longest ack wait: an hour.
 const MAX_ACK_WAIT_MS: u64 = MAX_TIMEOUT_MS;
-
-fn retry(
-    retries: Option<u32>,
-    delay_ms: Option<u64>,
-    key: &dyn Fn(&str) -> String,
-) -> Result<RetryPolicy, ConfigError> {
-    if let Some(ms) = delay_ms {
-        bounded(&key("retry_delay_ms"), ms, MAX_TIMEOUT_MS, "milliseconds")?;
-    }
-    Ok(RetryPolicy::new()
-        .with_max_attempts(retries.unwrap_or(DEFAULT_RETRIES))
-        .with_initial_delay(delay_ms.map_or(DEFAULT_RETRY_DELAY, Duration::from_millis)))
-}
 
 /// A builder's refusal, as the configuration key that caused it.
 #[cfg(feature = "nats")]
 fn refused(field: &str, key: &dyn Fn(&str) -> String, e: crate::nats::NatsError) -> ConfigError {
     match e {
         crate::nats::NatsError::InvalidInput { value, rule, .. } => {
-            invalid(key(field), format!("{value:?}"), rule)
+            super::resolve::refused(field, key, &value, &rule)
         }
         other => invalid(key(field), "set", other.to_string()),
     }
@@ -171,16 +154,6 @@ pub(super) fn jetstream(
     }))
 }
 
-/// The refusal of a NATS kind in a build without the `nats` feature.
-#[cfg(not(feature = "nats"))]
-fn unsupported(kind: &str, key: &dyn Fn(&str) -> String) -> ConfigError {
-    invalid(
-        key("kind"),
-        format!("{kind:?}"),
-        "a build with NATS support (guard-endpoints' `nats` feature)",
-    )
-}
-
 /// `kind = "nats"`: refused in this build.
 #[cfg(not(feature = "nats"))]
 pub(super) fn subject(
@@ -189,7 +162,7 @@ pub(super) fn subject(
     _env: Env<'_>,
 ) -> Result<Source, ConfigError> {
     retry(n.retries, n.retry_delay_ms, key)?;
-    Err(unsupported("nats", key))
+    Err(super::resolve::unsupported("nats", "nats", key))
 }
 
 /// `kind = "nats-jetstream"`: refused in this build.
@@ -200,5 +173,5 @@ pub(super) fn jetstream(
     _env: Env<'_>,
 ) -> Result<Source, ConfigError> {
     retry(j.retries, j.retry_delay_ms, key)?;
-    Err(unsupported("nats-jetstream", key))
+    Err(super::resolve::unsupported("nats-jetstream", "nats", key))
 }

@@ -211,6 +211,9 @@ pub(super) enum Endpoint {
     Mqtt(Mqtt),
     Nats(Nats),
     NatsJetStream(NatsJetStream),
+    Rabbitmq(Rabbitmq),
+    PostgresQueue(PostgresQueue),
+    MysqlBinlog(MysqlBinlog),
 }
 
 impl Endpoint {
@@ -221,6 +224,9 @@ impl Endpoint {
             Endpoint::Mqtt(e) => &e.name,
             Endpoint::Nats(e) => &e.name,
             Endpoint::NatsJetStream(e) => &e.name,
+            Endpoint::Rabbitmq(e) => &e.name,
+            Endpoint::PostgresQueue(e) => &e.name,
+            Endpoint::MysqlBinlog(e) => &e.name,
         }
     }
 }
@@ -331,6 +337,77 @@ pub(super) struct NatsJetStream {
     pub max_payload_bytes: Option<u64>,
 }
 
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[cfg_attr(not(feature = "amqp"), allow(dead_code))]
+pub(super) struct Rabbitmq {
+    pub name: String,
+    pub url: String,
+    pub queue: Option<String>,
+    pub exchange: Option<String>,
+    #[serde(default)]
+    pub guard: bool,
+    #[serde(default)]
+    pub single_active: bool,
+    pub prefetch: Option<u16>,
+    pub retries: Option<u32>,
+    pub retry_delay_ms: Option<u64>,
+    pub dead_letter_queue: Option<String>,
+    pub limit: Option<String>,
+    pub limit_key: Option<String>,
+    pub when_limited: Option<WhenLimited>,
+    pub max_wait_ms: Option<u64>,
+    pub max_payload_bytes: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(super) struct PostgresQueue {
+    pub name: String,
+    pub url: String,
+    pub table: String,
+    pub dead_letter_table: Option<String>,
+    pub batch: Option<u64>,
+    pub claim_lease_ms: Option<u64>,
+    pub max_deliveries: Option<u32>,
+    pub poll_interval_ms: Option<u64>,
+    pub retries: Option<u32>,
+    pub retry_delay_ms: Option<u64>,
+    pub limit: Option<String>,
+    pub limit_key: Option<String>,
+    pub when_limited: Option<WhenLimited>,
+    pub max_wait_ms: Option<u64>,
+    pub max_payload_bytes: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+pub(super) struct MysqlBinlog {
+    pub name: String,
+    pub url: String,
+    pub server_id: Option<u32>,
+    pub start: Option<BinlogStart>,
+    pub checkpoint_every: Option<u32>,
+    pub checkpoint_table: Option<String>,
+    pub dead_letter_table: Option<String>,
+    pub retries: Option<u32>,
+    pub retry_delay_ms: Option<u64>,
+    pub limit: Option<String>,
+    pub limit_key: Option<String>,
+    pub when_limited: Option<WhenLimited>,
+    pub max_wait_ms: Option<u64>,
+    pub max_payload_bytes: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(super) enum BinlogStart {
+    Current,
+    Beginning,
+}
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct Metrics {
@@ -357,7 +434,7 @@ pub(super) fn parse(text: &str) -> Result<(File, Vec<Endpoint>), ConfigError> {
 /// Entry `i` of `[[endpoints]]`, read as its kind's struct.
 fn endpoint(i: usize, mut table: toml::Table) -> Result<Endpoint, ConfigError> {
     let at = format!("endpoints[{i}]");
-    let kinds = "one of `redis-pubsub`, `redis-stream`, `mqtt`, `nats`, `nats-jetstream`";
+    let kinds = "one of `redis-pubsub`, `redis-stream`, `mqtt`, `nats`, `nats-jetstream`, `rabbitmq`, `postgres-queue`, `mysql-binlog`";
     let kind = match table.remove("kind") {
         Some(toml::Value::String(kind)) => kind,
         Some(other) => return Err(invalid(format!("{at}.kind"), other, kinds)),
@@ -383,6 +460,9 @@ fn endpoint(i: usize, mut table: toml::Table) -> Result<Endpoint, ConfigError> {
         "mqtt" => read(&at, table).map(Endpoint::Mqtt),
         "nats" => read(&at, table).map(Endpoint::Nats),
         "nats-jetstream" => read(&at, table).map(Endpoint::NatsJetStream),
+        "rabbitmq" => read(&at, table).map(Endpoint::Rabbitmq),
+        "postgres-queue" => read(&at, table).map(Endpoint::PostgresQueue),
+        "mysql-binlog" => read(&at, table).map(Endpoint::MysqlBinlog),
         other => Err(invalid(format!("{at}.kind"), format!("{other:?}"), kinds)),
     }
 }

@@ -30,8 +30,8 @@ const MQTTS_PORT: u16 = 8883;
 const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(5);
 /// The stream consumer's defaults (the original's).
 const DEFAULT_CLAIM_IDLE: Duration = Duration::from_secs(30);
-pub(super) const DEFAULT_RETRIES: u32 = 3;
-pub(super) const DEFAULT_RETRY_DELAY: Duration = Duration::from_millis(100);
+const DEFAULT_RETRIES: u32 = 3;
+const DEFAULT_RETRY_DELAY: Duration = Duration::from_millis(100);
 
 /// Upper bounds of durations, so that a typo (an extra digit, a value in
 /// the wrong unit) is an error rather than a job that never runs or a
@@ -44,6 +44,43 @@ const MAX_WAIT_MS: u64 = 24 * 3600 * 1000; // a day
 const MAX_PAYLOAD_BYTES: u64 = 512 << 20; // Redis's own limit for a value
 const MAX_QUEUE: u64 = 1 << 20; // messages; a GiB at a KiB each
 pub(super) const MAX_BATCH: u64 = 10_000; // entries a round: one reply of a few MiB
+
+/// The retry policy of `retries` and `retry_delay_ms` (the original's
+/// defaults), the delay bounded.
+pub(super) fn retry(
+    retries: Option<u32>,
+    delay_ms: Option<u64>,
+    key: &dyn Fn(&str) -> String,
+) -> Result<RetryPolicy, ConfigError> {
+    if let Some(ms) = delay_ms {
+        bounded(&key("retry_delay_ms"), ms, MAX_TIMEOUT_MS, "milliseconds")?;
+    }
+    Ok(RetryPolicy::new()
+        .with_max_attempts(retries.unwrap_or(DEFAULT_RETRIES))
+        .with_initial_delay(delay_ms.map_or(DEFAULT_RETRY_DELAY, Duration::from_millis)))
+}
+
+/// The refusal of an endpoint kind whose feature this build lacks.
+#[allow(dead_code)] // Used only in builds without some source's feature.
+pub(super) fn unsupported(kind: &str, feature: &str, key: &dyn Fn(&str) -> String) -> ConfigError {
+    invalid(
+        key("kind"),
+        format!("{kind:?}"),
+        format!("a build with guard-endpoints' `{feature}` feature"),
+    )
+}
+
+/// A builder's refusal (`value` breaks `rule`) as the configuration key
+/// `field` that gave the value.
+#[allow(dead_code)] // Used only in builds with some source's feature.
+pub(super) fn refused(
+    field: &str,
+    key: &dyn Fn(&str) -> String,
+    value: &str,
+    rule: &str,
+) -> ConfigError {
+    invalid(key(field), format!("{value:?}"), rule)
+}
 
 pub(super) type Env<'e> = &'e dyn Fn(&str) -> Option<String>;
 
@@ -841,6 +878,9 @@ fn endpoint(
         raw::Endpoint::Mqtt(m) => m.max_payload_bytes,
         raw::Endpoint::Nats(n) => n.max_payload_bytes,
         raw::Endpoint::NatsJetStream(j) => j.max_payload_bytes,
+        raw::Endpoint::Rabbitmq(r) => r.max_payload_bytes,
+        raw::Endpoint::PostgresQueue(p) => p.max_payload_bytes,
+        raw::Endpoint::MysqlBinlog(m) => m.max_payload_bytes,
     };
     let max_payload_bytes = match max_payload {
         None => super::DEFAULT_MAX_PAYLOAD_BYTES,
@@ -941,9 +981,6 @@ fn endpoint(
             if let Some(ms) = s.claim_idle_ms {
                 bounded(&key("claim_idle_ms"), ms, MAX_LEASE_MS, "milliseconds")?;
             }
-            if let Some(ms) = s.retry_delay_ms {
-                bounded(&key("retry_delay_ms"), ms, MAX_TIMEOUT_MS, "milliseconds")?;
-            }
             if let Some(topic) = &s.dead_letter_topic
                 && (topic.is_empty() || topic.contains(['{', '}', '*', '?', '[', ']']))
             {
@@ -953,12 +990,7 @@ fn endpoint(
                     "a non-empty topic without braces or glob characters",
                 ));
             }
-            let retry = RetryPolicy::new()
-                .with_max_attempts(s.retries.unwrap_or(DEFAULT_RETRIES))
-                .with_initial_delay(
-                    s.retry_delay_ms
-                        .map_or(DEFAULT_RETRY_DELAY, Duration::from_millis),
-                );
+            let retry = retry(s.retries, s.retry_delay_ms, key)?;
             let limit = endpoint_limit(
                 LimitKeys {
                     limit: &s.limit,
@@ -1127,6 +1159,48 @@ fn endpoint(
                 limiters,
             )?;
             (&j.name, super::nats::jetstream(j, key, env)?, limit)
+        }
+        raw::Endpoint::Rabbitmq(r) => {
+            let limit = endpoint_limit(
+                LimitKeys {
+                    limit: &r.limit,
+                    limit_key: &r.limit_key,
+                    when_limited: r.when_limited,
+                    max_wait_ms: r.max_wait_ms,
+                },
+                key,
+                false,
+                limiters,
+            )?;
+            (&r.name, super::amqp::source(r, key, env)?, limit)
+        }
+        raw::Endpoint::PostgresQueue(p) => {
+            let limit = endpoint_limit(
+                LimitKeys {
+                    limit: &p.limit,
+                    limit_key: &p.limit_key,
+                    when_limited: p.when_limited,
+                    max_wait_ms: p.max_wait_ms,
+                },
+                key,
+                false,
+                limiters,
+            )?;
+            (&p.name, super::postgres::source(p, key, env)?, limit)
+        }
+        raw::Endpoint::MysqlBinlog(m) => {
+            let limit = endpoint_limit(
+                LimitKeys {
+                    limit: &m.limit,
+                    limit_key: &m.limit_key,
+                    when_limited: m.when_limited,
+                    max_wait_ms: m.max_wait_ms,
+                },
+                key,
+                false,
+                limiters,
+            )?;
+            (&m.name, super::mysql::source(m, &key, env)?, limit)
         }
     };
     Ok(Endpoint {

@@ -53,7 +53,7 @@ use crate::deliver::RetryRefused;
 use crate::parameter::{Parameter, write_invalid};
 
 pub use checkpoint::{BinlogPosition, CheckpointError, Checkpoints};
-pub use reader::{BinlogReader, BinlogStats, Start};
+pub use reader::{BinlogReader, BinlogStats, Start, json_array};
 
 /// The checkpoints table unless configured.
 pub const DEFAULT_CHECKPOINT_TABLE: &str = "guard_binlog_checkpoints";

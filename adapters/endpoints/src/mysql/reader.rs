@@ -721,8 +721,8 @@ fn column(value: BinlogValue<'static>) -> ColumnValue {
 }
 
 /// A JSON array of a row's values: strings (invalid UTF-8 replaced) or
-/// null.
-fn json_array(values: &[ColumnValue]) -> String {
+/// null. What the dead-letter table keeps of a row.
+pub fn json_array(values: &[ColumnValue]) -> String {
     let mut out = String::from("[");
     for (i, value) in values.iter().enumerate() {
         if i > 0 {
