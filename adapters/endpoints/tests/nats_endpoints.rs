@@ -620,3 +620,42 @@ fn bad_parameters_are_refused_naming_the_parameter_the_value_and_the_rule() {
     let (parameter, value, _) = invalid(consumer.with_batch(0).unwrap_err());
     assert_eq!((parameter, value.as_str()), (Parameter::Batch, "0"));
 }
+
+/// The configuration-service pattern (`examples/config_subscription.rs`):
+/// every replica must apply every change, so a broadcast subscription is
+/// deliberately not deduplicated.
+#[test]
+fn a_broadcast_subject_gives_every_replica_every_change() {
+    let server = NatsServer::start().expect("nats-server");
+    let seen: Seen = Arc::default();
+    let replicas: Vec<_> = (0..3)
+        .map(|id| {
+            let subscriber =
+                NatsSubscriber::new(options(&server), "config.>", Delivery::Broadcast).unwrap();
+            run_subscriber(subscriber, id, &seen)
+        })
+        .collect();
+    let publisher = client(&server);
+    // Every replica has subscribed once a probe reached all three.
+    assert!(wait_until(Duration::from_secs(5), || {
+        publish(&publisher, "config.probe", "p", 0..1);
+        thread::sleep(Duration::from_millis(50));
+        seen.lock().unwrap().get("p0").is_some_and(|h| {
+            let mut ids: Vec<usize> = h.iter().map(|(id, _)| *id).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            ids.len() == 3
+        })
+    }));
+    publish(&publisher, "config.limits", "change", 0..10);
+    assert!(wait_until(Duration::from_secs(5), || {
+        let seen = seen.lock().unwrap();
+        (0..10).all(|i| {
+            seen.get(&format!("change{i}"))
+                .is_some_and(|h| h.len() == 3)
+        })
+    }));
+    for replica in replicas {
+        stop(replica);
+    }
+}
