@@ -185,6 +185,20 @@ async fn a_leader_whose_renewals_never_answer_demotes_before_the_lease_ends() {
         held >= Duration::from_millis(13_500) && held <= Duration::from_millis(13_502),
         "demoted after {held:?}"
     );
+    // The renewal that never answers is given up a lease after it was
+    // sent (5 s + 15 s) as a failed one, and one interval later (25 s)
+    // the replica acquires and leads again, its old lease having expired
+    // (at 15 s): a hung backend call does not keep it from ever leading
+    // again.
+    let again = events
+        .iter()
+        .skip(2)
+        .find_map(|(event, at)| matches!(event, Event::Promoted(0)).then_some(*at - start))
+        .unwrap_or_else(|| panic!("never led again: {events:?}"));
+    assert!(
+        again >= Duration::from_secs(25) && again <= Duration::from_millis(25_005),
+        "led again after {again:?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::control::{Control, Heard};
 use super::lease::LeaseCheck;
 use super::{Runtime, RuntimeClock};
-use crate::{BoxFuture, Clock, GuardConfig, SharedLocker, Throttle};
+use crate::{BoxFuture, Clock, GuardConfig, LockerError, SharedLocker, Throttle};
 use futures_lite::future;
 use guard_core::guard::{
     Action, ActiveConfig, ActiveConfigError, ActiveGuard, ActiveTiming, DemoteReason, Done, Lease,
@@ -188,10 +188,12 @@ impl<R: Runtime> ActiveRunner<R> {
             while let Some(action) = machine.poll_action() {
                 match action {
                     Action::Acquire => {
-                        in_flight = Some(Box::pin(acquire(locker, &self.key, ttl, &failures)));
+                        let acquire = acquire(locker, &self.key, ttl, &failures, runtime);
+                        in_flight = Some(Box::pin(acquire));
                     }
                     Action::Renew(token) => {
-                        in_flight = Some(Box::pin(renew(locker, &self.key, token, ttl, &failures)));
+                        let renew = renew(locker, &self.key, token, ttl, &failures, runtime);
+                        in_flight = Some(Box::pin(renew));
                     }
                     Action::Release(token) => {
                         in_flight = Some(Box::pin(release(
@@ -335,8 +337,35 @@ impl<R: Runtime> ActiveRunner<R> {
 // A backend that is down fails every attempt, each interval: logged once
 // per throttle interval with the count held back, never a line per try.
 
-async fn acquire(locker: &SharedLocker, key: &str, ttl: Ttl, failures: &Throttle) -> Done {
-    let result = locker.try_lock(key, ttl).await;
+/// `request`'s answer, or a backend error once a whole lease has passed
+/// without one. The machine waits for the one operation in flight before
+/// it starts another: a locker that never answers (no request timeout of
+/// its own) would otherwise keep this replica from ever leading again.
+/// An acquire abandoned this way that did succeed on the server holds a
+/// lock nobody renews: it expires after one ttl.
+async fn within_lease<T>(
+    request: impl Future<Output = Result<T, LockerError>>,
+    ttl: Ttl,
+    runtime: &impl Runtime,
+) -> Result<T, LockerError> {
+    let unanswered = async {
+        runtime.sleep(ttl.as_duration()).await;
+        Err(LockerError::new(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("no answer within the lease's ttl ({:?})", ttl.as_duration()),
+        )))
+    };
+    future::or(request, unanswered).await
+}
+
+async fn acquire(
+    locker: &SharedLocker,
+    key: &str,
+    ttl: Ttl,
+    failures: &Throttle,
+    runtime: &impl Runtime,
+) -> Done {
+    let result = within_lease(locker.try_lock(key, ttl), ttl, runtime).await;
     if let Err(e) = &result
         && let Some(held) = failures.admit()
     {
@@ -351,8 +380,9 @@ async fn renew(
     token: Token,
     ttl: Ttl,
     failures: &Throttle,
+    runtime: &impl Runtime,
 ) -> Done {
-    let result = locker.renew(key, &token, ttl).await;
+    let result = within_lease(locker.renew(key, &token, ttl), ttl, runtime).await;
     match &result {
         Ok(Renewal::Held) => {}
         Ok(Renewal::Lost) => log::warn!("active guard {key} lost lease, demote"),
