@@ -3,12 +3,11 @@
 //! for the broker restart, a private node the test starts and restarts.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use futures_lite::StreamExt as _;
 use guard_core::guard::ActiveConfig;
 use guard_core::lock::Ttl;
 use guard_core::retry::{Classifier, Jitter, RetryPolicy};
@@ -21,8 +20,8 @@ use guard_std::LocalLocker;
 use guard_testkit::rabbitmq::{RabbitNode, Vhost};
 use guard_testkit::{FaultyLocker, RenewFault};
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicGetOptions, BasicPublishOptions, BasicQosOptions,
-    ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
+    BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions,
+    QueueBindOptions, QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Connection, ConnectionProperties, ExchangeKind};
@@ -74,15 +73,24 @@ fn start_work(consumer: WorkQueueConsumer, id: usize, seen: &Seen) -> Replica {
 }
 
 /// Runs `consumer` on its own thread as replica `id`; the handler records
-/// the message, then blocks its thread for `pause`.
-fn start_fanout(consumer: FanoutConsumer, id: usize, seen: &Seen, pause: Duration) -> Replica {
-    let seen = seen.clone();
+/// the message; one whose payload starts with `poison` blocks its thread
+/// for `poison_pause` and fails.
+fn start_fanout(
+    consumer: impl Into<Arc<FanoutConsumer>>,
+    id: usize,
+    seen: &Seen,
+    poison_pause: Duration,
+) -> Replica {
+    let (consumer, seen) = (consumer.into(), seen.clone());
     let (handle, ctl) = control();
     let thread = thread::spawn(move || {
-        smol::block_on(consumer.run(ctl, move |message| {
+        smol::block_on(consumer.run(ctl, Classifier::retry_all(), move |message| {
             record(&seen, id, &message);
-            thread::sleep(pause);
-            async {}
+            let poisoned = message.payload.starts_with(b"poison");
+            if poisoned {
+                thread::sleep(poison_pause);
+            }
+            async move { if poisoned { Err("poisoned") } else { Ok(()) } }
         }))
     });
     (handle, thread)
@@ -213,6 +221,46 @@ fn lease_settings() -> ActiveConfig {
     ActiveConfig::new()
         .with_ttl(Ttl::new(Duration::from_secs(1)).unwrap())
         .with_interval(Duration::from_millis(200))
+}
+
+/// An AMQP value as text (strings as they are).
+fn text(value: &AMQPValue) -> String {
+    match value {
+        AMQPValue::LongString(s) => String::from_utf8_lossy(s.as_bytes()).into_owned(),
+        other => format!("{other:?}"),
+    }
+}
+
+/// Takes the next message of `queue` (the get acknowledges it): its
+/// payload, the text of each field of its first `x-death` entry, and the
+/// number of messages left behind it.
+fn take_dead_letter(client: &Client, queue: &str) -> (Vec<u8>, BTreeMap<String, String>, u32) {
+    let letter = smol::block_on(
+        client
+            .channel
+            .basic_get(queue.into(), BasicGetOptions { no_ack: true }),
+    )
+    .expect("basic.get")
+    .expect("a dead letter");
+    let headers = letter
+        .delivery
+        .properties
+        .headers()
+        .clone()
+        .expect("headers");
+    let deaths = headers
+        .inner()
+        .get("x-death")
+        .and_then(AMQPValue::as_array)
+        .expect("an x-death header");
+    let death = deaths.as_slice()[0]
+        .as_field_table()
+        .expect("an x-death entry")
+        .inner()
+        .iter()
+        .map(|(key, value)| (key.to_string(), text(value)))
+        .collect();
+    (letter.delivery.data, death, letter.message_count)
 }
 
 #[test]
@@ -390,10 +438,10 @@ fn a_stale_leader_hands_nothing_over_past_its_renew_deadline() {
     let replica = {
         let (consumer, seen) = (consumer.clone(), seen.clone());
         thread::spawn(move || {
-            smol::block_on(consumer.run(ctl, move |message| {
+            smol::block_on(consumer.run(ctl, Classifier::retry_all(), move |message| {
                 record(&seen, 0, &message);
                 thread::sleep(Duration::from_millis(150));
-                async {}
+                async { Ok::<(), String>(()) }
             }))
         })
     };
@@ -597,6 +645,194 @@ fn a_single_active_consumer_queue_delivers_to_one_until_it_closes() {
     assert_eq!((second.handled, second.redelivered), (40, 0), "{second:?}");
 }
 
+#[test]
+fn a_poisoned_message_under_an_elected_fanout_consumer_is_dead_lettered_after_one_plus_retries_calls()
+ {
+    let vhost = Vhost::create().expect("a test vhost on the machine's broker");
+    let seen: Seen = Arc::default();
+    let config = FaultyLocker::new(LocalLocker::new(), RenewFault::None, false).config();
+    let scope = config.scope("endpoint/amqp").unwrap();
+    let consumer = FanoutConsumer::new(options(&vhost.url()), "alerts")
+        .unwrap()
+        .with_guard(&config, &scope)
+        .unwrap()
+        .with_guard_settings(lease_settings())
+        .unwrap()
+        .with_retry(RetryPolicy::fixed_delay(2, Duration::from_millis(20)))
+        .unwrap();
+    assert_eq!(consumer.dead_letter_queue(), "alerts.dead-letters");
+    smol::block_on(consumer.declare()).expect("declared");
+    let consumer = Arc::new(consumer);
+    let replica = start_fanout(consumer.clone(), 0, &seen, Duration::ZERO);
+    let client = Client::connect(&vhost.url());
+    wait_for_subscriber(&client, "alerts", &seen, "p");
+    client.publish(
+        "alerts",
+        "",
+        &[b"ok-1".to_vec(), b"poison".to_vec(), b"ok-2".to_vec()],
+    );
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            consumer.stats().dead_lettered == 1 && seen.lock().unwrap().contains_key("ok-2")
+        }),
+        "{:?}",
+        consumer.stats()
+    );
+    let stats = stop(replica);
+    assert_eq!(
+        (stats.dead_lettered, stats.refused_late),
+        (1, 0),
+        "{stats:?}"
+    );
+    let seen = seen.lock().unwrap().clone();
+    // 1 + 2 retries, every one under the lease of the first.
+    let calls = &seen["poison"];
+    assert_eq!(calls.len(), 3, "{calls:?}");
+    assert!(calls[0].1.is_some(), "{calls:?}");
+    assert!(
+        calls.iter().all(|(_, fence, _)| *fence == calls[0].1),
+        "{calls:?}"
+    );
+    // Retried in its place: the next message waited for it.
+    assert!(seen["ok-2"][0].2 > calls[2].2);
+    assert_eq!(seen["ok-1"].len(), 1);
+
+    // The broker moved it from the leader's exclusive queue to the shared
+    // dead-letter queue, with its origin in `x-death`.
+    let (payload, death, left) = take_dead_letter(&client, "alerts.dead-letters");
+    assert_eq!(payload, b"poison");
+    assert_eq!(left, 0, "only the poisoned message");
+    assert_eq!(death["exchange"], "alerts", "{death:?}");
+    assert_eq!(death["reason"], "rejected", "{death:?}");
+    assert!(death["queue"].starts_with("amq.gen-"), "{death:?}");
+}
+
+#[test]
+fn a_leader_whose_lease_ends_during_the_retries_makes_no_further_call_and_dead_letters_nothing() {
+    let vhost = Vhost::create().expect("a test vhost on the machine's broker");
+    let seen: Seen = Arc::default();
+    // Renewals never answer: each leadership's renew deadline (ttl 1 s -
+    // drift 100 ms after its acquire was sent) passes while the poisoned
+    // message is being retried.
+    let config = FaultyLocker::new(LocalLocker::new(), RenewFault::NeverAnswers, false).config();
+    let scope = config.scope("endpoint/amqp").unwrap();
+    // 1 + 20 calls of 100 ms each (the handler blocks its thread) would
+    // take 2.1 s, well past the deadline. No wait between them: nothing
+    // but the lease check stands between a failed call and the next (the
+    // blocked thread hears the demotion only once the retries are over).
+    let consumer = FanoutConsumer::new(options(&vhost.url()), "meters")
+        .unwrap()
+        .with_guard(&config, &scope)
+        .unwrap()
+        .with_guard_settings(lease_settings())
+        .unwrap()
+        .with_retry(RetryPolicy::fixed_delay(20, Duration::ZERO))
+        .unwrap();
+    smol::block_on(consumer.declare()).expect("declared");
+    let consumer = Arc::new(consumer);
+    let replica = start_fanout(consumer.clone(), 0, &seen, Duration::from_millis(100));
+    let client = Client::connect(&vhost.url());
+    wait_for_subscriber(&client, "meters", &seen, "p");
+    // Published until one reaches a leader (one published at the end of a
+    // leadership is refused, or reaches nobody).
+    let poison = (0..10)
+        .map(|i| format!("poison-{i}"))
+        .find(|payload| {
+            client.publish("meters", "", &[payload.clone().into_bytes()]);
+            wait_until(Duration::from_secs(2), || {
+                seen.lock().unwrap().contains_key(payload)
+            })
+        })
+        .expect("a poisoned message reached a leader");
+    // Past that leadership's deadline, and its demotion.
+    thread::sleep(Duration::from_millis(1_500));
+    let stats = stop(replica);
+    let seen = seen.lock().unwrap().clone();
+
+    let calls = &seen[&poison];
+    let fence = calls[0].1.expect("a fence");
+    assert!(calls.iter().all(|(_, f, _)| *f == Some(fence)), "{calls:?}");
+    // The lease was acquired before its first handler call, so its
+    // deadline is at most ttl - drift after that call.
+    let first_call = seen
+        .values()
+        .flatten()
+        .filter(|(_, f, _)| *f == Some(fence))
+        .map(|(_, _, at)| *at)
+        .min()
+        .unwrap();
+    let deadline = first_call + Duration::from_millis(900);
+    for (_, _, at) in calls {
+        // 100 ms for the check to reach the handler on a busy machine; a
+        // call made past the deadline comes 100 ms after another.
+        assert!(
+            *at < deadline + Duration::from_millis(100),
+            "{poison} called {:?} past the deadline of fence {fence}",
+            *at - deadline
+        );
+    }
+    assert!(
+        (2..21).contains(&calls.len()),
+        "retried, and cut short: {} call(s)",
+        calls.len()
+    );
+    // Not given up by its handler: not dead-lettered, counted as refused.
+    assert_eq!(stats.dead_lettered, 0, "{stats:?}");
+    assert_eq!(client.queue("meters.dead-letters").0, 0);
+    assert!(stats.refused_late >= 1, "{stats:?}");
+    println!(
+        "{} call(s) of {poison} under fence {fence}, the last {:?} before the deadline; {stats:?}",
+        calls.len(),
+        deadline.saturating_duration_since(calls.last().unwrap().2)
+    );
+}
+
+#[test]
+fn a_message_between_its_retries_when_the_leader_is_demoted_is_counted_lost_not_dead_lettered() {
+    let vhost = Vhost::create().expect("a test vhost on the machine's broker");
+    let seen: Seen = Arc::default();
+    // As above, but the handler fails at once and the retries wait 300 ms
+    // each: the deadline passes during a wait, and the demotion that
+    // follows closes the connection before the wait ends.
+    let config = FaultyLocker::new(LocalLocker::new(), RenewFault::NeverAnswers, false).config();
+    let scope = config.scope("endpoint/amqp").unwrap();
+    let consumer = FanoutConsumer::new(options(&vhost.url()), "gauges")
+        .unwrap()
+        .with_guard(&config, &scope)
+        .unwrap()
+        .with_guard_settings(lease_settings())
+        .unwrap()
+        .with_retry(RetryPolicy::fixed_delay(20, Duration::from_millis(300)))
+        .unwrap();
+    smol::block_on(consumer.declare()).expect("declared");
+    let consumer = Arc::new(consumer);
+    let replica = start_fanout(consumer.clone(), 0, &seen, Duration::ZERO);
+    let client = Client::connect(&vhost.url());
+    wait_for_subscriber(&client, "gauges", &seen, "p");
+    let poison = (0..10)
+        .map(|i| format!("poison-{i}"))
+        .find(|payload| {
+            client.publish("gauges", "", &[payload.clone().into_bytes()]);
+            wait_until(Duration::from_secs(2), || {
+                seen.lock().unwrap().contains_key(payload)
+            })
+        })
+        .expect("a poisoned message reached a leader");
+    thread::sleep(Duration::from_millis(1_500));
+    let stats = stop(replica);
+    let calls = seen.lock().unwrap()[&poison].clone();
+    assert!(calls.len() < 21, "cut short: {} call(s)", calls.len());
+    assert_eq!(stats.dead_lettered, 0, "{stats:?}");
+    assert_eq!(client.queue("gauges.dead-letters").0, 0);
+    // Lost with the exclusive queue, and counted: dropped with the
+    // connection (or, if a wait ended first, refused by the check).
+    assert!(
+        stats.dropped_on_close + stats.refused_late >= 1,
+        "{stats:?}"
+    );
+    println!("{} call(s) of {poison}; {stats:?}", calls.len());
+}
+
 /// Restarts a private broker node (the machine's is left alone).
 #[test]
 fn a_work_queue_consumer_reconnects_after_the_broker_restarts() {
@@ -717,6 +953,36 @@ fn bad_parameters_are_refused_naming_the_parameter_the_value_and_the_rule() {
             Parameter::LeaseTiming,
             "",
         ),
+        (
+            refused(
+                FanoutConsumer::new(options(url), "alarms")
+                    .unwrap()
+                    .with_retry(RetryPolicy::new().with_jitter(Jitter::Decorrelated))
+                    .unwrap_err(),
+            ),
+            Parameter::RetryPolicy,
+            "with Decorrelated jitter",
+        ),
+        (
+            refused(
+                FanoutConsumer::new(options(url), "alarms")
+                    .unwrap()
+                    .with_dead_letter_queue("amq.alarms")
+                    .unwrap_err(),
+            ),
+            Parameter::AmqpQueue,
+            "amq.alarms",
+        ),
+        (
+            refused(
+                FanoutConsumer::new(options(url), "alarms")
+                    .unwrap()
+                    .with_dead_letter_queue("")
+                    .unwrap_err(),
+            ),
+            Parameter::AmqpQueue,
+            "",
+        ),
     ];
     for ((parameter, value, rule, text), expected, expected_value) in cases {
         assert_eq!(parameter, expected, "{text}");
@@ -742,6 +1008,27 @@ fn bad_parameters_are_refused_naming_the_parameter_the_value_and_the_rule() {
     assert!(std::error::Error::source(&jitter).is_some(), "{jitter:?}");
     let long = WorkQueueConsumer::new(options(url), &"q".repeat(250)).unwrap_err();
     assert!(long.to_string().contains("255 bytes"), "{long}");
+    // An exchange must leave room for its dead-letter queue's name.
+    let long = FanoutConsumer::new(options(url), &"x".repeat(250)).unwrap_err();
+    assert!(
+        matches!(
+            &long,
+            AmqpError::InvalidInput {
+                parameter: Parameter::Exchange,
+                ..
+            }
+        ),
+        "{long:?}"
+    );
+    assert!(
+        long.to_string().contains("<exchange>.dead-letters"),
+        "{long}"
+    );
+    let fanout = FanoutConsumer::new(options(url), "alarms")
+        .unwrap()
+        .with_dead_letter_queue("alarms.failed")
+        .unwrap();
+    assert_eq!(fanout.dead_letter_queue(), "alarms.failed");
 }
 
 #[test]
@@ -781,7 +1068,12 @@ fn a_declaration_that_conflicts_with_the_queue_is_an_error_naming_it() {
 fn an_unelected_fanout_consumer_gives_every_replica_every_message() {
     let vhost = Vhost::create().expect("a test vhost on the machine's broker");
     let seen: Seen = Arc::default();
-    let consumer = || FanoutConsumer::new(options(&vhost.url()), "config").unwrap();
+    let consumer = || {
+        FanoutConsumer::new(options(&vhost.url()), "config")
+            .unwrap()
+            .with_retry(RetryPolicy::fixed_delay(1, Duration::from_millis(10)))
+            .unwrap()
+    };
     smol::block_on(consumer().declare()).expect("declared");
     let replicas: Vec<_> = (0..2)
         .map(|id| start_fanout(consumer(), id, &seen, Duration::ZERO))
@@ -806,92 +1098,42 @@ fn an_unelected_fanout_consumer_gives_every_replica_every_message() {
         "{:?}",
         seen.lock().unwrap()
     );
+    // Each replica retries its own copy, then dead-letters it to the
+    // queue they share.
+    client.publish("config", "", &[b"poison".to_vec()]);
+    assert!(
+        wait_until(Duration::from_secs(10), || client
+            .queue("config.dead-letters")
+            .0
+            == 2),
+        "{:?}",
+        seen.lock().unwrap().get("poison")
+    );
     for replica in replicas {
         let stats = stop(replica);
         assert!(stats.handled >= 20, "{stats:?}");
         assert_eq!(stats.refused_late, 0, "{stats:?}");
+        assert_eq!(stats.dead_lettered, 1, "{stats:?}");
     }
-}
-
-/// Messages per second through the work-queue consumer and through a
-/// plain lapin loop (`basic_consume`, then `ack` for each), one run each
-/// on queues of the same size and prefetch. Printed with `--nocapture`.
-#[test]
-fn throughput_of_the_work_queue_consumer_and_of_a_plain_lapin_loop() {
-    const MESSAGES: usize = 5_000;
-    let vhost = Vhost::create().expect("a test vhost on the machine's broker");
-    let client = Client::connect(&vhost.url());
-
-    // Through the endpoint, timed from its first message to its last.
-    let consumer =
-        Arc::new(WorkQueueConsumer::new(options(&vhost.url()), "bench-endpoint").unwrap());
-    smol::block_on(consumer.declare()).expect("declared");
-    client.publish("", "bench-endpoint", &payloads("e", MESSAGES));
-    let handled = Arc::new(AtomicU32::new(0));
-    let first = Arc::new(Mutex::new(None::<Instant>));
-    let (handle, ctl) = control();
-    let replica = {
-        let (consumer, handled, first) = (consumer.clone(), handled.clone(), first.clone());
-        thread::spawn(move || {
-            smol::block_on(consumer.run(ctl, Classifier::retry_all(), move |_message| {
-                first.lock().unwrap().get_or_insert_with(Instant::now);
-                handled.fetch_add(1, Ordering::Relaxed);
-                async { Ok::<(), String>(()) }
-            }))
+    let calls = &seen.lock().unwrap()["poison"];
+    for id in 0..2 {
+        assert_eq!(
+            calls.iter().filter(|(r, _, _)| *r == id).count(),
+            2,
+            "{calls:?}"
+        );
+    }
+    let origins: BTreeSet<String> = (0..2)
+        .map(|_| {
+            let (payload, death, _) = take_dead_letter(&client, "config.dead-letters");
+            assert_eq!(payload, b"poison");
+            assert_eq!(death["exchange"], "config", "{death:?}");
+            death["queue"].clone()
         })
-    };
-    assert!(wait_until(Duration::from_secs(20), || {
-        handled.load(Ordering::Relaxed) as usize == MESSAGES
-    }));
-    let endpoint = first.lock().unwrap().unwrap().elapsed();
-    handle.stop();
-    replica.join().unwrap().expect("ran");
-
-    // A plain loop on the same broker, same prefetch.
-    let plain = smol::block_on(async {
-        let connection = Connection::connect(&vhost.url(), ConnectionProperties::default())
-            .await
-            .unwrap();
-        let channel = connection.create_channel().await.unwrap();
-        channel
-            .queue_declare(
-                "bench-plain".into(),
-                QueueDeclareOptions {
-                    durable: true,
-                    ..QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
-        client.publish("", "bench-plain", &payloads("p", MESSAGES));
-        channel
-            .basic_qos(16, BasicQosOptions::default())
-            .await
-            .unwrap();
-        let mut deliveries = channel
-            .basic_consume(
-                "bench-plain".into(),
-                "".into(),
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
-        let mut started = None;
-        for _ in 0..MESSAGES {
-            let delivery = deliveries.next().await.unwrap().unwrap();
-            started.get_or_insert_with(Instant::now);
-            delivery.ack(BasicAckOptions::default()).await.unwrap();
-        }
-        let elapsed = started.unwrap().elapsed();
-        connection.close(200, "OK".into()).await.unwrap();
-        elapsed
-    });
-    let rate = |d: Duration| MESSAGES as f64 / d.as_secs_f64();
-    println!(
-        "{MESSAGES} messages, prefetch 16: work-queue consumer {:.0}/s ({endpoint:?}), plain lapin loop {:.0}/s ({plain:?})",
-        rate(endpoint),
-        rate(plain)
+        .collect();
+    assert_eq!(
+        origins.len(),
+        2,
+        "one copy from each replica's queue: {origins:?}"
     );
 }

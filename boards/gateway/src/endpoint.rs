@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use guard_core::retry::Classifier;
 use guard_endpoints::admission::{Admission, DEAD_LETTERS, Undelivered, Verdict};
-use guard_endpoints::amqp::{AmqpOptions, WorkQueueConsumer};
+use guard_endpoints::amqp::{AmqpOptions, FanoutConsumer, WorkQueueConsumer};
 use guard_endpoints::config::{
     AmqpDelivery, BinlogStart, Config, Endpoint, LimitKey, MqttDelivery, NatsDelivery, Source,
 };
@@ -508,7 +508,52 @@ pub(crate) async fn start(
                         }
                     }))
                 }
-                AmqpDelivery::Fanout { .. } => Err(GatewayError::UnsupportedEndpoint { name }),
+                AmqpDelivery::Fanout { exchange, elected } => {
+                    let mut consumer = FanoutConsumer::new(options, exchange)
+                        .and_then(|c| c.with_prefetch(source.prefetch))
+                        .and_then(|c| c.with_retry(source.retry))
+                        .map_err(|e| context(e.into()))?;
+                    if let Some(dead_letters) = &source.dead_letter_queue {
+                        consumer = consumer
+                            .with_dead_letter_queue(dead_letters)
+                            .map_err(|e| context(e.into()))?;
+                    }
+                    if *elected {
+                        let scope = built
+                            .guards
+                            .scope("endpoint/amqp")
+                            .and_then(|s| s.segment("node", &name))
+                            .map_err(|e| context(e.into()))?;
+                        consumer = consumer
+                            .with_guard(&built.guards, &scope)
+                            .and_then(|c| c.with_guard_settings(timing))
+                            .map_err(|e| context(e.into()))?;
+                    }
+                    Ok(Box::pin(async move {
+                        let ran = consumer
+                            .run(control, never_invalid(), |message| {
+                                let (inbox, emit, name) =
+                                    (inbox.clone(), emit.clone(), name.clone());
+                                async move {
+                                    inbox
+                                        .check_message(&message.routing_key, message.payload.len())
+                                        .await?;
+                                    emit(Event::Received {
+                                        endpoint: name,
+                                        from: message.routing_key,
+                                        fence: message.fence,
+                                        content: Content::Payload(text(&message.payload)),
+                                    });
+                                    Ok::<(), Refused>(())
+                                }
+                            })
+                            .await;
+                        match ran {
+                            Ok(stats) => log::info!("endpoint {name}: {stats:?}"),
+                            Err(e) => log::error!("endpoint {name}: {e}"),
+                        }
+                    }))
+                }
             }
         }
         Source::PostgresQueue(source) => {

@@ -770,6 +770,8 @@ enum Source {
     Mqtt(u16),
     /// NATS subject `alerts.fire` on a server's URL.
     Nats(String),
+    /// RabbitMQ fanout exchange `alerts` on a broker's URL.
+    Amqp(String),
 }
 
 /// A NATS client of `url`, and a way to run its futures.
@@ -806,6 +808,36 @@ impl Source {
                     client
                         .publish("alerts/fire", QoS::AtLeastOnce, false, payload)
                         .unwrap();
+                })
+            }
+            Source::Amqp(url) => {
+                use lapin::options::{BasicPublishOptions, ExchangeDeclareOptions};
+                use lapin::{BasicProperties, Connection, ConnectionProperties, ExchangeKind};
+                let connection =
+                    smol::block_on(Connection::connect(&url, ConnectionProperties::default()))
+                        .expect("amqp connect");
+                let channel = smol::block_on(connection.create_channel()).unwrap();
+                // The endpoint declares it too; whoever is first creates it.
+                smol::block_on(channel.exchange_declare(
+                    "alerts".into(),
+                    ExchangeKind::Fanout,
+                    ExchangeDeclareOptions {
+                        durable: true,
+                        ..Default::default()
+                    },
+                    lapin::types::FieldTable::default(),
+                ))
+                .unwrap();
+                Box::new(move |payload| {
+                    let _keep = &connection;
+                    smol::block_on(channel.basic_publish(
+                        "alerts".into(),
+                        "fire".into(),
+                        BasicPublishOptions::default(),
+                        payload.as_bytes(),
+                        BasicProperties::default(),
+                    ))
+                    .unwrap();
                 })
             }
             Source::Nats(url) => {
@@ -950,6 +982,17 @@ fn a_paused_nats_leader_does_not_handle_what_arrived_after_its_deadline() {
         nats.url()
     );
     a_paused_leader_acts_late_on_nothing(&endpoint, &Source::Nats(nats.url()), &server);
+}
+
+#[test]
+fn a_paused_rabbitmq_leader_does_not_handle_what_arrived_after_its_deadline() {
+    let server = RedisServer::start().expect("redis-server");
+    let vhost = guard_testkit::rabbitmq::Vhost::create().expect("a RabbitMQ vhost");
+    let endpoint = format!(
+        "[[endpoints]]\nname = \"alerts\"\nkind = \"rabbitmq\"\nurl = \"{}\"\nexchange = \"alerts\"\nguard = true\n",
+        vhost.url()
+    );
+    a_paused_leader_acts_late_on_nothing(&endpoint, &Source::Amqp(vhost.url()), &server);
 }
 
 #[test]

@@ -1,8 +1,10 @@
 //! A fanout exchange: every bound queue gets every message. Each replica
 //! binds an exclusive queue of its own, always (every replica sees every
-//! message) or only while it holds the lease (one replica handles them).
+//! message) or only while it holds the lease (one replica handles them);
+//! a message whose handler gave up is dead-lettered from that queue to a
+//! durable queue the replicas share.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
@@ -10,17 +12,19 @@ use std::sync::Arc;
 use futures_lite::{StreamExt as _, future};
 use guard_core::guard::ActiveConfig;
 use guard_core::lock::Scope;
+use guard_core::retry::{Classifier, RetryPolicy};
 use guard_std::run::{Control, LeaseState};
 use guard_std::{GuardConfig, Throttle};
 use lapin::Consumer;
-use lapin::options::{BasicAckOptions, QueueDeclareOptions};
-use lapin::types::{FieldTable, ShortString};
+use lapin::options::{BasicAckOptions, BasicNackOptions, QueueDeclareOptions};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
 
 use super::session::{self, Attempt, Session};
 use super::{
     AmqpError, AmqpMessage, AmqpOptions, AmqpStats, Counters, DEFAULT_PREFETCH, checked_name,
-    checked_prefetch,
+    checked_prefetch, default_dead_letters, retry_refused, why_not_sent,
 };
+use crate::deliver;
 use crate::elected;
 use crate::parameter::Parameter;
 use crate::runtime::{ActiveRunner, LeaseCheck};
@@ -31,19 +35,35 @@ const HANDLE_BURST: u32 = 32;
 /// A consumer of a fanout exchange; see the [module documentation](super)
 /// for what it guarantees, and what is lost during a takeover.
 ///
+/// [`run`](Self::run) declares, before consuming, the exchange, the
+/// durable dead-letter queue (`<exchange>.dead-letters` unless set) and
+/// the replica's exclusive queue, with `x-dead-letter-exchange` set to the
+/// default exchange and `x-dead-letter-routing-key` to the dead-letter
+/// queue. The replicas share the dead-letter queue and must declare it
+/// alike (the broker refuses a declaration whose arguments differ, and
+/// `run` returns that refusal).
+///
 /// ```no_run
 /// # smol::block_on(async {
+/// use std::time::Duration;
+/// use guard_core::retry::{Classifier, RetryPolicy};
 /// use guard_endpoints::amqp::{AmqpOptions, FanoutConsumer};
 /// use guard_std::GuardConfig;
 ///
 /// # let config = GuardConfig::new();
 /// let scope = config.scope("endpoint/amqp")?.segment("exchange", "alarms")?;
 /// let options = AmqpOptions::new("amqp://guest:guest@127.0.0.1:5672/%2f")?;
-/// let consumer = FanoutConsumer::new(options, "alarms")?.with_guard(&config, &scope)?;
+/// let consumer = FanoutConsumer::new(options, "alarms")?
+///     .with_guard(&config, &scope)?
+///     .with_retry(RetryPolicy::fixed_delay(2, Duration::from_millis(100)))?;
+/// // Given up after 1 + 2 calls: moved to `alarms.dead-letters`.
+/// assert_eq!(consumer.dead_letter_queue(), "alarms.dead-letters");
 /// let (_handle, control) = guard_smol::control();
 /// consumer
-///     .run(control, |message| async move {
+///     .run(control, Classifier::retry_all(), |message| async move {
+///         // Every call, retries included, under this fence.
 ///         println!("{:?} under fence {:?}", message.payload, message.fence);
+///         Ok::<(), String>(())
 ///     })
 ///     .await?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -52,7 +72,9 @@ const HANDLE_BURST: u32 = 32;
 pub struct FanoutConsumer {
     options: AmqpOptions,
     exchange: ShortString,
+    dead_letters: ShortString,
     prefetch: u16,
+    retry: RetryPolicy,
     guard: Option<ActiveRunner>,
     counters: Arc<Counters>,
 }
@@ -62,7 +84,9 @@ impl fmt::Debug for FanoutConsumer {
         f.debug_struct("FanoutConsumer")
             .field("options", &self.options)
             .field("exchange", &self.exchange.as_str())
+            .field("dead_letters", &self.dead_letters.as_str())
             .field("prefetch", &self.prefetch)
+            .field("retry", &self.retry)
             .field("key", &self.key())
             .finish()
     }
@@ -72,12 +96,21 @@ impl FanoutConsumer {
     /// A consumer of the fanout exchange `exchange` (declared durable if
     /// missing) that every replica runs: each gets every message. Give it
     /// a guard ([`with_guard`](Self::with_guard)) for work that must
-    /// happen once.
+    /// happen once. The defaults: dead letters in
+    /// `<exchange>.dead-letters`, a prefetch of [`DEFAULT_PREFETCH`], the
+    /// original's retry policy (3 retries from 100 ms, doubling).
+    ///
+    /// `exchange` is 1 to 242 bytes (its dead-letter queue's name must
+    /// fit in 255), outside the broker's reserved `amq.` names.
     pub fn new(options: AmqpOptions, exchange: &str) -> Result<Self, AmqpError> {
+        let name = checked_name(Parameter::Exchange, exchange)?;
+        let dead_letters = default_dead_letters(Parameter::Exchange, exchange, "<exchange>")?;
         Ok(FanoutConsumer {
             options,
-            exchange: checked_name(Parameter::Exchange, exchange)?,
+            exchange: name,
+            dead_letters,
             prefetch: DEFAULT_PREFETCH,
+            retry: RetryPolicy::new(),
             guard: None,
             counters: Arc::default(),
         })
@@ -111,9 +144,37 @@ impl FanoutConsumer {
         Ok(self)
     }
 
+    /// How a failing message is retried before it is given up and
+    /// dead-lettered. The consumer draws no random bits, so a policy with
+    /// jitter is refused. A message being retried holds its place: the
+    /// others wait behind it, in the prefetch window and then in the
+    /// exclusive queue, and are lost with it if leadership ends meanwhile;
+    /// keep the retries' total short beside the lease's ttl. Past the
+    /// broker's `consumer_timeout` (30 minutes by default) the broker
+    /// closes the channel, and the exclusive queue goes with it.
+    pub fn with_retry(mut self, policy: RetryPolicy) -> Result<Self, AmqpError> {
+        self.retry = deliver::checked(policy).map_err(retry_refused)?;
+        Ok(self)
+    }
+
+    /// Where the broker moves the messages given up: the queue `name`,
+    /// declared durable (and not exclusive: every replica's queue
+    /// dead-letters to it, and it outlives them). It cannot be a
+    /// replica's own queue: those are named `amq.gen-…` by the broker, a
+    /// namespace no name given here may use.
+    pub fn with_dead_letter_queue(mut self, name: &str) -> Result<Self, AmqpError> {
+        self.dead_letters = checked_name(Parameter::AmqpQueue, name)?;
+        Ok(self)
+    }
+
     /// The exchange.
     pub fn exchange(&self) -> &str {
         self.exchange.as_str()
+    }
+
+    /// The dead-letter queue.
+    pub fn dead_letter_queue(&self) -> &str {
+        self.dead_letters.as_str()
     }
 
     /// The lease key of a guarded consumer.
@@ -126,52 +187,64 @@ impl FanoutConsumer {
         self.counters.snapshot()
     }
 
-    /// Connects, declares the exchange and disconnects: for publishers
-    /// that start before any consumer (a message published to an exchange
-    /// that does not exist is refused).
+    /// Connects, declares the exchange and the dead-letter queue, and
+    /// disconnects: for publishers that start before any consumer (a
+    /// message published to an exchange that does not exist is refused).
     pub async fn declare(&self) -> Result<(), AmqpError> {
         let session = Session::open(&self.options).await?;
-        let declared = session::within(
-            self.options.connect_timeout,
-            "declare",
-            session::declare_fanout(&session.channel, &self.exchange),
-        )
+        let declared = session::within(self.options.connect_timeout, "declare", async {
+            session::declare_fanout(&session.channel, &self.exchange).await?;
+            declare_dead_letters(&session.channel, &self.dead_letters).await
+        })
         .await;
         session.close().await;
         declared
     }
 
     /// Runs until `control` stops it, calling `handler` for each message,
-    /// one at a time, in order, and acknowledging it when the handler
-    /// returns. A guarded consumer consumes only while it leads (see the
-    /// [module documentation](super)); its stop closes the connection, so
-    /// a message then in the handler is not finished. An unguarded one
-    /// finishes the message in hand.
+    /// one at a time, in order, retried under the consumer's policy while
+    /// `classifier` allows; acknowledges a handled message, rejects a
+    /// given-up one (the broker dead-letters it). A guarded consumer
+    /// consumes only while it leads, and calls the handler, retries
+    /// included, only under the lease its first call was made under (see
+    /// the [module documentation](super)); its stop closes the connection,
+    /// so a message then in the handler or its retries is not finished
+    /// (counted in [`AmqpStats::dropped_on_close`]). An unguarded one
+    /// finishes the message in hand, its retries included.
     ///
     /// Returns what the consumer did, or the broker's refusal to declare
-    /// the exchange (one of another type, a name this user may not use),
-    /// which no reconnection fixes.
-    pub async fn run<H, F>(&self, control: Control, handler: H) -> Result<AmqpStats, AmqpError>
+    /// the exchange or the dead-letter queue (an exchange of another type,
+    /// a queue that exists with other arguments, a name this user may not
+    /// use), which no reconnection fixes.
+    pub async fn run<F, Fut, E>(
+        &self,
+        control: Control,
+        classifier: Classifier<E>,
+        handler: F,
+    ) -> Result<AmqpStats, AmqpError>
     where
-        H: FnMut(AmqpMessage) -> F,
-        F: Future<Output = ()>,
+        F: FnMut(AmqpMessage) -> Fut,
+        Fut: Future<Output = Result<(), E>>,
+        E: fmt::Display,
     {
         match &self.guard {
-            None => self.run_always(control, handler).await,
-            Some(runner) => self.run_elected(runner, control, handler).await,
+            None => self.run_always(control, classifier, handler).await,
+            Some(runner) => self.run_elected(runner, control, classifier, handler).await,
         }
     }
 
     /// Binds a queue and consumes it, for as long as the connection lasts;
     /// connects again after a failure.
-    async fn run_always<H, F>(
+    async fn run_always<F, Fut, E>(
         &self,
         control: Control,
-        mut handler: H,
+        classifier: Classifier<E>,
+        mut handler: F,
     ) -> Result<AmqpStats, AmqpError>
     where
-        H: FnMut(AmqpMessage) -> F,
-        F: Future<Output = ()>,
+        F: FnMut(AmqpMessage) -> Fut,
+        Fut: Future<Output = Result<(), E>>,
+        E: fmt::Display,
     {
         let label = format!("exchange {}", self.exchange);
         let failures = Throttle::new();
@@ -188,6 +261,7 @@ impl FanoutConsumer {
                     subscribe(
                         &self.options,
                         &self.exchange,
+                        &self.dead_letters,
                         self.prefetch,
                         &self.counters,
                         &label,
@@ -198,8 +272,16 @@ impl FanoutConsumer {
             let Attempt::Done(mut subscription) = opened else {
                 break;
             };
-            let served =
-                Box::pin(serve(&mut subscription, None, Some(&control), &mut handler)).await;
+            // Boxed: the handler's, the retries' and lapin's futures
+            // nest deep, and a caller's future would carry them inline.
+            let served = Box::pin(self.serve(
+                &mut subscription,
+                None,
+                Some(&control),
+                classifier,
+                &mut handler,
+            ))
+            .await;
             subscription.close().await;
             match served {
                 Ok(()) => break,
@@ -220,19 +302,21 @@ impl FanoutConsumer {
         Ok(self.stats())
     }
 
-    /// Declares the exchange, then consumes while leading: each promotion
-    /// binds a new exclusive queue on a new connection (on the lease task;
-    /// a failure fails the promotion, which releases the lease), each
-    /// demotion closes it.
-    async fn run_elected<H, F>(
+    /// Declares the exchange and the dead-letter queue, then consumes
+    /// while leading: each promotion binds a new exclusive queue on a new
+    /// connection (on the lease task; a failure fails the promotion, which
+    /// releases the lease), each demotion closes it.
+    async fn run_elected<F, Fut, E>(
         &self,
         runner: &ActiveRunner,
         control: Control,
-        handler: H,
+        classifier: Classifier<E>,
+        handler: F,
     ) -> Result<AmqpStats, AmqpError>
     where
-        H: FnMut(AmqpMessage) -> F,
-        F: Future<Output = ()>,
+        F: FnMut(AmqpMessage) -> Fut,
+        Fut: Future<Output = Result<(), E>>,
+        E: fmt::Display,
     {
         let key = runner.key().to_owned();
         let label = format!("exchange {} (lease {key})", self.exchange);
@@ -254,15 +338,24 @@ impl FanoutConsumer {
             .increment(0);
         let open = {
             let (options, exchange) = (self.options.clone(), self.exchange.clone());
+            let dead_letters = self.dead_letters.clone();
             let (prefetch, counters, label) = (self.prefetch, self.counters.clone(), label.clone());
             // The fence reaches the handler through the lease check, with
             // every message.
             move |_fence| {
                 let (options, exchange) = (options.clone(), exchange.clone());
+                let dead_letters = dead_letters.clone();
                 let (counters, label) = (counters.clone(), label.clone());
                 async move {
-                    let subscribed =
-                        subscribe(&options, &exchange, prefetch, &counters, &label).await;
+                    let subscribed = subscribe(
+                        &options,
+                        &exchange,
+                        &dead_letters,
+                        prefetch,
+                        &counters,
+                        &label,
+                    )
+                    .await;
                     match &subscribed {
                         Ok(_) => {
                             if counters.connected() {
@@ -289,7 +382,15 @@ impl FanoutConsumer {
                 return;
             };
             let lease = (&lease, key);
-            if let Err(e) = serve(&mut subscription, Some(lease), None, &mut *handler).await {
+            let served = Box::pin(self.serve(
+                &mut subscription,
+                Some(lease),
+                None,
+                classifier,
+                &mut *handler,
+            ))
+            .await;
+            if let Err(e) = served {
                 counters.failed();
                 metrics::counter!(guard_std::metrics::ENDPOINT_DISCONNECTS, "key" => key.to_owned())
                     .increment(1);
@@ -300,6 +401,220 @@ impl FanoutConsumer {
         elected::serve_while_leading(runner, control, &format!("AMQP {label}"), open, serve_one)
             .await;
         Ok(self.stats())
+    }
+
+    /// Hands each delivery to `handler`, retried under the consumer's
+    /// policy, and acknowledges it or, given up, rejects it (the broker
+    /// dead-letters it), until the consumer ends (`Err`) or `control`
+    /// stops (`Ok`, between messages). With a `lease` (an elected
+    /// consumer: the check and its key), a delivery is handed over only
+    /// if the lease is valid immediately before, with its fence, and
+    /// every retry only while the lease still holds that fence; a
+    /// delivery refused, or whose retries the lease's end cut short,
+    /// stays unacknowledged (the queue, and it, go with the demotion that
+    /// follows).
+    async fn serve<F, Fut, E>(
+        &self,
+        subscription: &mut Subscription,
+        lease: Option<(&LeaseCheck, &str)>,
+        control: Option<&Control>,
+        classifier: Classifier<E>,
+        handler: &mut F,
+    ) -> Result<(), AmqpError>
+    where
+        F: FnMut(AmqpMessage) -> Fut,
+        Fut: Future<Output = Result<(), E>>,
+        E: fmt::Display,
+    {
+        let counters = subscription.counters.clone();
+        let exchange = self.exchange.as_str();
+        let mut refused = 0_u64;
+        let mut burst = 0_u32;
+        loop {
+            let next = async { Some(subscription.consumer.next().await) };
+            let next = match control {
+                Some(control) => {
+                    future::or(
+                        async {
+                            control.stopped().await;
+                            None
+                        },
+                        next,
+                    )
+                    .await
+                }
+                None => next.await,
+            };
+            let mut delivery = match next {
+                None => return Ok(()),
+                Some(Some(Ok(delivery))) => delivery,
+                Some(Some(Err(e))) => {
+                    return Err(AmqpError::Consume {
+                        queue: subscription.queue.to_string(),
+                        source: Some(Arc::new(e)),
+                    });
+                }
+                Some(None) => {
+                    return Err(AmqpError::Consume {
+                        queue: subscription.queue.to_string(),
+                        source: None,
+                    });
+                }
+            };
+            if delivery.redelivered {
+                Counters::add(&counters.redelivered, 1);
+            }
+            let label = subscription.label.as_str();
+            let fence = match lease {
+                None => None,
+                // Checked where the side effect happens: nothing is handed
+                // over past the renew deadline, or once leadership has ended.
+                Some((check, key)) => match check.state() {
+                    LeaseState::Valid(fence) => {
+                        refused = 0;
+                        Some(fence)
+                    }
+                    LeaseState::PastDeadline | LeaseState::NotHeld => {
+                        refused += 1;
+                        Counters::add(&counters.refused_late, 1);
+                        guard_std::metrics::record_refused_late(key);
+                        if refused == 1 {
+                            log::warn!(
+                                "AMQP {label}: lease {key} no longer valid; refusing messages until the connection closes"
+                            );
+                        }
+                        continue;
+                    }
+                },
+            };
+            let message = AmqpMessage::take(&mut delivery, fence);
+            // From here until it is settled, a demotion or a stop that
+            // drops this serving loses the message with the queue: counted.
+            let mut in_hand = InHand {
+                counters: &counters,
+                label,
+                settled: false,
+            };
+            // Set when a retry was refused because the lease no longer
+            // holds the first call's fence: the handler did not give the
+            // message up, so it must not be dead-lettered as if it had.
+            let cut_short = Cell::new(false);
+            let outcome = match (lease, fence) {
+                (Some((check, _)), Some(fence)) => {
+                    // Every call, retries included, under the lease the
+                    // first was made under: asked after each wait,
+                    // immediately before the call. A different fence is
+                    // another leadership, with another queue.
+                    let still_leading = || {
+                        let same = check.fence() == Some(fence);
+                        if !same {
+                            cut_short.set(true);
+                        }
+                        same
+                    };
+                    deliver::handle_while(
+                        self.retry,
+                        classifier,
+                        exchange,
+                        &message,
+                        still_leading,
+                        &mut *handler,
+                    )
+                    .await
+                }
+                _ => {
+                    deliver::handle(self.retry, classifier, exchange, &message, &mut *handler).await
+                }
+            };
+            match outcome {
+                Ok(()) => {
+                    // Sent, not waited for: the queue is exclusive, so a
+                    // closed channel takes it and the message with it, and
+                    // a confirmation would change nothing. Not waiting
+                    // also means that no wait lies between one delivery's
+                    // check and the next one's, so what a stale replica
+                    // finds buffered is refused, not handed over.
+                    match future::poll_once(delivery.acker.ack(BasicAckOptions::default())).await {
+                        None | Some(Ok(true)) => Counters::add(&counters.handled, 1),
+                        Some(Ok(false) | Err(_)) => Counters::add(&counters.unacknowledged, 1),
+                    }
+                }
+                Err(gave_up) if cut_short.get() => {
+                    // Left unacknowledged rather than requeued: the broker
+                    // would hand a requeued message straight back to this
+                    // consumer, to be refused and counted again. The
+                    // demotion that follows closes the connection, and the
+                    // exclusive queue is deleted with it (deletion
+                    // dead-letters nothing): the message is lost, counted
+                    // here.
+                    Counters::add(&counters.refused_late, 1);
+                    if let Some((_, key)) = lease {
+                        guard_std::metrics::record_refused_late(key);
+                    }
+                    log::warn!(
+                        "AMQP {label}: lease ended between the retries of a message ({} call(s): {gave_up}); not dead-lettered, lost with the queue",
+                        gave_up.attempts
+                    );
+                }
+                // Rejected without requeueing: the broker moves it to the
+                // dead-letter queue, with its origin (this replica's
+                // queue, the exchange) in `x-death`.
+                Err(gave_up) => {
+                    let reject = BasicNackOptions {
+                        multiple: false,
+                        requeue: false,
+                    };
+                    match delivery.acker.nack(reject).await {
+                        Ok(true) => {
+                            Counters::add(&counters.dead_lettered, 1);
+                            log::warn!(
+                                "AMQP {label}: message given up after {} call(s): {gave_up}; dead-lettered to {}",
+                                gave_up.attempts,
+                                self.dead_letters
+                            );
+                        }
+                        sent => {
+                            Counters::add(&counters.unacknowledged, 1);
+                            log::error!(
+                                "AMQP {label}: message given up after {} call(s): {gave_up}; its rejection could not be sent ({}), so it is lost with queue {}",
+                                gave_up.attempts,
+                                why_not_sent(&sent),
+                                subscription.queue
+                            );
+                        }
+                    }
+                }
+            }
+            in_hand.settled = true;
+            // A flood never starves the caller's other tasks.
+            burst += 1;
+            if burst == HANDLE_BURST {
+                burst = 0;
+                future::yield_now().await;
+            }
+        }
+    }
+}
+
+/// The message being handled (or between its retries): if the serving is
+/// dropped before it is settled (a demotion, an elected consumer's stop),
+/// the connection closes and the message goes with the exclusive queue;
+/// it is counted in `dropped_on_close` and logged, never lost silently.
+struct InHand<'a> {
+    counters: &'a Counters,
+    label: &'a str,
+    settled: bool,
+}
+
+impl Drop for InHand<'_> {
+    fn drop(&mut self) {
+        if !self.settled {
+            Counters::add(&self.counters.dropped_on_close, 1);
+            log::warn!(
+                "AMQP {}: the connection closed while a message was in the handler or its retries; lost to this replica",
+                self.label
+            );
+        }
     }
 }
 
@@ -350,11 +665,34 @@ impl Drop for Subscription {
     }
 }
 
-/// Connects, declares the exchange and an exclusive auto-delete queue
-/// bound to it, and starts consuming, within the connect timeout.
+/// Declares the durable dead-letter queue `name`: not exclusive, so
+/// every replica's queue can dead-letter to it and it outlives them.
+async fn declare_dead_letters(
+    channel: &lapin::Channel,
+    name: &ShortString,
+) -> Result<(), AmqpError> {
+    let durable = QueueDeclareOptions {
+        durable: true,
+        ..QueueDeclareOptions::default()
+    };
+    session::declare_queue(
+        channel,
+        "dead-letter queue",
+        name,
+        durable,
+        FieldTable::default(),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Connects, declares the exchange, the dead-letter queue and an
+/// exclusive auto-delete queue bound to the exchange that dead-letters to
+/// it, and starts consuming, within the connect timeout.
 async fn subscribe(
     options: &AmqpOptions,
     exchange: &ShortString,
+    dead_letters: &ShortString,
     prefetch: u16,
     counters: &Arc<Counters>,
     label: &str,
@@ -363,6 +701,20 @@ async fn subscribe(
     let channel = &session.channel;
     let (queue, consumer) = session::within(options.connect_timeout, "subscribe", async {
         session::declare_fanout(channel, exchange).await?;
+        // First, so that no message is dead-lettered before it exists
+        // (the broker would drop it).
+        declare_dead_letters(channel, dead_letters).await?;
+        let mut arguments = FieldTable::default();
+        // The default exchange routes by queue name: no exchange or
+        // binding to keep in step with the dead-letter queue.
+        arguments.insert(
+            "x-dead-letter-exchange".into(),
+            AMQPValue::LongString("".into()),
+        );
+        arguments.insert(
+            "x-dead-letter-routing-key".into(),
+            AMQPValue::LongString(dead_letters.as_str().into()),
+        );
         // Named by the broker; gone with the connection (exclusive) or
         // its consumer (auto-delete), so no replica leaves one behind.
         let queue = session::declare_queue(
@@ -374,7 +726,7 @@ async fn subscribe(
                 auto_delete: true,
                 ..QueueDeclareOptions::default()
             },
-            FieldTable::default(),
+            arguments,
         )
         .await?;
         session::bind(channel, &queue, exchange).await?;
@@ -390,100 +742,4 @@ async fn subscribe(
         counters: counters.clone(),
         label: label.to_owned(),
     })
-}
-
-/// Hands each delivery to `handler` and acknowledges it, until the
-/// consumer ends (`Err`) or `control` stops (`Ok`, between messages). With
-/// a `lease` (an elected consumer: the check and its key), a delivery is
-/// handed over only if the lease is valid immediately before, with its
-/// fence; one refused stays unacknowledged (the queue, and it, go with
-/// the demotion that follows).
-async fn serve<H, F>(
-    subscription: &mut Subscription,
-    lease: Option<(&LeaseCheck, &str)>,
-    control: Option<&Control>,
-    handler: &mut H,
-) -> Result<(), AmqpError>
-where
-    H: FnMut(AmqpMessage) -> F,
-    F: Future<Output = ()>,
-{
-    let counters = subscription.counters.clone();
-    let mut refused = 0_u64;
-    let mut burst = 0_u32;
-    loop {
-        let next = async { Some(subscription.consumer.next().await) };
-        let next = match control {
-            Some(control) => {
-                future::or(
-                    async {
-                        control.stopped().await;
-                        None
-                    },
-                    next,
-                )
-                .await
-            }
-            None => next.await,
-        };
-        let mut delivery = match next {
-            None => return Ok(()),
-            Some(Some(Ok(delivery))) => delivery,
-            Some(Some(Err(e))) => {
-                return Err(AmqpError::Consume {
-                    queue: subscription.queue.to_string(),
-                    source: Some(Arc::new(e)),
-                });
-            }
-            Some(None) => {
-                return Err(AmqpError::Consume {
-                    queue: subscription.queue.to_string(),
-                    source: None,
-                });
-            }
-        };
-        if delivery.redelivered {
-            Counters::add(&counters.redelivered, 1);
-        }
-        let fence = match lease {
-            None => None,
-            // Checked where the side effect happens: nothing is handed
-            // over past the renew deadline, or once leadership has ended.
-            Some((check, key)) => match check.state() {
-                LeaseState::Valid(fence) => {
-                    refused = 0;
-                    Some(fence)
-                }
-                LeaseState::PastDeadline | LeaseState::NotHeld => {
-                    refused += 1;
-                    Counters::add(&counters.refused_late, 1);
-                    guard_std::metrics::record_refused_late(key);
-                    if refused == 1 {
-                        log::warn!(
-                            "AMQP {}: lease {key} no longer valid; refusing messages until the connection closes",
-                            subscription.label
-                        );
-                    }
-                    continue;
-                }
-            },
-        };
-        handler(AmqpMessage::take(&mut delivery, fence)).await;
-        Counters::add(&counters.handled, 1);
-        // Sent, not waited for: the queue is exclusive, so a closed
-        // channel takes it and the message with it, and a confirmation
-        // would change nothing. Not waiting also means that no wait lies
-        // between one delivery's check and the next one's, so what a
-        // stale replica finds buffered is refused, not handed over.
-        match future::poll_once(delivery.acker.ack(BasicAckOptions::default())).await {
-            None | Some(Ok(true)) => {}
-            Some(Ok(false) | Err(_)) => Counters::add(&counters.unacknowledged, 1),
-        }
-        // A flood never starves the caller's other tasks.
-        burst += 1;
-        if burst == HANDLE_BURST {
-            burst = 0;
-            future::yield_now().await;
-        }
-    }
 }

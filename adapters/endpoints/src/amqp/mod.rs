@@ -17,10 +17,17 @@
 //!   every message. Given a lease ([`FanoutConsumer::with_guard`]), only
 //!   the elected replica binds a queue: on promotion it declares an
 //!   exclusive, auto-delete queue bound to the exchange and consumes it;
-//!   the lease is checked immediately before every handler call and its
-//!   fence handed over in [`AmqpMessage::fence`]; a demotion closes the
-//!   connection, and the queue goes with it. Without a guard every
-//!   replica consumes its own copy (state every replica should see).
+//!   the lease is checked immediately before every handler call, retries
+//!   included, and its fence handed over in [`AmqpMessage::fence`]; a
+//!   demotion closes the connection, and the queue goes with it. Without
+//!   a guard every replica consumes its own copy (state every replica
+//!   should see). Either way a failing handler is retried under the
+//!   consumer's policy, and once the retries are spent the message is
+//!   rejected without requeueing: the broker moves it from the replica's
+//!   exclusive queue to the durable dead-letter queue the replicas share
+//!   (`<exchange>.dead-letters` unless set), with its origin (the
+//!   exclusive queue, `amq.gen-…`; the exchange; routing keys; reason
+//!   `rejected`) in its `x-death` header.
 //! - **A single-active-consumer queue**
 //!   ([`WorkQueueConsumer::with_single_active_consumer`]): a work queue
 //!   declared with `x-single-active-consumer`; every replica consumes it
@@ -38,13 +45,26 @@
 //!   make handlers idempotent, or deduplicate downstream.
 //! - **Order**: messages are handled one at a time per consumer. A message
 //!   being retried holds its place: the rest of the prefetch window waits
-//!   behind it. Across replicas a work queue keeps no order; a
-//!   single-active-consumer queue does (one consumer at a time).
+//!   behind it (behind an elected fanout consumer's, lost with it if
+//!   leadership ends meanwhile). Across replicas a work queue keeps no
+//!   order; a single-active-consumer queue does (one consumer at a time).
 //! - **Elected fanout: one replica hands messages over, and only under a
 //!   valid lease.** Nothing is handed to the handler once this replica's
 //!   renew deadline has passed on its own clock (a paused process wakes up
 //!   with deliveries buffered): such deliveries are counted in
-//!   [`AmqpStats::refused_late`] and logged. Messages published while no
+//!   [`AmqpStats::refused_late`] and logged. Every call of the handler,
+//!   retries included, is made under the lease the first call of its
+//!   message was made under: before each retry, after its wait, the lease
+//!   must still be valid with the same fence (checked before a call, not
+//!   during it: a call that outlasts the lease runs on, so hand the fence
+//!   to what refuses stale leaders). A message whose retries are
+//!   cut short that way was not given up by its handler, so it is not
+//!   dead-lettered: it is counted in [`AmqpStats::refused_late`], logged,
+//!   and left unacknowledged in the exclusive queue, which the demotion
+//!   that follows deletes (a deleted queue dead-letters nothing): it is
+//!   lost. A message still in the handler or between its retries when the
+//!   demotion (or the stop) closes the connection is lost likewise, and
+//!   counted in [`AmqpStats::dropped_on_close`]. Messages published while no
 //!   replica has its queue bound (a takeover: from the old leader's
 //!   demotion or death until the new leader has bound its queue, up to
 //!   the lease's ttl + interval after a crash) reach nobody, and so do the
@@ -53,11 +73,18 @@
 //!   buffered ones are counted in [`AmqpStats::dropped_on_close`]). The
 //!   guard removes duplicate consumption; it adds no persistence. Where
 //!   every message must be handled, publish to a work queue.
+//! - **Fanout dead letters**: what the dead-letter queue holds outlives
+//!   the replicas' exclusive queues (it is durable, not exclusive). A
+//!   message given up under a lease is dead-lettered once (only the
+//!   leader has a queue). Without a guard each replica handles, retries
+//!   and gives up its own copy: the dead-letter queue holds one per
+//!   replica that gave up, told apart by the queue in `x-death`.
 //! - **Nothing is dropped silently**: every delivery is handled,
-//!   dead-lettered, refused, or left to the broker (which requeues what
-//!   a closed channel had not acknowledged), and counted in
-//!   [`AmqpStats`]; failures are logged (a burst of connection failures
-//!   as its first, then a count).
+//!   dead-lettered, refused, left to the broker (which requeues what a
+//!   closed channel had not acknowledged), or lost with a fanout
+//!   consumer's exclusive queue, and counted in [`AmqpStats`]; failures
+//!   and losses are logged (a burst of connection failures as its first,
+//!   then a count).
 //! - **Reconnection**: a failed connection (a broker restart, a network
 //!   failure, a missed heartbeat) is opened again after the reconnect
 //!   delay, and the queues, exchange and bindings are declared again. A
@@ -136,6 +163,7 @@ use std::time::Duration;
 use lapin::types::ShortString;
 use lapin::uri::{AMQPScheme, AMQPUri};
 
+use crate::deliver;
 use crate::parameter::Parameter;
 
 pub use error::AmqpError;
@@ -148,8 +176,8 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub const DEFAULT_RECONNECT_DELAY: Duration = Duration::from_secs(1);
 /// Messages the broker sends a consumer before any is acknowledged.
 pub const DEFAULT_PREFETCH: u16 = 16;
-/// What a work queue's dead-letter queue is called unless set:
-/// `<queue>` followed by this.
+/// What a dead-letter queue is called unless set: a work queue's
+/// `<queue>`, a fanout consumer's `<exchange>`, followed by this.
 pub const DEAD_LETTER_SUFFIX: &str = ".dead-letters";
 
 /// Where the broker is, and how to reach it.
@@ -303,6 +331,44 @@ fn checked_prefetch(prefetch: u16) -> Result<u16, AmqpError> {
     Ok(prefetch)
 }
 
+/// The default dead-letter queue of the queue or exchange `name`
+/// (`placeholder` in the rule: `<queue>`, `<exchange>`):
+/// `name` followed by [`DEAD_LETTER_SUFFIX`], which must fit in an AMQP
+/// short string too.
+fn default_dead_letters(
+    parameter: Parameter,
+    name: &str,
+    placeholder: &str,
+) -> Result<ShortString, AmqpError> {
+    ShortString::try_new(format!("{name}{DEAD_LETTER_SUFFIX}")).map_err(|_| {
+        AmqpError::invalid(
+            parameter,
+            name,
+            format!(
+                "must leave room for its dead-letter queue's name, {placeholder}{DEAD_LETTER_SUFFIX}, within 255 bytes"
+            ),
+        )
+    })
+}
+
+/// A retry policy a consumer cannot run: it draws no random bits.
+fn retry_refused(refused: deliver::RetryRefused) -> AmqpError {
+    AmqpError::InvalidInput {
+        parameter: Parameter::RetryPolicy,
+        value: refused.value(),
+        rule: deliver::RetryRefused::RULE.to_owned(),
+        source: Some(Arc::new(refused.cause())),
+    }
+}
+
+/// Why an acknowledgement or rejection was not sent.
+fn why_not_sent(sent: &Result<bool, lapin::Error>) -> String {
+    match sent {
+        Err(e) => e.to_string(),
+        Ok(_) => "the channel had closed".to_owned(),
+    }
+}
+
 /// One delivered message, as the handler sees it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AmqpMessage {
@@ -348,23 +414,29 @@ impl AmqpMessage {
 pub struct AmqpStats {
     /// Messages whose handler succeeded, acknowledged.
     pub handled: u64,
-    /// Messages whose retries were spent, rejected without requeueing: the
-    /// broker moved them to the dead-letter queue.
+    /// Messages whose retries were spent (or whose error the classifier
+    /// refused to retry), rejected without requeueing: the broker moved
+    /// them to the dead-letter queue.
     pub dead_lettered: u64,
     /// Deliveries the broker flagged as redelivered: an earlier delivery
     /// was never acknowledged (its consumer's channel closed).
     pub redelivered: u64,
     /// Deliveries an elected consumer did not hand over because its lease
     /// was no longer valid (past its renew deadline, or leadership already
-    /// ended and the connection not yet closed).
+    /// ended and the connection not yet closed), and messages whose
+    /// retries it stopped because the lease no longer held the first
+    /// call's fence (not dead-lettered: lost with the exclusive queue).
     pub refused_late: u64,
     /// Handled or given-up messages whose acknowledgement (or rejection)
     /// could not be sent (the channel had closed): a work queue's broker
-    /// delivers them again.
+    /// delivers them again; a fanout consumer's are lost with its
+    /// exclusive queue.
     pub unacknowledged: u64,
     /// Deliveries buffered in a fanout consumer when its connection
-    /// closed (a demotion, the stop, a failure): its exclusive queue goes
-    /// with it, so they are lost to this replica.
+    /// closed (a demotion, the stop, a failure), or in its handler or
+    /// between their retries when a demotion or an elected consumer's
+    /// stop closed it: its exclusive queue goes with it, so they are lost
+    /// to this replica.
     pub dropped_on_close: u64,
     /// Connections opened again after a failure.
     pub reconnects: u64,

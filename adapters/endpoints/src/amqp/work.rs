@@ -16,8 +16,8 @@ use lapin::{Channel, Consumer};
 
 use super::session::{self, Attempt, Session};
 use super::{
-    AmqpError, AmqpMessage, AmqpOptions, AmqpStats, Counters, DEAD_LETTER_SUFFIX, DEFAULT_PREFETCH,
-    checked_name, checked_prefetch,
+    AmqpError, AmqpMessage, AmqpOptions, AmqpStats, Counters, DEFAULT_PREFETCH, checked_name,
+    checked_prefetch, default_dead_letters, retry_refused, why_not_sent,
 };
 use crate::deliver;
 use crate::parameter::Parameter;
@@ -55,16 +55,6 @@ impl fmt::Debug for WorkQueueConsumer {
     }
 }
 
-/// A retry policy the consumer cannot run: it draws no random bits.
-fn retry_refused(refused: deliver::RetryRefused) -> AmqpError {
-    AmqpError::InvalidInput {
-        parameter: Parameter::RetryPolicy,
-        value: refused.value(),
-        rule: deliver::RetryRefused::RULE.to_owned(),
-        source: Some(Arc::new(refused.cause())),
-    }
-}
-
 impl WorkQueueConsumer {
     /// A consumer of `queue` on the broker of `options`, with the
     /// defaults: dead letters in `<queue>.dead-letters`, a prefetch of
@@ -75,16 +65,7 @@ impl WorkQueueConsumer {
     /// in 255), outside the broker's reserved `amq.` names.
     pub fn new(options: AmqpOptions, queue: &str) -> Result<Self, AmqpError> {
         let name = checked_name(Parameter::AmqpQueue, queue)?;
-        let dead_letters = format!("{queue}{DEAD_LETTER_SUFFIX}");
-        let Ok(dead_letters) = ShortString::try_new(dead_letters) else {
-            return Err(AmqpError::invalid(
-                Parameter::AmqpQueue,
-                queue,
-                format!(
-                    "must leave room for its dead-letter queue's name, <queue>{DEAD_LETTER_SUFFIX}, within 255 bytes"
-                ),
-            ));
-        };
+        let dead_letters = default_dead_letters(Parameter::AmqpQueue, queue, "<queue>")?;
         Ok(WorkQueueConsumer {
             options,
             queue: name,
@@ -378,13 +359,5 @@ impl WorkQueueConsumer {
                 }
             }
         }
-    }
-}
-
-/// Why an acknowledgement or rejection was not sent.
-fn why_not_sent(sent: &Result<bool, lapin::Error>) -> String {
-    match sent {
-        Err(e) => e.to_string(),
-        Ok(_) => "the channel had closed".to_owned(),
     }
 }

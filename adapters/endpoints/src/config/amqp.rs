@@ -73,9 +73,15 @@ pub(super) fn source(
         return Err(invalid(key("prefetch"), 0, "from 1 to 65535"));
     }
     if let Some(name) = &r.dead_letter_queue {
-        WorkQueueConsumer::new(options, "guard-config-check")
-            .and_then(|c| c.with_dead_letter_queue(name))
-            .map_err(|e| refused("dead_letter_queue", e))?;
+        match &delivery {
+            AmqpDelivery::WorkQueue { queue, .. } => WorkQueueConsumer::new(options, queue)
+                .and_then(|c| c.with_dead_letter_queue(name))
+                .map(drop),
+            AmqpDelivery::Fanout { exchange, .. } => FanoutConsumer::new(options, exchange)
+                .and_then(|c| c.with_dead_letter_queue(name))
+                .map(drop),
+        }
+        .map_err(|e| refused("dead_letter_queue", e))?;
     }
     Ok(Source::Rabbitmq(AmqpSource {
         url,
