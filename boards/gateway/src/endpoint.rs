@@ -404,21 +404,8 @@ pub(crate) async fn start(
             Ok(Box::pin(async move {
                 let stats = subscriber
                     .run(control, never_invalid(), |message| {
-                        let (inbox, emit, name) = (inbox.clone(), emit.clone(), name.clone());
-                        async move {
-                            // A refusal fails the message: retried (unless
-                            // it can never pass), then dead-lettered.
-                            inbox
-                                .check_message(&message.subject, message.payload.len())
-                                .await?;
-                            emit(Event::Received {
-                                endpoint: name,
-                                from: message.subject,
-                                fence: message.fence,
-                                content: Content::Payload(text(&message.payload)),
-                            });
-                            Ok::<(), Refused>(())
-                        }
+                        let report = Report::new(&inbox, &emit, &name);
+                        report.payload(message.subject, message.payload, message.fence)
                     })
                     .await;
                 log::info!("endpoint {name}: {stats:?}");
@@ -444,19 +431,8 @@ pub(crate) async fn start(
             Ok(Box::pin(async move {
                 let stats = consumer
                     .run(control, never_invalid(), |message| {
-                        let (inbox, emit, name) = (inbox.clone(), emit.clone(), name.clone());
-                        async move {
-                            inbox
-                                .check_message(&message.subject, message.payload.len())
-                                .await?;
-                            emit(Event::Received {
-                                endpoint: name,
-                                from: format!("{}#{}", message.subject, message.sequence),
-                                fence: None,
-                                content: Content::Payload(text(&message.payload)),
-                            });
-                            Ok::<(), Refused>(())
-                        }
+                        let from = format!("{}#{}", message.subject, message.sequence);
+                        Report::new(&inbox, &emit, &name).payload(from, message.payload, None)
                     })
                     .await;
                 log::info!("endpoint {name}: {stats:?}");
@@ -486,20 +462,8 @@ pub(crate) async fn start(
                     Ok(Box::pin(async move {
                         let ran = consumer
                             .run(control, never_invalid(), |message| {
-                                let (inbox, emit, name) =
-                                    (inbox.clone(), emit.clone(), name.clone());
-                                async move {
-                                    inbox
-                                        .check_message(&message.routing_key, message.payload.len())
-                                        .await?;
-                                    emit(Event::Received {
-                                        endpoint: name,
-                                        from: message.routing_key,
-                                        fence: message.fence,
-                                        content: Content::Payload(text(&message.payload)),
-                                    });
-                                    Ok::<(), Refused>(())
-                                }
+                                let report = Report::new(&inbox, &emit, &name);
+                                report.payload(message.routing_key, message.payload, message.fence)
                             })
                             .await;
                         match ran {
@@ -532,20 +496,8 @@ pub(crate) async fn start(
                     Ok(Box::pin(async move {
                         let ran = consumer
                             .run(control, never_invalid(), |message| {
-                                let (inbox, emit, name) =
-                                    (inbox.clone(), emit.clone(), name.clone());
-                                async move {
-                                    inbox
-                                        .check_message(&message.routing_key, message.payload.len())
-                                        .await?;
-                                    emit(Event::Received {
-                                        endpoint: name,
-                                        from: message.routing_key,
-                                        fence: message.fence,
-                                        content: Content::Payload(text(&message.payload)),
-                                    });
-                                    Ok::<(), Refused>(())
-                                }
+                                let report = Report::new(&inbox, &emit, &name);
+                                report.payload(message.routing_key, message.payload, message.fence)
                             })
                             .await;
                         match ran {
@@ -575,18 +527,8 @@ pub(crate) async fn start(
             Ok(Box::pin(async move {
                 let stats = queue
                     .run(control, never_invalid(), |message| {
-                        let (inbox, emit, name) = (inbox.clone(), emit.clone(), name.clone());
                         let from = format!("{table}#{}", message.id);
-                        async move {
-                            inbox.check_message(&from, message.payload.len()).await?;
-                            emit(Event::Received {
-                                endpoint: name,
-                                from,
-                                fence: None,
-                                content: Content::Payload(text(&message.payload)),
-                            });
-                            Ok::<(), Refused>(())
-                        }
+                        Report::new(&inbox, &emit, &name).payload(from, message.payload, None)
                     })
                     .await;
                 log::info!("endpoint {name}: {stats:?}");
@@ -654,6 +596,42 @@ pub(crate) async fn start(
             }))
         }
         _ => Err(GatewayError::UnsupportedEndpoint { name }),
+    }
+}
+
+/// The handler of a source that retries and dead-letters by itself: a
+/// message passes the inbox (a refusal fails it: retried unless it can
+/// never pass, then dead-lettered by the source), then is reported.
+struct Report {
+    inbox: Arc<Inbox>,
+    emit: Emit,
+    name: String,
+}
+
+impl Report {
+    fn new(inbox: &Arc<Inbox>, emit: &Emit, name: &str) -> Self {
+        Report {
+            inbox: inbox.clone(),
+            emit: emit.clone(),
+            name: name.to_owned(),
+        }
+    }
+
+    /// `payload`, received from `from` under `fence`.
+    async fn payload(
+        self,
+        from: String,
+        payload: Vec<u8>,
+        fence: Option<u64>,
+    ) -> Result<(), Refused> {
+        self.inbox.check_message(&from, payload.len()).await?;
+        (self.emit)(Event::Received {
+            endpoint: self.name,
+            from,
+            fence,
+            content: Content::Payload(text(&payload)),
+        });
+        Ok(())
     }
 }
 

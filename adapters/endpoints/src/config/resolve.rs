@@ -792,6 +792,18 @@ fn policy(
     })
 }
 
+/// The limit keys of a raw endpoint `$e` (every kind has them).
+macro_rules! limit_keys {
+    ($e:expr) => {
+        LimitKeys {
+            limit: &$e.limit,
+            limit_key: &$e.limit_key,
+            when_limited: $e.when_limited,
+            max_wait_ms: $e.max_wait_ms,
+        }
+    };
+}
+
 /// The limit keys every endpoint kind accepts.
 struct LimitKeys<'a> {
     limit: &'a Option<String>,
@@ -924,17 +936,7 @@ fn endpoint(
                     "at least one channel pattern, none empty",
                 ));
             }
-            let limit = endpoint_limit(
-                LimitKeys {
-                    limit: &p.limit,
-                    limit_key: &p.limit_key,
-                    when_limited: p.when_limited,
-                    max_wait_ms: p.max_wait_ms,
-                },
-                key,
-                false,
-                limiters,
-            )?;
+            let limit = endpoint_limit(limit_keys!(p), key, false, limiters)?;
             let queue = match p.queue {
                 None => crate::queue::DEFAULT_QUEUE,
                 Some(n) => usize::try_from(bounded(&key("queue"), n, MAX_QUEUE, "messages")?)
@@ -991,17 +993,7 @@ fn endpoint(
                 ));
             }
             let retry = retry(s.retries, s.retry_delay_ms, key)?;
-            let limit = endpoint_limit(
-                LimitKeys {
-                    limit: &s.limit,
-                    limit_key: &s.limit_key,
-                    when_limited: s.when_limited,
-                    max_wait_ms: s.max_wait_ms,
-                },
-                key,
-                true,
-                limiters,
-            )?;
+            let limit = endpoint_limit(limit_keys!(s), key, true, limiters)?;
             let batch = match s.batch {
                 None => crate::redis::DEFAULT_BATCH,
                 Some(n) => usize::try_from(bounded(&key("batch"), n, MAX_BATCH, "entries")?)
@@ -1093,17 +1085,7 @@ fn endpoint(
                 (None, true) => MqttDelivery::Elected,
                 (None, false) => MqttDelivery::Broadcast,
             };
-            let limit = endpoint_limit(
-                LimitKeys {
-                    limit: &m.limit,
-                    limit_key: &m.limit_key,
-                    when_limited: m.when_limited,
-                    max_wait_ms: m.max_wait_ms,
-                },
-                key,
-                false,
-                limiters,
-            )?;
+            let limit = endpoint_limit(limit_keys!(m), key, false, limiters)?;
             let keys = TlsKeys {
                 ca: &m.tls_ca,
                 cert: &m.tls_cert,
@@ -1133,73 +1115,23 @@ fn endpoint(
             (&m.name, source, limit)
         }
         raw::Endpoint::Nats(n) => {
-            let limit = endpoint_limit(
-                LimitKeys {
-                    limit: &n.limit,
-                    limit_key: &n.limit_key,
-                    when_limited: n.when_limited,
-                    max_wait_ms: n.max_wait_ms,
-                },
-                key,
-                false,
-                limiters,
-            )?;
+            let limit = endpoint_limit(limit_keys!(n), key, false, limiters)?;
             (&n.name, super::nats::subject(n, key, env)?, limit)
         }
         raw::Endpoint::NatsJetStream(j) => {
-            let limit = endpoint_limit(
-                LimitKeys {
-                    limit: &j.limit,
-                    limit_key: &j.limit_key,
-                    when_limited: j.when_limited,
-                    max_wait_ms: j.max_wait_ms,
-                },
-                key,
-                false,
-                limiters,
-            )?;
+            let limit = endpoint_limit(limit_keys!(j), key, false, limiters)?;
             (&j.name, super::nats::jetstream(j, key, env)?, limit)
         }
         raw::Endpoint::Rabbitmq(r) => {
-            let limit = endpoint_limit(
-                LimitKeys {
-                    limit: &r.limit,
-                    limit_key: &r.limit_key,
-                    when_limited: r.when_limited,
-                    max_wait_ms: r.max_wait_ms,
-                },
-                key,
-                false,
-                limiters,
-            )?;
+            let limit = endpoint_limit(limit_keys!(r), key, false, limiters)?;
             (&r.name, super::amqp::source(r, key, env)?, limit)
         }
         raw::Endpoint::PostgresQueue(p) => {
-            let limit = endpoint_limit(
-                LimitKeys {
-                    limit: &p.limit,
-                    limit_key: &p.limit_key,
-                    when_limited: p.when_limited,
-                    max_wait_ms: p.max_wait_ms,
-                },
-                key,
-                false,
-                limiters,
-            )?;
+            let limit = endpoint_limit(limit_keys!(p), key, false, limiters)?;
             (&p.name, super::postgres::source(p, key, env)?, limit)
         }
         raw::Endpoint::MysqlBinlog(m) => {
-            let limit = endpoint_limit(
-                LimitKeys {
-                    limit: &m.limit,
-                    limit_key: &m.limit_key,
-                    when_limited: m.when_limited,
-                    max_wait_ms: m.max_wait_ms,
-                },
-                key,
-                false,
-                limiters,
-            )?;
+            let limit = endpoint_limit(limit_keys!(m), key, false, limiters)?;
             (&m.name, super::mysql::source(m, &key, env)?, limit)
         }
     };
