@@ -13,10 +13,12 @@
 //!
 //! Guarantees, for the caller's `serve`:
 //! - it only ever serves a subscription opened under a lease;
-//! - with the [`LeaseCheck`] it is given, it hands a message over only
-//!   while the lease is valid on this replica's clock, with the fence
-//!   ([`LeaseCheck::fence`]; a paused replica refuses what it finds
-//!   buffered once its renew deadline has passed);
+//! - with the [`SubscriptionLease`] it is given, it hands a message over
+//!   only while the lease the subscription was opened under is valid on
+//!   this replica's clock, with its fence (a paused replica refuses what
+//!   it finds buffered once its renew deadline has passed, and what it
+//!   read under a lease it has since lost stays unhandled even if it
+//!   leads again: the new lease reads with a subscription of its own);
 //! - at most one subscription is open at a time.
 //!
 //! Messages published while no replica is subscribed (a takeover) reach
@@ -29,16 +31,43 @@ use std::future::Future;
 use futures_lite::future;
 use guard_std::run::Control;
 
+use guard_std::run::LeaseState;
+
 use crate::lease_thread::{self, StopOnDrop};
 use crate::runtime::{ActiveRunner, LeaseCheck};
+
+/// The lease one subscription was opened under: valid only while the
+/// runner still holds that very lease (its fence), so that messages read
+/// under a lease that ended are never handed over under the next one.
+#[derive(Clone, Debug)]
+pub(crate) struct SubscriptionLease {
+    check: LeaseCheck,
+    fence: u64,
+}
+
+impl SubscriptionLease {
+    /// The fence, while the subscription's lease is valid.
+    pub(crate) fn fence(&self) -> Option<u64> {
+        self.check.fence().filter(|fence| *fence == self.fence)
+    }
+
+    /// As [`LeaseCheck::state`], with another lease than the
+    /// subscription's counted as not held.
+    pub(crate) fn state(&self) -> LeaseState {
+        match self.check.state() {
+            LeaseState::Valid(fence) if fence != self.fence => LeaseState::NotHeld,
+            state => state,
+        }
+    }
+}
 
 /// What woke the serving side.
 enum Next<S> {
     /// The subscription being served ended (its connection closed).
     Ended,
-    /// A new subscription (promoted), `None` (demoted), or the lease task
-    /// has ended (`Err`).
-    Command(Result<Option<S>, async_channel::RecvError>),
+    /// A new subscription and its lease's fence (promoted), `None`
+    /// (demoted), or the lease task has ended (`Err`).
+    Command(Result<Option<(S, u64)>, async_channel::RecvError>),
 }
 
 /// Runs `runner` until `control` stops it. On each promotion, `open`
@@ -59,7 +88,7 @@ pub(crate) async fn serve_while_leading<S, E, Open, OpenFut, Serve, ServeFut>(
     E: fmt::Display + Send + 'static,
     Open: Fn(u64) -> OpenFut + Send + Sync + 'static,
     OpenFut: Future<Output = Result<S, E>> + Send,
-    Serve: FnMut(S, LeaseCheck) -> ServeFut,
+    Serve: FnMut(S, SubscriptionLease) -> ServeFut,
     ServeFut: Future<Output = ()>,
 {
     // Our own handle demotes the runner when a subscription ends, and
@@ -69,7 +98,7 @@ pub(crate) async fn serve_while_leading<S, E, Open, OpenFut, Serve, ServeFut>(
     // A clone runs on the lease task; its lease view is the one checked.
     let runner = runner.clone();
     let lease = runner.lease_check();
-    let (tx, rx) = async_channel::unbounded::<Option<S>>();
+    let (tx, rx) = async_channel::unbounded::<Option<(S, u64)>>();
     let elect = move || async move {
         let (promoted, demoted) = (tx.clone(), tx);
         let open = &open;
@@ -81,7 +110,7 @@ pub(crate) async fn serve_while_leading<S, E, Open, OpenFut, Serve, ServeFut>(
                     async move {
                         let subscription = open(fence).await?;
                         // The receiver lives until this runner returns.
-                        tx.send(Some(subscription)).await.ok();
+                        tx.send(Some((subscription, fence))).await.ok();
                         Ok::<(), E>(())
                     }
                 },
@@ -102,9 +131,9 @@ pub(crate) async fn serve_while_leading<S, E, Open, OpenFut, Serve, ServeFut>(
             return;
         }
     };
-    let mut next: Option<S> = None;
+    let mut next: Option<(S, u64)> = None;
     loop {
-        let subscription = match next.take() {
+        let (subscription, fence) = match next.take() {
             Some(subscription) => subscription,
             None => match rx.recv().await {
                 Ok(Some(subscription)) => subscription,
@@ -114,13 +143,21 @@ pub(crate) async fn serve_while_leading<S, E, Open, OpenFut, Serve, ServeFut>(
         };
         let woke = future::or(
             async {
-                serve(subscription, lease.clone()).await;
+                let lease = SubscriptionLease {
+                    check: lease.clone(),
+                    fence,
+                };
+                serve(subscription, lease).await;
                 Next::Ended
             },
             async { Next::Command(rx.recv().await) },
         )
         .await;
         match woke {
+            // Ended because its lease ended (the runner has demoted, and
+            // may already have promoted again with a subscription of its
+            // own): nothing to step down from.
+            Next::Ended if !rx.is_empty() => {}
             Next::Ended => {
                 log::warn!("{what}: the subscription ended while leading; stepping down");
                 own.demote();

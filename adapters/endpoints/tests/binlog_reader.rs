@@ -171,7 +171,7 @@ fn a_reader_past_its_renew_deadline_hands_nothing_over() {
         let server = server();
         let config = FaultyLocker::new(LocalLocker::new(), renew, false).config();
         let reader = reader(&server, &config);
-        let calls = Arc::new(Mutex::new(Vec::<u32>::new()));
+        let calls = Arc::new(Mutex::new(Vec::<(u32, u64)>::new()));
         let recorded = calls.clone();
         let (handle, ctl) = control();
         let thread = thread::spawn(move || {
@@ -183,8 +183,9 @@ fn a_reader_past_its_renew_deadline_hands_nothing_over() {
                 )
                 .parse()
                 .expect("an order id");
-                recorded.lock().unwrap().push(id);
-                if id == 0 {
+                let first = recorded.lock().unwrap().is_empty();
+                recorded.lock().unwrap().push((id, change.fence));
+                if first {
                     // The replica stalls for twice the lease while
                     // changes arrive on its stream.
                     thread::sleep(TTL * 2);
@@ -209,7 +210,15 @@ fn a_reader_past_its_renew_deadline_hands_nothing_over() {
         thread::sleep(TTL * 3);
         handle.stop();
         let stats = thread.join().unwrap();
-        let late = calls.lock().unwrap().iter().filter(|id| **id > 0).count();
+        // Under the lease the stall began in: once it has been given up,
+        // the replica may lead again and read the transaction again under
+        // a new fence, which is not late.
+        let calls = calls.lock().unwrap().clone();
+        let stalled_under = calls[0].1;
+        let late = calls
+            .iter()
+            .filter(|(id, fence)| *id > 0 && *fence == stalled_under)
+            .count();
         if expect_all {
             assert_eq!(late, 10, "{stats:?}");
         } else {
@@ -326,6 +335,33 @@ fn a_poisoned_change_is_dead_lettered_with_its_origin() {
     );
     let stats = stop(replica);
     assert_eq!(stats.dead_lettered, 1, "{stats:?}");
+}
+
+#[test]
+fn checkpoints_are_taken_at_transaction_ends_only() {
+    let server = server();
+    let seen: Seen = Arc::default();
+    let config = GuardConfig::new().with_locker(SharedLocker::new(LocalLocker::new()));
+    let replica = run(reader(&server, &config), 0, &seen);
+    wait_for_reader(&server);
+    // Five transactions of three statements each: MariaDB logs a stand-in
+    // query event (`# Dummy event ...`) for every statement's annotation.
+    let transactions: String = (0..5)
+        .map(|t| {
+            let rows: String = (0..3)
+                .map(|r| format!("INSERT INTO app.orders VALUES ({}, 'a');", t * 3 + r))
+                .collect();
+            format!("BEGIN;{rows}COMMIT;")
+        })
+        .collect();
+    server.execute(&transactions).unwrap();
+    assert!(wait_until(Duration::from_secs(10), || handled(
+        &seen,
+        0..15
+    )));
+    thread::sleep(Duration::from_millis(300));
+    let stats = stop(replica);
+    assert_eq!(stats.checkpoints, 5, "one a transaction: {stats:?}");
 }
 
 #[test]

@@ -58,14 +58,24 @@ impl MariaDb {
         if running_as_root() {
             command.arg("--user=root");
         }
-        let installed = command
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()?;
-        if !installed.success() {
-            return Err(HarnessError::NotReady(format!(
-                "mariadb-install-db exited with {installed}"
-            )));
+        // Several tests install at once; one that fails is tried again
+        // (into a clean directory) before its output is reported.
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let installed = command.stdout(Stdio::null()).output()?;
+            if installed.status.success() {
+                break;
+            }
+            if attempts == 3 {
+                return Err(HarnessError::NotReady(format!(
+                    "mariadb-install-db exited with {}: {}",
+                    installed.status,
+                    String::from_utf8_lossy(&installed.stderr).trim()
+                )));
+            }
+            let _ = std::fs::remove_dir_all(&data);
+            std::thread::sleep(Duration::from_millis(200));
         }
         let mut db = MariaDb {
             child: None,

@@ -2,15 +2,25 @@
 //! `benches/RESULTS.md`: the machine, the date, each figure with the
 //! peer's in the same run and their ratio, and the tables the benchmarks
 //! publish themselves (bytes per key, Redis throughput, endpoint
-//! throughput).
+//! throughput: Redis, MQTT, NATS and JetStream, RabbitMQ, PostgreSQL and
+//! the MariaDB binlog, each beside a plain client loop).
 //!
 //! `cargo run --release -p guard-benches --bin bench-results [-- --quick]`
 //!
-//! `--quick` shortens criterion's measurement (1 s instead of 3 s) and
-//! the Redis runs (2 s instead of 5 s) for a look rather than a record.
+//! `--quick` shortens criterion's measurement (1 s instead of 3 s), the
+//! Redis runs (2 s instead of 5 s) and the endpoints' message counts for
+//! a look rather than a record.
+//!
+//! The endpoint benchmark uses the machine's RabbitMQ (127.0.0.1:5672)
+//! and PostgreSQL (127.0.0.1:5432), which `scripts/test.sh` starts; they
+//! are checked before anything runs, so a missing one fails at once
+//! rather than after the criterion runs. The other servers it starts
+//! itself.
 
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
+use std::time::Duration;
 use std::{env, fs};
 
 use guard_benches::RESULTS_DIR_VAR;
@@ -184,6 +194,12 @@ const PAIRS: &[Pair] = &[
     ),
 ];
 
+/// The servers of the machine the endpoint benchmark uses, by address.
+const MACHINE_SERVERS: [(&str, &str); 2] = [
+    ("RabbitMQ", "127.0.0.1:5672"),
+    ("PostgreSQL", "127.0.0.1:5432"),
+];
+
 fn main() -> ExitCode {
     match run() {
         Ok(path) => {
@@ -210,6 +226,18 @@ fn run() -> Result<PathBuf, String> {
     let extras = target.join("guard-results");
     fs::create_dir_all(&extras).map_err(|e| format!("{}: {e}", extras.display()))?;
 
+    for (server, address) in MACHINE_SERVERS {
+        let reachable = address
+            .parse()
+            .is_ok_and(|a| TcpStream::connect_timeout(&a, Duration::from_secs(2)).is_ok());
+        if !reachable {
+            return Err(format!(
+                "the endpoint benchmark needs the machine's {server} on {address} \
+                 (scripts/test.sh starts it)"
+            ));
+        }
+    }
+
     let measure = if quick { "1" } else { "3" };
     for bench in ["peers", "keyed"] {
         cargo_bench(
@@ -225,12 +253,21 @@ fn run() -> Result<PathBuf, String> {
         "redis_throughput",
         &["1", "--rounds", if quick { "3" } else { "5" }],
     )?;
-    cargo_bench(
-        &root,
-        &extras,
-        "endpoints",
-        &[if quick { "20000" } else { "100000" }],
-    )?;
+    // The other sources' counts are the benchmark's own defaults, a few
+    // seconds a run each; quick runs take about a quarter.
+    let endpoint_counts: &[&str] = if quick {
+        &[
+            "20000",
+            "nats=20000",
+            "jetstream=5000",
+            "amqp=3000",
+            "postgres=500",
+            "binlog=1500",
+        ]
+    } else {
+        &["100000"]
+    };
+    cargo_bench(&root, &extras, "endpoints", endpoint_counts)?;
 
     let mut out = String::new();
     out.push_str("# Benchmark results\n\n");
@@ -278,7 +315,8 @@ fn run() -> Result<PathBuf, String> {
             "redis.md",
         ),
         (
-            "Endpoints: messages per second on one replica beside a plain client loop on the same server",
+            "Endpoints: messages per second on one replica beside a plain client loop on the same server \
+             (Redis, MQTT, NATS and JetStream, RabbitMQ, PostgreSQL, MariaDB binlog)",
             "endpoints.md",
         ),
     ] {

@@ -25,9 +25,9 @@ use super::{
     checked_prefetch, default_dead_letters, retry_refused, why_not_sent,
 };
 use crate::deliver;
-use crate::elected;
+use crate::elected::{self, SubscriptionLease};
 use crate::parameter::Parameter;
-use crate::runtime::{ActiveRunner, LeaseCheck};
+use crate::runtime::ActiveRunner;
 
 /// Deliveries handled between two yields to the caller's executor.
 const HANDLE_BURST: u32 = 32;
@@ -376,7 +376,7 @@ impl FanoutConsumer {
         // Held across the serving's awaits on purpose: that is the one
         // borrow, released when the serving ends or is dropped.
         #[allow(clippy::await_holding_refcell_ref)]
-        let serve_one = move |mut subscription: Subscription, lease: LeaseCheck| async move {
+        let serve_one = move |mut subscription: Subscription, lease: SubscriptionLease| async move {
             let Ok(mut handler) = handler.try_borrow_mut() else {
                 log::error!("AMQP {label}: two subscriptions served at once; closing this one");
                 return;
@@ -416,7 +416,7 @@ impl FanoutConsumer {
     async fn serve<F, Fut, E>(
         &self,
         subscription: &mut Subscription,
-        lease: Option<(&LeaseCheck, &str)>,
+        lease: Option<(&SubscriptionLease, &str)>,
         control: Option<&Control>,
         classifier: Classifier<E>,
         handler: &mut F,

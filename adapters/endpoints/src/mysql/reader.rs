@@ -21,10 +21,10 @@ use super::{
     RowChange, checked_identifier,
 };
 use crate::deliver::{self, GaveUp};
-use crate::elected::serve_while_leading;
+use crate::elected::{SubscriptionLease, serve_while_leading};
 use crate::parameter::Parameter;
+use crate::runtime::ActiveRunner;
 use crate::runtime::on_tokio;
-use crate::runtime::{ActiveRunner, LeaseCheck};
 
 /// Where a reader without a checkpoint starts.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -324,7 +324,7 @@ impl BinlogReader {
     async fn serve<F, Fut, E>(
         &self,
         opened: Opened,
-        lease: LeaseCheck,
+        lease: SubscriptionLease,
         classifier: Classifier<E>,
         handler: &RefCell<F>,
         counters: &Counters,
@@ -355,6 +355,9 @@ impl BinlogReader {
             ],
         };
         let mut handed_since_save = false;
+        // A stream starts at a transaction's end (a checkpoint) or a
+        // file's start.
+        let mut in_transaction = false;
         let mut transactions = 0_u32;
         let mut unsaved: Option<BinlogPosition> = None;
         loop {
@@ -369,7 +372,8 @@ impl BinlogReader {
             let end = u64::from(event.header().log_pos());
             // Decoded in full before any await: the event and the
             // stream's table maps are borrowed.
-            let (changes, boundary) = match decode(&event, &stream, &file, end, &own) {
+            let decoded = decode(&event, &stream, &file, end, &own, &mut in_transaction);
+            let (changes, boundary) = match decoded {
                 Ok(Decoded::Rotate(next)) => {
                     file = next;
                     continue;
@@ -634,16 +638,41 @@ fn decode(
     file: &str,
     end: u64,
     own: &OwnTables,
+    in_transaction: &mut bool,
 ) -> std::io::Result<Decoded> {
     let Some(data) = event.read_data()? else {
         return Ok(Decoded::Other);
     };
     Ok(match data {
         EventData::RotateEvent(rotate) => Decoded::Rotate(file_name(rotate.name_raw())),
-        EventData::XidEvent(_) => Decoded::Boundary,
-        // DDL, and the COMMIT of a non-transactional table, end a
-        // transaction; BEGIN opens one.
-        EventData::QueryEvent(query) if query.query().trim() != "BEGIN" => Decoded::Boundary,
+        EventData::XidEvent(_) => {
+            *in_transaction = false;
+            Decoded::Boundary
+        }
+        // BEGIN opens a transaction; COMMIT or ROLLBACK (a
+        // non-transactional table's) ends it. Other statements inside one
+        // (SAVEPOINT, and MariaDB's stand-ins for events this client does
+        // not ask for: `# Dummy event ...`) end nothing: a checkpoint there
+        // would resume without the transaction's table maps. Outside a
+        // transaction a statement (DDL) is one of its own.
+        EventData::QueryEvent(query) => {
+            let text = query.query();
+            let text = text.trim();
+            if text.eq_ignore_ascii_case("BEGIN") {
+                *in_transaction = true;
+                Decoded::Other
+            } else if text.starts_with('#') {
+                Decoded::Other
+            } else if !*in_transaction
+                || text.eq_ignore_ascii_case("COMMIT")
+                || text.eq_ignore_ascii_case("ROLLBACK")
+            {
+                *in_transaction = false;
+                Decoded::Boundary
+            } else {
+                Decoded::Other
+            }
+        }
         EventData::RowsEvent(rows) => {
             let Some(table) = stream.get_tme(rows.table_id()) else {
                 return Err(std::io::Error::other(format!(

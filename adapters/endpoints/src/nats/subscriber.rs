@@ -18,9 +18,9 @@ use super::{
     checked_subject, header_value,
 };
 use crate::deliver::{self, GaveUp};
-use crate::elected::serve_while_leading;
+use crate::elected::{SubscriptionLease, serve_while_leading};
 use crate::parameter::Parameter;
-use crate::runtime::{ActiveRunner, LeaseCheck};
+use crate::runtime::ActiveRunner;
 
 /// What a subscriber did, counted from its start.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -250,7 +250,7 @@ impl NatsSubscriber {
         &self,
         client: &async_nats::Client,
         mut subscriber: async_nats::Subscriber,
-        lease: Option<LeaseCheck>,
+        lease: Option<SubscriptionLease>,
         classifier: Classifier<E>,
         handler: &RefCell<F>,
         counters: &Counters,
@@ -264,7 +264,7 @@ impl NatsSubscriber {
         while let Some(message) = on_tokio(subscriber.next()).await {
             // Checked where the side effect happens: nothing past the
             // renew deadline or after leadership ended.
-            let fence = match lease.as_ref().map(LeaseCheck::state) {
+            let fence = match lease.as_ref().map(SubscriptionLease::state) {
                 None => None,
                 Some(LeaseState::Valid(fence)) => {
                     late = 0;
