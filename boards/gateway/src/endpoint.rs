@@ -242,13 +242,17 @@ pub(crate) async fn start(
     };
     let inbox = Arc::new(Inbox::new(built, entry)?);
     let timing = config.guards.active;
+    // An elected endpoint's lease scope: its kind and its name.
+    let scope = |kind: &str| {
+        built
+            .guards
+            .scope(&format!("endpoint/{kind}"))
+            .and_then(|s| s.segment("node", &name))
+            .map_err(|e| context(e.into()))
+    };
     match &entry.source {
         Source::RedisPubsub(source) => {
-            let scope = built
-                .guards
-                .scope("endpoint/redis")
-                .and_then(|s| s.segment("node", &name))
-                .map_err(|e| context(e.into()))?;
+            let scope = scope("redis")?;
             let endpoint = source
                 .endpoint(&built.guards, &scope)
                 .and_then(|e| e.with_settings(timing))
@@ -342,11 +346,7 @@ pub(crate) async fn start(
             .map_err(|e| context(e.into()))?;
             let mut endpoint = MqttEndpoint::new(options, subscription);
             if source.delivery == MqttDelivery::Elected {
-                let scope = built
-                    .guards
-                    .scope("endpoint/mqtt")
-                    .and_then(|s| s.segment("node", &name))
-                    .map_err(|e| context(e.into()))?;
+                let scope = scope("mqtt")?;
                 endpoint = endpoint
                     .with_guard(&built.guards, &scope)
                     .and_then(|e| e.with_guard_settings(timing))
@@ -391,11 +391,7 @@ pub(crate) async fn start(
                     .map_err(|e| context(e.into()))?;
             }
             if source.delivery == NatsDelivery::Elected {
-                let scope = built
-                    .guards
-                    .scope("endpoint/nats")
-                    .and_then(|s| s.segment("node", &name))
-                    .map_err(|e| context(e.into()))?;
+                let scope = scope("nats")?;
                 subscriber = subscriber
                     .with_guard(&built.guards, &scope)
                     .and_then(|s| s.with_guard_settings(timing))
@@ -483,11 +479,7 @@ pub(crate) async fn start(
                             .map_err(|e| context(e.into()))?;
                     }
                     if *elected {
-                        let scope = built
-                            .guards
-                            .scope("endpoint/amqp")
-                            .and_then(|s| s.segment("node", &name))
-                            .map_err(|e| context(e.into()))?;
+                        let scope = scope("amqp")?;
                         consumer = consumer
                             .with_guard(&built.guards, &scope)
                             .and_then(|c| c.with_guard_settings(timing))
@@ -535,11 +527,7 @@ pub(crate) async fn start(
             }))
         }
         Source::MysqlBinlog(source) => {
-            let scope = built
-                .guards
-                .scope("endpoint/binlog")
-                .and_then(|s| s.segment("node", &name))
-                .map_err(|e| context(e.into()))?;
+            let scope = scope("binlog")?;
             let mut reader = BinlogReader::new(&source.url, &name, &built.guards, &scope)
                 .and_then(|r| r.with_guard_settings(timing))
                 .and_then(|r| r.with_checkpoint_every(source.checkpoint_every))
