@@ -549,6 +549,59 @@ fn a_jetstream_message_left_unacknowledged_by_a_dead_puller_goes_to_another() {
 }
 
 #[test]
+fn a_handler_that_outlives_the_ack_wait_keeps_its_message() {
+    let server = NatsServer::start().expect("nats-server");
+    let seen: Seen = Arc::default();
+    // The handler takes 2.5 ack waits: without the consumer's progress
+    // reports the server would deliver the message again, to the idle
+    // puller, before the first one acknowledged it. (One message: a
+    // second, buffered behind a slow first, would wait past its own ack
+    // wait and be delivered again, which is at least once.)
+    let slow = |id: usize| {
+        let seen = seen.clone();
+        let consumer = jetstream(&server, "JOBS");
+        let (handle, ctl) = control();
+        let thread = thread::spawn(move || {
+            smol::block_on(consumer.run(ctl, Classifier::retry_all(), move |m| {
+                let seen = seen.clone();
+                async move {
+                    seen.lock()
+                        .unwrap()
+                        .entry(String::from_utf8(m.payload).unwrap())
+                        .or_default()
+                        .push((id, None));
+                    async_io::Timer::after(Duration::from_millis(2_500)).await;
+                    Ok::<(), String>(())
+                }
+            }))
+        });
+        (handle, thread)
+    };
+    let replicas = [slow(0), slow(1)];
+    let publisher = client(&server);
+    wait_for_stream(&publisher, "JOBS");
+    publish_stored(&publisher, "jobs.new", "slow", 1);
+    assert!(wait_until(Duration::from_secs(10), || seen
+        .lock()
+        .unwrap()
+        .contains_key("slow0")));
+    // Handled; a redelivery would come within the handler's time.
+    thread::sleep(Duration::from_millis(3_500));
+    let stats: Vec<JetStreamStats> = replicas.into_iter().map(stop).collect();
+    for (payload, handlers) in seen.lock().unwrap().iter() {
+        assert_eq!(handlers.len(), 1, "{payload} handled by {handlers:?}");
+    }
+    assert_eq!(
+        stats
+            .iter()
+            .map(|s| (s.handled, s.redelivered))
+            .fold((0, 0), |a, s| (a.0 + s.0, a.1 + s.1)),
+        (1, 0),
+        "{stats:?}"
+    );
+}
+
+#[test]
 fn queue_groups_and_jetstream_pullers_carry_on_after_the_server_restarts() {
     let mut server = NatsServer::start().expect("nats-server");
     let seen: Seen = Arc::default();

@@ -22,14 +22,18 @@
 //!   its sequence (the server's max-deliveries advisory names it too).
 //!
 //! While the handler runs, the consumer tells the server it is working
-//! (`+WPI`) every third of `ack_wait`, so a slow handler keeps its
-//! message. Delivery is at least once: a message whose acknowledgement
-//! was lost, or whose replica paused past `ack_wait` mid-handler, is
-//! delivered again.
+//! (`+WPI`) at least every third of `ack_wait` (one timer for the
+//! consumer, not one a message), so a slow handler keeps its message.
+//! Delivery is at least once: a message whose acknowledgement was lost,
+//! whose replica paused past `ack_wait` mid-handler, or which waited in
+//! the pulled batch behind slow handlers for longer than `ack_wait`, is
+//! delivered again (choose the batch so that a batch's handling fits in
+//! `ack_wait`).
 
 use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::future::Future;
+use std::rc::Rc;
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::{AckPolicy, pull};
@@ -348,62 +352,86 @@ impl JetStreamConsumer {
         // The context starts a task of its own, on tokio.
         let context = on_tokio(async { js::new(client) }).await;
         let failures = guard_std::Throttle::new();
-        while !control.is_stopped() {
-            let pulled = on_tokio(async {
-                let consumer = self.prepare(&context).await?;
-                consumer
-                    .stream()
-                    .max_messages_per_batch(self.batch)
-                    .messages()
-                    .await
-                    .map_err(|e| NatsError::server(format!("pull {what}"), e))
-            })
-            .await;
-            let mut messages = match pulled {
-                Ok(messages) => messages,
-                Err(e) => {
-                    if let Some(held) = failures.admit() {
-                        log::warn!("{what}: {e}; trying again ({held} more not logged)");
-                    }
-                    future::or(control.stopped(), async {
-                        CallerRuntime.sleep(self.options.reconnect_delay).await;
-                    })
-                    .await;
-                    continue;
-                }
-            };
-            loop {
-                let next = future::or(async { on_tokio(messages.next()).await.map(Some) }, async {
-                    control.stopped().await;
-                    Some(None)
+        // The delivery in the handler, for the progress reports.
+        let in_flight: RefCell<Option<Rc<js::Message>>> = RefCell::new(None);
+        let consume = async {
+            while !control.is_stopped() {
+                let pulled = on_tokio(async {
+                    let consumer = self.prepare(&context).await?;
+                    consumer
+                        .stream()
+                        .max_messages_per_batch(self.batch)
+                        .messages()
+                        .await
+                        .map_err(|e| NatsError::server(format!("pull {what}"), e))
                 })
                 .await;
-                match next {
-                    // Stopped.
-                    Some(None) => return counters.stats(),
-                    Some(Some(Ok(message))) => {
-                        let handled =
-                            self.handle(&context, message, classifier, &handler, &counters);
-                        // Boxed: the handler's and the retries' futures
-                        // are deep.
-                        Box::pin(handled).await;
-                    }
-                    Some(Some(Err(e))) => {
-                        // Missed heartbeats (a server restarting) and
-                        // failed pulls: the pull stream asks again by
-                        // itself; a deleted consumer needs preparing.
+                let mut messages = match pulled {
+                    Ok(messages) => messages,
+                    Err(e) => {
                         if let Some(held) = failures.admit() {
-                            log::warn!("{what}: {e} ({held} more not logged)");
+                            log::warn!("{what}: {e}; trying again ({held} more not logged)");
                         }
-                        if matches!(e.kind(), pull::MessagesErrorKind::ConsumerDeleted) {
-                            break;
-                        }
+                        future::or(control.stopped(), async {
+                            CallerRuntime.sleep(self.options.reconnect_delay).await;
+                        })
+                        .await;
+                        continue;
                     }
-                    // The pull stream ended: prepare and pull again.
-                    None => break,
+                };
+                loop {
+                    let next =
+                        future::or(async { on_tokio(messages.next()).await.map(Some) }, async {
+                            control.stopped().await;
+                            Some(None)
+                        })
+                        .await;
+                    match next {
+                        // Stopped.
+                        Some(None) => return,
+                        Some(Some(Ok(message))) => {
+                            let delivered = Rc::new(message);
+                            *in_flight.borrow_mut() = Some(Rc::clone(&delivered));
+                            let handled =
+                                self.handle(&context, &delivered, classifier, &handler, &counters);
+                            // Boxed: the handler's and the retries' futures
+                            // are deep.
+                            Box::pin(handled).await;
+                            in_flight.borrow_mut().take();
+                        }
+                        Some(Some(Err(e))) => {
+                            // Missed heartbeats (a server restarting) and
+                            // failed pulls: the pull stream asks again by
+                            // itself; a deleted consumer needs preparing.
+                            if let Some(held) = failures.admit() {
+                                log::warn!("{what}: {e} ({held} more not logged)");
+                            }
+                            if matches!(e.kind(), pull::MessagesErrorKind::ConsumerDeleted) {
+                                break;
+                            }
+                        }
+                        // The pull stream ended: prepare and pull again.
+                        None => break,
+                    }
                 }
             }
-        }
+        };
+        // One timer for the consumer's life, not one a message (each
+        // timer is a wake-up of the reactor when it is set): a report is
+        // due within a third of the ack wait of the handler's start and
+        // of the last report, which this tick keeps.
+        let progress = async {
+            loop {
+                CallerRuntime.sleep(self.ack_wait / 3).await;
+                let current = in_flight.borrow().clone();
+                if let Some(delivered) = current
+                    && let Err(e) = on_tokio(delivered.ack_with(AckKind::Progress)).await
+                {
+                    log::warn!("{what}: progress: {e}");
+                }
+            }
+        };
+        future::or(consume, progress).await;
         counters.stats()
     }
 
@@ -412,7 +440,7 @@ impl JetStreamConsumer {
     async fn handle<F, Fut, E>(
         &self,
         context: &js::Context,
-        delivered: js::Message,
+        delivered: &js::Message,
         classifier: Classifier<E>,
         handler: &RefCell<F>,
         counters: &Counters,
@@ -446,21 +474,13 @@ impl JetStreamConsumer {
             sequence,
             deliveries,
         };
-        let work = deliver::handle(self.retry, classifier, &self.stream, &message, |m| {
+        // The run's progress tick keeps the message while the handler
+        // works: the server restarts its ack wait at each +WPI.
+        let handled = deliver::handle(self.retry, classifier, &self.stream, &message, |m| {
             // Borrowed only to make the call's future.
             (handler.borrow_mut())(m)
-        });
-        // Keeps the message while the handler works: the server restarts
-        // its ack wait at each +WPI.
-        let working = async {
-            loop {
-                CallerRuntime.sleep(self.ack_wait / 3).await;
-                if let Err(e) = on_tokio(delivered.ack_with(AckKind::Progress)).await {
-                    log::warn!("jetstream {} #{sequence}: progress: {e}", self.stream);
-                }
-            }
-        };
-        let handled = future::or(work, working).await;
+        })
+        .await;
         let gave_up = match handled {
             Ok(()) => {
                 // A lost acknowledgement means one more delivery (at least
