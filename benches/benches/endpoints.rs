@@ -1535,10 +1535,12 @@ fn postgres_rows(n: u64, rounds: u32, rows: &mut Vec<Row>) {
     }
     let what = format!("PostgreSQL row claiming, batch 50, a delete per row ({n} rows)");
     rows.push(Row {
-        name: format!("{what}: guard under smol, plain on tokio"),
+        // Two runtimes, not two loops: async-compat's hop to its tokio
+        // thread is in this ratio, so the goal is the like-for-like rows'.
+        name: format!("{what}: guard under smol, plain on tokio (async-compat's cost included)"),
         plain: plain_tokio,
         ours: on_smol,
-        goal: true,
+        goal: false,
     });
     rows.push(Row {
         name: format!("{what}: guard inside a tokio runtime, plain on tokio"),

@@ -145,6 +145,11 @@ pub struct WorldConfig {
     pub request_timeout: Duration,
     /// How far the lock service's replica lags its primary.
     pub replication_lag: Duration,
+    /// Whether the lock service is linearizable (etcd, PostgreSQL with a
+    /// synchronous standby): no failover or restart loses a write it
+    /// answered, and live leases run again for their full length after
+    /// one. `replication_lag` then plays no part.
+    pub linearizable: bool,
     /// The leader lease (none: no ActiveGuard).
     pub active: Option<ActiveConfig>,
     /// How often a leader writes to the protected resource.
@@ -178,6 +183,7 @@ impl WorldConfig {
             duplication: 0.0,
             request_timeout: Duration::from_millis(300),
             replication_lag: Duration::from_millis(5),
+            linearizable: false,
             active: Some(
                 ActiveConfig::new()
                     .with_ttl(ttl)

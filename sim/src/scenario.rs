@@ -4,7 +4,7 @@ use core::time::Duration;
 
 use guard_core::lock::Ttl;
 
-use crate::config::{Fault, Target, WorldConfig};
+use crate::config::{Fault, FenceRule, Target, WorldConfig};
 use crate::report::Report;
 use crate::rng::Rng;
 
@@ -44,6 +44,11 @@ pub enum Scenario {
     /// counter. Fences derived from server time still only grow; the old
     /// leader's effects are rejected; a slot may run twice.
     RestartWithoutPersistence,
+    /// `failover`'s faults against a linearizable lock service (etcd,
+    /// PostgreSQL with a synchronous standby): no failover loses a write,
+    /// so no second leader appears, no slot runs twice, and fences from a
+    /// plain counter never repeat.
+    LinearizableFailover,
     /// Clocks without discipline, skewed as in `skew-below`: their drift
     /// accumulates until offsets pass the slot key's retention and slots
     /// run twice (over a simulated day), as on machines without NTP.
@@ -70,7 +75,7 @@ fn recurring(
 
 impl Scenario {
     /// Every scenario.
-    pub const ALL: [Scenario; 10] = [
+    pub const ALL: [Scenario; 11] = [
         Scenario::SkewBelow,
         Scenario::SkewAbove,
         Scenario::PartitionedLeader,
@@ -80,6 +85,7 @@ impl Scenario {
         Scenario::Once,
         Scenario::RapidFailover,
         Scenario::RestartWithoutPersistence,
+        Scenario::LinearizableFailover,
         Scenario::FreeDrift,
     ];
 
@@ -95,6 +101,7 @@ impl Scenario {
             Scenario::Once => "once",
             Scenario::RapidFailover => "rapid-failover",
             Scenario::RestartWithoutPersistence => "restart-without-persistence",
+            Scenario::LinearizableFailover => "linearizable-failover",
             Scenario::FreeDrift => "free-drift",
         }
     }
@@ -148,11 +155,18 @@ impl Scenario {
                     }
                 });
             }
-            Scenario::Failover => {
+            Scenario::Failover | Scenario::LinearizableFailover => {
                 // The replica lags more than a lease: at a failover it still
                 // has the lease as it was before the last renewals, already
                 // expired, so a standby can take it while the leader acts.
+                // A linearizable service answered no write its replica
+                // lacks: the lag plays no part, and a plain counter's
+                // fences are enough.
                 c.replication_lag = ttl + Duration::from_millis(500);
+                if self == Scenario::LinearizableFailover {
+                    c.linearizable = true;
+                    c.fence_rule = FenceRule::PlainCounter;
+                }
                 recurring(&mut c.faults, &mut rng, secs, (8, 5, 8, 4), |rng, at| {
                     Fault::Failover {
                         at: at + Duration::from_millis(rng.below(1000)),
@@ -279,8 +293,12 @@ impl Scenario {
                 | Scenario::CrashLoop
                 | Scenario::SkewBelow
                 | Scenario::Once
+                | Scenario::LinearizableFailover
         ) {
             expect(report.dual_leader_ns == 0, "never two acting leaders");
+        }
+        if self == Scenario::LinearizableFailover {
+            expect(report.lost_writes == 0, "no failover loses a write");
         }
         if matches!(self, Scenario::SkewBelow | Scenario::Once) {
             expect(report.slots_missed == 0, "no slot missed");
@@ -333,6 +351,10 @@ impl Scenario {
                     report.rejected_stale > 0,
                     "fencing rejects the old leaders' side effects",
                 );
+            }
+            Scenario::LinearizableFailover => {
+                expect(report.failovers > 0, "the lock service fails over");
+                expect(report.promotions > 0, "a leader is elected");
             }
             Scenario::RestartWithoutPersistence => {
                 expect(report.restarts > 0, "the lock service restarts");

@@ -24,6 +24,8 @@ pub struct Lease {
     /// When it expires, on the clock of the node that wrote it (Redis
     /// replicates absolute expiries).
     pub expires_at: Nanos,
+    /// The length it was granted or last renewed for.
+    pub ttl_ns: u64,
 }
 
 /// A request to the lock service.
@@ -128,6 +130,31 @@ impl Store {
         }
     }
 
+    /// Every lease live at `now` (by the clock that wrote it) runs again
+    /// from `restart` (by the clock that now serves) for its full length:
+    /// what etcd's lessor does on promotion. Leases that had ended are
+    /// dropped.
+    fn extend_live(&mut self, now: Nanos, restart: Nanos) {
+        let live: Vec<(String, Lease)> = self
+            .leases
+            .iter()
+            .filter(|(_, l)| l.expires_at > now)
+            .map(|(k, l)| (k.clone(), *l))
+            .collect();
+        self.leases.clear();
+        self.by_expiry.clear();
+        for (key, lease) in live {
+            let expires_at = restart + lease.ttl_ns;
+            self.set(
+                &key,
+                Lease {
+                    expires_at,
+                    ..lease
+                },
+            );
+        }
+    }
+
     /// What a write to `key` is about to replace.
     fn before(&self, key: &str) -> Undo {
         Undo {
@@ -173,6 +200,7 @@ impl Store {
                         token: *token,
                         fence,
                         expires_at: now.local + ttl_ns,
+                        ttl_ns: *ttl_ns,
                     },
                 );
                 (LockReply::Granted(fence), Some(undo))
@@ -184,6 +212,7 @@ impl Store {
                         key,
                         Lease {
                             expires_at: now.local + ttl_ns,
+                            ttl_ns: *ttl_ns,
                             ..lease
                         },
                     );
@@ -209,6 +238,14 @@ impl Store {
 /// effects travel together). One store holds the primary's data, and the
 /// writes not yet replicated keep what they replaced, so a failover takes
 /// them back and the replica's data is what remains.
+///
+/// A [linearizable](LockService::linearizable) service (etcd's Raft, a
+/// PostgreSQL primary with a synchronous standby) answers a write only
+/// once a quorum has it: a failover loses nothing, and the new leader
+/// runs every live lease again for its full length from the end of the
+/// downtime (etcd's lessor on promotion; a lease outlives its holder's
+/// deadline, never the reverse). Its restarts keep the data (a log on
+/// disk), with the same extension.
 #[derive(Debug)]
 pub struct LockService {
     store: Store,
@@ -219,6 +256,8 @@ pub struct LockService {
     clocks: [Clock; 2],
     primary: usize,
     fence_rule: FenceRule,
+    /// Writes are answered only once a quorum has them (see the type).
+    linearizable: bool,
     /// Unavailable until this time (a failover or restart in progress).
     down_until: Nanos,
     ops_since_sweep: u32,
@@ -237,10 +276,18 @@ impl LockService {
             clocks,
             primary: 0,
             fence_rule,
+            linearizable: false,
             down_until: 0,
             ops_since_sweep: 0,
             lost_writes: 0,
         }
+    }
+
+    /// The same service, linearizable: no write is lost by a failover or
+    /// a restart (see the type).
+    pub fn linearizable(mut self) -> Self {
+        self.linearizable = true;
+        self
     }
 
     /// Whether the service answers at `now`.
@@ -271,7 +318,9 @@ impl LockService {
             self.store.sweep(node.local);
         }
         let (reply, undo) = self.store.apply(op, node, self.fence_rule);
-        if let Some(undo) = undo {
+        // A linearizable service answered only once a quorum had the
+        // write: nothing is left for a failover to take back.
+        if let Some(undo) = undo.filter(|_| !self.linearizable) {
             self.in_transit
                 .push_back((now + self.replication_lag_ns, undo));
         }
@@ -295,17 +344,32 @@ impl LockService {
         while let Some((_, undo)) = self.in_transit.pop_back() {
             self.store.undo(undo);
         }
+        let ended_on_old = self.node_now(now).local;
         self.primary = 1 - self.primary;
         self.down_until = now + downtime_ns;
+        if self.linearizable {
+            let back = self.node_now(self.down_until).local;
+            self.store.extend_live(ended_on_old, back);
+        }
     }
 
     /// The primary restarts at `now` without persistence: unavailable for
     /// `downtime_ns`, then empty (the replica resynchronises from it, so it
-    /// is empty too). Its clock runs on.
+    /// is empty too). Its clock runs on. A linearizable service keeps its
+    /// data and extends its live leases as on a failover.
     pub fn restart(&mut self, now: Nanos, downtime_ns: u64) {
+        self.down_until = now + downtime_ns;
+        if self.linearizable {
+            // Its log on disk brings every write back.
+            let (stopped, back) = (
+                self.node_now(now).local,
+                self.node_now(self.down_until).local,
+            );
+            self.store.extend_live(stopped, back);
+            return;
+        }
         self.store = Store::default();
         self.in_transit.clear();
-        self.down_until = now + downtime_ns;
     }
 
     /// The live lease of `key` by the primary's view.

@@ -244,11 +244,18 @@ impl World {
             .map_err(|e| format!("bad lease config: {e}"))?;
         let mut world = World {
             end: nanos(config.duration),
-            service: LockService::new(
-                nanos(config.replication_lag),
-                service_clocks,
-                config.fence_rule,
-            ),
+            service: {
+                let service = LockService::new(
+                    nanos(config.replication_lag),
+                    service_clocks,
+                    config.fence_rule,
+                );
+                if config.linearizable {
+                    service.linearizable()
+                } else {
+                    service
+                }
+            },
             resource: Resource::new(config.fencing),
             timeline: Timeline::new(config.replicas, clocks.clone()),
             report: Report::new(config.seed, config.replicas),

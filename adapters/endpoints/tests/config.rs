@@ -172,14 +172,84 @@ fn bad_enumerations_name_the_allowed_values() {
         e.contains("postgres") && e.contains("`memory` or `redis`"),
         "{e}"
     );
-    let e = error("[locker]\nkind = \"etcd\"\n");
+    let e = error("[locker]\nkind = \"zookeeper\"\n");
     assert!(
-        e.contains("etcd") && e.contains("`none`, `local`, `redis`"),
+        e.contains("zookeeper") && e.contains("`none`, `local`, `redis`, `postgres`"),
         "{e}"
     );
     let e = error("[guards]\nfail_policy = \"maybe\"\n");
     assert!(
         e.contains("maybe") && e.contains("`closed` or `open`"),
+        "{e}"
+    );
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn a_postgres_locker_is_checked_with_its_own_rules() {
+    let c = Config::from_toml(&format!(
+        "{JOB}[locker]\nkind = \"postgres\"\nurl = \"postgres://app:${{PG_PASSWORD}}@db:5432/app\"\ntable = \"Locks\"\nrequest_timeout_ms = 2000\n"
+    ));
+    // `${PG_PASSWORD}` is unset here: named, not sent to the server.
+    let e = c.unwrap_err().to_string();
+    assert!(
+        e.contains("`locker.url`") && e.contains("PG_PASSWORD"),
+        "{e}"
+    );
+    let c = Config::from_toml(&format!(
+        "{JOB}[locker]\nkind = \"postgres\"\nurl = \"postgres://app@db:5432/app\"\ntable = \"Locks\"\nrequest_timeout_ms = 2000\n"
+    ))
+    .unwrap();
+    let Locker::Postgres(pg) = &c.locker else {
+        panic!("a PostgreSQL locker: {:?}", c.locker)
+    };
+    assert_eq!(
+        (pg.url.as_str(), pg.table.as_str(), pg.request_timeout),
+        (
+            "postgres://app@db:5432/app",
+            "Locks",
+            Duration::from_secs(2)
+        )
+    );
+    let c = Config::from_toml(&format!(
+        "{JOB}[locker]\nkind = \"postgres\"\nurl = \"postgres://app@db/app\"\n"
+    ))
+    .unwrap();
+    let Locker::Postgres(pg) = &c.locker else {
+        panic!("a PostgreSQL locker: {:?}", c.locker)
+    };
+    assert_eq!(pg.table, "guard_locks", "the default table");
+    for (text, expected) in [
+        (
+            "url = \"postgres://app@db/app\"\ntable = \"locks; drop table x\"\n",
+            "`locker.table` = \"locks; drop table x\": expected must be a plain SQL identifier",
+        ),
+        ("", "`locker.url` = missing"),
+        (
+            "url = \"postgres://app:pw@db:port/app\"\n",
+            "`locker.url` = \"postgres://app:***@db:port/app\"",
+        ),
+        (
+            "url = \"postgres://app@db/app\"\nprefix = \"p:\"\n",
+            "`locker.prefix` = set: expected no such key unless kind = \"redis\"",
+        ),
+        (
+            "url = \"postgres://app@db/app\"\nmode = \"cluster\"\n",
+            "`locker.mode` = set: expected no such key unless kind = \"redis\"",
+        ),
+        (
+            "url = \"postgres://app@db/app\"\nrequest_timeout_ms = 0\n",
+            "`locker.request_timeout_ms` = 0",
+        ),
+    ] {
+        let e = error_with_job(&format!("[locker]\nkind = \"postgres\"\n{text}"));
+        assert!(e.contains(expected), "{text:?}: {e}");
+    }
+    let e = error_with_job(
+        "[locker]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:6379/\"\ntable = \"t\"\n",
+    );
+    assert!(
+        e.contains("`locker.table` = set: expected no such key unless kind = \"postgres\""),
         "{e}"
     );
 }

@@ -5,8 +5,9 @@ use std::sync::Arc;
 
 use guard_core::limit::{FullPolicy, SlidingWindow};
 use guard_endpoints::config::{
-    Backend, Config, Locker, MAX_SLIDING_LIMIT, Policy, PolicyAlgorithm,
+    Backend, Config, Locker, MAX_SLIDING_LIMIT, Policy, PolicyAlgorithm, PostgresLocker,
 };
+use guard_postgres::{PgLockError, PgLocker};
 use guard_redis::{
     RedisConnection, RedisGuardError, RedisLeakyBucket, RedisLocker, RedisSlidingWindow,
     RedisTokenBucket,
@@ -48,6 +49,7 @@ pub async fn build(config: &Config) -> Result<Built, GatewayError> {
                 .with_prefix(&l.prefix)
                 .map_err(GatewayError::Locker)?,
         )),
+        (Locker::Postgres(l), _) => Some(SharedLocker::new(postgres(l).await?)),
         _ => None,
     };
     let mut guards = GuardConfig::new().with_owner(config.guards.owner.clone());
@@ -78,6 +80,21 @@ pub async fn build(config: &Config) -> Result<Built, GatewayError> {
         limiters: RateLimiterRegistry::new(limiters),
         redis,
     })
+}
+
+/// The PostgreSQL locker `l` names, connected (its table created unless
+/// it exists), so a server that cannot be reached stops the start.
+async fn postgres(l: &PostgresLocker) -> Result<PgLocker, GatewayError> {
+    let failed = |source: PgLockError| GatewayError::LockService {
+        kind: "postgres",
+        source: Box::new(source),
+    };
+    let locker = PgLocker::new(&l.url)
+        .and_then(|p| p.with_table(&l.table))
+        .and_then(|p| p.with_request_timeout(l.request_timeout))
+        .map_err(failed)?;
+    locker.connect().await.map_err(failed)?;
+    Ok(locker)
 }
 
 /// A sliding window whose per-key log holds `M` instants, if its limit

@@ -17,6 +17,14 @@ pub enum GatewayError {
     LockerUnreachable(RedisGuardError),
     /// The Redis locker cannot be built (its prefix).
     Locker(RedisGuardError),
+    /// Another lock service (PostgreSQL) cannot be built or did not
+    /// answer.
+    LockService {
+        /// The `[locker] kind`.
+        kind: &'static str,
+        /// Why.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// A Redis rate limiter cannot be built.
     Limiter {
         /// The limiter's name.
@@ -64,6 +72,9 @@ impl fmt::Display for GatewayError {
         match self {
             GatewayError::LockerUnreachable(e) => write!(f, "cannot reach the Redis locker: {e}"),
             GatewayError::Locker(e) => write!(f, "Redis locker: {e}"),
+            GatewayError::LockService { kind, source } => {
+                write!(f, "cannot reach the {kind} locker: {source}")
+            }
             GatewayError::Limiter { name, source } => write!(f, "rate limiter {name}: {source}"),
             GatewayError::UnknownLimiter { name } => write!(f, "no rate limiter named {name:?}"),
             GatewayError::Schedule { router, source } => write!(f, "schedule {router}: {source}"),
@@ -85,7 +96,9 @@ impl std::error::Error for GatewayError {
             | GatewayError::Limiter { source: e, .. } => Some(e),
             GatewayError::Schedule { source, .. } => Some(source),
             GatewayError::Consumer { source, .. } => Some(source),
-            GatewayError::Endpoint { source, .. } => Some(&**source),
+            GatewayError::Endpoint { source, .. } | GatewayError::LockService { source, .. } => {
+                Some(&**source)
+            }
             GatewayError::UnknownLimiter { .. } | GatewayError::UnsupportedEndpoint { .. } => None,
         }
     }

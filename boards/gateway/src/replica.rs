@@ -208,6 +208,7 @@ pub fn summary(config: &Config) -> String {
             };
             format!("redis ({mode}), prefix {:?}", l.prefix)
         }
+        Locker::Postgres(l) => format!("postgres, table {:?}", l.table),
         _ => "another kind".to_owned(),
     };
     let schedules: Vec<String> = config

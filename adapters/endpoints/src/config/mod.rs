@@ -157,6 +157,21 @@ pub enum Locker {
     Local,
     /// Redis, shared by every replica.
     Redis(RedisLocker),
+    /// A PostgreSQL lease table, shared by every replica (linearizable).
+    Postgres(PostgresLocker),
+}
+
+/// `[locker] kind = "postgres"`: checked with guard-postgres's own rules
+/// (URL, table, timeout), so a configuration that loads builds its
+/// locker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PostgresLocker {
+    /// The server's URL, `${VAR}`s expanded.
+    pub url: String,
+    /// The lease table.
+    pub table: String,
+    /// Each request's timeout, connecting included.
+    pub request_timeout: Duration,
 }
 
 /// `[locker] kind = "redis"`.

@@ -93,3 +93,53 @@ pub(super) fn source(
         key,
     ))
 }
+
+/// `[locker] kind = "postgres"`: a lease table, checked with
+/// guard-postgres's own rules.
+#[cfg(feature = "postgres")]
+pub(super) fn locker(l: &raw::Locker, env: Env<'_>) -> Result<super::Locker, ConfigError> {
+    use guard_postgres::{PgLockError, PgLocker, sql::DEFAULT_TABLE};
+    let key = |field: &str| format!("locker.{field}");
+    let refused = |field: &str, e: PgLockError| match e {
+        PgLockError::InvalidInput { value, rule, .. } => {
+            super::resolve::refused(field, &key, &value, &rule)
+        }
+        other => invalid(key(field), "set", other.to_string()),
+    };
+    let url = l.url.as_deref().ok_or_else(|| {
+        invalid(
+            "locker.url",
+            "missing",
+            "a PostgreSQL URL such as \"postgres://app@127.0.0.1:5432/app\"",
+        )
+    })?;
+    let url = expand("locker.url", url, env)?;
+    let table = l.table.as_deref().unwrap_or(DEFAULT_TABLE);
+    let timeout = Duration::from_millis(bounded(
+        "locker.request_timeout_ms",
+        l.request_timeout_ms,
+        MAX_TIMEOUT_MS,
+        "milliseconds",
+    )?);
+    PgLocker::new(&url)
+        .map_err(|e| refused("url", e))?
+        .with_table(table)
+        .map_err(|e| refused("table", e))?
+        .with_request_timeout(timeout)
+        .map_err(|e| refused("request_timeout_ms", e))?;
+    Ok(super::Locker::Postgres(super::PostgresLocker {
+        url,
+        table: table.to_owned(),
+        request_timeout: timeout,
+    }))
+}
+
+/// `[locker] kind = "postgres"`: refused in this build.
+#[cfg(not(feature = "postgres"))]
+pub(super) fn locker(_l: &raw::Locker, _env: Env<'_>) -> Result<super::Locker, ConfigError> {
+    Err(super::resolve::unsupported(
+        "postgres",
+        "postgres",
+        &|field| format!("locker.{field}"),
+    ))
+}

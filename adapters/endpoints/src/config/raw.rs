@@ -97,6 +97,7 @@ pub(super) enum LockerKind {
     None,
     Local,
     Redis,
+    Postgres,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -118,6 +119,7 @@ pub(super) struct Locker {
     pub service: Option<String>,
     pub request_timeout_ms: u64,
     pub prefix: String,
+    pub table: Option<String>,
     pub tls_ca: Option<String>,
     pub tls_cert: Option<String>,
     pub tls_key: Option<String>,
@@ -133,6 +135,7 @@ impl Default for Locker {
             service: None,
             request_timeout_ms: 500,
             prefix: String::new(),
+            table: None,
             tls_ca: None,
             tls_cert: None,
             tls_key: None,

@@ -355,26 +355,44 @@ fn redis_tls(
 }
 
 fn locker(l: &raw::Locker, env: Env<'_>) -> Result<Locker, ConfigError> {
-    let redis_only = |set: bool, field: &str| {
-        if set && l.kind != raw::LockerKind::Redis {
+    use raw::LockerKind::{Postgres, Redis};
+    // Each key belongs to the kinds listed; set under another kind it is
+    // refused rather than ignored.
+    let only = |set: bool, field: &str, kinds: &[raw::LockerKind], allowed: &str| {
+        if set && !kinds.contains(&l.kind) {
             Err(invalid(
                 format!("locker.{field}"),
                 "set",
-                "no such key unless kind = \"redis\"",
+                format!("no such key unless kind = {allowed}"),
             ))
         } else {
             Ok(())
         }
     };
-    redis_only(l.url.is_some(), "url")?;
-    redis_only(!l.urls.is_empty(), "urls")?;
-    redis_only(l.service.is_some(), "service")?;
-    redis_only(l.tls_ca.is_some(), "tls_ca")?;
-    redis_only(l.tls_cert.is_some(), "tls_cert")?;
-    redis_only(l.tls_key.is_some(), "tls_key")?;
+    let redis = "\"redis\"";
+    only(
+        l.url.is_some(),
+        "url",
+        &[Redis, Postgres],
+        "\"redis\" or \"postgres\"",
+    )?;
+    only(!l.urls.is_empty(), "urls", &[Redis], redis)?;
+    only(
+        l.mode != raw::RedisMode::Standalone,
+        "mode",
+        &[Redis],
+        redis,
+    )?;
+    only(l.service.is_some(), "service", &[Redis], redis)?;
+    only(!l.prefix.is_empty(), "prefix", &[Redis], redis)?;
+    only(l.tls_ca.is_some(), "tls_ca", &[Redis], redis)?;
+    only(l.tls_cert.is_some(), "tls_cert", &[Redis], redis)?;
+    only(l.tls_key.is_some(), "tls_key", &[Redis], redis)?;
+    only(l.table.is_some(), "table", &[Postgres], "\"postgres\"")?;
     match l.kind {
         raw::LockerKind::None => return Ok(Locker::None),
         raw::LockerKind::Local => return Ok(Locker::Local),
+        raw::LockerKind::Postgres => return super::postgres::locker(l, env),
         raw::LockerKind::Redis => {}
     }
     let prefix = l.prefix.trim();

@@ -4,34 +4,14 @@
 //! so only a plain identifier is accepted, and it is always used quoted:
 //! nothing a caller passes can end a statement or start another.
 
-/// PostgreSQL's longest identifier (`NAMEDATALEN - 1`); a longer one is
-/// cut silently by the server, so two names could meet.
-pub(crate) const MAX_IDENTIFIER: usize = 63;
+use guard_postgres::sql::quoted;
+pub(crate) use guard_postgres::sql::{MAX_IDENTIFIER, identifier_rule};
 
 /// Appended to a queue's table to name its default dead-letter table.
 pub(crate) const DEAD_LETTER_SUFFIX: &str = "_dead_letters";
 
 /// The longest queue table: its default dead-letter table must fit too.
 pub(crate) const MAX_TABLE: usize = MAX_IDENTIFIER - DEAD_LETTER_SUFFIX.len();
-
-/// Why `name` is not a plain identifier of at most `max` bytes, if it is not.
-pub(crate) fn identifier_rule(name: &str, max: usize) -> Option<String> {
-    let mut chars = name.chars();
-    let plain = chars
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
-    (!plain || name.len() > max).then(|| {
-        format!(
-            "must be a plain SQL identifier: an ASCII letter or '_', then ASCII letters, digits or '_', at most {max} bytes"
-        )
-    })
-}
-
-/// `"name"`: a checked identifier, quoted (so its case is kept).
-fn quoted(name: &str) -> String {
-    format!("\"{name}\"")
-}
 
 /// The statements of one queue, built once from its checked names.
 #[derive(Clone, Debug, PartialEq, Eq)]

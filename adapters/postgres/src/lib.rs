@@ -1,0 +1,84 @@
+//! guard-postgres: a [`Locker`](guard_core::lock::Locker) and
+//! [`LeaseRenewer`](guard_core::lock::LeaseRenewer) on PostgreSQL, for
+//! users whose side effects cannot tolerate the second holder that a
+//! Redis failover can create.
+//!
+//! [`PgLocker`] keeps one row per held key in a lease table (layout in
+//! [`sql`]): acquire, renew and release are one statement each, leases
+//! end on the server's clock, and fences come from a sequence.
+//!
+//! ```no_run
+//! # smol::block_on(async {
+//! use guard_core::lock::{LeaseRenewer, Locker, Renewal, Ttl};
+//! use guard_postgres::PgLocker;
+//!
+//! let locker = PgLocker::new("postgres://app@127.0.0.1/app")?.with_table("locks")?;
+//! let ttl = Ttl::from_secs(15)?;
+//! if let Some(token) = locker.try_lock("billing:leader", ttl).await? {
+//!     // Hand token.fence() to the resource with every side effect.
+//!     assert_eq!(locker.renew("billing:leader", &token, ttl).await?, Renewal::Held);
+//!     locker.unlock("billing:leader", &token).await?;
+//! }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # });
+//! ```
+//!
+//! # Guarantees
+//!
+//! Each names the test that backs it (in `tests/`).
+//!
+//! - **One holder per key.** A grant is one `INSERT ... ON CONFLICT DO
+//!   UPDATE ... WHERE expires_at <= clock_timestamp()`: the row lock makes
+//!   contenders for one key wait on each other, and a contender that finds
+//!   a live lease takes nothing. PostgreSQL is a single primary, so this
+//!   holds for every client of the server, with no replication window
+//!   (`pg_locker.rs::the_locker_contract_holds`, 16 contenders a key).
+//! - **Compare-on-token release and renewal.** Unlock and renew match the
+//!   key, the token's 16 random bytes and its fence; a stale or foreign
+//!   token changes nothing (`NotHeld`, `Lost`), and a lease that has
+//!   ended cannot be renewed (the contract suite).
+//! - **Fences are never issued twice.** A fence is `nextval` of the
+//!   table's sequence, shared by every key: it is greater than every
+//!   earlier fence of any key, also across a server restart
+//!   (`fences_keep_increasing_and_leases_survive_a_server_restart`). The
+//!   condition: the grant's commit must be durable before its answer, as
+//!   PostgreSQL's defaults make it (`fsync = on`, `synchronous_commit`
+//!   not `off`); a failover must go to a standby that had confirmed the
+//!   commits (synchronous replication), or a lost commit can hand a fence
+//!   out again.
+//! - **Leases survive a restart.** The table is an ordinary logged
+//!   table: a lease granted before a clean or crash restart is still
+//!   held after it, and the locker opens a new connection by itself
+//!   (the same test).
+//! - **Bounded requests.** Each request, connecting included, fails with
+//!   [`PgLockError::Timeout`] after the request timeout (default
+//!   [`DEFAULT_REQUEST_TIMEOUT`]) instead of hanging, and its connection
+//!   is given up (`a_request_to_a_server_that_does_not_answer_times_out`).
+//! - **Bounded table.** Every [`PURGE_EVERY`] grants the locker deletes up
+//!   to [`PURGE_BATCH`] rows whose leases have ended, so keys taken once
+//!   (message ids, schedule slots) do not pile up
+//!   (`ended_leases_are_purged`).
+//!
+//! # Limits
+//!
+//! - Leases end by the **server's wall clock** (`clock_timestamp()`): a
+//!   step of that clock shortens or lengthens the leases running. The
+//!   guards' own deadline (the active guard demotes at sent + ttl −
+//!   drift on its monotonic clock) does not depend on it.
+//! - TTLs are kept to the millisecond, rounded up.
+//! - One connection per locker; concurrent requests are pipelined on it.
+//!   A statement waits on a row lock only while another request for the
+//!   same key is in flight.
+//! - No TLS: connect over a trusted network or a Unix socket.
+//! - tokio-postgres needs tokio: inside a tokio runtime the connection is
+//!   a task of that runtime (which must have its time driver enabled);
+//!   elsewhere (smol, async-io, a plain executor) it runs on
+//!   async-compat's runtime thread.
+
+pub mod error;
+mod locker;
+pub mod server;
+pub mod sql;
+
+pub use error::PgLockError;
+pub use locker::{DEFAULT_REQUEST_TIMEOUT, PURGE_BATCH, PURGE_EVERY, PgLocker};

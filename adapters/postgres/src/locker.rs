@@ -1,0 +1,372 @@
+//! A fenced lock service on a PostgreSQL lease table.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_compat::Compat;
+use guard_core::lock::{
+    MAX_KEY_LEN, Renewal, SendLeaseRenewer, SendLocker, Token, TokenId, Ttl, UnlockError,
+};
+use guard_std::TokenIds;
+use tokio_postgres::{Client, Config, NoTls, Statement};
+
+use crate::error::PgLockError;
+use crate::server::{redacted, server_name};
+use crate::sql::{DEFAULT_TABLE, MAX_TABLE, Statements, identifier_rule};
+
+/// How long a request (connecting included) may take unless configured.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Every this many grants, the locker first deletes leases that have
+/// ended ([`PURGE_BATCH`] at most): keys taken once (a message id, a
+/// schedule slot) would otherwise stay in the table for good.
+pub const PURGE_EVERY: u64 = 1_024;
+
+/// The most ended leases one purge deletes.
+pub const PURGE_BATCH: i64 = 1_000;
+
+/// One connection with the locker's statements prepared on it.
+struct Session {
+    client: Client,
+    acquire: Statement,
+    renew: Statement,
+    release: Statement,
+    purge: Statement,
+}
+
+/// A `Locker` and `LeaseRenewer` on a PostgreSQL lease table (see
+/// [`crate::sql`] for the layout and the statements).
+///
+/// Acquire, renew and release are one statement each, on one connection
+/// that is opened on first use (creating the table unless it exists)
+/// and opened again after it fails. Leases run on the server's clock;
+/// fences come from a sequence, so they never repeat for any key.
+///
+/// ```no_run
+/// # smol::block_on(async {
+/// use guard_core::lock::{Locker, Ttl};
+/// use guard_postgres::PgLocker;
+///
+/// let locker = PgLocker::new("postgres://app@127.0.0.1/app")?;
+/// if let Some(token) = locker.try_lock("nightly-report", Ttl::from_secs(30)?).await? {
+///     println!("ours, fence {}", token.fence());
+///     locker.unlock("nightly-report", &token).await?;
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # });
+/// ```
+pub struct PgLocker {
+    config: Config,
+    server: String,
+    table: String,
+    statements: Statements,
+    ids: TokenIds,
+    request_timeout: Duration,
+    session: async_lock::Mutex<Option<Arc<Session>>>,
+    grants: AtomicU64,
+}
+
+impl fmt::Debug for PgLocker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgLocker")
+            .field("server", &self.server)
+            .field("table", &self.table)
+            .field("request_timeout", &self.request_timeout)
+            .finish()
+    }
+}
+
+impl PgLocker {
+    /// A locker on the server at `url` (a `postgres://` URL or a
+    /// `key=value` string, as tokio-postgres reads them; no TLS), on the
+    /// table [`DEFAULT_TABLE`], with [`DEFAULT_REQUEST_TIMEOUT`].
+    pub fn new(url: &str) -> Result<Self, PgLockError> {
+        let mut config: Config = url.parse().map_err(|e: tokio_postgres::Error| {
+            PgLockError::invalid("server URL", redacted(url), e.to_string())
+        })?;
+        if config.get_hosts().is_empty() {
+            return Err(PgLockError::invalid(
+                "server URL",
+                redacted(url),
+                "must name a host",
+            ));
+        }
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(DEFAULT_REQUEST_TIMEOUT);
+        }
+        Ok(PgLocker {
+            server: server_name(&config),
+            config,
+            table: DEFAULT_TABLE.to_owned(),
+            statements: Statements::new(DEFAULT_TABLE),
+            ids: TokenIds::new(),
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            session: async_lock::Mutex::new(None),
+            grants: AtomicU64::new(0),
+        })
+    }
+
+    /// Keeps the leases in `table` (a plain SQL identifier of at most
+    /// [`MAX_TABLE`] bytes; used quoted, so its case is kept).
+    pub fn with_table(mut self, table: &str) -> Result<Self, PgLockError> {
+        if let Some(rule) = identifier_rule(table, MAX_TABLE) {
+            return Err(PgLockError::invalid("table", table, rule));
+        }
+        self.table = table.to_owned();
+        self.statements = Statements::new(table);
+        Ok(self)
+    }
+
+    /// How long a request may wait for its answer (connecting included)
+    /// before it fails and its connection is given up; at least 1 ms.
+    pub fn with_request_timeout(mut self, timeout: Duration) -> Result<Self, PgLockError> {
+        if timeout < Duration::from_millis(1) {
+            return Err(PgLockError::invalid(
+                "request timeout",
+                format!("{timeout:?}"),
+                "must be at least 1 ms",
+            ));
+        }
+        self.request_timeout = timeout;
+        self.config.connect_timeout(timeout);
+        Ok(self)
+    }
+
+    /// The lease table.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// `host:port/database`, as errors and logs name the server.
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+
+    /// Opens the connection now (creating the table unless it exists),
+    /// so that a server that cannot be reached is found at start rather
+    /// than at the first grant.
+    pub async fn connect(&self) -> Result<(), PgLockError> {
+        Compat::new(self.session()).await.map(drop)
+    }
+
+    /// Deletes up to [`PURGE_BATCH`] rows whose leases have ended;
+    /// returns how many. The locker does this by itself every
+    /// [`PURGE_EVERY`] grants.
+    pub async fn purge_expired(&self) -> Result<u64, PgLockError> {
+        self.request("purge", async |s: &Session| {
+            s.client.execute(&s.purge, &[&PURGE_BATCH]).await
+        })
+        .await
+    }
+
+    /// Runs `op` on the current session (opened first if there is none
+    /// or it has failed), within the request timeout, on tokio (the
+    /// caller's runtime, or async-compat's). A request that times out
+    /// gives its connection up, so the next one opens a fresh one.
+    async fn request<T>(
+        &self,
+        statement: &'static str,
+        op: impl AsyncFnOnce(&Session) -> Result<T, tokio_postgres::Error>,
+    ) -> Result<T, PgLockError> {
+        Compat::new(async {
+            let session = self.session().await?;
+            match tokio::time::timeout(self.request_timeout, op(&session)).await {
+                Ok(answer) => answer.map_err(|e| PgLockError::query(statement, e)),
+                Err(_) => {
+                    self.give_up(&session).await;
+                    Err(PgLockError::Timeout {
+                        statement,
+                        after: self.request_timeout,
+                    })
+                }
+            }
+        })
+        .await
+    }
+
+    /// The open session, or a new one. Polled inside [`Compat`].
+    async fn session(&self) -> Result<Arc<Session>, PgLockError> {
+        let mut current = self.session.lock().await;
+        if let Some(session) = current.as_ref()
+            && !session.client.is_closed()
+        {
+            return Ok(Arc::clone(session));
+        }
+        *current = None;
+        let opened = tokio::time::timeout(self.request_timeout, self.open()).await;
+        let session = Arc::new(opened.unwrap_or(Err(PgLockError::Timeout {
+            statement: "connect",
+            after: self.request_timeout,
+        }))?);
+        *current = Some(Arc::clone(&session));
+        Ok(session)
+    }
+
+    /// Drops `session` if it is still the current one.
+    async fn give_up(&self, session: &Arc<Session>) {
+        let mut current = self.session.lock().await;
+        if current.as_ref().is_some_and(|c| Arc::ptr_eq(c, session)) {
+            *current = None;
+        }
+    }
+
+    /// Connects, creates the table unless it exists, and prepares the
+    /// statements. The connection is driven by a task of the tokio
+    /// runtime it was opened on, until the client is dropped.
+    async fn open(&self) -> Result<Session, PgLockError> {
+        let (client, connection) =
+            self.config
+                .connect(NoTls)
+                .await
+                .map_err(|e| PgLockError::Connect {
+                    server: self.server.clone(),
+                    source: Arc::new(e),
+                })?;
+        let server = self.server.clone();
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                log::warn!("PostgreSQL locker connection to {server} ended: {e}");
+            }
+        });
+        client
+            .batch_execute(&self.statements.create)
+            .await
+            .map_err(|e| PgLockError::query("create table", e))?;
+        let prepare = async |sql: &str| {
+            client
+                .prepare(sql)
+                .await
+                .map_err(|e| PgLockError::query("prepare", e))
+        };
+        let acquire = prepare(&self.statements.acquire).await?;
+        let renew = prepare(&self.statements.renew).await?;
+        let release = prepare(&self.statements.release).await?;
+        let purge = prepare(&self.statements.purge).await?;
+        Ok(Session {
+            client,
+            acquire,
+            renew,
+            release,
+            purge,
+        })
+    }
+
+    /// Purges ended leases every [`PURGE_EVERY`] grants; a failure is
+    /// logged, never the grant's.
+    async fn purge_now_and_then(&self) {
+        if self.grants.fetch_add(1, Ordering::Relaxed) % PURGE_EVERY != PURGE_EVERY - 1 {
+            return;
+        }
+        if let Err(e) = self.purge_expired().await {
+            log::warn!(
+                "PostgreSQL locker {}: purging ended leases: {e}",
+                self.server
+            );
+        }
+    }
+}
+
+/// `key`, if a lock key can be it: non-empty, at most [`MAX_KEY_LEN`]
+/// bytes, without NUL (which PostgreSQL's text refuses).
+fn checked_key(key: &str) -> Result<&str, PgLockError> {
+    if key.is_empty() || key.len() > MAX_KEY_LEN || key.contains('\0') {
+        return Err(PgLockError::invalid(
+            "lock key",
+            key,
+            format!("must be 1 to {MAX_KEY_LEN} bytes without NUL"),
+        ));
+    }
+    Ok(key)
+}
+
+/// The TTL in milliseconds as the statements take it (rounded up, so the
+/// server never holds a lock for less than asked).
+fn ttl_millis(ttl: Ttl) -> i64 {
+    i64::try_from(ttl.as_millis_ceil()).unwrap_or(i64::MAX)
+}
+
+/// A token's fence as the table keeps it; a fence past `i64::MAX` was
+/// never issued by the sequence, so it holds nothing.
+fn stored_fence(token: &Token) -> Option<i64> {
+    i64::try_from(token.fence()).ok()
+}
+
+impl SendLocker for PgLocker {
+    type Error = PgLockError;
+
+    async fn try_lock(&self, key: &str, ttl: Ttl) -> Result<Option<Token>, PgLockError> {
+        let key = checked_key(key)?;
+        self.purge_now_and_then().await;
+        let id = self.ids.next_id();
+        let (token, millis) = (&id.0[..], ttl_millis(ttl));
+        let row = self
+            .request("acquire", async |s: &Session| {
+                s.client
+                    .query_opt(&s.acquire, &[&key, &token, &millis])
+                    .await
+            })
+            .await?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let fence: i64 = row
+            .try_get(0)
+            .map_err(|e| PgLockError::UnexpectedReply(format!("acquire: {e}")))?;
+        match u64::try_from(fence) {
+            Ok(fence) if fence > 0 => Ok(Some(Token::new(id, fence))),
+            _ => Err(PgLockError::UnexpectedReply(format!("fence {fence}"))),
+        }
+    }
+
+    async fn unlock(&self, key: &str, token: &Token) -> Result<(), UnlockError<PgLockError>> {
+        let key = checked_key(key).map_err(UnlockError::Backend)?;
+        let Some(fence) = stored_fence(token) else {
+            return Err(UnlockError::NotHeld);
+        };
+        let id: &TokenId = token.id();
+        let held = self
+            .request("release", async |s: &Session| {
+                s.client
+                    .query_opt(&s.release, &[&key, &&id.0[..], &fence])
+                    .await
+            })
+            .await
+            .map_err(UnlockError::Backend)?;
+        match held.map(|row| row.try_get::<_, bool>(0)) {
+            Some(Ok(true)) => Ok(()),
+            // Not ours, or ours but ended: another holder may have had
+            // the key meanwhile, so this unlock released nothing live.
+            None | Some(Ok(false)) => Err(UnlockError::NotHeld),
+            Some(Err(e)) => Err(UnlockError::Backend(PgLockError::UnexpectedReply(format!(
+                "release: {e}"
+            )))),
+        }
+    }
+}
+
+impl SendLeaseRenewer for PgLocker {
+    async fn renew(&self, key: &str, token: &Token, ttl: Ttl) -> Result<Renewal, PgLockError> {
+        let key = checked_key(key)?;
+        let Some(fence) = stored_fence(token) else {
+            return Ok(Renewal::Lost);
+        };
+        let (id, millis) = (&token.id().0[..], ttl_millis(ttl));
+        let renewed = self
+            .request("renew", async |s: &Session| {
+                s.client
+                    .execute(&s.renew, &[&key, &id, &fence, &millis])
+                    .await
+            })
+            .await?;
+        Ok(if renewed == 1 {
+            Renewal::Held
+        } else {
+            Renewal::Lost
+        })
+    }
+}
+
+// The gateway's (and any process's) one shared handle: `SharedLocker`.
+guard_std::impl_dyn_locker!(PgLocker);

@@ -1,0 +1,168 @@
+//! The lease table and the statements on it: the one source of the
+//! locker's layout.
+//!
+//! ```sql
+//! CREATE TABLE "<table>" (
+//!     key        text        PRIMARY KEY,
+//!     token      bytea       NOT NULL,  -- the holder's 16-byte token id
+//!     fence      bigint      NOT NULL,  -- from the sequence, never reused
+//!     expires_at timestamptz NOT NULL   -- on the server's clock
+//! );
+//! CREATE SEQUENCE "<table>_fence" AS bigint;
+//! CREATE INDEX "<table>_expires" ON "<table>" (expires_at);
+//! ```
+//!
+//! Names are spliced into SQL text (a table cannot be a bind parameter),
+//! so only a plain identifier is accepted, and it is always used quoted:
+//! nothing a caller passes can end a statement or start another.
+
+/// The lease table, unless another is named.
+pub const DEFAULT_TABLE: &str = "guard_locks";
+
+/// PostgreSQL's longest identifier (`NAMEDATALEN - 1`); a longer one is
+/// cut silently by the server, so two names could meet.
+pub const MAX_IDENTIFIER: usize = 63;
+
+/// Appended to the table's name to name its fence sequence.
+const SEQUENCE_SUFFIX: &str = "_fence";
+
+/// Appended to the table's name to name its expiry index (the longest
+/// suffix).
+const INDEX_SUFFIX: &str = "_expires";
+
+/// The longest table name: its sequence and index names must fit too.
+pub const MAX_TABLE: usize = MAX_IDENTIFIER - INDEX_SUFFIX.len();
+
+/// Why `name` is not a plain identifier of at most `max` bytes, if it is
+/// not.
+pub fn identifier_rule(name: &str, max: usize) -> Option<String> {
+    let mut chars = name.chars();
+    let plain = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    (!plain || name.len() > max).then(|| {
+        format!(
+            "must be a plain SQL identifier: an ASCII letter or '_', then ASCII letters, digits or '_', at most {max} bytes"
+        )
+    })
+}
+
+/// `"name"`: a checked identifier, quoted (so its case is kept).
+pub fn quoted(name: &str) -> String {
+    format!("\"{name}\"")
+}
+
+/// The statements of one lease table, built once from its checked name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Statements {
+    /// Creates the table, its sequence and its index unless they exist,
+    /// in one transaction under an advisory lock named after the table,
+    /// so replicas starting together do not race on the catalog.
+    pub(crate) create: String,
+    /// Grants `$1` (text) to token `$2` (bytea) for `$3` milliseconds
+    /// (bigint) if the key is free or its lease has ended; returns the
+    /// new fence, or no row if the key is held.
+    pub(crate) acquire: String,
+    /// Extends `$1`'s lease to `$4` milliseconds from now if token `$2`
+    /// with fence `$3` holds it and its lease has not ended; one row
+    /// affected means renewed.
+    pub(crate) renew: String,
+    /// Deletes `$1` if token `$2` with fence `$3` holds it; returns
+    /// whether the lease was still running (an ended lease's row is
+    /// removed too, but the unlock reports it was not held).
+    pub(crate) release: String,
+    /// Deletes up to `$1` rows whose leases have ended.
+    pub(crate) purge: String,
+}
+
+impl Statements {
+    /// The statements on `table`, a name checked by [`identifier_rule`]
+    /// with [`MAX_TABLE`].
+    pub(crate) fn new(table: &str) -> Self {
+        let t = quoted(table);
+        let sequence = quoted(&format!("{table}{SEQUENCE_SUFFIX}"));
+        let index = quoted(&format!("{table}{INDEX_SUFFIX}"));
+        // A lease's end: the server's clock plus the TTL. `clock_timestamp`
+        // rather than `now`: the instant of the statement, not of its
+        // transaction's start.
+        let until = "clock_timestamp() + $T::bigint * interval '1 millisecond'";
+        Statements {
+            create: format!(
+                "BEGIN; \
+                 SELECT pg_advisory_xact_lock(hashtext('guard-postgres {table}')); \
+                 CREATE TABLE IF NOT EXISTS {t} (\
+                 key text PRIMARY KEY, \
+                 token bytea NOT NULL, \
+                 fence bigint NOT NULL, \
+                 expires_at timestamptz NOT NULL); \
+                 CREATE SEQUENCE IF NOT EXISTS {sequence} AS bigint; \
+                 CREATE INDEX IF NOT EXISTS {index} ON {t} (expires_at); \
+                 COMMIT"
+            ),
+            // One statement: the row lock of ON CONFLICT makes two
+            // contenders for one key wait on each other, and the second
+            // sees the first's live lease in the WHERE and takes nothing.
+            acquire: format!(
+                "INSERT INTO {t} AS held (key, token, fence, expires_at) \
+                 VALUES ($1, $2, nextval('{sequence}'), {}) \
+                 ON CONFLICT (key) DO UPDATE \
+                 SET token = excluded.token, fence = excluded.fence, expires_at = excluded.expires_at \
+                 WHERE held.expires_at <= clock_timestamp() \
+                 RETURNING fence",
+                until.replace("$T", "$3")
+            ),
+            renew: format!(
+                "UPDATE {t} SET expires_at = {} \
+                 WHERE key = $1 AND token = $2 AND fence = $3 AND expires_at > clock_timestamp()",
+                until.replace("$T", "$4")
+            ),
+            release: format!(
+                "DELETE FROM {t} WHERE key = $1 AND token = $2 AND fence = $3 \
+                 RETURNING expires_at > clock_timestamp()"
+            ),
+            purge: format!(
+                "DELETE FROM {t} WHERE key IN (\
+                 SELECT key FROM {t} WHERE expires_at <= clock_timestamp() \
+                 ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)"
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_plain_identifiers_that_leave_room_for_the_suffixes_are_names() {
+        assert_eq!(identifier_rule("guard_locks", MAX_TABLE), None);
+        assert_eq!(identifier_rule("_Locks2", MAX_TABLE), None);
+        for bad in ["", "2locks", "locks; drop table x", "lock\"s", "über"] {
+            assert!(identifier_rule(bad, MAX_TABLE).is_some(), "{bad:?}");
+        }
+        let longest = "a".repeat(MAX_TABLE);
+        assert_eq!(identifier_rule(&longest, MAX_TABLE), None);
+        assert!(identifier_rule(&format!("{longest}a"), MAX_TABLE).is_some());
+        assert!(format!("{longest}{INDEX_SUFFIX}").len() <= MAX_IDENTIFIER);
+    }
+
+    #[test]
+    fn statements_quote_the_names_and_compare_token_and_fence() {
+        let s = Statements::new("Locks");
+        assert!(s.create.contains("CREATE TABLE IF NOT EXISTS \"Locks\" ("));
+        assert!(
+            s.create
+                .contains("CREATE SEQUENCE IF NOT EXISTS \"Locks_fence\"")
+        );
+        assert!(s.acquire.contains("nextval('\"Locks_fence\"')"));
+        assert!(
+            s.acquire
+                .contains("WHERE held.expires_at <= clock_timestamp()")
+        );
+        assert!(s.renew.contains("token = $2 AND fence = $3"));
+        assert!(s.renew.contains("$4::bigint"));
+        assert!(s.release.contains("token = $2 AND fence = $3"));
+        assert!(s.purge.contains("FOR UPDATE SKIP LOCKED"));
+    }
+}

@@ -1,0 +1,238 @@
+//! `PgLocker` on real PostgreSQL servers: a database unique to each test
+//! on the machine's server (127.0.0.1:5432), and a private server for the
+//! restart.
+
+use std::net::TcpListener;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use guard_core::lock::{LeaseRenewer, Locker, Renewal, Ttl, UnlockError};
+use guard_postgres::{PURGE_EVERY, PgLockError, PgLocker};
+use guard_testkit::contract;
+use guard_testkit::postgres::{PgDatabase, PgServer};
+
+fn ttl(ms: u64) -> Ttl {
+    Ttl::from_millis(ms).unwrap()
+}
+
+fn rows(db: &PgDatabase, table: &str) -> u64 {
+    db.query(&format!("SELECT count(*) FROM \"{table}\""))
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn the_locker_contract_holds() {
+    let db = PgDatabase::create().expect("a database on the machine's PostgreSQL");
+    let locker = PgLocker::new(&db.url()).unwrap();
+    smol::block_on(contract::run_all(&locker, "pg", 16, |d| {
+        async_io::Timer::after(d)
+    }));
+}
+
+#[test]
+fn lockers_of_one_table_exclude_each_other_and_share_its_fences() {
+    let db = PgDatabase::create().unwrap();
+    let a = PgLocker::new(&db.url())
+        .unwrap()
+        .with_table("Shared")
+        .unwrap();
+    let b = PgLocker::new(&db.url())
+        .unwrap()
+        .with_table("Shared")
+        .unwrap();
+    smol::block_on(async {
+        let first = a.try_lock("k", ttl(60_000)).await.unwrap().unwrap();
+        assert_eq!(b.try_lock("k", ttl(60_000)).await.unwrap(), None);
+        assert!(
+            b.unlock("k", &first).await.is_ok(),
+            "a token is the proof, whoever holds the locker"
+        );
+        let second = b.try_lock("k", ttl(60_000)).await.unwrap().unwrap();
+        assert!(second.fence() > first.fence());
+        // Another table is another namespace.
+        let other = PgLocker::new(&db.url())
+            .unwrap()
+            .with_table("other")
+            .unwrap();
+        assert!(other.try_lock("k", ttl(60_000)).await.unwrap().is_some());
+    });
+    assert_eq!(rows(&db, "Shared"), 1);
+}
+
+#[test]
+fn fences_keep_increasing_and_leases_survive_a_server_restart() {
+    let mut server = PgServer::start().expect("a private PostgreSQL server");
+    let locker = PgLocker::new(&server.url()).unwrap();
+    let (held, before) = smol::block_on(async {
+        let held = locker
+            .try_lock("held", ttl(120_000))
+            .await
+            .unwrap()
+            .unwrap();
+        let mut last = held.fence();
+        for _ in 0..50 {
+            let t = locker
+                .try_lock("churn", ttl(60_000))
+                .await
+                .unwrap()
+                .unwrap();
+            locker.unlock("churn", &t).await.unwrap();
+            last = t.fence();
+        }
+        (held, last)
+    });
+    server.stop();
+    server.start_again().expect("the server starts again");
+    smol::block_on(async {
+        // The first request after the restart opens a new connection.
+        assert_eq!(
+            locker.try_lock("held", ttl(60_000)).await.unwrap(),
+            None,
+            "a lease granted before the restart is still held"
+        );
+        assert_eq!(
+            locker.renew("held", &held, ttl(60_000)).await.unwrap(),
+            Renewal::Held
+        );
+        let after = locker
+            .try_lock("churn", ttl(60_000))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            after.fence() > before,
+            "fence {} after the restart, {before} before",
+            after.fence()
+        );
+    });
+}
+
+#[test]
+fn a_request_to_a_server_that_does_not_answer_times_out() {
+    // Accepts connections and never says a word.
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in silent.incoming().flatten() {
+            held.push(stream);
+        }
+    });
+    let locker = PgLocker::new(&format!("postgres://app@127.0.0.1:{port}/app"))
+        .unwrap()
+        .with_request_timeout(Duration::from_millis(300))
+        .unwrap();
+    let started = Instant::now();
+    let err = smol::block_on(locker.try_lock("k", ttl(1_000))).unwrap_err();
+    assert!(
+        matches!(err, PgLockError::Timeout { .. }),
+        "{err:?} after {:?}",
+        started.elapsed()
+    );
+    assert!(started.elapsed() < Duration::from_secs(3), "{err}");
+    let err =
+        smol::block_on(locker.unlock("k", &guard_core::lock::Token::new(Default::default(), 1)));
+    assert!(
+        matches!(err, Err(UnlockError::Backend(PgLockError::Timeout { .. }))),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn ended_leases_are_purged() {
+    let db = PgDatabase::create().unwrap();
+    let locker = PgLocker::new(&db.url()).unwrap();
+    smol::block_on(async {
+        for i in 0..10 {
+            locker
+                .try_lock(&format!("once:{i}"), ttl(1))
+                .await
+                .unwrap()
+                .unwrap();
+        }
+        locker.try_lock("live", ttl(60_000)).await.unwrap().unwrap();
+        async_io::Timer::after(Duration::from_millis(20)).await;
+        assert_eq!(
+            locker.purge_expired().await.unwrap(),
+            10,
+            "the live lease stays"
+        );
+        // The locker purges by itself: keys taken once, each for 1 ms.
+        for i in 0..PURGE_EVERY {
+            locker
+                .try_lock(&format!("slot:{i}"), ttl(1))
+                .await
+                .unwrap()
+                .unwrap();
+        }
+    });
+    let left = rows(&db, "guard_locks");
+    assert!(
+        left < 100,
+        "{left} rows after {PURGE_EVERY} grants of 1 ms leases"
+    );
+}
+
+#[test]
+fn bad_parameters_and_keys_are_refused_naming_them() {
+    let err = PgLocker::new("postgres://app:secret@127.0.0.1:nope/app").unwrap_err();
+    let text = err.to_string();
+    assert!(text.starts_with("invalid server URL"), "{text}");
+    assert!(!text.contains("secret"), "the password is hidden: {text}");
+    let locker = || PgLocker::new("postgres://app@127.0.0.1/app").unwrap();
+    for table in ["", "locks; drop table x", "9locks", &"t".repeat(56)] {
+        let err = locker().with_table(table).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                PgLockError::InvalidInput {
+                    parameter: "table",
+                    ..
+                }
+            ),
+            "{table:?}: {err}"
+        );
+    }
+    let err = locker().with_request_timeout(Duration::ZERO).unwrap_err();
+    assert!(err.to_string().contains("request timeout"), "{err}");
+    for key in ["", "a\0b", &"k".repeat(257)] {
+        let err = smol::block_on(locker().try_lock(key, ttl(10))).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                PgLockError::InvalidInput {
+                    parameter: "lock key",
+                    ..
+                }
+            ),
+            "{key:?}: {err}"
+        );
+    }
+}
+
+#[test]
+fn a_locker_inside_a_tokio_runtime_runs_on_it() {
+    let db = PgDatabase::create().unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let locker = std::sync::Arc::new(PgLocker::new(&db.url()).unwrap());
+    runtime.block_on(async {
+        // Spawned: the locker's futures are Send.
+        let tasks: Vec<_> = (0..8)
+            .map(|_| {
+                let locker = locker.clone();
+                tokio::spawn(async move { locker.try_lock("race", ttl(60_000)).await })
+            })
+            .collect();
+        let mut won = 0;
+        for task in tasks {
+            won += usize::from(task.await.unwrap().unwrap().is_some());
+        }
+        assert_eq!(won, 1);
+    });
+}
