@@ -34,7 +34,7 @@ for target in "${targets[@]}"; do
     grep -qx "$target" <<<"$installed" || rustup target add "$target"
 done
 
-step "system packages: redis-server, redis-tools, mosquitto, qemu-system-arm, nats-server, mariadb, postgresql, rabbitmq-server"
+step "system packages: redis-server, redis-tools, mosquitto, qemu-system-arm, nats-server, mariadb, postgresql, rabbitmq-server, etcd-server, protobuf-compiler"
 need_packages=()
 command -v redis-server >/dev/null 2>&1 || need_packages+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || need_packages+=(redis-tools)
@@ -52,6 +52,10 @@ command -v mariadb >/dev/null 2>&1 || need_packages+=(mariadb-client)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_packages+=(postgresql)
 command -v psql >/dev/null 2>&1 || need_packages+=(postgresql-client)
 [ -x /usr/sbin/rabbitmq-server ] || command -v rabbitmq-server >/dev/null 2>&1 || need_packages+=(rabbitmq-server)
+# guard-etcd: its tests start an etcd cluster of their own (never the
+# machine's service), and etcd-client's build compiles etcd's protobufs.
+command -v etcd >/dev/null 2>&1 || need_packages+=(etcd-server)
+command -v protoc >/dev/null 2>&1 || need_packages+=(protobuf-compiler)
 if [ ${#need_packages[@]} -gt 0 ]; then
     if [ "$(id -u)" -ne 0 ]; then
         echo "missing Debian packages: ${need_packages[*]}; run as root or install them first" >&2
@@ -80,13 +84,17 @@ fi
 step "format"
 cargo fmt --all -- --check
 
+# The gateway's optional etcd locker is built and tested too (its build
+# needs protoc, installed above; the main job's build does not).
+features=(--features guard-gateway/etcd)
+
 step "clippy (all targets, warnings are errors)"
-cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo clippy --workspace --all-targets --locked "${features[@]}" -- -D warnings
 
 step "tests"
 test_log=$(mktemp)
 trap 'rm -f "$test_log"' EXIT
-cargo test --workspace --locked 2>&1 | tee "$test_log"
+cargo test --workspace --locked "${features[@]}" 2>&1 | tee "$test_log"
 
 step "network namespace: three TAP replicas electing through Redis (root only)"
 # Ignored by a plain `cargo test` (it needs root), so a run without root
@@ -168,7 +176,7 @@ if [ "${GUARD_BENCH:-0}" = "1" ]; then
     cargo bench -p guard-sim --locked --bench slots
 else
     # Each benchmark once, as a test: proves they run without timing them.
-    for bench in limiters peers keyed redis_throughput endpoints tower_layer; do
+    for bench in limiters peers keyed redis_throughput endpoints tower_layer lockers; do
         cargo bench -p guard-benches --locked --bench "$bench" -- --test
     done
     cargo bench -p guard-sim --locked --bench slots -- --test

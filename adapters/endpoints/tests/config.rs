@@ -174,7 +174,7 @@ fn bad_enumerations_name_the_allowed_values() {
     );
     let e = error("[locker]\nkind = \"zookeeper\"\n");
     assert!(
-        e.contains("zookeeper") && e.contains("`none`, `local`, `redis`, `postgres`"),
+        e.contains("zookeeper") && e.contains("`none`, `local`, `redis`, `postgres`, `etcd`"),
         "{e}"
     );
     let e = error("[guards]\nfail_policy = \"maybe\"\n");
@@ -252,6 +252,59 @@ fn a_postgres_locker_is_checked_with_its_own_rules() {
         e.contains("`locker.table` = set: expected no such key unless kind = \"postgres\""),
         "{e}"
     );
+}
+
+#[test]
+fn an_etcd_locker_names_its_members_or_the_feature_it_needs() {
+    let text = format!(
+        "{JOB}[locker]\nkind = \"etcd\"\nurls = [\"http://10.0.0.1:2379\", \"http://${{ETCD_HOST}}:2379\"]\nrequest_timeout_ms = 1500\n"
+    );
+    let env = |name: &str| (name == "ETCD_HOST").then(|| "etcd-2".to_owned());
+    let parsed = Config::from_toml_with_env(&text, env);
+    if cfg!(feature = "etcd") {
+        let c = parsed.unwrap();
+        let Locker::Etcd(etcd) = &c.locker else {
+            panic!("an etcd locker: {:?}", c.locker)
+        };
+        assert_eq!(
+            (etcd.endpoints.clone(), etcd.request_timeout),
+            (
+                vec![
+                    "http://10.0.0.1:2379".to_owned(),
+                    "http://etcd-2:2379".to_owned()
+                ],
+                Duration::from_millis(1500)
+            )
+        );
+    } else {
+        let e = parsed.unwrap_err().to_string();
+        assert!(
+            e.contains("`locker.kind` = \"etcd\"") && e.contains("`etcd` feature"),
+            "{e}"
+        );
+    }
+    for (text, expected) in [
+        ("", "`locker.urls` = []"),
+        (
+            "urls = [\"127.0.0.1:2379\"]\n",
+            "`locker.urls[0]` = \"127.0.0.1:2379\": expected an etcd client URL http://host:port",
+        ),
+        (
+            "urls = [\"http://a:2379\", \"https://b:2379\"]\n",
+            "`locker.urls[1]` = \"https://b:2379\"",
+        ),
+        (
+            "urls = [\"http://a:2379\"]\ntable = \"t\"\n",
+            "`locker.table` = set",
+        ),
+        (
+            "urls = [\"http://a:2379\"]\nrequest_timeout_ms = 0\n",
+            "`locker.request_timeout_ms` = 0",
+        ),
+    ] {
+        let e = error_with_job(&format!("[locker]\nkind = \"etcd\"\n{text}"));
+        assert!(e.contains(expected), "{text:?}: {e}");
+    }
 }
 
 #[test]

@@ -11,7 +11,9 @@
 //! wait on the backend's notion of time: a real timer for a server that
 //! expires keys on its own clock, embassy-time's timer for a locker on
 //! embassy-time, or a function that advances a simulated or manual clock
-//! (and returns at once).
+//! (and returns at once). A backend whose TTLs are coarse (etcd's leases
+//! are whole seconds, 1 s at the least) runs [`run_all_scaled`], which
+//! multiplies every TTL and every wait.
 //!
 //! Each check takes a fresh `namespace` (or key) for its keys, so backends
 //! shared between tests (a Redis server) do not interfere. A check panics
@@ -52,20 +54,29 @@ use guard_core::lock::{LeaseRenewer, Locker, Renewal, Token, Ttl, UnlockError};
 /// [`run_all`].
 pub const FENCE_ROUNDS: usize = 1_000;
 
-fn ttl(ms: u64) -> Ttl {
-    Ttl::from_millis(ms).expect("positive test TTL")
-}
+/// How much longer than the suite's own TTLs and waits a backend's are:
+/// every TTL and every sleep is multiplied by it (1 for the suite as
+/// written; etcd, whose leases are whole seconds with a server minimum,
+/// needs about 40).
+#[derive(Clone, Copy)]
+struct Scale(u32);
 
-fn ms(ms: u64) -> Duration {
-    Duration::from_millis(ms)
+impl Scale {
+    fn ttl(self, ms: u64) -> Ttl {
+        Ttl::from_millis(ms.saturating_mul(u64::from(self.0))).expect("positive test TTL")
+    }
+
+    fn ms(self, ms: u64) -> Duration {
+        Duration::from_millis(ms.saturating_mul(u64::from(self.0)))
+    }
 }
 
 fn backend<T>(key: &str, call: &str, result: Result<T, impl Display>) -> T {
     result.unwrap_or_else(|e| panic!("{key}: backend error in {call}: {e}"))
 }
 
-async fn grant<L: Locker>(locker: &L, key: &str, ms: u64) -> Option<Token> {
-    backend(key, "try_lock", locker.try_lock(key, ttl(ms)).await)
+async fn grant<L: Locker>(locker: &L, key: &str, scale: Scale, ms: u64) -> Option<Token> {
+    backend(key, "try_lock", locker.try_lock(key, scale.ttl(ms)).await)
 }
 
 async fn unlock<L: Locker>(locker: &L, key: &str, token: &Token) -> Result<(), ()> {
@@ -76,8 +87,14 @@ async fn unlock<L: Locker>(locker: &L, key: &str, token: &Token) -> Result<(), (
     }
 }
 
-async fn renew<L: LeaseRenewer>(locker: &L, key: &str, token: &Token, ms: u64) -> Renewal {
-    backend(key, "renew", locker.renew(key, token, ttl(ms)).await)
+async fn renew<L: LeaseRenewer>(
+    locker: &L,
+    key: &str,
+    token: &Token,
+    scale: Scale,
+    ms: u64,
+) -> Renewal {
+    backend(key, "renew", locker.renew(key, token, scale.ttl(ms)).await)
 }
 
 /// Runs every check, each on keys of its own under `namespace`;
@@ -89,26 +106,50 @@ where
     S: Fn(Duration) -> F,
     F: Future,
 {
-    exclusivity(locker, &format!("{namespace}:exclusive")).await;
-    compare_and_delete_unlock(locker, &format!("{namespace}:unlock")).await;
-    expiry(locker, &format!("{namespace}:expiry"), &sleep).await;
-    renewal(locker, &format!("{namespace}:renew"), &sleep).await;
-    fences_strictly_increase(locker, &format!("{namespace}:fence"), FENCE_ROUNDS).await;
-    one_winner_among(locker, &format!("{namespace}:race"), contenders).await;
+    run_all_scaled(locker, namespace, contenders, 1, sleep).await;
+}
+
+/// [`run_all`] with every TTL and every sleep multiplied by `scale`, for
+/// a backend whose TTLs are coarse: etcd's leases are whole seconds with a
+/// server minimum (about 1.5 election timeouts), so the suite's 50 to
+/// 250 ms TTLs and waits need a scale of about 40 there. A `scale` of 1
+/// is [`run_all`]; 0 is taken as 1.
+pub async fn run_all_scaled<L, S, F>(
+    locker: &L,
+    namespace: &str,
+    contenders: usize,
+    scale: u32,
+    sleep: S,
+) where
+    L: LeaseRenewer,
+    S: Fn(Duration) -> F,
+    F: Future,
+{
+    let scale = Scale(scale.max(1));
+    exclusivity_at(locker, &format!("{namespace}:exclusive"), scale).await;
+    compare_and_delete_unlock_at(locker, &format!("{namespace}:unlock"), scale).await;
+    expiry_at(locker, &format!("{namespace}:expiry"), scale, &sleep).await;
+    renewal_at(locker, &format!("{namespace}:renew"), scale, &sleep).await;
+    fences_strictly_increase_at(locker, &format!("{namespace}:fence"), FENCE_ROUNDS, scale).await;
+    one_winner_among_at(locker, &format!("{namespace}:race"), contenders, scale).await;
 }
 
 /// A held key is refused to everyone else; other keys are independent.
 pub async fn exclusivity<L: Locker>(locker: &L, key: &str) {
+    exclusivity_at(locker, key, Scale(1)).await;
+}
+
+async fn exclusivity_at<L: Locker>(locker: &L, key: &str, scale: Scale) {
     assert!(
-        grant(locker, key, 10_000).await.is_some(),
+        grant(locker, key, scale, 10_000).await.is_some(),
         "{key}: a free key is granted"
     );
     assert!(
-        grant(locker, key, 10_000).await.is_none(),
+        grant(locker, key, scale, 10_000).await.is_none(),
         "{key}: a held key is refused (None, not an error)"
     );
     assert!(
-        grant(locker, &format!("{key}:other"), 10_000)
+        grant(locker, &format!("{key}:other"), scale, 10_000)
             .await
             .is_some(),
         "{key}: keys are independent (another key is granted while this one is held)"
@@ -117,10 +158,14 @@ pub async fn exclusivity<L: Locker>(locker: &L, key: &str) {
 
 /// Unlock deletes only for the holder's token (compare-and-delete).
 pub async fn compare_and_delete_unlock<L: Locker>(locker: &L, key: &str) {
-    let first = grant(locker, key, 10_000)
+    compare_and_delete_unlock_at(locker, key, Scale(1)).await;
+}
+
+async fn compare_and_delete_unlock_at<L: Locker>(locker: &L, key: &str, scale: Scale) {
+    let first = grant(locker, key, scale, 10_000)
         .await
         .unwrap_or_else(|| panic!("{key}: a free key is granted"));
-    let other = grant(locker, &format!("{key}:x"), 10_000)
+    let other = grant(locker, &format!("{key}:x"), scale, 10_000)
         .await
         .unwrap_or_else(|| panic!("{key}:x: a free key is granted"));
     let wrong = Token::new(*other.id(), first.fence());
@@ -129,7 +174,7 @@ pub async fn compare_and_delete_unlock<L: Locker>(locker: &L, key: &str) {
         "{key}: a stale or wrong token never releases (NotHeld)"
     );
     assert!(
-        grant(locker, key, 10_000).await.is_none(),
+        grant(locker, key, scale, 10_000).await.is_none(),
         "{key}: still held after an unlock with a wrong token"
     );
     assert!(
@@ -140,7 +185,7 @@ pub async fn compare_and_delete_unlock<L: Locker>(locker: &L, key: &str) {
         unlock(locker, key, &first).await.is_err(),
         "{key}: a second unlock with the same token finds nothing (NotHeld)"
     );
-    let second = grant(locker, key, 10_000)
+    let second = grant(locker, key, scale, 10_000)
         .await
         .unwrap_or_else(|| panic!("{key}: free again after the holder's unlock"));
     assert_ne!(
@@ -159,7 +204,7 @@ pub async fn compare_and_delete_unlock<L: Locker>(locker: &L, key: &str) {
         "{key}: the previous holder's stale token does not release the new grant (NotHeld)"
     );
     assert!(
-        grant(locker, key, 10_000).await.is_none(),
+        grant(locker, key, scale, 10_000).await.is_none(),
         "{key}: the new grant is still held after a stale unlock"
     );
 }
@@ -171,15 +216,24 @@ where
     S: Fn(Duration) -> F,
     F: Future,
 {
-    let first = grant(locker, key, 60)
+    expiry_at(locker, key, Scale(1), sleep).await;
+}
+
+async fn expiry_at<L, S, F>(locker: &L, key: &str, scale: Scale, sleep: S)
+where
+    L: Locker,
+    S: Fn(Duration) -> F,
+    F: Future,
+{
+    let first = grant(locker, key, scale, 60)
         .await
         .unwrap_or_else(|| panic!("{key}: a free key is granted"));
     assert!(
-        grant(locker, key, 60).await.is_none(),
+        grant(locker, key, scale, 60).await.is_none(),
         "{key}: a key is held within its TTL"
     );
-    sleep(ms(120)).await;
-    let second = grant(locker, key, 10_000)
+    sleep(scale.ms(120)).await;
+    let second = grant(locker, key, scale, 10_000)
         .await
         .unwrap_or_else(|| panic!("{key}: a key is free once its TTL has passed (expiry)"));
     assert!(
@@ -193,7 +247,7 @@ where
         "{key}: an expired token releases nothing (NotHeld), not even the next holder's grant"
     );
     assert!(
-        grant(locker, key, 60).await.is_none(),
+        grant(locker, key, scale, 60).await.is_none(),
         "{key}: the next holder still holds after an expired token's unlock"
     );
 }
@@ -206,44 +260,53 @@ where
     S: Fn(Duration) -> F,
     F: Future,
 {
-    let token = grant(locker, key, 150)
+    renewal_at(locker, key, Scale(1), sleep).await;
+}
+
+async fn renewal_at<L, S, F>(locker: &L, key: &str, scale: Scale, sleep: S)
+where
+    L: LeaseRenewer,
+    S: Fn(Duration) -> F,
+    F: Future,
+{
+    let token = grant(locker, key, scale, 150)
         .await
         .unwrap_or_else(|| panic!("{key}: a free key is granted"));
     assert_eq!(
-        renew(locker, key, &token, 60_000).await,
+        renew(locker, key, &token, scale, 60_000).await,
         Renewal::Held,
         "{key}: the holder renews its live lease"
     );
-    sleep(ms(250)).await;
+    sleep(scale.ms(250)).await;
     assert!(
-        grant(locker, key, 150).await.is_none(),
+        grant(locker, key, scale, 150).await.is_none(),
         "{key}: a renewed lease outlives its first TTL (renewal extends)"
     );
-    let stranger = grant(locker, &format!("{key}:x"), 150)
+    let stranger = grant(locker, &format!("{key}:x"), scale, 150)
         .await
         .unwrap_or_else(|| panic!("{key}:x: a free key is granted"));
     let wrong = Token::new(*stranger.id(), token.fence());
     assert_eq!(
-        renew(locker, key, &wrong, 60_000).await,
+        renew(locker, key, &wrong, scale, 60_000).await,
         Renewal::Lost,
         "{key}: a wrong token renews nothing"
     );
 
     let short = format!("{key}:short");
-    let lapsed = grant(locker, &short, 50)
+    let lapsed = grant(locker, &short, scale, 50)
         .await
         .unwrap_or_else(|| panic!("{short}: a free key is granted"));
-    sleep(ms(100)).await;
+    sleep(scale.ms(100)).await;
     assert_eq!(
-        renew(locker, &short, &lapsed, 60_000).await,
+        renew(locker, &short, &lapsed, scale, 60_000).await,
         Renewal::Lost,
         "{short}: an expired lease cannot be renewed"
     );
-    let taker = grant(locker, &short, 60_000)
+    let taker = grant(locker, &short, scale, 60_000)
         .await
         .unwrap_or_else(|| panic!("{short}: a lapsed lease's key is free to take"));
     assert_eq!(
-        renew(locker, &short, &lapsed, 60_000).await,
+        renew(locker, &short, &lapsed, scale, 60_000).await,
         Renewal::Lost,
         "{short}: a lease lost to another holder cannot be renewed"
     );
@@ -252,7 +315,7 @@ where
         "{short}: the lost lease's token releases nothing (NotHeld)"
     );
     assert_eq!(
-        renew(locker, &short, &taker, 60_000).await,
+        renew(locker, &short, &taker, scale, 60_000).await,
         Renewal::Held,
         "{short}: the new holder renews"
     );
@@ -260,9 +323,18 @@ where
 
 /// The fence strictly increases over `rounds` acquisitions of one key.
 pub async fn fences_strictly_increase<L: Locker>(locker: &L, key: &str, rounds: usize) {
+    fences_strictly_increase_at(locker, key, rounds, Scale(1)).await;
+}
+
+async fn fences_strictly_increase_at<L: Locker>(
+    locker: &L,
+    key: &str,
+    rounds: usize,
+    scale: Scale,
+) {
     let mut last = 0u64;
     for round in 0..rounds {
-        let token = grant(locker, key, 10_000)
+        let token = grant(locker, key, scale, 10_000)
             .await
             .unwrap_or_else(|| panic!("{key}: free again after the holder's unlock"));
         assert!(
@@ -285,6 +357,10 @@ pub async fn fences_strictly_increase<L: Locker>(locker: &L, key: &str, rounds: 
 /// have started; with a backend that answers later, all the requests are
 /// in flight together.
 pub async fn one_winner_among<L: Locker>(locker: &L, key: &str, contenders: usize) {
+    one_winner_among_at(locker, key, contenders, Scale(1)).await;
+}
+
+async fn one_winner_among_at<L: Locker>(locker: &L, key: &str, contenders: usize, scale: Scale) {
     let arrived = &Cell::new(0usize);
     let racers = (0..contenders).map(|_| async move {
         arrived.set(arrived.get() + 1);
@@ -297,7 +373,7 @@ pub async fn one_winner_among<L: Locker>(locker: &L, key: &str, contenders: usiz
             }
         })
         .await;
-        grant(locker, key, 10_000).await
+        grant(locker, key, scale, 10_000).await
     });
     let winners: Vec<Token> = join_all(racers).await.into_iter().flatten().collect();
     assert_eq!(

@@ -10,6 +10,8 @@
 //!   binlog), [`postgres`] (a database unique to the test, or a private
 //!   server) and [`rabbitmq`] (a virtual host unique to the test, or a
 //!   private node): the other sources' servers, the same way;
+//! - [`etcd::EtcdCluster`]: an etcd cluster of N members, whose members
+//!   a test kills, restarts, pauses and resumes;
 //! - [`TestCerts`]: a CA and the server and client certificates it
 //!   signed, made by the test, for the servers' TLS listeners
 //!   (`RedisServer::start_tls`, `RedisCluster::start_tls`,
@@ -26,6 +28,7 @@
 //! ```
 
 pub mod contract;
+pub mod etcd;
 mod faulty;
 pub mod mariadb;
 mod mosquitto;

@@ -3,7 +3,9 @@
 //! peer's in the same run and their ratio, and the tables the benchmarks
 //! publish themselves (bytes per key, Redis throughput, endpoint
 //! throughput: Redis, MQTT, NATS and JetStream, RabbitMQ, PostgreSQL and
-//! the MariaDB binlog, each beside a plain client loop).
+//! the MariaDB binlog, each beside a plain client loop; the lockers'
+//! acquisitions per second). Sections it does not write (the HTTP
+//! layer's, measured with wrk by hand) are kept from the file as it was.
 //!
 //! `cargo run --release -p guard-benches --bin bench-results [-- --quick]`
 //!
@@ -268,6 +270,7 @@ fn run() -> Result<PathBuf, String> {
         &["100000"]
     };
     cargo_bench(&root, &extras, "endpoints", endpoint_counts)?;
+    cargo_bench(&root, &extras, "lockers", &[if quick { "1" } else { "3" }])?;
 
     let mut out = String::new();
     out.push_str("# Benchmark results\n\n");
@@ -319,12 +322,27 @@ fn run() -> Result<PathBuf, String> {
              (Redis, MQTT, NATS and JetStream, RabbitMQ, PostgreSQL, MariaDB binlog)",
             "endpoints.md",
         ),
+        (
+            "Lockers: acquisitions per second, one replica, at concurrency 1 and 16",
+            "lockers.md",
+        ),
     ] {
         let path = extras.join(file);
         let table = fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
         out.push_str(&format!("\n## {title}\n\n{table}"));
     }
     let path = crate_dir.join("RESULTS.md");
+    // Sections this command does not write (a benchmark run by hand, such
+    // as the HTTP layer's with wrk) are kept as they were.
+    if let Ok(old) = fs::read_to_string(&path) {
+        for section in old.split("\n## ").skip(1) {
+            let title = section.lines().next().unwrap_or_default();
+            if !out.contains(&format!("\n## {title}\n")) {
+                out.push_str(&format!("\n## {}", section.trim_end()));
+                out.push('\n');
+            }
+        }
+    }
     fs::write(&path, out).map_err(|e| format!("{}: {e}", path.display()))?;
     Ok(path)
 }

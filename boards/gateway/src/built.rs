@@ -50,6 +50,8 @@ pub async fn build(config: &Config) -> Result<Built, GatewayError> {
                 .map_err(GatewayError::Locker)?,
         )),
         (Locker::Postgres(l), _) => Some(SharedLocker::new(postgres(l).await?)),
+        #[cfg(feature = "etcd")]
+        (Locker::Etcd(l), _) => Some(SharedLocker::new(etcd(l).await?)),
         _ => None,
     };
     let mut guards = GuardConfig::new().with_owner(config.guards.owner.clone());
@@ -94,6 +96,25 @@ async fn postgres(l: &PostgresLocker) -> Result<PgLocker, GatewayError> {
         .and_then(|p| p.with_request_timeout(l.request_timeout))
         .map_err(failed)?;
     locker.connect().await.map_err(failed)?;
+    Ok(locker)
+}
+
+/// The etcd locker `l` names, checked (a member with a leader answered),
+/// so a cluster that cannot be reached stops the start.
+#[cfg(feature = "etcd")]
+async fn etcd(
+    l: &guard_endpoints::config::EtcdLocker,
+) -> Result<guard_etcd::EtcdLocker, GatewayError> {
+    let failed = |source: guard_etcd::EtcdError| GatewayError::LockService {
+        kind: "etcd",
+        source: Box::new(source),
+    };
+    let config =
+        guard_etcd::EtcdConfig::new(l.endpoints.iter().cloned()).with_timeout(l.request_timeout);
+    let locker = guard_etcd::EtcdLocker::connect(config)
+        .await
+        .map_err(failed)?;
+    locker.check().await.map_err(failed)?;
     Ok(locker)
 }
 

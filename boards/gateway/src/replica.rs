@@ -209,6 +209,7 @@ pub fn summary(config: &Config) -> String {
             format!("redis ({mode}), prefix {:?}", l.prefix)
         }
         Locker::Postgres(l) => format!("postgres, table {:?}", l.table),
+        Locker::Etcd(l) => format!("etcd, {} members", l.endpoints.len()),
         _ => "another kind".to_owned(),
     };
     let schedules: Vec<String> = config

@@ -46,6 +46,8 @@ mod connect;
 // Without its feature a kind is read, then refused.
 #[cfg_attr(not(feature = "amqp"), allow(dead_code, unused_imports))]
 mod amqp;
+#[cfg_attr(not(feature = "etcd"), allow(dead_code, unused_imports))]
+mod etcd;
 #[cfg_attr(not(feature = "mysql"), allow(dead_code, unused_imports))]
 mod mysql;
 #[cfg_attr(not(feature = "nats"), allow(dead_code, unused_imports))]
@@ -159,6 +161,17 @@ pub enum Locker {
     Redis(RedisLocker),
     /// A PostgreSQL lease table, shared by every replica (linearizable).
     Postgres(PostgresLocker),
+    /// An etcd cluster, shared by every replica (linearizable).
+    Etcd(EtcdLocker),
+}
+
+/// `[locker] kind = "etcd"`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdLocker {
+    /// The members' client URLs (`http://host:port`), `${VAR}`s expanded.
+    pub endpoints: Vec<String>,
+    /// Each request's timeout.
+    pub request_timeout: Duration,
 }
 
 /// `[locker] kind = "postgres"`: checked with guard-postgres's own rules

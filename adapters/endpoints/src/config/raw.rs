@@ -98,6 +98,7 @@ pub(super) enum LockerKind {
     Local,
     Redis,
     Postgres,
+    Etcd,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]

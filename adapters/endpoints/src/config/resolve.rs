@@ -355,7 +355,7 @@ fn redis_tls(
 }
 
 fn locker(l: &raw::Locker, env: Env<'_>) -> Result<Locker, ConfigError> {
-    use raw::LockerKind::{Postgres, Redis};
+    use raw::LockerKind::{Etcd, Postgres, Redis};
     // Each key belongs to the kinds listed; set under another kind it is
     // refused rather than ignored.
     let only = |set: bool, field: &str, kinds: &[raw::LockerKind], allowed: &str| {
@@ -376,7 +376,12 @@ fn locker(l: &raw::Locker, env: Env<'_>) -> Result<Locker, ConfigError> {
         &[Redis, Postgres],
         "\"redis\" or \"postgres\"",
     )?;
-    only(!l.urls.is_empty(), "urls", &[Redis], redis)?;
+    only(
+        !l.urls.is_empty(),
+        "urls",
+        &[Redis, Etcd],
+        "\"redis\" or \"etcd\"",
+    )?;
     only(
         l.mode != raw::RedisMode::Standalone,
         "mode",
@@ -393,6 +398,7 @@ fn locker(l: &raw::Locker, env: Env<'_>) -> Result<Locker, ConfigError> {
         raw::LockerKind::None => return Ok(Locker::None),
         raw::LockerKind::Local => return Ok(Locker::Local),
         raw::LockerKind::Postgres => return super::postgres::locker(l, env),
+        raw::LockerKind::Etcd => return super::etcd::locker(l, env),
         raw::LockerKind::Redis => {}
     }
     let prefix = l.prefix.trim();

@@ -1,0 +1,151 @@
+//! The common Locker contract against a real 3-member etcd cluster, from
+//! smol (async-compat's tokio runtime underneath) and from inside a tokio
+//! runtime.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use guard_core::lock::{Locker, Ttl};
+use guard_etcd::{Call, EtcdConfig, EtcdError, EtcdLocker};
+use guard_testkit::contract;
+use guard_testkit::etcd::EtcdCluster;
+
+/// The suite's 50 to 250 ms TTLs and waits, times 40: etcd's leases are
+/// whole seconds, at least 1 s with this cluster's 500 ms election
+/// timeout, and expire on a 500 ms check.
+const SCALE: u32 = 40;
+
+#[test]
+fn a_three_member_cluster_passes_the_locker_contract() {
+    let cluster = EtcdCluster::start(3).expect("etcd cluster");
+    let started = Instant::now();
+    smol::block_on(async {
+        let locker = EtcdLocker::connect(EtcdConfig::new(cluster.endpoints()))
+            .await
+            .expect("etcd client");
+        contract::run_all_scaled(
+            &locker,
+            "guard/test/contract",
+            10,
+            SCALE,
+            smol::Timer::after,
+        )
+        .await;
+    });
+    eprintln!("contract suite on etcd: {:?}", started.elapsed());
+}
+
+#[test]
+fn inside_a_tokio_runtime_its_futures_are_send_and_one_task_wins() {
+    let cluster = EtcdCluster::start(3).expect("etcd cluster");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let locker = Arc::new(
+            EtcdLocker::connect(EtcdConfig::new(cluster.endpoints()))
+                .await
+                .expect("etcd client"),
+        );
+        // `tokio::spawn` asks for `Send` futures: a `SendLocker`'s are.
+        let tasks: Vec<_> = (0..8)
+            .map(|_| {
+                let locker = locker.clone();
+                tokio::spawn(async move {
+                    locker
+                        .try_lock("guard/test/tokio", Ttl::from_secs(30).unwrap())
+                        .await
+                })
+            })
+            .collect();
+        let mut winners = Vec::new();
+        for task in tasks {
+            if let Some(token) = task.await.unwrap().expect("try_lock") {
+                winners.push(token);
+            }
+        }
+        assert_eq!(winners.len(), 1, "exactly one of 8 tasks wins");
+        locker
+            .unlock("guard/test/tokio", &winners[0])
+            .await
+            .expect("the winner releases");
+    });
+}
+
+#[test]
+fn an_endpoint_that_refuses_connections_is_skipped() {
+    let cluster = EtcdCluster::start(3).expect("etcd cluster");
+    // A dead member first: nothing listens on a port just freed.
+    let dead = format!("http://127.0.0.1:{}", guard_testkit::free_port().unwrap());
+    let mut endpoints = vec![dead];
+    endpoints.extend(cluster.endpoints());
+    smol::block_on(async {
+        let locker = EtcdLocker::connect(EtcdConfig::new(endpoints))
+            .await
+            .expect("etcd client");
+        // A refused request was never sent: it goes to the next endpoint
+        // at once, and every call succeeds, the first one too.
+        for round in 0..20 {
+            let key = format!("guard/test/refused/{round}");
+            let token = locker
+                .try_lock(&key, Ttl::from_secs(5).unwrap())
+                .await
+                .unwrap_or_else(|e| panic!("round {round}: {e}"))
+                .expect("a free key is granted");
+            locker.unlock(&key, &token).await.expect("unlock");
+        }
+    });
+}
+
+#[test]
+fn an_unreachable_cluster_is_an_error_naming_the_call_and_endpoint() {
+    // Nothing listens on a port just freed.
+    let port = guard_testkit::free_port().unwrap();
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let err = smol::block_on(async {
+        let locker = EtcdLocker::connect(
+            EtcdConfig::new([endpoint.clone()]).with_timeout(Duration::from_millis(500)),
+        )
+        .await
+        .expect("connecting is lazy");
+        locker
+            .try_lock("guard/test/unreachable", Ttl::from_secs(5).unwrap())
+            .await
+            .expect_err("no server, no token")
+    });
+    assert!(
+        matches!(
+            err,
+            EtcdError::Request {
+                call: Call::LeaseGrant,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let message = err.to_string();
+    assert!(
+        message.starts_with(&format!("etcd lease grant at {endpoint} failed: ")),
+        "{message}"
+    );
+}
+
+#[test]
+fn no_endpoint_is_refused() {
+    let err = smol::block_on(EtcdLocker::connect(EtcdConfig::new(Vec::<String>::new())))
+        .expect_err("no endpoint");
+    assert!(matches!(err, EtcdError::NoEndpoints), "{err:?}");
+}
+
+#[test]
+fn a_missing_etcd_names_its_debian_package() {
+    let err =
+        guard_testkit::find_binary("etcd", "etcd-server", std::ffi::OsStr::new("/nonexistent"))
+            .unwrap_err();
+    assert!(
+        err.to_string().contains("apt-get install etcd-server"),
+        "{err}"
+    );
+}
