@@ -145,10 +145,10 @@ pub struct WorldConfig {
     pub request_timeout: Duration,
     /// How far the lock service's replica lags its primary.
     pub replication_lag: Duration,
-    /// Whether the lock service is linearizable (etcd, PostgreSQL with a
-    /// synchronous standby): no failover or restart loses a write it
-    /// answered, and live leases run again for their full length after
-    /// one. `replication_lag` then plays no part.
+    /// Whether the lock service is linearizable, modelled on etcd: no
+    /// failover or restart loses a write it answered, and live leases run
+    /// again for their full length after one. `replication_lag` then
+    /// plays no part.
     pub linearizable: bool,
     /// The leader lease (none: no ActiveGuard).
     pub active: Option<ActiveConfig>,

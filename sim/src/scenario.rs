@@ -44,10 +44,12 @@ pub enum Scenario {
     /// counter. Fences derived from server time still only grow; the old
     /// leader's effects are rejected; a slot may run twice.
     RestartWithoutPersistence,
-    /// `failover`'s faults against a linearizable lock service (etcd,
-    /// PostgreSQL with a synchronous standby): no failover loses a write,
-    /// so no second leader appears, no slot runs twice, and fences from a
-    /// plain counter never repeat.
+    /// `failover`'s faults against a linearizable lock service modelled on
+    /// etcd (a write is answered once a quorum has it; a new leader runs
+    /// every live lease again for its full length): no second leader
+    /// appears, no slot runs twice, and fences from a plain counter never
+    /// repeat. What a linearizable service removes is the lost write; this
+    /// checks that the guards need nothing more.
     LinearizableFailover,
     /// Clocks without discipline, skewed as in `skew-below`: their drift
     /// accumulates until offsets pass the slot key's retention and slots
@@ -296,9 +298,6 @@ impl Scenario {
                 | Scenario::LinearizableFailover
         ) {
             expect(report.dual_leader_ns == 0, "never two acting leaders");
-        }
-        if self == Scenario::LinearizableFailover {
-            expect(report.lost_writes == 0, "no failover loses a write");
         }
         if matches!(self, Scenario::SkewBelow | Scenario::Once) {
             expect(report.slots_missed == 0, "no slot missed");

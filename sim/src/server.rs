@@ -239,13 +239,14 @@ impl Store {
 /// writes not yet replicated keep what they replaced, so a failover takes
 /// them back and the replica's data is what remains.
 ///
-/// A [linearizable](LockService::linearizable) service (etcd's Raft, a
-/// PostgreSQL primary with a synchronous standby) answers a write only
-/// once a quorum has it: a failover loses nothing, and the new leader
-/// runs every live lease again for its full length from the end of the
-/// downtime (etcd's lessor on promotion; a lease outlives its holder's
-/// deadline, never the reverse). Its restarts keep the data (a log on
-/// disk), with the same extension.
+/// A [linearizable](LockService::linearizable) service, modelled on etcd's
+/// Raft, answers a write only once a quorum has it: a failover loses
+/// nothing, and the new leader runs every live lease again for its full
+/// length from the end of the downtime (etcd's lessor on promotion; a
+/// lease outlives its holder's deadline, never the reverse). Its restarts
+/// keep the data (a log on disk), with the same extension. (A PostgreSQL
+/// primary with a synchronous standby loses no write either, but keeps
+/// absolute expiries on the new primary's clock: not this model.)
 #[derive(Debug)]
 pub struct LockService {
     store: Store,

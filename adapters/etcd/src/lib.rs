@@ -64,6 +64,17 @@
 //!   to its new lease, which is then kept (the key lives the longer of the
 //!   two leases).
 //!
+//! Limits:
+//! - **etcd keeps every revision until it is compacted.** Each grant,
+//!   renewal (a put on the new lease) and release writes a revision; run
+//!   etcd with `--auto-compaction-retention` (as Kubernetes does), or its
+//!   space quota fills and it refuses writes (every guard then fails
+//!   closed).
+//! - **Fail-fast is for a member that knows it has no leader.** A member
+//!   cut off from its quorum answers "no leader" once its election
+//!   timeout has passed; before that, a request it forwards waits for the
+//!   request timeout.
+//!
 //! It works inside a tokio runtime and outside one (smol, async-io, a
 //! plain `block_on`): etcd-client needs tokio's reactor, and each call runs
 //! inside async-compat's `Compat`, which enters the caller's tokio runtime

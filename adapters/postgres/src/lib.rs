@@ -25,21 +25,30 @@
 //!
 //! # Guarantees
 //!
-//! Each names the test that backs it (in `tests/`).
+//! Each names the test that backs it (in `tests/pg_locker.rs`).
 //!
 //! - **One holder per key.** A grant is one `INSERT ... ON CONFLICT DO
 //!   UPDATE ... WHERE expires_at <= clock_timestamp()`: the row lock makes
 //!   contenders for one key wait on each other, and a contender that finds
 //!   a live lease takes nothing. PostgreSQL is a single primary, so this
 //!   holds for every client of the server, with no replication window
-//!   (`pg_locker.rs::the_locker_contract_holds`, 16 contenders a key).
+//!   (`lockers_on_connections_of_their_own_race_and_exactly_one_wins_each_round`:
+//!   six lockers, each on its own connection, on new keys and on keys whose
+//!   lease ended; and the contract suite, `the_locker_contract_holds`).
 //! - **Compare-on-token release and renewal.** Unlock and renew match the
-//!   key, the token's 16 random bytes and its fence; a stale or foreign
-//!   token changes nothing (`NotHeld`, `Lost`), and a lease that has
-//!   ended cannot be renewed (the contract suite).
-//! - **Fences are never issued twice.** A fence is `nextval` of the
-//!   table's sequence, shared by every key: it is greater than every
-//!   earlier fence of any key, also across a server restart
+//!   key, the token's 16 random bytes and its fence, and only a lease that
+//!   has not ended; a stale or foreign token changes nothing (`NotHeld`,
+//!   `Lost`) (the contract suite).
+//! - **Fences strictly increase per key and are never issued twice.** A
+//!   fence is `nextval` of the table's sequence. A key taken from an
+//!   ended lease draws it in the `SET`, under the row's lock, so above
+//!   every fence drawn before (`a_taken_key_s_fence_is_drawn_under_its_row_lock`);
+//!   a new row's is drawn before its insert, and no later-drawn fence can
+//!   precede it in the table, because a key's row stays (a release ends
+//!   its lease, it does not delete it) until a purge at least the purge
+//!   grace after its lease ended, longer than any statement may run (the
+//!   session's `statement_timeout` is the request timeout, at most half
+//!   the grace). Also across a server restart
 //!   (`fences_keep_increasing_and_leases_survive_a_server_restart`). The
 //!   condition: the grant's commit must be durable before its answer, as
 //!   PostgreSQL's defaults make it (`fsync = on`, `synchronous_commit`
@@ -47,17 +56,20 @@
 //!   commits (synchronous replication), or a lost commit can hand a fence
 //!   out again.
 //! - **Leases survive a restart.** The table is an ordinary logged
-//!   table: a lease granted before a clean or crash restart is still
-//!   held after it, and the locker opens a new connection by itself
+//!   table: a lease granted before a restart (tested: a fast shutdown) is
+//!   still held after it, and the locker opens a new connection by itself
 //!   (the same test).
-//! - **Bounded requests.** Each request, connecting included, fails with
-//!   [`PgLockError::Timeout`] after the request timeout (default
-//!   [`DEFAULT_REQUEST_TIMEOUT`]) instead of hanging, and its connection
-//!   is given up (`a_request_to_a_server_that_does_not_answer_times_out`).
-//! - **Bounded table.** Every [`PURGE_EVERY`] grants the locker deletes up
-//!   to [`PURGE_BATCH`] rows whose leases have ended, so keys taken once
-//!   (message ids, schedule slots) do not pile up
-//!   (`ended_leases_are_purged`).
+//! - **Bounded requests.** Each request, waiting for the connection and
+//!   connecting included, fails with [`PgLockError::Timeout`] after the
+//!   request timeout (default [`DEFAULT_REQUEST_TIMEOUT`]) instead of
+//!   hanging; its statement is cancelled and its connection abandoned,
+//!   and the server ends statements and lock waits at the same timeout
+//!   (`a_request_to_a_server_that_does_not_answer_times_out`).
+//! - **Bounded table.** After every [`PURGE_EVERY`] acquisitions the
+//!   locker deletes up to [`PURGE_BATCH`] rows whose leases ended more
+//!   than the purge grace ago (default [`DEFAULT_PURGE_GRACE`]), so keys
+//!   taken once (message ids, schedule slots) do not pile up
+//!   (`ended_leases_are_purged_after_their_grace`).
 //!
 //! # Limits
 //!
@@ -65,10 +77,17 @@
 //!   step of that clock shortens or lengthens the leases running. The
 //!   guards' own deadline (the active guard demotes at sent + ttl −
 //!   drift on its monotonic clock) does not depend on it.
+//! - An acquire that timed out may have committed: the key is then held
+//!   for its TTL with no token anywhere (a standby takes over later,
+//!   never earlier).
+//! - Every acquisition, won or lost, is a write transaction (ON CONFLICT
+//!   locks the row it finds): standbys' attempts write to the WAL.
 //! - TTLs are kept to the millisecond, rounded up.
-//! - One connection per locker; concurrent requests are pipelined on it.
-//!   A statement waits on a row lock only while another request for the
-//!   same key is in flight.
+//! - One connection per locker; concurrent requests are pipelined on it,
+//!   and the server runs them one after another.
+//! - The table is created, with its sequence and index, when it does not
+//!   exist (which needs the rights to); a table a DBA created is used as
+//!   it is.
 //! - No TLS: connect over a trusted network or a Unix socket.
 //! - tokio-postgres needs tokio: inside a tokio runtime the connection is
 //!   a task of that runtime (which must have its time driver enabled);
@@ -81,4 +100,6 @@ pub mod server;
 pub mod sql;
 
 pub use error::PgLockError;
-pub use locker::{DEFAULT_REQUEST_TIMEOUT, PURGE_BATCH, PURGE_EVERY, PgLocker};
+pub use locker::{
+    DEFAULT_PURGE_GRACE, DEFAULT_REQUEST_TIMEOUT, PURGE_BATCH, PURGE_EVERY, PgLocker,
+};

@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_compat::Compat;
@@ -19,13 +19,20 @@ use crate::sql::{DEFAULT_TABLE, MAX_TABLE, Statements, identifier_rule};
 /// How long a request (connecting included) may take unless configured.
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Every this many grants, the locker first deletes leases that have
-/// ended ([`PURGE_BATCH`] at most): keys taken once (a message id, a
-/// schedule slot) would otherwise stay in the table for good.
+/// After every this many acquisitions, the locker deletes rows whose
+/// leases ended more than the purge grace ago ([`PURGE_BATCH`] at most):
+/// keys taken once (a message id, a schedule slot) would otherwise stay
+/// in the table for good.
 pub const PURGE_EVERY: u64 = 1_024;
 
 /// The most ended leases one purge deletes.
 pub const PURGE_BATCH: i64 = 1_000;
+
+/// How long after its lease ended a key's row is kept, unless configured
+/// (at least twice the request timeout, which is also the session's
+/// `statement_timeout`): no grant still running can have drawn its fence
+/// before a grant whose row a purge removed.
+pub const DEFAULT_PURGE_GRACE: Duration = Duration::from_secs(600);
 
 /// One connection with the locker's statements prepared on it.
 struct Session {
@@ -34,6 +41,9 @@ struct Session {
     renew: Statement,
     release: Statement,
     purge: Statement,
+    /// Set when a request on it timed out: the next request opens
+    /// another (a hung connection does not report itself closed).
+    abandoned: AtomicBool,
 }
 
 /// A `Locker` and `LeaseRenewer` on a PostgreSQL lease table (see
@@ -64,8 +74,9 @@ pub struct PgLocker {
     statements: Statements,
     ids: TokenIds,
     request_timeout: Duration,
+    purge_grace: Duration,
     session: async_lock::Mutex<Option<Arc<Session>>>,
-    grants: AtomicU64,
+    acquisitions: AtomicU64,
 }
 
 impl fmt::Debug for PgLocker {
@@ -103,8 +114,9 @@ impl PgLocker {
             statements: Statements::new(DEFAULT_TABLE),
             ids: TokenIds::new(),
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            purge_grace: DEFAULT_PURGE_GRACE,
             session: async_lock::Mutex::new(None),
-            grants: AtomicU64::new(0),
+            acquisitions: AtomicU64::new(0),
         })
     }
 
@@ -119,18 +131,42 @@ impl PgLocker {
         Ok(self)
     }
 
-    /// How long a request may wait for its answer (connecting included)
-    /// before it fails and its connection is given up; at least 1 ms.
+    /// How long a request may take, waiting for the connection and
+    /// connecting included, before it fails, its statement is cancelled
+    /// and its connection given up; at least 1 ms, and less than half the
+    /// purge grace. It is also the session's `statement_timeout` and
+    /// `lock_timeout`, so the server ends what the client gave up.
     pub fn with_request_timeout(mut self, timeout: Duration) -> Result<Self, PgLockError> {
-        if timeout < Duration::from_millis(1) {
+        if timeout < Duration::from_millis(1) || timeout * 2 > self.purge_grace {
             return Err(PgLockError::invalid(
                 "request timeout",
                 format!("{timeout:?}"),
-                "must be at least 1 ms",
+                format!(
+                    "must be at least 1 ms and at most half the purge grace ({:?})",
+                    self.purge_grace
+                ),
             ));
         }
         self.request_timeout = timeout;
         self.config.connect_timeout(timeout);
+        Ok(self)
+    }
+
+    /// How long after its lease ended a key's row is kept before a purge
+    /// may delete it (default [`DEFAULT_PURGE_GRACE`]); at least twice the
+    /// request timeout, which bounds how long a grant's statement runs.
+    pub fn with_purge_grace(mut self, grace: Duration) -> Result<Self, PgLockError> {
+        if grace < self.request_timeout * 2 {
+            return Err(PgLockError::invalid(
+                "purge grace",
+                format!("{grace:?}"),
+                format!(
+                    "must be at least twice the request timeout ({:?})",
+                    self.request_timeout
+                ),
+            ));
+        }
+        self.purge_grace = grace;
         Ok(self)
     }
 
@@ -151,31 +187,44 @@ impl PgLocker {
         Compat::new(self.session()).await.map(drop)
     }
 
-    /// Deletes up to [`PURGE_BATCH`] rows whose leases have ended;
-    /// returns how many. The locker does this by itself every
-    /// [`PURGE_EVERY`] grants.
+    /// Deletes up to [`PURGE_BATCH`] rows whose leases ended more than
+    /// the purge grace ago; returns how many. The locker does this by
+    /// itself after every [`PURGE_EVERY`] acquisitions.
     pub async fn purge_expired(&self) -> Result<u64, PgLockError> {
+        let grace = i64::try_from(self.purge_grace.as_millis()).unwrap_or(i64::MAX);
         self.request("purge", async |s: &Session| {
-            s.client.execute(&s.purge, &[&PURGE_BATCH]).await
+            s.client.execute(&s.purge, &[&PURGE_BATCH, &grace]).await
         })
         .await
     }
 
     /// Runs `op` on the current session (opened first if there is none
-    /// or it has failed), within the request timeout, on tokio (the
+    /// or it has failed), all within the request timeout, on tokio (the
     /// caller's runtime, or async-compat's). A request that times out
-    /// gives its connection up, so the next one opens a fresh one.
+    /// cancels its statement and abandons its connection, so the next one
+    /// opens a fresh one.
     async fn request<T>(
         &self,
         statement: &'static str,
         op: impl AsyncFnOnce(&Session) -> Result<T, tokio_postgres::Error>,
     ) -> Result<T, PgLockError> {
         Compat::new(async {
-            let session = self.session().await?;
-            match tokio::time::timeout(self.request_timeout, op(&session)).await {
-                Ok(answer) => answer.map_err(|e| PgLockError::query(statement, e)),
+            // One deadline for the whole request: waiting behind another
+            // request's connect counts too.
+            let used = std::sync::Mutex::new(None::<Arc<Session>>);
+            let work = async {
+                let session = self.session().await?;
+                *used.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::clone(&session));
+                op(&session)
+                    .await
+                    .map_err(|e| PgLockError::query(statement, e))
+            };
+            match tokio::time::timeout(self.request_timeout, work).await {
+                Ok(answer) => answer,
                 Err(_) => {
-                    self.give_up(&session).await;
+                    if let Some(session) = used.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                        Self::abandon(&session);
+                    }
                     Err(PgLockError::Timeout {
                         statement,
                         after: self.request_timeout,
@@ -186,30 +235,34 @@ impl PgLocker {
         .await
     }
 
-    /// The open session, or a new one. Polled inside [`Compat`].
+    /// The open session, or a new one. Polled inside [`Compat`], within
+    /// a request's deadline.
     async fn session(&self) -> Result<Arc<Session>, PgLockError> {
         let mut current = self.session.lock().await;
         if let Some(session) = current.as_ref()
             && !session.client.is_closed()
+            && !session.abandoned.load(Ordering::Acquire)
         {
             return Ok(Arc::clone(session));
         }
         *current = None;
-        let opened = tokio::time::timeout(self.request_timeout, self.open()).await;
-        let session = Arc::new(opened.unwrap_or(Err(PgLockError::Timeout {
-            statement: "connect",
-            after: self.request_timeout,
-        }))?);
+        let session = Arc::new(self.open().await?);
         *current = Some(Arc::clone(&session));
         Ok(session)
     }
 
-    /// Drops `session` if it is still the current one.
-    async fn give_up(&self, session: &Arc<Session>) {
-        let mut current = self.session.lock().await;
-        if current.as_ref().is_some_and(|c| Arc::ptr_eq(c, session)) {
-            *current = None;
-        }
+    /// Gives `session` up after a request on it timed out: its statement
+    /// is cancelled on the server (from a task; the server's own
+    /// `statement_timeout` ends it too) and no request uses it again.
+    /// Polled inside [`Compat`].
+    fn abandon(session: &Session) {
+        session.abandoned.store(true, Ordering::Release);
+        let cancel = session.client.cancel_token();
+        tokio::spawn(async move {
+            if let Err(e) = cancel.cancel_query(NoTls).await {
+                log::debug!("PostgreSQL locker: cancelling a timed-out statement: {e}");
+            }
+        });
     }
 
     /// Connects, creates the table unless it exists, and prepares the
@@ -230,10 +283,26 @@ impl PgLocker {
                 log::warn!("PostgreSQL locker connection to {server} ended: {e}");
             }
         });
+        // The server ends what a client gave up: a statement or a lock
+        // wait outlives no request.
+        let ms = self.request_timeout.as_millis();
         client
-            .batch_execute(&self.statements.create)
+            .batch_execute(&format!(
+                "SET statement_timeout = {ms}; SET lock_timeout = {ms}"
+            ))
             .await
+            .map_err(|e| PgLockError::query("session settings", e))?;
+        let exists: bool = client
+            .query_one(&self.statements.exists, &[])
+            .await
+            .and_then(|row| row.try_get(0))
             .map_err(|e| PgLockError::query("create table", e))?;
+        if !exists {
+            client
+                .batch_execute(&self.statements.create)
+                .await
+                .map_err(|e| PgLockError::query("create table", e))?;
+        }
         let prepare = async |sql: &str| {
             client
                 .prepare(sql)
@@ -250,13 +319,14 @@ impl PgLocker {
             renew,
             release,
             purge,
+            abandoned: AtomicBool::new(false),
         })
     }
 
-    /// Purges ended leases every [`PURGE_EVERY`] grants; a failure is
-    /// logged, never the grant's.
+    /// Purges ended leases after every [`PURGE_EVERY`] acquisitions, as
+    /// a request of its own; a failure is logged, never the grant's.
     async fn purge_now_and_then(&self) {
-        if self.grants.fetch_add(1, Ordering::Relaxed) % PURGE_EVERY != PURGE_EVERY - 1 {
+        if self.acquisitions.fetch_add(1, Ordering::Relaxed) % PURGE_EVERY != PURGE_EVERY - 1 {
             return;
         }
         if let Err(e) = self.purge_expired().await {
@@ -298,7 +368,6 @@ impl SendLocker for PgLocker {
 
     async fn try_lock(&self, key: &str, ttl: Ttl) -> Result<Option<Token>, PgLockError> {
         let key = checked_key(key)?;
-        self.purge_now_and_then().await;
         let id = self.ids.next_id();
         let (token, millis) = (&id.0[..], ttl_millis(ttl));
         let row = self
@@ -308,6 +377,7 @@ impl SendLocker for PgLocker {
                     .await
             })
             .await?;
+        self.purge_now_and_then().await;
         let Some(row) = row else {
             return Ok(None);
         };
@@ -326,22 +396,20 @@ impl SendLocker for PgLocker {
             return Err(UnlockError::NotHeld);
         };
         let id: &TokenId = token.id();
-        let held = self
+        let released = self
             .request("release", async |s: &Session| {
                 s.client
-                    .query_opt(&s.release, &[&key, &&id.0[..], &fence])
+                    .execute(&s.release, &[&key, &&id.0[..], &fence])
                     .await
             })
             .await
             .map_err(UnlockError::Backend)?;
-        match held.map(|row| row.try_get::<_, bool>(0)) {
-            Some(Ok(true)) => Ok(()),
-            // Not ours, or ours but ended: another holder may have had
-            // the key meanwhile, so this unlock released nothing live.
-            None | Some(Ok(false)) => Err(UnlockError::NotHeld),
-            Some(Err(e)) => Err(UnlockError::Backend(PgLockError::UnexpectedReply(format!(
-                "release: {e}"
-            )))),
+        // None released: not ours, or ours but ended (another holder may
+        // have had the key meanwhile, so this unlock released nothing live).
+        if released == 1 {
+            Ok(())
+        } else {
+            Err(UnlockError::NotHeld)
         }
     }
 }

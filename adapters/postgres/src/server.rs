@@ -9,10 +9,9 @@ pub fn redacted(url: &str) -> String {
     let mut out = url.to_owned();
     if let Some(scheme) = out.find("://") {
         let start = scheme + 3;
-        let authority_end = out[start..]
-            .find(['/', '?'])
-            .map_or(out.len(), |i| start + i);
-        if let Some(at) = out[start..authority_end].rfind('@') {
+        // The user information ends at the last '@' (a password that
+        // breaks the URL with a raw '/' or '?' is still hidden whole).
+        if let Some(at) = out[start..].rfind('@') {
             let at = start + at;
             if let Some(colon) = out[start..at].find(':') {
                 out.replace_range(start + colon + 1..at, "***");
@@ -79,6 +78,11 @@ mod tests {
             "host=db password=*** user=app"
         );
         assert_eq!(redacted("host=db password=x"), "host=db password=***");
+        assert_eq!(
+            redacted("postgres://app:pa/ss?x@db/app"),
+            "postgres://app:***@db/app",
+            "a password that breaks the URL is hidden whole"
+        );
         assert_eq!(redacted("postgres://db/app"), "postgres://db/app");
     }
 

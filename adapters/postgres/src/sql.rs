@@ -12,6 +12,9 @@
 //! CREATE INDEX "<table>_expires" ON "<table>" (expires_at);
 //! ```
 //!
+//! A released key's row stays, its lease ended, until a purge after the
+//! purge grace (see the acquire statement's comment).
+//!
 //! Names are spliced into SQL text (a table cannot be a bind parameter),
 //! so only a plain identifier is accepted, and it is always used quoted:
 //! nothing a caller passes can end a statement or start another.
@@ -54,8 +57,15 @@ pub fn quoted(name: &str) -> String {
 }
 
 /// The statements of one lease table, built once from its checked name.
+///
+/// A key's row stays after its release (its lease is ended, not deleted)
+/// until a purge long after it ended: the fence of a grant is then drawn
+/// where no earlier-drawn fence can follow it (see `acquire`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Statements {
+    /// Whether the table exists (`to_regclass`), so that a role without
+    /// DDL rights can use a table its DBA created.
+    pub(crate) exists: String,
     /// Creates the table, its sequence and its index unless they exist,
     /// in one transaction under an advisory lock named after the table,
     /// so replicas starting together do not race on the catalog.
@@ -68,11 +78,11 @@ pub(crate) struct Statements {
     /// with fence `$3` holds it and its lease has not ended; one row
     /// affected means renewed.
     pub(crate) renew: String,
-    /// Deletes `$1` if token `$2` with fence `$3` holds it; returns
-    /// whether the lease was still running (an ended lease's row is
-    /// removed too, but the unlock reports it was not held).
+    /// Ends `$1`'s lease now if token `$2` with fence `$3` holds it and
+    /// the lease has not ended; one row affected means released.
     pub(crate) release: String,
-    /// Deletes up to `$1` rows whose leases have ended.
+    /// Deletes up to `$1` rows whose leases ended more than `$2`
+    /// milliseconds ago.
     pub(crate) purge: String,
 }
 
@@ -84,10 +94,12 @@ impl Statements {
         let sequence = quoted(&format!("{table}{SEQUENCE_SUFFIX}"));
         let index = quoted(&format!("{table}{INDEX_SUFFIX}"));
         // A lease's end: the server's clock plus the TTL. `clock_timestamp`
-        // rather than `now`: the instant of the statement, not of its
-        // transaction's start.
-        let until = "clock_timestamp() + $T::bigint * interval '1 millisecond'";
+        // rather than `now`: the instant it is evaluated, not the
+        // statement's transaction's start.
+        let until =
+            |param: &str| format!("clock_timestamp() + {param}::bigint * interval '1 millisecond'");
         Statements {
+            exists: format!("SELECT to_regclass('{t}') IS NOT NULL"),
             create: format!(
                 "BEGIN; \
                  SELECT pg_advisory_xact_lock(hashtext('guard-postgres {table}')); \
@@ -100,30 +112,39 @@ impl Statements {
                  CREATE INDEX IF NOT EXISTS {index} ON {t} (expires_at); \
                  COMMIT"
             ),
-            // One statement: the row lock of ON CONFLICT makes two
-            // contenders for one key wait on each other, and the second
-            // sees the first's live lease in the WHERE and takes nothing.
+            // One statement. Contenders for one key wait on each other's
+            // row lock, and the second sees the first's live lease in the
+            // WHERE and takes nothing. The fence and the lease's end of a
+            // taken row are evaluated in the SET, after its row lock is
+            // held: greater than every fence drawn before. A new row's
+            // come from VALUES, drawn before the insert; no fence drawn
+            // later can be in the table before it, because a key's row is
+            // only deleted by a purge long after its lease ended (longer
+            // than any statement may run: the session's
+            // `statement_timeout`).
             acquire: format!(
                 "INSERT INTO {t} AS held (key, token, fence, expires_at) \
-                 VALUES ($1, $2, nextval('{sequence}'), {}) \
+                 VALUES ($1, $2, nextval('{sequence}'), {values_until}) \
                  ON CONFLICT (key) DO UPDATE \
-                 SET token = excluded.token, fence = excluded.fence, expires_at = excluded.expires_at \
+                 SET token = excluded.token, fence = nextval('{sequence}'), expires_at = {set_until} \
                  WHERE held.expires_at <= clock_timestamp() \
                  RETURNING fence",
-                until.replace("$T", "$3")
+                values_until = until("$3"),
+                set_until = until("$3"),
             ),
             renew: format!(
                 "UPDATE {t} SET expires_at = {} \
                  WHERE key = $1 AND token = $2 AND fence = $3 AND expires_at > clock_timestamp()",
-                until.replace("$T", "$4")
+                until("$4")
             ),
             release: format!(
-                "DELETE FROM {t} WHERE key = $1 AND token = $2 AND fence = $3 \
-                 RETURNING expires_at > clock_timestamp()"
+                "UPDATE {t} SET expires_at = clock_timestamp() \
+                 WHERE key = $1 AND token = $2 AND fence = $3 AND expires_at > clock_timestamp()"
             ),
             purge: format!(
                 "DELETE FROM {t} WHERE key IN (\
-                 SELECT key FROM {t} WHERE expires_at <= clock_timestamp() \
+                 SELECT key FROM {t} \
+                 WHERE expires_at <= clock_timestamp() - $2::bigint * interval '1 millisecond' \
                  ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)"
             ),
         }
@@ -163,6 +184,13 @@ mod tests {
         assert!(s.renew.contains("token = $2 AND fence = $3"));
         assert!(s.renew.contains("$4::bigint"));
         assert!(s.release.contains("token = $2 AND fence = $3"));
+        assert!(
+            s.acquire
+                .contains("SET token = excluded.token, fence = nextval('\"Locks_fence\"')"),
+            "a taken row's fence is drawn under its row lock: {}",
+            s.acquire
+        );
+        assert!(s.exists.contains("to_regclass('\"Locks\"')"));
         assert!(s.purge.contains("FOR UPDATE SKIP LOCKED"));
     }
 }

@@ -141,23 +141,35 @@ fn a_request_to_a_server_that_does_not_answer_times_out() {
 }
 
 #[test]
-fn ended_leases_are_purged() {
+fn ended_leases_are_purged_after_their_grace() {
     let db = PgDatabase::create().unwrap();
-    let locker = PgLocker::new(&db.url()).unwrap();
+    let locker = PgLocker::new(&db.url())
+        .unwrap()
+        .with_request_timeout(Duration::from_millis(100))
+        .unwrap()
+        .with_purge_grace(Duration::from_millis(300))
+        .unwrap();
     smol::block_on(async {
         for i in 0..10 {
-            locker
-                .try_lock(&format!("once:{i}"), ttl(1))
-                .await
-                .unwrap()
-                .unwrap();
+            locker.try_lock(&format!("once:{i}"), ttl(1)).await.unwrap().unwrap();
         }
         locker.try_lock("live", ttl(60_000)).await.unwrap().unwrap();
-        async_io::Timer::after(Duration::from_millis(20)).await;
+        let released = locker
+            .try_lock("released", ttl(60_000))
+            .await
+            .unwrap()
+            .unwrap();
+        locker.unlock("released", &released).await.unwrap();
         assert_eq!(
             locker.purge_expired().await.unwrap(),
-            10,
-            "the live lease stays"
+            0,
+            "a row is kept for the grace after its lease ended"
+        );
+        async_io::Timer::after(Duration::from_millis(400)).await;
+        assert_eq!(
+            locker.purge_expired().await.unwrap(),
+            11,
+            "ended and released leases go after the grace, the live one stays"
         );
         // The locker purges by itself: keys taken once, each for 1 ms.
         for i in 0..PURGE_EVERY {
@@ -167,12 +179,132 @@ fn ended_leases_are_purged() {
                 .unwrap()
                 .unwrap();
         }
+        async_io::Timer::after(Duration::from_millis(400)).await;
+        for i in 0..PURGE_EVERY {
+            locker
+                .try_lock(&format!("later:{i}"), ttl(1))
+                .await
+                .unwrap()
+                .unwrap();
+        }
     });
     let left = rows(&db, "guard_locks");
     assert!(
-        left < 100,
-        "{left} rows after {PURGE_EVERY} grants of 1 ms leases"
+        left <= 2 * PURGE_EVERY + 1 - 1_000,
+        "{left} rows after {} grants of 1 ms leases: a purge ran",
+        2 * PURGE_EVERY
     );
+}
+
+#[test]
+fn a_taken_key_s_fence_is_drawn_under_its_row_lock() {
+    // A grant that waited on a key's row lock gets a fence above the one
+    // the row got meanwhile: drawn when its statement started, it would
+    // have been below, and the resource would refuse the new holder while
+    // accepting the old one.
+    let db = PgDatabase::create().unwrap();
+    let locker = PgLocker::new(&db.url()).unwrap();
+    smol::block_on(async {
+        locker.try_lock("k", ttl(1)).await.unwrap().unwrap();
+    });
+    thread::sleep(Duration::from_millis(5));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let (mut other, connection) = tokio_postgres::connect(&db.url(), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        let other = other.transaction().await.unwrap();
+        other
+            .execute("SELECT 1 FROM guard_locks WHERE key = 'k' FOR UPDATE", &[])
+            .await
+            .unwrap();
+        // The grant starts now and waits for the row.
+        let waiting = thread::spawn({
+            let url = db.url();
+            move || {
+                let locker = PgLocker::new(&url).unwrap();
+                smol::block_on(locker.try_lock("k", ttl(60_000)))
+            }
+        });
+        let blocked = "SELECT count(*) FROM pg_stat_activity \
+                       WHERE datname = current_database() AND wait_event_type = 'Lock'";
+        let start = Instant::now();
+        while db.query(blocked).unwrap() != "1" {
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "the grant never waited"
+            );
+            thread::sleep(Duration::from_millis(10));
+        }
+        // Meanwhile another grant of the key, ended again at once.
+        let row = other
+            .query_one(
+                "UPDATE guard_locks SET fence = nextval('guard_locks_fence'), \
+                 expires_at = clock_timestamp() - interval '1 second' \
+                 WHERE key = 'k' RETURNING fence",
+                &[],
+            )
+            .await
+            .unwrap();
+        let meanwhile: i64 = row.get(0);
+        other.commit().await.unwrap();
+        let token = waiting.join().unwrap().unwrap().expect("the key was free");
+        assert!(
+            token.fence() > meanwhile as u64,
+            "fence {} after the row's {meanwhile}",
+            token.fence()
+        );
+    });
+}
+
+#[test]
+fn lockers_on_connections_of_their_own_race_and_exactly_one_wins_each_round() {
+    let db = PgDatabase::create().unwrap();
+    const LOCKERS: usize = 6;
+    const ROUNDS: usize = 40;
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(LOCKERS));
+    let threads: Vec<_> = (0..LOCKERS)
+        .map(|_| {
+            let (url, barrier) = (db.url(), barrier.clone());
+            thread::spawn(move || {
+                let locker = PgLocker::new(&url).unwrap();
+                smol::block_on(locker.connect()).unwrap();
+                let mut won = Vec::new();
+                for round in 0..ROUNDS {
+                    barrier.wait();
+                    // Even rounds: a new key; odd rounds: the key of the
+                    // round before, whose lease has ended (the update path).
+                    let key = format!("race:{}", round / 2);
+                    let lease = if round % 2 == 0 { 20 } else { 60_000 };
+                    if let Some(token) = smol::block_on(locker.try_lock(&key, ttl(lease))).unwrap()
+                    {
+                        won.push((round, token.fence()));
+                    }
+                    barrier.wait();
+                    thread::sleep(Duration::from_millis(25));
+                }
+                won
+            })
+        })
+        .collect();
+    let mut winners: Vec<(usize, u64)> = threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
+    winners.sort_unstable();
+    let rounds: Vec<usize> = winners.iter().map(|(r, _)| *r).collect();
+    assert_eq!(
+        rounds,
+        (0..ROUNDS).collect::<Vec<_>>(),
+        "exactly one winner a round: {winners:?}"
+    );
+    for pair in winners.chunks(2) {
+        assert!(pair[1].1 > pair[0].1, "fences of a key increase: {pair:?}");
+    }
 }
 
 #[test]

@@ -52,7 +52,19 @@ pub async fn build(config: &Config) -> Result<Built, GatewayError> {
         (Locker::Postgres(l), _) => Some(SharedLocker::new(postgres(l).await?)),
         #[cfg(feature = "etcd")]
         (Locker::Etcd(l), _) => Some(SharedLocker::new(etcd(l).await?)),
-        _ => None,
+        (Locker::None, _) => None,
+        // A locker this build cannot make must stop the start: no locker
+        // would let every guard allow, silently.
+        (other, _) => {
+            return Err(GatewayError::LockService {
+                kind: match other {
+                    Locker::Etcd(_) => "etcd",
+                    _ => "configured",
+                },
+                source: "this build of the gateway cannot run it (for etcd: the gateway's `etcd` feature)"
+                    .into(),
+            });
+        }
     };
     let mut guards = GuardConfig::new().with_owner(config.guards.owner.clone());
     if let Some(locker) = locker {
@@ -177,4 +189,15 @@ pub(crate) fn limiter(built: &Built, name: &str) -> Result<Arc<NamedRateLimiter>
         .ok_or_else(|| GatewayError::UnknownLimiter {
             name: name.to_owned(),
         })
+}
+
+#[cfg(all(test, feature = "etcd"))]
+mod tests {
+    #[test]
+    fn the_configuration_s_etcd_timeout_is_guard_etcd_s_default() {
+        assert_eq!(
+            guard_endpoints::config::DEFAULT_ETCD_TIMEOUT,
+            guard_etcd::DEFAULT_TIMEOUT
+        );
+    }
 }

@@ -7,6 +7,12 @@ use super::raw;
 use super::resolve::{Env, MAX_TIMEOUT_MS, bounded, expand};
 use super::{ConfigError, EtcdLocker, Locker, invalid};
 
+/// An etcd locker's request timeout unless `request_timeout_ms` is set:
+/// guard-etcd's own default (this layer does not depend on guard-etcd,
+/// whose build needs `protoc`; a test of the gateway checks the two
+/// agree).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// Why `url` is not an etcd member's client URL, if it is not: guard-etcd
 /// speaks plain HTTP/2 to `http://host:port`.
 fn url_rule(url: &str) -> Option<&'static str> {
@@ -50,12 +56,15 @@ pub(super) fn locker(l: &raw::Locker, env: Env<'_>) -> Result<Locker, ConfigErro
             }
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let request_timeout = Duration::from_millis(bounded(
-        "locker.request_timeout_ms",
-        l.request_timeout_ms,
-        MAX_TIMEOUT_MS,
-        "milliseconds",
-    )?);
+    let request_timeout = match l.request_timeout_ms {
+        None => DEFAULT_TIMEOUT,
+        Some(ms) => Duration::from_millis(bounded(
+            "locker.request_timeout_ms",
+            ms,
+            MAX_TIMEOUT_MS,
+            "milliseconds",
+        )?),
+    };
     if cfg!(not(feature = "etcd")) {
         return Err(super::resolve::unsupported("etcd", "etcd", &|field| {
             format!("locker.{field}")

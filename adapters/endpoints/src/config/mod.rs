@@ -71,6 +71,7 @@ use guard_core::slot::Every;
 use guard_redis::Topology;
 use guard_std::CronSchedule;
 
+pub use etcd::DEFAULT_TIMEOUT as DEFAULT_ETCD_TIMEOUT;
 pub use tls::TlsFiles;
 
 /// A configuration that cannot be used.

@@ -115,12 +115,17 @@ pub(super) fn locker(l: &raw::Locker, env: Env<'_>) -> Result<super::Locker, Con
     })?;
     let url = expand("locker.url", url, env)?;
     let table = l.table.as_deref().unwrap_or(DEFAULT_TABLE);
-    let timeout = Duration::from_millis(bounded(
-        "locker.request_timeout_ms",
-        l.request_timeout_ms,
-        MAX_TIMEOUT_MS,
-        "milliseconds",
-    )?);
+    // guard-postgres's default unless set: a connect there is several
+    // round trips (authentication, settings, prepared statements).
+    let timeout = match l.request_timeout_ms {
+        None => guard_postgres::DEFAULT_REQUEST_TIMEOUT,
+        Some(ms) => Duration::from_millis(bounded(
+            "locker.request_timeout_ms",
+            ms,
+            MAX_TIMEOUT_MS,
+            "milliseconds",
+        )?),
+    };
     PgLocker::new(&url)
         .map_err(|e| refused("url", e))?
         .with_table(table)

@@ -40,6 +40,9 @@ const MAX_PERIOD_MS: u64 = 366 * 24 * 3600 * 1000; // a year
 const MAX_ONCE_TTL_S: u64 = 366 * 24 * 3600; // a year
 pub(super) const MAX_LEASE_MS: u64 = 24 * 3600 * 1000; // a day
 pub(super) const MAX_TIMEOUT_MS: u64 = 3600 * 1000; // an hour
+/// A Redis locker's request timeout unless `request_timeout_ms` is set
+/// (the other kinds take their crate's own default).
+const REDIS_LOCKER_TIMEOUT_MS: u64 = 500;
 const MAX_WAIT_MS: u64 = 24 * 3600 * 1000; // a day
 const MAX_PAYLOAD_BYTES: u64 = 512 << 20; // Redis's own limit for a value
 const MAX_QUEUE: u64 = 1 << 20; // messages; a GiB at a KiB each
@@ -414,7 +417,7 @@ fn locker(l: &raw::Locker, env: Env<'_>) -> Result<Locker, ConfigError> {
     }
     bounded(
         "locker.request_timeout_ms",
-        l.request_timeout_ms,
+        l.request_timeout_ms.unwrap_or(REDIS_LOCKER_TIMEOUT_MS),
         MAX_TIMEOUT_MS,
         "milliseconds",
     )?;
@@ -490,7 +493,9 @@ fn locker(l: &raw::Locker, env: Env<'_>) -> Result<Locker, ConfigError> {
     Ok(Locker::Redis(RedisLocker {
         topology,
         prefix: prefix.to_owned(),
-        request_timeout: Duration::from_millis(l.request_timeout_ms),
+        request_timeout: Duration::from_millis(
+            l.request_timeout_ms.unwrap_or(REDIS_LOCKER_TIMEOUT_MS),
+        ),
         tls,
     }))
 }
