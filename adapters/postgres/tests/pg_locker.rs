@@ -151,7 +151,11 @@ fn ended_leases_are_purged_after_their_grace() {
         .unwrap();
     smol::block_on(async {
         for i in 0..10 {
-            locker.try_lock(&format!("once:{i}"), ttl(1)).await.unwrap().unwrap();
+            locker
+                .try_lock(&format!("once:{i}"), ttl(1))
+                .await
+                .unwrap()
+                .unwrap();
         }
         locker.try_lock("live", ttl(60_000)).await.unwrap().unwrap();
         let released = locker

@@ -66,9 +66,13 @@ pub(super) fn locker(l: &raw::Locker, env: Env<'_>) -> Result<Locker, ConfigErro
         )?),
     };
     if cfg!(not(feature = "etcd")) {
-        return Err(super::resolve::unsupported("etcd", "etcd", &|field| {
-            format!("locker.{field}")
-        }));
+        // The application builds the locker: for the gateway, its own
+        // feature of that name.
+        return Err(invalid(
+            "locker.kind",
+            "\"etcd\"",
+            "a build with the `etcd` feature (the gateway: `cargo build -p guard-gateway --features etcd`; its build needs protoc)",
+        ));
     }
     Ok(Locker::Etcd(EtcdLocker {
         endpoints,
