@@ -241,10 +241,27 @@ fn a_postgres_locker_is_checked_with_its_own_rules() {
             "url = \"postgres://app@db/app\"\nrequest_timeout_ms = 0\n",
             "`locker.request_timeout_ms` = 0",
         ),
+        (
+            "url = \"postgres://app@db/app\"\nrequest_timeout_ms = 300001\n",
+            "`locker.request_timeout_ms` = 300001: expected a positive number of milliseconds, at most 300000",
+        ),
     ] {
         let e = error_with_job(&format!("[locker]\nkind = \"postgres\"\n{text}"));
         assert!(e.contains(expected), "{text:?}: {e}");
     }
+    // A URL that does not parse is named as written, not as expanded.
+    let text = format!("{JOB}[locker]\nkind = \"postgres\"\nurl = \"${{PG_URL}}\"\n");
+    let env =
+        |name: &str| (name == "PG_URL").then(|| "postgres://app:s3cret@db:port/app".to_owned());
+    let e = Config::from_toml_with_env(&text, env)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("`locker.url` = \"${PG_URL}\"")
+            && !e.contains("s3cret")
+            && !e.contains("db:port"),
+        "{e}"
+    );
     let e = error_with_job(
         "[locker]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:6379/\"\ntable = \"t\"\n",
     );
@@ -300,6 +317,14 @@ fn an_etcd_locker_names_its_members_or_the_feature_it_needs() {
         (
             "urls = [\"http://a:2379\"]\nrequest_timeout_ms = 0\n",
             "`locker.request_timeout_ms` = 0",
+        ),
+        (
+            "urls = [\"http://u:s3cret@a:2379\"]\n",
+            "`locker.urls[0]` = \"http://***@a:2379\"",
+        ),
+        (
+            "urls = [\"http://a:2379\", \"http://a:2379\"]\n",
+            "`locker.urls[1]` = \"http://a:2379\": expected each member once",
         ),
     ] {
         let e = error_with_job(&format!("[locker]\nkind = \"etcd\"\n{text}"));

@@ -70,6 +70,15 @@ pub enum EtcdError {
     },
     /// The locker was given no endpoint.
     NoEndpoints,
+    /// A parameter or key the locker refuses before asking etcd.
+    InvalidInput {
+        /// What was refused: `lock key` or `request timeout`.
+        parameter: &'static str,
+        /// The value given, as text.
+        value: String,
+        /// The rule it breaks.
+        rule: String,
+    },
 }
 
 impl fmt::Display for EtcdError {
@@ -86,6 +95,11 @@ impl fmt::Display for EtcdError {
                 detail,
             } => write!(f, "etcd {call} at {endpoint}: unexpected reply: {detail}"),
             EtcdError::NoEndpoints => f.write_str("etcd locker: no endpoint given"),
+            EtcdError::InvalidInput {
+                parameter,
+                value,
+                rule,
+            } => write!(f, "etcd locker: invalid {parameter} {value:?}: {rule}"),
         }
     }
 }

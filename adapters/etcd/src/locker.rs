@@ -12,7 +12,9 @@ use etcd_client::proto::{PbKeyValue, PbTxnOpResponse};
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, DeleteOptions, PutOptions, Txn, TxnOp, TxnResponse,
 };
-use guard_core::lock::{Renewal, SendLeaseRenewer, SendLocker, Token, TokenId, Ttl, UnlockError};
+use guard_core::lock::{
+    MAX_KEY_LEN, Renewal, SendLeaseRenewer, SendLocker, Token, TokenId, Ttl, UnlockError,
+};
 use guard_std::TokenIds;
 
 use crate::error::{Call, EtcdError};
@@ -155,6 +157,13 @@ impl EtcdLocker {
     pub async fn connect(config: EtcdConfig) -> Result<Self, EtcdError> {
         if config.endpoints.is_empty() {
             return Err(EtcdError::NoEndpoints);
+        }
+        if config.timeout < Duration::from_millis(1) {
+            return Err(EtcdError::InvalidInput {
+                parameter: "request timeout",
+                value: format!("{:?}", config.timeout),
+                rule: "must be at least 1 ms".to_owned(),
+            });
         }
         // No HTTP/2 keep-alive (etcd-client's default): every request has
         // its own timeout, and etcd answers pings more often than every 5 s,
@@ -316,6 +325,7 @@ impl EtcdLocker {
     }
 
     async fn try_lock_inner(&self, key: &str, ttl: Ttl) -> Result<Option<Token>, EtcdError> {
+        checked_key(key)?;
         let id = self.ids.next_id();
         let lease = self.grant_lease(ttl).await?;
         // Absent (create revision 0) is the only state in which the key is
@@ -361,6 +371,7 @@ impl EtcdLocker {
     }
 
     async fn unlock_inner(&self, key: &str, token: &Token) -> Result<(), UnlockError<EtcdError>> {
+        checked_key(key).map_err(UnlockError::Backend)?;
         let Some(held) = Self::held_by(key, token) else {
             return Err(UnlockError::NotHeld);
         };
@@ -409,6 +420,7 @@ impl EtcdLocker {
     /// change of the key is atomic with the check: there is no moment in
     /// which the key is free or held by another lease of ours.
     async fn renew_inner(&self, key: &str, token: &Token, ttl: Ttl) -> Result<Renewal, EtcdError> {
+        checked_key(key)?;
         let Some(held) = Self::held_by(key, token) else {
             return Ok(Renewal::Lost);
         };
@@ -451,6 +463,19 @@ impl EtcdLocker {
             )),
         }
     }
+}
+
+/// Refuses a key no lock can have: empty (etcd refuses it too) or longer
+/// than the guards' [`MAX_KEY_LEN`], as every other locker does.
+fn checked_key(key: &str) -> Result<(), EtcdError> {
+    if key.is_empty() || key.len() > MAX_KEY_LEN {
+        return Err(EtcdError::InvalidInput {
+            parameter: "lock key",
+            value: key.to_owned(),
+            rule: format!("must be 1 to {MAX_KEY_LEN} bytes"),
+        });
+    }
+    Ok(())
 }
 
 fn hex(id: &TokenId) -> String {

@@ -140,6 +140,40 @@ fn no_endpoint_is_refused() {
 }
 
 #[test]
+fn a_zero_timeout_and_keys_no_lock_can_have_are_refused_before_asking_etcd() {
+    let config = EtcdConfig::new(["http://127.0.0.1:1"]).with_timeout(Duration::ZERO);
+    let err = smol::block_on(EtcdLocker::connect(config)).expect_err("a zero timeout");
+    assert!(
+        matches!(
+            err,
+            EtcdError::InvalidInput {
+                parameter: "request timeout",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // Nothing listens on port 1: an answer without an error from the
+    // connection proves the key was refused first.
+    let locker = smol::block_on(EtcdLocker::connect(EtcdConfig::new(["http://127.0.0.1:1"])))
+        .expect("connecting is lazy");
+    let ttl = Ttl::from_secs(1).unwrap();
+    for key in [String::new(), "k".repeat(257)] {
+        let err = smol::block_on(locker.try_lock(&key, ttl)).expect_err("refused");
+        assert!(
+            matches!(
+                err,
+                EtcdError::InvalidInput {
+                    parameter: "lock key",
+                    ..
+                }
+            ),
+            "{key:?}: {err}"
+        );
+    }
+}
+
+#[test]
 fn a_missing_etcd_names_its_debian_package() {
     let err =
         guard_testkit::find_binary("etcd", "etcd-server", std::ffi::OsStr::new("/nonexistent"))

@@ -63,8 +63,11 @@
 //!   connecting included, fails with [`PgLockError::Timeout`] after the
 //!   request timeout (default [`DEFAULT_REQUEST_TIMEOUT`]) instead of
 //!   hanging; its statement is cancelled and its connection abandoned,
-//!   and the server ends statements and lock waits at the same timeout
-//!   (`a_request_to_a_server_that_does_not_answer_times_out`).
+//!   and the server ends statements and lock waits at the same timeout;
+//!   [`PgLocker::connect`], which an application calls at its start, ends
+//!   within it too (`a_request_to_a_server_that_does_not_answer_times_out`).
+//!   A role that may not use the table or its sequence is refused at the
+//!   connection (`a_role_that_cannot_use_the_table_is_refused_at_the_start`).
 //! - **Bounded table.** After every [`PURGE_EVERY`] acquisitions the
 //!   locker deletes up to [`PURGE_BATCH`] rows whose leases ended more
 //!   than the purge grace ago (default [`DEFAULT_PURGE_GRACE`]), so keys

@@ -184,7 +184,16 @@ impl PgLocker {
     /// so that a server that cannot be reached is found at start rather
     /// than at the first grant.
     pub async fn connect(&self) -> Result<(), PgLockError> {
-        Compat::new(self.session()).await.map(drop)
+        Compat::new(async {
+            match tokio::time::timeout(self.request_timeout, self.session()).await {
+                Ok(opened) => opened.map(drop),
+                Err(_) => Err(PgLockError::Timeout {
+                    statement: "connect",
+                    after: self.request_timeout,
+                }),
+            }
+        })
+        .await
     }
 
     /// Deletes up to [`PURGE_BATCH`] rows whose leases ended more than
@@ -302,6 +311,20 @@ impl PgLocker {
                 .batch_execute(&self.statements.create)
                 .await
                 .map_err(|e| PgLockError::query("create table", e))?;
+        }
+        // A table a DBA made may lack a grant: found here, at the start,
+        // rather than as every acquisition failing.
+        let allowed: bool = client
+            .query_one(&self.statements.privileges, &[])
+            .await
+            .and_then(|row| row.try_get(0))
+            .map_err(|e| PgLockError::query("check privileges", e))?;
+        if !allowed {
+            return Err(PgLockError::invalid(
+                "table",
+                self.table.clone(),
+                "the role needs SELECT, INSERT, UPDATE and DELETE on the table and USAGE on its sequence <table>_fence",
+            ));
         }
         let prepare = async |sql: &str| {
             client

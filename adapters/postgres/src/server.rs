@@ -18,9 +18,17 @@ pub fn redacted(url: &str) -> String {
             }
         }
     }
+    // `password=x`, also with blanks around the `=` (the key=value form
+    // allows them).
     let mut from = 0;
-    while let Some(i) = out[from..].find("password=") {
-        let value = from + i + "password=".len();
+    while let Some(i) = out[from..].find("password") {
+        let after_key = from + i + "password".len();
+        let rest = &out[after_key..];
+        let Some(eq) = rest.trim_start().strip_prefix('=') else {
+            from = after_key;
+            continue;
+        };
+        let value = out.len() - eq.trim_start().len();
         let rest = &out[value..];
         let end = if let Some(quoted) = rest.strip_prefix('\'') {
             quoted.find('\'').map_or(out.len(), |j| value + j + 2)
@@ -78,6 +86,10 @@ mod tests {
             "host=db password=*** user=app"
         );
         assert_eq!(redacted("host=db password=x"), "host=db password=***");
+        assert_eq!(
+            redacted("host=db password = s3cret dbname=app"),
+            "host=db password = *** dbname=app"
+        );
         assert_eq!(
             redacted("postgres://app:pa/ss?x@db/app"),
             "postgres://app:***@db/app",

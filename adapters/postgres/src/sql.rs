@@ -66,6 +66,8 @@ pub(crate) struct Statements {
     /// Whether the table exists (`to_regclass`), so that a role without
     /// DDL rights can use a table its DBA created.
     pub(crate) exists: String,
+    /// Whether the session's role may use the table and its sequence.
+    pub(crate) privileges: String,
     /// Creates the table, its sequence and its index unless they exist,
     /// in one transaction under an advisory lock named after the table,
     /// so replicas starting together do not race on the catalog.
@@ -100,6 +102,10 @@ impl Statements {
             |param: &str| format!("clock_timestamp() + {param}::bigint * interval '1 millisecond'");
         Statements {
             exists: format!("SELECT to_regclass('{t}') IS NOT NULL"),
+            privileges: format!(
+                "SELECT has_table_privilege('{t}', 'SELECT, INSERT, UPDATE, DELETE') \
+                 AND has_sequence_privilege('{sequence}', 'USAGE')"
+            ),
             create: format!(
                 "BEGIN; \
                  SELECT pg_advisory_xact_lock(hashtext('guard-postgres {table}')); \

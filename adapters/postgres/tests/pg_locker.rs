@@ -132,6 +132,19 @@ fn a_request_to_a_server_that_does_not_answer_times_out() {
         started.elapsed()
     );
     assert!(started.elapsed() < Duration::from_secs(3), "{err}");
+    let started = Instant::now();
+    let err = smol::block_on(locker.connect()).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            PgLockError::Timeout {
+                statement: "connect",
+                ..
+            }
+        ) && started.elapsed() < Duration::from_secs(3),
+        "a start against a silent server ends within the timeout: {err:?} after {:?}",
+        started.elapsed()
+    );
     let err =
         smol::block_on(locker.unlock("k", &guard_core::lock::Token::new(Default::default(), 1)));
     assert!(
@@ -309,6 +322,35 @@ fn lockers_on_connections_of_their_own_race_and_exactly_one_wins_each_round() {
     for pair in winners.chunks(2) {
         assert!(pair[1].1 > pair[0].1, "fences of a key increase: {pair:?}");
     }
+}
+
+#[test]
+fn a_role_that_cannot_use_the_table_is_refused_at_the_start() {
+    let db = PgDatabase::create().unwrap();
+    let owner = PgLocker::new(&db.url()).unwrap();
+    smol::block_on(owner.connect()).unwrap();
+    let role = format!("{}_role", db.name());
+    db.query(&format!("CREATE ROLE \"{role}\" LOGIN")).unwrap();
+    // Rights on the table, none on its fence sequence.
+    db.query(&format!(
+        "GRANT SELECT, INSERT, UPDATE, DELETE ON guard_locks TO \"{role}\""
+    ))
+    .unwrap();
+    let url = db.url().replacen("postgres@", &format!("{role}@"), 1);
+    let locker = PgLocker::new(&url).unwrap();
+    let err = smol::block_on(locker.connect()).unwrap_err();
+    let cleanup = format!("DROP OWNED BY \"{role}\"; DROP ROLE \"{role}\"");
+    db.query(&cleanup).unwrap();
+    assert!(
+        matches!(
+            err,
+            PgLockError::InvalidInput {
+                parameter: "table",
+                ..
+            }
+        ) && err.to_string().contains("USAGE on its sequence"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -209,7 +209,10 @@ pub fn summary(config: &Config) -> String {
             format!("redis ({mode}), prefix {:?}", l.prefix)
         }
         Locker::Postgres(l) => format!("postgres, table {:?}", l.table),
-        Locker::Etcd(l) => format!("etcd, {} members", l.endpoints.len()),
+        Locker::Etcd(l) => match l.endpoints.len() {
+            1 => "etcd, 1 member".to_owned(),
+            n => format!("etcd, {n} members"),
+        },
         _ => "another kind".to_owned(),
     };
     let schedules: Vec<String> = config

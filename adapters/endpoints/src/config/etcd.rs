@@ -16,20 +16,41 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Why `url` is not an etcd member's client URL, if it is not: guard-etcd
 /// speaks plain HTTP/2 to `http://host:port`.
 fn url_rule(url: &str) -> Option<&'static str> {
+    const RULE: &str = "an etcd client URL http://host:port (TLS is not supported)";
     let Some(rest) = url.strip_prefix("http://") else {
-        return Some("an etcd client URL http://host:port (TLS is not supported)");
+        return Some(RULE);
     };
     let authority = rest.strip_suffix('/').unwrap_or(rest);
-    let port = authority
-        .rsplit_once(':')
-        .map(|(host, port)| (host, port.parse::<u16>()));
-    match port {
-        Some((host, Ok(port)))
-            if !host.is_empty() && port > 0 && !host.contains(['/', '@', '?']) =>
-        {
-            None
+    let Some((host, port)) = authority.rsplit_once(':') else {
+        return Some(RULE);
+    };
+    // An IPv6 address is bracketed (`[::1]`); any other host is one name
+    // or address without ':', '/', '@', '?' or white space.
+    let plain = |h: &str| {
+        !h.is_empty()
+            && !h.contains([':', '/', '@', '?', '[', ']'])
+            && !h.contains(char::is_whitespace)
+    };
+    let host_ok = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        Some(v6) => {
+            !v6.is_empty()
+                && v6
+                    .chars()
+                    .all(|c| c.is_ascii_hexdigit() || c == ':' || c == '.')
         }
-        _ => Some("an etcd client URL http://host:port (TLS is not supported)"),
+        None => plain(host),
+    };
+    let port_ok = port.parse::<u16>().is_ok_and(|p| p > 0);
+    (!(host_ok && port_ok)).then_some(RULE)
+}
+
+/// `url` with anything before an `@` of its authority hidden.
+fn without_userinfo(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}***{}", &url[..scheme + 3], &url[at..])
+        }
+        _ => url.to_owned(),
     }
 }
 
@@ -50,12 +71,20 @@ pub(super) fn locker(l: &raw::Locker, env: Env<'_>) -> Result<Locker, ConfigErro
             let key = format!("locker.urls[{i}]");
             let expanded = expand(&key, url, env)?;
             match url_rule(&expanded) {
-                // The value as written: an expanded one may hold a secret.
-                Some(rule) => Err(invalid(key, format!("{url:?}"), rule)),
+                // The value as written (an expanded one may hold a
+                // secret), without its user information.
+                Some(rule) => Err(invalid(key, format!("{:?}", without_userinfo(url)), rule)),
                 None => Ok(expanded),
             }
         })
         .collect::<Result<Vec<_>, _>>()?;
+    if let Some(i) = (1..endpoints.len()).find(|&i| endpoints[..i].contains(&endpoints[i])) {
+        return Err(invalid(
+            format!("locker.urls[{i}]"),
+            format!("{:?}", without_userinfo(&l.urls[i])),
+            "each member once",
+        ));
+    }
     let request_timeout = match l.request_timeout_ms {
         None => DEFAULT_TIMEOUT,
         Some(ms) => Duration::from_millis(bounded(
@@ -102,6 +131,9 @@ mod tests {
             "http://etcd:99999",
             "http://u:p@etcd:2379",
             "http://etcd:2379/v3",
+            "http://::1:2379",
+            "http://et cd:2379",
+            "http://[]:2379",
         ] {
             assert!(url_rule(bad).is_some(), "{bad}");
         }

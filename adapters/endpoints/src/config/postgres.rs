@@ -113,21 +113,32 @@ pub(super) fn locker(l: &raw::Locker, env: Env<'_>) -> Result<super::Locker, Con
             "a PostgreSQL URL such as \"postgres://app@127.0.0.1:5432/app\"",
         )
     })?;
+    let as_written = url;
     let url = expand("locker.url", url, env)?;
     let table = l.table.as_deref().unwrap_or(DEFAULT_TABLE);
     // guard-postgres's default unless set: a connect there is several
     // round trips (authentication, settings, prepared statements).
     let timeout = match l.request_timeout_ms {
         None => guard_postgres::DEFAULT_REQUEST_TIMEOUT,
+        // At most half the locker's default purge grace.
         Some(ms) => Duration::from_millis(bounded(
             "locker.request_timeout_ms",
             ms,
-            MAX_TIMEOUT_MS,
+            u64::try_from(guard_postgres::DEFAULT_PURGE_GRACE.as_millis() / 2)
+                .unwrap_or(MAX_TIMEOUT_MS),
             "milliseconds",
         )?),
     };
     PgLocker::new(&url)
-        .map_err(|e| refused("url", e))?
+        .map_err(|e| match e {
+            // The value as written: an expanded one may hold a secret.
+            PgLockError::InvalidInput { rule, .. } => invalid(
+                "locker.url",
+                format!("{:?}", guard_postgres::server::redacted(as_written)),
+                format!("a PostgreSQL URL or key=value string ({rule})"),
+            ),
+            other => refused("url", other),
+        })?
         .with_table(table)
         .map_err(|e| refused("table", e))?
         .with_request_timeout(timeout)
