@@ -378,3 +378,60 @@ impl LockService {
         self.store.live(key, self.node_now(now).local)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SECOND: u64 = 1_000_000_000;
+
+    fn acquire(key: &str, token: u128, ttl_ns: u64) -> LockOp {
+        LockOp::Acquire {
+            key: key.to_owned(),
+            token,
+            ttl_ns,
+        }
+    }
+
+    fn service(linearizable: bool) -> LockService {
+        let service = LockService::new(
+            10 * SECOND,
+            [Clock::EXACT, Clock::EXACT],
+            FenceRule::PlainCounter,
+        );
+        if linearizable {
+            service.linearizable()
+        } else {
+            service
+        }
+    }
+
+    #[test]
+    fn a_linearizable_failover_keeps_every_write_and_runs_live_leases_again_for_their_ttl() {
+        let mut s = service(true);
+        assert_eq!(
+            s.handle(&acquire("live", 1, 3 * SECOND), 0),
+            Some(LockReply::Granted(1))
+        );
+        s.handle(&acquire("ended", 2, SECOND), 0);
+        // At 2 s: "live" has 1 s left, "ended" is over.
+        s.fail_over(2 * SECOND, SECOND / 2);
+        assert_eq!(s.lost_writes, 0);
+        let lease = s.holder("live", 2 * SECOND + SECOND / 2).expect("kept");
+        assert_eq!(
+            lease.expires_at,
+            2 * SECOND + SECOND / 2 + 3 * SECOND,
+            "a full TTL from the end of the downtime"
+        );
+        assert_eq!(s.holder("ended", 2 * SECOND + SECOND / 2), None);
+        // The same with Redis's asynchronous replication: the grants the
+        // replica had not received are gone.
+        let mut s = service(false);
+        s.handle(&acquire("live", 1, 3 * SECOND), 0);
+        s.fail_over(2 * SECOND, SECOND / 2);
+        assert_eq!(
+            (s.lost_writes, s.holder("live", 2 * SECOND + SECOND / 2)),
+            (1, None)
+        );
+    }
+}

@@ -185,13 +185,8 @@ impl PgLocker {
     /// than at the first grant.
     pub async fn connect(&self) -> Result<(), PgLockError> {
         Compat::new(async {
-            match tokio::time::timeout(self.request_timeout, self.session()).await {
-                Ok(opened) => opened.map(drop),
-                Err(_) => Err(PgLockError::Timeout {
-                    statement: "connect",
-                    after: self.request_timeout,
-                }),
-            }
+            let deadline = tokio::time::Instant::now() + self.request_timeout;
+            self.session_by(deadline, "connect").await.map(drop)
         })
         .await
     }
@@ -220,28 +215,37 @@ impl PgLocker {
         Compat::new(async {
             // One deadline for the whole request: waiting behind another
             // request's connect counts too.
-            let used = std::sync::Mutex::new(None::<Arc<Session>>);
-            let work = async {
-                let session = self.session().await?;
-                *used.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::clone(&session));
-                op(&session)
-                    .await
-                    .map_err(|e| PgLockError::query(statement, e))
-            };
-            match tokio::time::timeout(self.request_timeout, work).await {
-                Ok(answer) => answer,
+            let deadline = tokio::time::Instant::now() + self.request_timeout;
+            let session = self.session_by(deadline, statement).await?;
+            match tokio::time::timeout_at(deadline, op(&session)).await {
+                Ok(answer) => answer.map_err(|e| PgLockError::query(statement, e)),
                 Err(_) => {
-                    if let Some(session) = used.lock().unwrap_or_else(|e| e.into_inner()).take() {
-                        Self::abandon(&session);
-                    }
-                    Err(PgLockError::Timeout {
-                        statement,
-                        after: self.request_timeout,
-                    })
+                    Self::abandon(&session);
+                    Err(self.timed_out(statement))
                 }
             }
         })
         .await
+    }
+
+    /// [`session`](Self::session), failed as `statement` if it is not
+    /// ready by `deadline`. Polled inside [`Compat`].
+    async fn session_by(
+        &self,
+        deadline: tokio::time::Instant,
+        statement: &'static str,
+    ) -> Result<Arc<Session>, PgLockError> {
+        tokio::time::timeout_at(deadline, self.session())
+            .await
+            .unwrap_or_else(|_| Err(self.timed_out(statement)))
+    }
+
+    /// `statement` had no answer within the request timeout.
+    fn timed_out(&self, statement: &'static str) -> PgLockError {
+        PgLockError::Timeout {
+            statement,
+            after: self.request_timeout,
+        }
     }
 
     /// The open session, or a new one. Polled inside [`Compat`], within
@@ -301,12 +305,16 @@ impl PgLocker {
             ))
             .await
             .map_err(|e| PgLockError::query("session settings", e))?;
-        let exists: bool = client
-            .query_one(&self.statements.exists, &[])
-            .await
-            .and_then(|row| row.try_get(0))
-            .map_err(|e| PgLockError::query("create table", e))?;
-        if !exists {
+        // One boolean a row: whether the table exists, whether the role
+        // may use it.
+        let ask = async |sql: &str, statement: &'static str| {
+            client
+                .query_one(sql, &[])
+                .await
+                .and_then(|row| row.try_get::<_, bool>(0))
+                .map_err(|e| PgLockError::query(statement, e))
+        };
+        if !ask(&self.statements.exists, "create table").await? {
             client
                 .batch_execute(&self.statements.create)
                 .await
@@ -314,12 +322,7 @@ impl PgLocker {
         }
         // A table a DBA made may lack a grant: found here, at the start,
         // rather than as every acquisition failing.
-        let allowed: bool = client
-            .query_one(&self.statements.privileges, &[])
-            .await
-            .and_then(|row| row.try_get(0))
-            .map_err(|e| PgLockError::query("check privileges", e))?;
-        if !allowed {
+        if !ask(&self.statements.privileges, "check privileges").await? {
             return Err(PgLockError::invalid(
                 "table",
                 self.table.clone(),

@@ -17,8 +17,9 @@ pub enum GatewayError {
     LockerUnreachable(RedisGuardError),
     /// The Redis locker cannot be built (its prefix).
     Locker(RedisGuardError),
-    /// Another lock service (PostgreSQL) cannot be built or did not
-    /// answer.
+    /// Another lock service (PostgreSQL, etcd) cannot be built, did not
+    /// answer, or refused the replica (its rights), or this build cannot
+    /// make it.
     LockService {
         /// The `[locker] kind`.
         kind: &'static str,
@@ -73,7 +74,7 @@ impl fmt::Display for GatewayError {
             GatewayError::LockerUnreachable(e) => write!(f, "cannot reach the Redis locker: {e}"),
             GatewayError::Locker(e) => write!(f, "Redis locker: {e}"),
             GatewayError::LockService { kind, source } => {
-                write!(f, "cannot reach the {kind} locker: {source}")
+                write!(f, "{kind} locker: {source}")
             }
             GatewayError::Limiter { name, source } => write!(f, "rate limiter {name}: {source}"),
             GatewayError::UnknownLimiter { name } => write!(f, "no rate limiter named {name:?}"),
