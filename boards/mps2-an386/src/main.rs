@@ -12,8 +12,6 @@
 #![no_std]
 #![no_main]
 
-mod time_driver;
-
 use core::time::Duration;
 
 use cortex_m_semihosting::{debug, hprintln};
@@ -34,6 +32,7 @@ use guard_core::retry::{Classifier, GiveUpReason, RetryExecutor, RetryPolicy};
 use guard_core::slot::{Every, UnixMillis};
 use guard_embassy::time::{duration_to_embassy, now};
 use guard_embassy::{ActiveControl, ActiveRunner, RamLocker, retry, run_slots};
+use guard_firmware_mps2::time_driver;
 use panic_semihosting as _;
 
 type Raw = CriticalSectionRawMutex;

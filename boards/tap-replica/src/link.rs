@@ -27,8 +27,8 @@ pub enum LinkError {
     Closed,
 }
 
-impl std::fmt::Display for LinkError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl core::fmt::Display for LinkError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
             LinkError::Connect => f.write_str("cannot connect"),
             LinkError::Tcp(e) => write!(f, "TCP: {e:?}"),
@@ -37,7 +37,7 @@ impl std::fmt::Display for LinkError {
     }
 }
 
-impl std::error::Error for LinkError {}
+impl core::error::Error for LinkError {}
 
 impl embedded_io_async::Error for LinkError {
     fn kind(&self) -> ErrorKind {
@@ -49,12 +49,36 @@ impl embedded_io_async::Error for LinkError {
     }
 }
 
+/// A link's TCP buffers, `N` bytes each way: a `static` on an MCU.
+pub struct LinkBuffers<const N: usize> {
+    rx: [u8; N],
+    tx: [u8; N],
+}
+
+impl<const N: usize> LinkBuffers<N> {
+    /// Zeroed buffers (`const`: usable in a `static`).
+    pub const fn new() -> Self {
+        LinkBuffers {
+            rx: [0; N],
+            tx: [0; N],
+        }
+    }
+}
+
+impl<const N: usize> Default for LinkBuffers<N> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Link {
-    /// A link to `remote` with buffers of `size` bytes each way.
-    pub fn new(stack: Stack<'static>, remote: IpEndpoint, size: usize) -> Self {
-        let rx = Box::leak(vec![0u8; size].into_boxed_slice());
-        let tx = Box::leak(vec![0u8; size].into_boxed_slice());
-        let mut socket = TcpSocket::new(stack, rx, tx);
+    /// A link to `remote` over `buffers` (one each way).
+    pub fn new<const N: usize>(
+        stack: Stack<'static>,
+        remote: IpEndpoint,
+        buffers: &'static mut LinkBuffers<N>,
+    ) -> Self {
+        let mut socket = TcpSocket::new(stack, &mut buffers.rx, &mut buffers.tx);
         socket.set_timeout(Some(IO_TIMEOUT));
         Link {
             socket,

@@ -1,39 +1,23 @@
-//! `guard-tap-replica`: a gateway replica as it runs on an MCU, on a host.
+//! `guard-tap-replica`: the gateway replica of this crate's library on a
+//! host: embassy-executor (`platform-std`) runs an embassy-net stack over a
+//! TAP device with a static address, and [`guard_tap_replica::run`] on it.
 //!
-//! The embassy executor (`platform-std`) runs an embassy-net stack over a
-//! TAP device with a static address. Through guard-embassy's `RespLocker`
-//! on a TCP connection to Redis, the replica
-//! - elects one leader among the replicas (`ActiveRunner`); while leading
-//!   it writes to a protected resource (a Redis script that refuses a
-//!   fence lower than one it accepted) every `--act-ms`;
-//! - runs a heartbeat once per slot across the replicas (`run_slots`).
-//!
-//! Each event is one line on stdout: `up`, `promoted`, `demoted`,
-//! `wrote`, `executed`. The end-to-end test in `tests/netns.rs` runs three
-//! of them in a network namespace and kills the leader.
+//! Each event is one line on stdout (`up`, `promoted`, `demoted`,
+//! `wrote`, `executed`; a failed write on stderr). The end-to-end test in
+//! `tests/netns.rs` runs three of them, and the firmware, in a network
+//! namespace and kills the leader.
 
-mod link;
-mod resource;
-
-use std::cell::Cell;
 use std::hash::{BuildHasher, RandomState};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use clap::Parser;
 use embassy_executor::Spawner;
-use embassy_futures::join::join3;
 use embassy_net::{IpAddress, IpEndpoint, Ipv4Address, Ipv4Cidr, StackResources, StaticConfigV4};
 use embassy_net_tuntap::TunTapDevice;
-use embassy_sync::blocking_mutex::raw::NoopRawMutex;
-use embassy_sync::signal::Signal;
-use embassy_time::Timer;
-use guard_core::guard::{ActiveConfig, OnceGuard};
-use guard_core::lock::{DEFAULT_PREFIX, Scope, Ttl, active_key};
+use guard_core::lock::Ttl;
 use guard_core::slot::{Every, UnixMillis};
-use guard_embassy::{ActiveControl, ActiveRunner, RespLocker, run_slots};
-
-use crate::link::Link;
-use crate::resource::Resource;
+use guard_tap_replica::link::LinkBuffers;
+use guard_tap_replica::{Event, LINK_BUFFER, Replica};
 
 /// A replica of the gateway on a TAP device; see the crate documentation.
 #[derive(Parser, Debug)]
@@ -129,17 +113,6 @@ async fn run(spawner: Spawner, args: Args) -> Result<(), String> {
     let ttl = Ttl::from_millis(args.ttl_ms).map_err(|e| format!("--ttl-ms: {e}"))?;
     let every = Every::new(std::time::Duration::from_millis(args.every_ms))
         .map_err(|e| format!("--every-ms: {e}"))?;
-    let settings = ActiveConfig::new()
-        .with_ttl(ttl)
-        .with_interval(std::time::Duration::from_millis(args.interval_ms));
-    let scope = Scope::new("consumer")
-        .and_then(|s| s.segment("name", "gateway"))
-        .map_err(|e| e.to_string())?;
-    let lease_key = active_key(DEFAULT_PREFIX, &scope).map_err(|e| e.to_string())?;
-    let runner = ActiveRunner::new(&lease_key, settings).map_err(|e| format!("lease: {e}"))?;
-    let slot_scope = Scope::new("schedule")
-        .and_then(|s| s.segment("router", "heartbeat"))
-        .map_err(|e| e.to_string())?;
 
     let mut device =
         TunTapDevice::new(&args.tap).map_err(|e| format!("TAP device {}: {e}", args.tap))?;
@@ -156,51 +129,22 @@ async fn run(spawner: Spawner, args: Args) -> Result<(), String> {
     let (stack, net_runner) = embassy_net::new(device, config, resources, seed);
     spawner.spawn(net(net_runner).map_err(|e| format!("network task: {e:?}"))?);
     stack.wait_config_up().await;
-    println!("up name={} ip={address}", args.name);
+    println!("{} ip={address}", Event::Up { name: &args.name });
 
-    // A request that failed half-way closes the link, which reconnects on
-    // the next request.
-    let locker: RespLocker<NoopRawMutex, Link, 1024> =
-        RespLocker::new(Link::new(stack, redis, 1024), seed).with_reset(Link::close);
-    let mut resource = Resource::new(Link::new(stack, redis, 1024));
-    let leading: Cell<Option<u64>> = Cell::new(None);
-    let control: ActiveControl<NoopRawMutex> = ActiveControl::new();
-    let never: Signal<NoopRawMutex, ()> = Signal::new();
-    let name = args.name.as_str();
-
-    let elect = runner.run(
-        &locker,
-        &control,
-        |fence| {
-            leading.set(Some(fence));
-            println!("promoted name={name} fence={fence}");
-            async { Ok::<(), ()>(()) }
-        },
-        |reason| {
-            leading.set(None);
-            println!("demoted name={name} reason={reason:?}");
-            async {}
-        },
-    );
-    let act = async {
-        loop {
-            Timer::after_millis(args.act_ms).await;
-            let Some(fence) = leading.get() else { continue };
-            match resource.write(fence, name).await {
-                Ok(accepted) => println!("wrote name={name} fence={fence} accepted={accepted}"),
-                Err(e) => eprintln!("resource: {e}"),
-            }
-        }
+    let replica = Replica {
+        name: &args.name,
+        redis,
+        ttl,
+        interval: std::time::Duration::from_millis(args.interval_ms),
+        every,
+        act: std::time::Duration::from_millis(args.act_ms),
+        seed,
     };
-    let guard = OnceGuard::new(Some(&locker), slot_scope).with_ttl(ttl);
-    let slots = run_slots(&guard, every, wall, &never, |run| {
-        println!(
-            "executed name={name} slot={} fence={}",
-            run.slot.as_millis(),
-            run.fence.map_or("-".into(), |f| f.to_string())
-        );
-        async {}
-    });
-    let (_, (), slots) = join3(elect, act, slots).await;
-    slots.map(drop).map_err(|e| format!("slot key: {e}"))
+    let buffers = [(); 2].map(|()| Box::leak(Box::new(LinkBuffers::<LINK_BUFFER>::new())));
+    guard_tap_replica::run(stack, &replica, buffers, wall, |event| match event {
+        Event::WriteFailed { .. } => eprintln!("{event}"),
+        event => println!("{event}"),
+    })
+    .await
+    .map_err(|e| e.to_string())
 }
