@@ -96,15 +96,6 @@ test_log=$(mktemp)
 trap 'rm -f "$test_log"' EXIT
 cargo test --workspace --locked "${features[@]}" 2>&1 | tee "$test_log"
 
-step "network namespace: three TAP replicas electing through Redis (root only)"
-# Ignored by a plain `cargo test` (it needs root), so a run without root
-# counts it as ignored, never as passed.
-if [ "$(id -u)" -eq 0 ]; then
-    cargo test --locked -p guard-tap-replica --test netns -- --ignored 2>&1 | tee -a "$test_log"
-else
-    echo "not root: the namespace test is not run (counted as ignored)"
-fi
-
 step "loom models (LOOM_MAX_PREEMPTIONS=${LOOM_MAX_PREEMPTIONS:-3})"
 # A project-specific cfg: a global `--cfg loom` would change third-party
 # crates too. Its own target directory keeps the normal build cached.
@@ -126,19 +117,40 @@ done
 
 step "firmware: guard on a Cortex-M4F under QEMU (mps2-an386), checked on target"
 # Its own workspace (it builds only for thumbv7em-none-eabihf); the runner
-# in .cargo/config.toml starts QEMU, and a failed check exits 1.
+# in .cargo/config.toml starts QEMU, and a failed check exits 1. The
+# release build makes every image: the checks, net-replica (run by the
+# namespace test below), footprint, empty and decisions.
 (
     cd boards/mps2-an386
     cargo fmt --check
-    cargo clippy --release --locked -- -D warnings
+    cargo clippy --release --locked --bins -- -D warnings
     cargo build --release --locked --features defmt
     cargo build --release --locked
     timeout 120 cargo run --release --locked
 )
-size -A boards/mps2-an386/target/thumbv7em-none-eabihf/release/guard-firmware-mps2 | awk '
-    $1 == ".vector_table" || $1 == ".text" || $1 == ".rodata" || $1 == ".data" { flash += $2 }
-    $1 == ".data" || $1 == ".bss" || $1 == ".uninit" { ram += $2 }
-    END { printf "firmware size: flash %d bytes, RAM %d bytes (static)\n", flash, ram }'
+mps2=boards/mps2-an386/target/thumbv7em-none-eabihf/release
+qemu_m4=(qemu-system-arm -cpu cortex-m4 -machine mps2-an386 -nographic -semihosting-config enable=on,target=native)
+# The footprint image exits 1 on a wrong decision, like the checks.
+for image in empty footprint; do timeout 60 "${qemu_m4[@]}" -kernel "$mps2/$image"; done
+
+step "firmware footprint (flash and static RAM) and each decision's cost on the Cortex-M4F"
+# guard itself costs footprint minus empty (goal: under 8 KiB of flash).
+scripts/firmware-size.sh "$mps2/empty" "$mps2/footprint" "$mps2/guard-firmware-mps2" "$mps2/net-replica"
+echo "net-replica's code by crate:"
+scripts/firmware-size.sh --crates "$mps2/net-replica"
+# Instructions per decision (QEMU has no cycle counter; see decisions.rs).
+timeout 120 "${qemu_m4[@]}" -icount shift=0 -kernel "$mps2/decisions"
+
+step "network namespace: TAP replicas and the firmware under QEMU electing through Redis (root only)"
+# Ignored by a plain `cargo test` (they need root), so a run without root
+# counts them as ignored, never as passed. One at a time: each runs
+# several replicas (one of them QEMU), and the takeover is timed. The
+# firmware image was built by the step above.
+if [ "$(id -u)" -eq 0 ]; then
+    cargo test --locked -p guard-tap-replica --test netns -- --ignored --test-threads=1 2>&1 | tee -a "$test_log"
+else
+    echo "not root: the namespace test is not run (counted as ignored)"
+fi
 
 step "the main job: three replicas, every slot once (exit 1 on a duplicate)"
 cargo run --release --locked -p guard-gateway -- demo --seconds 4

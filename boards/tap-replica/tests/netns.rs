@@ -1,20 +1,28 @@
-//! Three `guard-tap-replica` processes on embassy-net, each on its own TAP
-//! device with its own MAC, bridged in a network namespace this test
-//! creates, with a redis-server inside it. The leader is killed, then Redis
-//! drops every client connection; checks: one leader at a time as the
-//! protected resource judges by fences, takeover within ttl + interval,
-//! the replicas reconnect and go on, every heartbeat slot run once.
+//! End-to-end tests in a network namespace this test creates: a bridge,
+//! one TAP device per replica (each with its own MAC) and a redis-server
+//! inside it.
 //!
-//! Needs root (namespaces, TAP devices), so it is ignored by a plain
+//! - Three `guard-tap-replica` processes on embassy-net: the leader is
+//!   killed, then Redis drops every client connection.
+//! - The firmware image `net-replica` (boards/mps2-an386) under QEMU on
+//!   its emulated LAN9118, beside two host replicas: the firmware leads and
+//!   is killed, a host replica takes over; the firmware starts again as a
+//!   standby and takes over when the host leader is killed.
+//!
+//! Checks: one leader at a time as the protected resource judges by
+//! fences (every write accepted, fences in order, none refused), takeover
+//! within ttl + interval, every heartbeat slot run once.
+//!
+//! Needs root (namespaces, TAP devices), so both are ignored by a plain
 //! `cargo test` and reported as such, never as passed; the test script
-//! runs it with `--ignored` as root. Asked for without root, it fails
-//! with a message saying so. The namespace,
-//! its devices and every process started are removed at the end, also on
-//! failure.
+//! runs them with `--ignored` as root. Asked for without root, they fail
+//! with a message saying so. The namespace, its devices and every process
+//! started are removed at the end, also on failure.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -35,7 +43,10 @@ struct Namespace {
 
 impl Namespace {
     fn create() -> Namespace {
-        let name = format!("guard-e2e-{}", std::process::id());
+        // Unique per test of this process (tests may run in parallel).
+        static CREATED: AtomicUsize = AtomicUsize::new(0);
+        let n = CREATED.fetch_add(1, Ordering::Relaxed);
+        let name = format!("guard-e2e-{}-{n}", std::process::id());
         run(&["ip", "netns", "add", &name]);
         Namespace {
             name,
@@ -55,6 +66,7 @@ impl Namespace {
         let child = Command::new("ip")
             .args(["netns", "exec", &self.name])
             .args(args)
+            .stdin(Stdio::null())
             .stdout(stdout)
             .stderr(Stdio::null())
             .spawn()
@@ -113,80 +125,34 @@ fn is_root() -> bool {
         .unwrap_or(false)
 }
 
-fn collect(ns: &mut Namespace, id: usize, lines: &Lines) -> usize {
-    let tap = format!("tap{id}");
-    let mac = format!("02:00:00:00:00:{:02x}", id + 1);
-    let ip = format!("{SUBNET}.{}/24", 10 + id);
-    let redis = format!("{SUBNET}.1:{REDIS_PORT}");
-    let name = format!("r{id}");
-    let (ttl, interval, every) = (
-        TTL_MS.to_string(),
-        INTERVAL_MS.to_string(),
-        EVERY_MS.to_string(),
-    );
-    let index = ns.spawn(
-        &[
-            env!("CARGO_BIN_EXE_guard-tap-replica"),
-            "--tap",
-            &tap,
-            "--mac",
-            &mac,
-            "--ip",
-            &ip,
-            "--redis",
-            &redis,
-            "--name",
-            &name,
-            "--ttl-ms",
-            &ttl,
-            "--interval-ms",
-            &interval,
-            "--every-ms",
-            &every,
-        ],
-        Stdio::piped(),
-    );
-    let stdout = ns.children[index].as_mut().unwrap().stdout.take().unwrap();
-    let lines = lines.clone();
-    thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            lines.lock().unwrap().push((id, Instant::now(), line));
-        }
-    });
-    index
+/// The TAP device, MAC and IPv4 address of replica `id`.
+fn identity(id: usize) -> (String, String, String) {
+    (
+        format!("tap{id}"),
+        format!("02:00:00:00:00:{:02x}", id + 1),
+        format!("{SUBNET}.{}/24", 10 + id),
+    )
 }
 
-fn promotions(lines: &Lines) -> Vec<(usize, Instant, u64)> {
-    lines
-        .lock()
-        .unwrap()
-        .iter()
-        .filter_map(|(id, t, l)| {
-            let fence = l.strip_prefix("promoted ")?.split("fence=").nth(1)?;
-            Some((*id, *t, fence.trim().parse().ok()?))
-        })
-        .collect()
-}
-
-#[test]
-#[ignore = "needs root: run as root with `cargo test -p guard-tap-replica --test netns -- --ignored`"]
-fn three_tap_replicas_one_leader_at_a_time_takeover_and_each_slot_once() {
+/// Creates the namespace: a bridge at `SUBNET.1`, `taps` TAP devices on
+/// it, and a redis-server there (its directory removed with the guard).
+fn namespace_with_redis(taps: usize) -> (Namespace, tempfile::TempDir) {
     assert!(
         is_root(),
         "this test creates a network namespace and TAP devices and needs root"
     );
-    let mut ns = Namespace::create();
+    let ns = Namespace::create();
     ns.exec(&["ip", "link", "set", "lo", "up"]);
     ns.exec(&["ip", "link", "add", "br0", "type", "bridge"]);
     ns.exec(&["ip", "addr", "add", &format!("{SUBNET}.1/24"), "dev", "br0"]);
     ns.exec(&["ip", "link", "set", "br0", "up"]);
-    for id in 0..3 {
-        let tap = format!("tap{id}");
+    for id in 0..taps {
+        let (tap, _, _) = identity(id);
         ns.exec(&["ip", "tuntap", "add", "dev", &tap, "mode", "tap"]);
         ns.exec(&["ip", "link", "set", &tap, "master", "br0"]);
         ns.exec(&["ip", "link", "set", &tap, "up"]);
     }
-    // Removed on drop, also when the test fails.
+    let mut ns = ns;
     let dir = tempfile::tempdir().unwrap();
     ns.spawn(
         &[
@@ -214,9 +180,189 @@ fn three_tap_replicas_one_leader_at_a_time_takeover_and_each_slot_once() {
         );
         thread::sleep(Duration::from_millis(50));
     }
+    (ns, dir)
+}
 
+/// Starts `command` in the namespace as replica `id`, its stdout lines
+/// collected into `lines`; its index in the namespace's children.
+fn collect(ns: &mut Namespace, id: usize, command: &[&str], lines: &Lines) -> usize {
+    let index = ns.spawn(command, Stdio::piped());
+    let stdout = ns.children[index].as_mut().unwrap().stdout.take().unwrap();
+    let lines = lines.clone();
+    thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            lines.lock().unwrap().push((id, Instant::now(), line));
+        }
+    });
+    index
+}
+
+/// Starts host replica `id` (`guard-tap-replica` on `tap<id>`).
+fn host_replica(ns: &mut Namespace, id: usize, lines: &Lines) -> usize {
+    let (tap, mac, ip) = identity(id);
+    let redis = format!("{SUBNET}.1:{REDIS_PORT}");
+    let name = format!("r{id}");
+    let (ttl, interval, every) = (
+        TTL_MS.to_string(),
+        INTERVAL_MS.to_string(),
+        EVERY_MS.to_string(),
+    );
+    let command = [
+        env!("CARGO_BIN_EXE_guard-tap-replica"),
+        "--tap",
+        &tap,
+        "--mac",
+        &mac,
+        "--ip",
+        &ip,
+        "--redis",
+        &redis,
+        "--name",
+        &name,
+        "--ttl-ms",
+        &ttl,
+        "--interval-ms",
+        &interval,
+        "--every-ms",
+        &every,
+    ];
+    collect(ns, id, &command, lines)
+}
+
+/// The firmware image, built by `cargo build --release` in
+/// boards/mps2-an386 (the test script does so before this test).
+fn firmware_image() -> String {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../mps2-an386/target/thumbv7em-none-eabihf/release/net-replica"
+    );
+    assert!(
+        std::path::Path::new(path).exists(),
+        "{path} is missing: build it with `cd boards/mps2-an386 && cargo build --release`"
+    );
+    path.to_owned()
+}
+
+/// Starts the firmware as replica `id` under QEMU on `tap<id>`.
+fn firmware_replica(ns: &mut Namespace, id: usize, image: &str, lines: &Lines) -> usize {
+    let (tap, mac, ip) = identity(id);
+    let nic = format!("tap,ifname={tap},script=no,downscript=no,mac={mac}");
+    let append = format!(
+        "--name fw{id} --ip {ip} --redis {SUBNET}.1:{REDIS_PORT} --ttl-ms {TTL_MS} --interval-ms {INTERVAL_MS} --every-ms {EVERY_MS}"
+    );
+    let command = [
+        "qemu-system-arm",
+        "-cpu",
+        "cortex-m4",
+        "-machine",
+        "mps2-an386",
+        "-nographic",
+        "-monitor",
+        "none",
+        "-serial",
+        "none",
+        "-semihosting-config",
+        "enable=on,target=native",
+        "-nic",
+        &nic,
+        "-kernel",
+        image,
+        "-append",
+        &append,
+    ];
+    collect(ns, id, &command, lines)
+}
+
+fn promotions(lines: &Lines) -> Vec<(usize, Instant, u64)> {
+    lines
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|(id, t, l)| {
+            let fence = l.strip_prefix("promoted ")?.split("fence=").nth(1)?;
+            Some((*id, *t, fence.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// Waits until a replica other than those in `not` is promoted after
+/// `since`; that replica, when, and its fence.
+fn next_leader(
+    lines: &Lines,
+    since: Instant,
+    not: &[usize],
+    within: Duration,
+) -> (usize, Instant, u64) {
+    let start = Instant::now();
+    loop {
+        let after: Vec<_> = promotions(lines)
+            .into_iter()
+            .filter(|(id, t, _)| !not.contains(id) && *t > since)
+            .collect();
+        match after.as_slice() {
+            [one] => return *one,
+            [] if start.elapsed() < within => thread::sleep(Duration::from_millis(20)),
+            _ => panic!(
+                "expected one new leader within {within:?}: {:?}",
+                lines.lock().unwrap()
+            ),
+        }
+    }
+}
+
+/// The resource's accepted writes as (fence, replica), checked: fences
+/// never go back and each fence is one replica's.
+fn resource_log(ns: &Namespace) -> BTreeMap<u64, String> {
+    let log = redis_cli(ns, &["LRANGE", "{guard:resource}:log", "0", "-1"]);
+    let mut owner: BTreeMap<u64, String> = BTreeMap::new();
+    let mut last = 0;
+    for entry in log.lines().filter(|l| !l.trim().is_empty()) {
+        let (fence, who) = entry.trim().split_once(' ').expect("fence and replica");
+        let fence: u64 = fence.parse().unwrap();
+        assert!(fence >= last, "fence {fence} accepted after {last}");
+        last = fence;
+        let holder = owner.entry(fence).or_insert_with(|| who.to_owned());
+        assert_eq!(holder, who, "fence {fence} used by two replicas");
+    }
+    owner
+}
+
+/// Every heartbeat slot seen ran exactly once, none missed between the
+/// first and the last; how many there were.
+fn each_slot_once(lines: &Lines) -> usize {
+    let mut slots: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
+    for (id, _, line) in lines.lock().unwrap().iter() {
+        if let Some(rest) = line.strip_prefix("executed ") {
+            let slot = rest
+                .split("slot=")
+                .nth(1)
+                .unwrap()
+                .split_whitespace()
+                .next()
+                .unwrap();
+            slots.entry(slot.parse().unwrap()).or_default().push(*id);
+        }
+    }
+    assert!(slots.len() >= 8, "{slots:?}");
+    assert!(
+        slots.values().all(|r| r.len() == 1),
+        "a slot ran twice: {slots:?}"
+    );
+    let (first_slot, last_slot) = (*slots.keys().next().unwrap(), *slots.keys().last().unwrap());
+    assert_eq!(
+        slots.len() as u64,
+        (last_slot - first_slot) / EVERY_MS + 1,
+        "a slot was missed: {slots:?}"
+    );
+    slots.len()
+}
+
+#[test]
+#[ignore = "needs root: run as root with `cargo test -p guard-tap-replica --test netns -- --ignored`"]
+fn three_tap_replicas_one_leader_at_a_time_takeover_and_each_slot_once() {
+    let (mut ns, _dir) = namespace_with_redis(3);
     let lines: Lines = Arc::default();
-    let replicas: Vec<usize> = (0..3).map(|id| collect(&mut ns, id, &lines)).collect();
+    let replicas: Vec<usize> = (0..3).map(|id| host_replica(&mut ns, id, &lines)).collect();
     thread::sleep(Duration::from_millis(5_000));
     let first = promotions(&lines);
     assert_eq!(
@@ -229,27 +375,22 @@ fn three_tap_replicas_one_leader_at_a_time_takeover_and_each_slot_once() {
 
     let killed_at = Instant::now();
     ns.kill(replicas[leader]); // SIGKILL: no release, the lease must expire
-    thread::sleep(Duration::from_millis(TTL_MS + INTERVAL_MS + 2_500));
-    let after: Vec<_> = promotions(&lines)
-        .into_iter()
-        .filter(|(id, t, _)| *id != leader && *t > killed_at)
-        .collect();
-    assert_eq!(
-        after.len(),
-        1,
-        "one new leader: {:?}",
-        lines.lock().unwrap()
+    let (_, promoted_at, second_fence) = next_leader(
+        &lines,
+        killed_at,
+        &[leader],
+        Duration::from_millis(TTL_MS + INTERVAL_MS + 2_500),
     );
-    let (_, promoted_at, second_fence) = after[0];
     let takeover = promoted_at.duration_since(killed_at);
     assert!(
         takeover <= Duration::from_millis(TTL_MS + INTERVAL_MS + 200),
         "took over after {takeover:?}, more than ttl + interval"
     );
     assert!(second_fence > first_fence);
+    thread::sleep(Duration::from_millis(1_000));
 
     // The resource's log so far: exactly the two leaders' fences.
-    let log_before = redis_cli(&ns, &["LRANGE", "{guard:resource}:log", "0", "-1"]);
+    let log_before = resource_log(&ns);
 
     // Redis drops every client connection just after a slot was run. The
     // replicas reconnect (the locker's and the resource's links). A failed
@@ -293,65 +434,135 @@ fn three_tap_replicas_one_leader_at_a_time_takeover_and_each_slot_once() {
 
     // The resource's view: accepted writes in order, fences never going
     // back, each fence one replica's, nothing stale refused or accepted.
-    let log = redis_cli(&ns, &["LRANGE", "{guard:resource}:log", "0", "-1"]);
+    let log = resource_log(&ns);
     let refused = redis_cli(&ns, &["GET", "{guard:resource}:refused"]);
     drop(ns); // every process stopped, the namespace removed
 
-    let owners = |log: &str| {
-        let mut owner: BTreeMap<u64, String> = BTreeMap::new();
-        let mut last = 0;
-        for entry in log.lines().filter(|l| !l.trim().is_empty()) {
-            let (fence, who) = entry.trim().split_once(' ').expect("fence and replica");
-            let fence: u64 = fence.parse().unwrap();
-            assert!(fence >= last, "fence {fence} accepted after {last}");
-            last = fence;
-            let holder = owner.entry(fence).or_insert_with(|| who.to_owned());
-            assert_eq!(holder, who, "fence {fence} used by two replicas");
-        }
-        owner
-    };
     assert_eq!(
-        owners(&log_before).keys().copied().collect::<Vec<_>>(),
+        log_before.keys().copied().collect::<Vec<_>>(),
         vec![first_fence, second_fence],
         "writes under exactly the two leaders' fences"
     );
-    let fences = owners(&log).keys().copied().collect::<Vec<_>>();
+    let fences = log.keys().copied().collect::<Vec<_>>();
     assert!(
         fences.starts_with(&[first_fence, second_fence]),
         "{fences:?}"
     );
     eprintln!(
-        "leader r{leader} (fence {first_fence}) killed; takeover after {takeover:?} (fence {second_fence}); {killed} client connections dropped, then fences {fences:?}; {} writes accepted",
-        log.lines().filter(|l| !l.trim().is_empty()).count()
+        "leader r{leader} (fence {first_fence}) killed; takeover after {takeover:?} (fence {second_fence}); {killed} client connections dropped, then fences {fences:?}"
     );
     assert!(
         refused.trim().is_empty(),
         "stale writes were refused: {refused}"
     );
+    eprintln!("{} heartbeat slots, each run once", each_slot_once(&lines));
+}
 
-    let mut slots: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
-    for (id, _, line) in lines.lock().unwrap().iter() {
-        if let Some(rest) = line.strip_prefix("executed ") {
-            let slot = rest
-                .split("slot=")
-                .nth(1)
-                .unwrap()
-                .split_whitespace()
-                .next()
-                .unwrap();
-            slots.entry(slot.parse().unwrap()).or_default().push(*id);
-        }
-    }
-    eprintln!("{} heartbeat slots, each run once", slots.len());
-    assert!(slots.len() >= 8, "{slots:?}");
-    assert!(
-        slots.values().all(|r| r.len() == 1),
-        "a slot ran twice: {slots:?}"
-    );
-    let (first_slot, last_slot) = (*slots.keys().next().unwrap(), *slots.keys().last().unwrap());
+#[test]
+#[ignore = "needs root: run as root with `cargo test -p guard-tap-replica --test netns -- --ignored`"]
+fn firmware_under_qemu_leads_hands_over_and_takes_over_beside_host_replicas() {
+    let image = firmware_image();
+    let (mut ns, _dir) = namespace_with_redis(3);
+    let lines: Lines = Arc::default();
+    let within = Duration::from_millis(TTL_MS + INTERVAL_MS + 200);
+    let wait = Duration::from_millis(TTL_MS + INTERVAL_MS + 5_000);
+
+    // The firmware (replica 2) starts first and takes the lease.
+    const FW: usize = 2;
+    let started = Instant::now();
+    let firmware = firmware_replica(&mut ns, FW, &image, &lines);
+    let (leader, _, fw_fence) = next_leader(&lines, started, &[], Duration::from_secs(20));
+    assert_eq!(leader, FW, "{:?}", lines.lock().unwrap());
+    let hosts = [
+        host_replica(&mut ns, 0, &lines),
+        host_replica(&mut ns, 1, &lines),
+    ];
+    thread::sleep(Duration::from_millis(3_000));
     assert_eq!(
-        slots.len() as u64,
-        (last_slot - first_slot) / EVERY_MS + 1,
-        "a slot was missed: {slots:?}"
+        promotions(&lines).len(),
+        1,
+        "the host replicas stay standbys while the firmware renews: {:?}",
+        lines.lock().unwrap()
+    );
+
+    // Case 1: the firmware leader dies (QEMU killed: no release).
+    let killed_at = Instant::now();
+    ns.kill(firmware);
+    let (host_leader, promoted_at, host_fence) = next_leader(&lines, killed_at, &[FW], wait);
+    let firmware_to_host = promoted_at.duration_since(killed_at);
+    assert!(
+        firmware_to_host <= within,
+        "a host replica took over from the firmware after {firmware_to_host:?}, more than ttl + interval"
+    );
+    assert!(host_fence > fw_fence);
+
+    // The firmware starts again, as a standby; the other host replica
+    // stops, so the firmware is the one standby left.
+    let restarted = Instant::now();
+    let firmware = firmware_replica(&mut ns, FW, &image, &lines);
+    let other = 1 - host_leader;
+    let up = Instant::now();
+    while !lines
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|(id, t, l)| *id == FW && *t > restarted && l.starts_with("up "))
+    {
+        assert!(
+            up.elapsed() < Duration::from_secs(20),
+            "the firmware did not come up again"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    ns.kill(hosts[other]);
+    thread::sleep(Duration::from_millis(2_000));
+
+    // Case 2: the host leader dies; the firmware takes over.
+    let killed_at = Instant::now();
+    ns.kill(hosts[host_leader]);
+    let (leader, promoted_at, fw_fence_again) =
+        next_leader(&lines, killed_at, &[host_leader, other], wait);
+    assert_eq!(leader, FW);
+    let host_to_firmware = promoted_at.duration_since(killed_at);
+    assert!(
+        host_to_firmware <= within,
+        "the firmware took over after {host_to_firmware:?}, more than ttl + interval"
+    );
+    assert!(fw_fence_again > host_fence);
+    thread::sleep(Duration::from_millis(2_000));
+
+    let log = resource_log(&ns);
+    let refused = redis_cli(&ns, &["GET", "{guard:resource}:refused"]);
+    ns.kill(firmware);
+    drop(ns);
+
+    assert_eq!(
+        log.iter()
+            .map(|(fence, who)| (*fence, who.clone()))
+            .collect::<Vec<_>>(),
+        vec![
+            (fw_fence, format!("fw{FW}")),
+            (host_fence, format!("r{host_leader}")),
+            (fw_fence_again, format!("fw{FW}")),
+        ],
+        "the resource saw the three leaders in order, nothing else"
+    );
+    assert!(
+        refused.trim().is_empty(),
+        "stale writes were refused: {refused}"
+    );
+    let slots = each_slot_once(&lines);
+    let ran_by = |id: usize| {
+        lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(i, _, l)| *i == id && l.starts_with("executed "))
+            .count()
+    };
+    assert!(ran_by(FW) > 0, "the firmware ran no slot");
+    eprintln!(
+        "firmware led (fence {fw_fence}), killed: r{host_leader} took over after {firmware_to_host:?} (fence {host_fence}); r{host_leader} killed: the firmware took over after {host_to_firmware:?} (fence {fw_fence_again}); {slots} heartbeat slots, each run once ({} by the firmware)",
+        ran_by(FW)
     );
 }

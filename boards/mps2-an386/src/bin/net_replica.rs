@@ -30,6 +30,8 @@ use cortex_m::interrupt::InterruptNumber;
 use cortex_m::peripheral::NVIC;
 use cortex_m_rt::exception;
 use cortex_m_semihosting::{debug, hprintln, nr, syscall1};
+#[cfg(feature = "defmt")]
+use defmt_semihosting as _;
 use embassy_executor::Spawner;
 use embassy_net::{IpEndpoint, Ipv4Cidr, StackResources, StaticConfigV4};
 use embassy_time::Timer;

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Flash and static RAM of firmware images, and which crates their code
+# comes from.
+#
+#   scripts/firmware-size.sh ELF...            one line per image
+#   scripts/firmware-size.sh --crates ELF      its code (.text) by crate
+#
+# Flash is .vector_table + .text + .rodata + .data (the initial values);
+# RAM is .data + .bss + .uninit, static only (the stack is not counted).
+# Code is attributed by the DWARF line table, so code inlined from one
+# crate into another counts for the crate it was written in (symbol sizes
+# would charge it all to the caller, e.g. an executor's task poll).
+set -euo pipefail
+
+sizes() {
+    size -A "$1" | awk -v name="$(basename "$1")" '
+        $1 == ".vector_table" || $1 == ".text" || $1 == ".rodata" || $1 == ".data" { flash += $2 }
+        $1 == ".data" || $1 == ".bss" || $1 == ".uninit" { ram += $2 }
+        END { printf "%s: flash %d bytes, RAM %d bytes (static)\n", name, flash, ram }'
+}
+
+crates() {
+    local elf=$1 text_start text_size
+    read -r text_size text_start < <(size -A "$elf" | awk '$1 == ".text" { print $2, $3 }')
+    # Every address where the line table starts a row, in order; addr2line
+    # names the source file of each (the innermost inlined one).
+    objdump --dwarf=decodedline "$elf" \
+        | awk -v lo="$text_start" -v hi="$((text_start + text_size))" '
+            NF >= 3 && $3 ~ /^0x/ { a = strtonum($3); if (a >= lo && a < hi) print a }' \
+        | sort -n -u | awk '{ printf "0x%x\n", $1 }' \
+        | addr2line -e "$elf" -a \
+        | paste - - \
+        | awk -v hi="$((text_start + text_size))" '
+        function crate_of(path) {
+            if (path ~ /\/library\/[a-z_-]+\//) {
+                sub(/.*\/library\//, "", path); sub(/\/.*/, "", path); return path
+            }
+            if (path ~ /\/registry\/src\/[^\/]+\//) {
+                sub(/.*\/registry\/src\/[^\/]+\//, "", path); sub(/\/.*/, "", path)
+                sub(/-[0-9]+\.[0-9]+\.[0-9]+.*$/, "", path); return path
+            }
+            if (path ~ /\/adapters\/embassy\//) return "guard-embassy"
+            if (path ~ /\/boards\/tap-replica\//) return "guard-tap-replica"
+            if (path ~ /\/boards\/[^\/]+\//) return "this board'\''s firmware"
+            if (path ~ /\/core\/src\//) return "guard-core"
+            return "no line information"
+        }
+        { n++; at[n] = strtonum($1); owner[n] = crate_of($2) }
+        END {
+            for (i = 1; i <= n; i++) {
+                next_at = (i < n) ? at[i + 1] : hi
+                bytes[owner[i]] += next_at - at[i]
+                total += next_at - at[i]
+            }
+            for (c in bytes) printf "%8d bytes %5.1f%%  %s\n", bytes[c], 100 * bytes[c] / total, c | "sort -rn"
+            close("sort -rn")
+            printf "%8d bytes of code in all\n", total
+        }'
+}
+
+if [ "${1:-}" = "--crates" ]; then
+    crates "$2"
+else
+    for elf in "$@"; do sizes "$elf"; done
+fi
