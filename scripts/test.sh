@@ -133,9 +133,20 @@ qemu_m4=(qemu-system-arm -cpu cortex-m4 -machine mps2-an386 -nographic -semihost
 # The footprint image exits 1 on a wrong decision, like the checks.
 for image in empty footprint; do timeout 60 "${qemu_m4[@]}" -kernel "$mps2/$image"; done
 
+step "firmware: guard on a Cortex-M0 under QEMU (microbit, nRF51), checked on target"
+# No compare-and-swap on this core: guard-core's critical-section feature.
+# Its own workspace too; its runner starts QEMU's microbit machine.
+(
+    cd boards/microbit
+    cargo fmt --check
+    cargo clippy --release --locked -- -D warnings
+    timeout 120 cargo run --release --locked
+)
+
 step "firmware footprint (flash and static RAM) and each decision's cost on the Cortex-M4F"
 # guard itself costs footprint minus empty (goal: under 8 KiB of flash).
-scripts/firmware-size.sh "$mps2/empty" "$mps2/footprint" "$mps2/guard-firmware-mps2" "$mps2/net-replica"
+scripts/firmware-size.sh "$mps2/empty" "$mps2/footprint" "$mps2/guard-firmware-mps2" "$mps2/net-replica" \
+    boards/microbit/target/thumbv6m-none-eabi/release/guard-firmware-microbit
 echo "net-replica's code by crate:"
 scripts/firmware-size.sh --crates "$mps2/net-replica"
 # Instructions per decision (QEMU has no cycle counter; see decisions.rs).
