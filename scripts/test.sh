@@ -85,8 +85,9 @@ step "format"
 cargo fmt --all -- --check
 
 # The gateway's optional etcd locker is built and tested too (its build
-# needs protoc, installed above; the main job's build does not).
-features=(--features guard-gateway/etcd)
+# needs protoc, installed above; the main job's build does not), and
+# guard-core's fuzzing harnesses for users (feature arbitrary, host only).
+features=(--features guard-gateway/etcd --features guard-core/arbitrary)
 
 step "clippy (all targets, warnings are errors)"
 cargo clippy --workspace --all-targets --locked "${features[@]}" -- -D warnings
@@ -99,8 +100,10 @@ cargo test --workspace --locked "${features[@]}" 2>&1 | tee "$test_log"
 step "loom models (LOOM_MAX_PREEMPTIONS=${LOOM_MAX_PREEMPTIONS:-3})"
 # A project-specific cfg: a global `--cfg loom` would change third-party
 # crates too. Its own target directory keeps the normal build cached.
+# guard-example-loom is how a user model-checks their own code with
+# guard's shared types under the same switch.
 RUSTFLAGS="--cfg guard_loom" LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-3}" CARGO_TARGET_DIR=target/loom \
-    cargo test --release --locked -p guard-core -p guard-std --test loom
+    cargo test --release --locked -p guard-core -p guard-std -p guard-example-loom --test loom
 
 step "guard-core and guard-embassy build for Cortex-M with no allocator"
 # thumbv7em: Cortex-M4F; thumbv6m: Cortex-M0, which has no compare-and-swap.

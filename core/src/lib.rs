@@ -25,7 +25,8 @@
 //! assert!(limiter.check(t0 + Duration::from_millis(200)).is_allowed());
 //! # Ok::<(), guard_core::limit::LimiterError>(())
 //! ```
-#![cfg_attr(not(any(test, guard_loom)), no_std)]
+// `arbitrary` links std (its derive names it): a host-only feature.
+#![cfg_attr(not(any(test, guard_loom, feature = "arbitrary")), no_std)]
 // Panic freedom of the library code is checked by clippy (tests may panic).
 #![cfg_attr(
     not(test),
@@ -43,6 +44,8 @@
 pub mod dedup;
 pub mod dlq;
 pub mod failure;
+#[cfg(feature = "arbitrary")]
+pub mod fuzz;
 pub mod guard;
 pub mod limit;
 pub mod lock;

@@ -16,6 +16,7 @@ use core::time::Duration;
 /// input makes it panic or wrap: `Instant::MAX + d == Instant::MAX`.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 pub struct Instant(u64);
 
 impl Instant {

@@ -29,6 +29,10 @@
 //! # Ok::<(), String>(())
 //! ```
 //!
+//! Your own code can run in the world too: a [`handler::Handler`] on each
+//! replica, its side effects checked at the resource for stale fences and
+//! duplicates ([`World::with_handler`]).
+//!
 //! Invariants checked as it runs or at the end: at most one run per slot
 //! (missed slots counted); a lock service that grants one live lease per
 //! key; with fencing on, no stale side effect accepted and fences that
@@ -39,6 +43,7 @@
 
 pub mod clock;
 pub mod config;
+pub mod handler;
 pub mod locker;
 pub mod report;
 pub mod resource;

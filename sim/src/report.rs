@@ -63,6 +63,17 @@ pub struct Report {
     /// Lock-service writes lost by failovers.
     pub lost_writes: u64,
 
+    /// A user handler's side effects applied (see [`crate::handler`]).
+    pub user_effects: u64,
+    /// Of those, effects whose identity had been applied before.
+    pub user_duplicates: u64,
+    /// The first identities applied twice.
+    pub user_duplicate_ids: Vec<u64>,
+    /// A user handler's leader effects refused for a stale fence.
+    pub user_rejected_stale: u64,
+    /// A user handler's stale leader effects applied (fencing off).
+    pub user_accepted_stale: u64,
+
     /// Limiter admissions.
     pub limiter_admitted: u64,
     /// Limiter denials.
@@ -136,6 +147,13 @@ impl fmt::Display for Report {
                 self.fence_regressions.to_string(),
             ),
             ("lock writes lost", self.lost_writes.to_string()),
+            (
+                "handler effects / duplicates / stale refused",
+                format!(
+                    "{} / {} / {}",
+                    self.user_effects, self.user_duplicates, self.user_rejected_stale
+                ),
+            ),
             (
                 "limiter admitted / denied",
                 format!("{} / {}", self.limiter_admitted, self.limiter_denied),

@@ -61,7 +61,18 @@ pub struct Resource {
     pub fence_out_of_order: u64,
     /// Runs per scheduled slot (Unix ms of the slot).
     pub slot_runs: HashMap<u64, u32>,
+    /// A user handler's effects accepted, by identity (how many times).
+    pub user_seen: HashMap<u64, u32>,
+    /// A user handler's leader effects refused as stale (fencing on).
+    pub user_rejected_stale: u64,
+    /// A user handler's stale leader effects applied (fencing off).
+    pub user_accepted_stale: u64,
+    /// The first identities accepted twice, in the order seen.
+    pub user_duplicate_ids: Vec<u64>,
 }
+
+/// The most duplicate identities listed; the count goes on beyond it.
+const DUPLICATES_LISTED: usize = 20;
 
 /// The most side effects kept for the timeline; counts go on beyond it.
 const EFFECTS_KEPT: usize = 20_000;
@@ -81,12 +92,38 @@ impl Resource {
             fence_reused: 0,
             fence_out_of_order: 0,
             slot_runs: HashMap::new(),
+            user_seen: HashMap::new(),
+            user_rejected_stale: 0,
+            user_accepted_stale: 0,
+            user_duplicate_ids: Vec::new(),
         }
     }
 
     /// A side effect of `replica`, leading under lease grant number `grant`
     /// with `fence`, arrives.
     pub fn write(&mut self, at: Nanos, replica: usize, fence: u64, grant: u64) -> Verdict {
+        let verdict = self.judge(fence, grant);
+        match verdict {
+            Verdict::Accepted => self.accepted += 1,
+            Verdict::AcceptedStale => self.accepted_stale += 1,
+            Verdict::RejectedStale => self.rejected_stale += 1,
+        }
+        if self.effects.len() < EFFECTS_KEPT {
+            self.effects.push(Effect {
+                at,
+                replica,
+                fence,
+                verdict,
+            });
+        }
+        verdict
+    }
+
+    /// The fence check every leader's side effect passes: refused (or,
+    /// with fencing off, applied and counted) below the newest fence;
+    /// the fence bookkeeping that finds a lock service handing out a fence
+    /// twice or out of order.
+    fn judge(&mut self, fence: u64, grant: u64) -> Verdict {
         // One fence, one grant: the invariant a fence derivation must keep.
         let first = *self.writers.entry(fence).or_insert(grant);
         if first != grant {
@@ -100,12 +137,10 @@ impl Resource {
         {
             self.fence_out_of_order += 1;
         }
-        let verdict = if fence < self.newest_fence {
+        if fence < self.newest_fence {
             if self.fencing {
-                self.rejected_stale += 1;
                 Verdict::RejectedStale
             } else {
-                self.accepted_stale += 1;
                 Verdict::AcceptedStale
             }
         } else {
@@ -113,18 +148,44 @@ impl Resource {
                 self.newest_fence = fence;
                 self.newest_grant = Some(grant);
             }
-            self.accepted += 1;
             Verdict::Accepted
+        }
+    }
+
+    /// A user handler's side effect arrives: a leader's (with its fence
+    /// and grant, judged as [`Resource::write`] judges) or a slot's
+    /// (`None`: applied as it comes). An identity applied before counts
+    /// as a duplicate.
+    pub fn user_effect(&mut self, leader: Option<(u64, u64)>, identity: u64) -> Verdict {
+        let verdict = match leader {
+            Some((fence, grant)) => self.judge(fence, grant),
+            None => Verdict::Accepted,
         };
-        if self.effects.len() < EFFECTS_KEPT {
-            self.effects.push(Effect {
-                at,
-                replica,
-                fence,
-                verdict,
-            });
+        match verdict {
+            Verdict::RejectedStale => {
+                self.user_rejected_stale += 1;
+                return verdict;
+            }
+            Verdict::AcceptedStale => self.user_accepted_stale += 1,
+            Verdict::Accepted => {}
+        }
+        let seen = self.user_seen.entry(identity).or_insert(0);
+        *seen += 1;
+        if *seen > 1 && self.user_duplicate_ids.len() < DUPLICATES_LISTED {
+            self.user_duplicate_ids.push(identity);
         }
         verdict
+    }
+
+    /// A user handler's effects applied, and those applied more than once.
+    pub fn user_counts(&self) -> (u64, u64) {
+        let applied = self.user_seen.values().map(|&n| u64::from(n)).sum();
+        let duplicates = self
+            .user_seen
+            .values()
+            .map(|&n| u64::from(n.saturating_sub(1)))
+            .sum();
+        (applied, duplicates)
     }
 
     /// A scheduled slot ran.

@@ -15,6 +15,7 @@ use guard_core::time::Instant;
 
 use crate::clock::{Clock, EPOCH_MS, Nanos};
 use crate::config::{Fault, Target, WorldConfig};
+use crate::handler::{Effect, Handler, HandlerFactory, LeaderWork, SlotWork};
 use crate::locker::{
     Answer, SimLocker, TimedOut, lock_result, renew_result, ttl_nanos, unlock_result,
 };
@@ -71,6 +72,12 @@ enum Event {
     /// A side effect reaches the resource, from a leader under lease grant
     /// number `grant`.
     AtResource { r: usize, fence: u64, grant: u64 },
+    /// A user handler's side effect reaches the resource: a leader's
+    /// (its fence and grant) or a slot's (`None`).
+    UserEffect {
+        leader: Option<(u64, u64)>,
+        effect: Effect,
+    },
     /// A fault starts.
     FaultStart(usize),
     /// A crashed replica restarts.
@@ -105,6 +112,7 @@ impl Event {
             Event::AtResource { .. } => 8,
             Event::FaultStart(_) => 9,
             Event::Restart { .. } => 10,
+            Event::UserEffect { .. } => 11,
         }
     }
 }
@@ -198,7 +206,20 @@ pub struct World {
     /// The largest fence granted for the leader key so far.
     highest_leader_fence: Option<u64>,
     scope: Scope,
+    /// Makes each replica's user handler (none: no user code).
+    handler_factory: Option<HandlerFactory>,
+    /// Each replica's handler, made again after a crash.
+    handlers: Vec<Box<dyn Handler>>,
+    /// The handlers' resource: a ledger of their own, so that user code
+    /// changes no verdict on the built-in leader's writes.
+    user_resource: Resource,
+    /// The handlers' link latencies: a generator of their own, so that
+    /// user code changes no random choice of the world's.
+    user_rng: Rng,
 }
+
+/// Seeds the handlers' generator apart from the world's ("user").
+const USER_RNG_SALT: u64 = 0x7573_6572;
 
 fn nanos(d: core::time::Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
@@ -274,6 +295,10 @@ impl World {
             grants: HashMap::new(),
             highest_leader_fence: None,
             scope,
+            handler_factory: None,
+            handlers: Vec::new(),
+            user_resource: Resource::new(config.fencing),
+            user_rng: Rng::new(config.seed ^ USER_RNG_SALT),
             active,
             config,
         };
@@ -285,6 +310,30 @@ impl World {
             world.schedule(nanos(fault.at()), Event::FaultStart(i));
         }
         Ok(world)
+    }
+
+    /// Runs your code on every replica: `factory` makes replica `r`'s
+    /// handler, now and again after each crash (a restarted process keeps
+    /// nothing in memory). Its side effects are checked at the resource
+    /// and counted in the report (`user_*`); see [`crate::handler`].
+    pub fn with_handler(
+        mut self,
+        factory: impl FnMut(usize) -> Box<dyn Handler> + 'static,
+    ) -> Self {
+        let mut factory: HandlerFactory = Box::new(factory);
+        self.handlers = (0..self.replicas.len()).map(&mut factory).collect();
+        self.handler_factory = Some(factory);
+        self
+    }
+
+    /// Sends the effects of a handler call to the resource, each over the
+    /// resource's link.
+    fn deliver_user_effects(&mut self, leader: Option<(u64, u64)>, effects: Vec<Effect>) {
+        let (lo, hi) = (nanos(self.config.latency.0), nanos(self.config.latency.1));
+        for effect in effects {
+            let delay = self.user_rng.between(lo, hi);
+            self.schedule(self.now + delay, Event::UserEffect { leader, effect });
+        }
     }
 
     fn schedule(&mut self, at: Nanos, event: Event) {
@@ -360,6 +409,7 @@ impl World {
             | Event::Restart { r } => (*r, 0),
             Event::AtResource { r, fence, .. } => (*r, *fence),
             Event::FaultStart(i) => (usize::MAX, *i as u64),
+            Event::UserEffect { effect, .. } => (usize::MAX, effect.0),
         };
         self.hash.add(&[self.now, event.kind(), r as u64, data]);
         match event {
@@ -383,11 +433,20 @@ impl World {
                 let verdict = self.resource.write(self.now, r, fence, grant);
                 self.hash.add(&[verdict as u64]);
             }
+            Event::UserEffect { leader, effect } => {
+                let verdict = self.user_resource.user_effect(leader, effect.0);
+                self.hash.add(&[effect.0, verdict as u64]);
+            }
             Event::FaultStart(i) => self.start_fault(i),
             Event::Restart { r } => {
                 let epoch = self.replicas[r].epoch + 1;
                 let clock = self.replicas[r].clock;
                 self.replicas[r] = Replica::fresh(clock, epoch, r);
+                if let (Some(factory), Some(handler)) =
+                    (self.handler_factory.as_mut(), self.handlers.get_mut(r))
+                {
+                    *handler = factory(r);
+                }
                 self.start_replica(r);
                 let since = self.crashed_at.remove(&r).unwrap_or(self.now);
                 self.timeline.fault(r, "crash", since, self.now);
@@ -529,6 +588,15 @@ impl World {
                 Poll::Ready((slot, outcome)) => {
                     if outcome.is_allowed() {
                         self.resource.run_slot(slot);
+                        let work = SlotWork {
+                            replica: r,
+                            slot_ms: slot,
+                            fence: outcome.fence(),
+                        };
+                        if let Some(handler) = self.handlers.get_mut(r) {
+                            let effects = handler.slot(&work);
+                            self.deliver_user_effects(None, effects);
+                        }
                     }
                     self.report.claims += 1;
                 }
@@ -683,6 +751,16 @@ impl World {
         };
         for delay in self.deliveries_reliable() {
             self.schedule(self.now + delay, Event::AtResource { r, fence, grant });
+        }
+        if let Some(handler) = self.handlers.get_mut(r) {
+            let work = LeaderWork {
+                replica: r,
+                fence,
+                local: self.replicas[r].clock.monotonic(self.now),
+                wall: self.replicas[r].clock.wall(self.now),
+            };
+            let effects = handler.lead(&work);
+            self.deliver_user_effects(Some((fence, grant)), effects);
         }
         let epoch = self.replicas[r].epoch;
         let next = self.now + nanos(self.config.work_period);
@@ -898,6 +976,11 @@ impl World {
         self.report.rejected_stale = self.resource.rejected_stale;
         self.report.fence_reused = self.resource.fence_reused;
         self.report.fence_out_of_order = self.resource.fence_out_of_order;
+        let user = &self.user_resource;
+        (self.report.user_effects, self.report.user_duplicates) = user.user_counts();
+        self.report.user_duplicate_ids = user.user_duplicate_ids.clone();
+        self.report.user_rejected_stale = user.user_rejected_stale;
+        self.report.user_accepted_stale = user.user_accepted_stale;
         self.report.fencing = self.config.fencing;
         self.report.clock_bound_ns = nanos(self.config.clock_bound());
         self.report.lost_writes = self.service.lost_writes;

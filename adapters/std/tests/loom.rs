@@ -127,3 +127,39 @@ fn the_shared_keyed_limiter_admits_exactly_its_capacity() {
         assert_eq!(admitted, 2);
     });
 }
+
+/// Two threads decide through one named limiter of a registry: the
+/// limiter admits exactly its capacity and its counters (loom's atomics)
+/// add up to every decision.
+#[test]
+fn a_registry_s_named_limiter_counts_every_decision() {
+    use guard_std::ratelimit::{RateLimiter, RateLimiterRegistry};
+    loom::model(|| {
+        let limiter: Arc<dyn RateLimiter> = Arc::new(MemoryLimiter::<_, _, 8>::with_clock(
+            TokenBucket::new(1, Rate::per(1, Duration::from_secs(60))).unwrap(),
+            1,
+            FullPolicy::DenyNewKeys,
+            ManualClock::new(UnixMillis(0)),
+        ));
+        let registry = Arc::new(RateLimiterRegistry::new([("api".to_owned(), limiter)]));
+        let threads: Vec<_> = (0..2)
+            .map(|_| {
+                let registry = registry.clone();
+                thread::spawn(move || {
+                    let named = registry.get("api").unwrap();
+                    futures_lite::future::block_on(named.check("client"))
+                        .unwrap()
+                        .is_allowed()
+                })
+            })
+            .collect();
+        let admitted = threads
+            .into_iter()
+            .map(|t| t.join().unwrap())
+            .filter(|a| *a)
+            .count();
+        assert_eq!(admitted, 1);
+        let named = registry.get("api").unwrap();
+        assert_eq!((named.allowed(), named.denied()), (1, 1));
+    });
+}

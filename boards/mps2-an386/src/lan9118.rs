@@ -17,6 +17,7 @@
 //! the emulator).
 
 use core::ptr;
+use core::sync::atomic::{AtomicUsize, Ordering};
 use core::task::Context;
 
 use embassy_net_driver::{Capabilities, HardwareAddress, LinkState};
@@ -131,6 +132,8 @@ impl core::fmt::Display for Lan9118Error {
 
 /// Wakes the network task from the controller's interrupt.
 static RX_WAKER: AtomicWaker = AtomicWaker::new();
+/// The started controller's registers (0: none), for the interrupt.
+static STARTED_BASE: AtomicUsize = AtomicUsize::new(0);
 
 /// The controller's registers at a fixed address.
 struct Regs {
@@ -139,8 +142,8 @@ struct Regs {
 
 impl Regs {
     fn read(&self, offset: usize) -> u32 {
-        // SAFETY: `base` is the controller's register block (checked by
-        // `Lan9118::new`'s BYTE_TEST read); every offset is one of the
+        // SAFETY: `base` is the controller's register block (the caller of
+        // `Lan9118::new` vouches for it, and its BYTE_TEST read checked it); every offset is one of the
         // constants above, 4-aligned, inside the block's 0x100 bytes.
         unsafe { ptr::read_volatile((self.base + offset) as *const u32) }
     }
@@ -240,6 +243,7 @@ impl Lan9118 {
         regs.write(INT_STS, u32::MAX);
         regs.write(IRQ_CFG, IRQ_EN | IRQ_POL | IRQ_TYPE);
         regs.write(INT_EN, RSFL_INT);
+        STARTED_BASE.store(base, Ordering::Release);
         Ok(Lan9118 {
             regs,
             mac,
@@ -257,8 +261,10 @@ impl Lan9118 {
     /// triggered and stays up while frames wait) and wakes the network
     /// task, which unmasks it once it has read them.
     pub fn on_interrupt() {
-        let regs = Regs { base: MPS2_BASE };
-        regs.write(INT_EN, 0);
+        let base = STARTED_BASE.load(Ordering::Acquire);
+        if base != 0 {
+            Regs { base }.write(INT_EN, 0);
+        }
         RX_WAKER.wake();
     }
 
@@ -386,6 +392,9 @@ impl embassy_net_driver::Driver for Lan9118 {
         })
     }
 
+    /// The PHY's link bit, read on every poll of the stack. No interrupt
+    /// reports a change: a link that comes up is seen on the stack's next
+    /// wake (a frame, a socket, a timer).
     fn link_state(&mut self, _cx: &mut Context) -> LinkState {
         match self.regs.phy_read(PHY_BSR) {
             Ok(status) if status & PHY_BSR_LINK != 0 => LinkState::Up,

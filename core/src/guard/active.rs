@@ -47,6 +47,7 @@ use crate::time::Instant;
 /// Why the leader stops acting.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 pub enum DemoteReason {
     /// A renewal said the lease is gone (expired, or another token holds
     /// it); the lease is not released (it may belong to someone else now).
@@ -331,6 +332,7 @@ enum InFlight {
 /// [`Locker::try_lock`]'s result with [`From`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 pub enum Acquired {
     /// Granted with this token.
     Granted(Token),
@@ -356,6 +358,7 @@ impl<E> From<Result<Option<Token>, E>> for Acquired {
 /// [`LeaseRenewer::renew`]'s result with [`From`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 pub enum Renewed {
     /// Still ours.
     Held,
@@ -397,6 +400,7 @@ impl<E> From<Result<Renewal, E>> for Renewed {
 /// `Acquired::Failed`, `Renewed::Failed`, `Released(false)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 pub enum Done {
     /// An [`Action::Acquire`] finished; see [`ActiveGuard::handle_acquired`].
     Acquired(Acquired),

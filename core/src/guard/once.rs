@@ -8,6 +8,7 @@ use crate::lock::{DEFAULT_PREFIX, KeyError, Locker, Scope, Ttl, once_key};
 /// What a guard does when the lock backend fails.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 pub enum FailPolicy {
     /// Skip the action (the default): a missed run of a periodic job heals
     /// on the next period, a duplicate cannot be undone.

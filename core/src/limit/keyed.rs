@@ -36,6 +36,7 @@ pub type KeyedSlots<K, A, const N: usize> = [KeyedSlot<K, <A as Algorithm>::Stat
 /// replaced, one of these applies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 pub enum FullPolicy {
     /// Refuse the new key until a slot can be freed; the denial says when
     /// the earliest candidate slot becomes forgettable.

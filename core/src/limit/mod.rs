@@ -250,6 +250,7 @@ impl core::error::Error for LimiterError {}
 /// fit it: such a rate is refused instead.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 pub struct Rate {
     amount: u32,
     period: Duration,

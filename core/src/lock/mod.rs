@@ -100,6 +100,7 @@ impl Ttl {
 /// The answer to a renewal.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 pub enum Renewal {
     /// The lock is still ours, with a fresh TTL.
     Held,

@@ -6,6 +6,7 @@ use core::fmt;
 /// (the original's format).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 pub struct TokenId(pub [u8; 16]);
 
 impl TokenId {
@@ -57,6 +58,7 @@ impl fmt::Debug for TokenId {
 /// the grant's fencing number.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 pub struct Token {
     id: TokenId,
     fence: u64,

@@ -9,6 +9,7 @@ use crate::time::nanos_saturating;
 /// caller supplies: core has no global random number generator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 pub enum Jitter {
     /// The policy's delays exactly.
     #[default]

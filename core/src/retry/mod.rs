@@ -33,6 +33,7 @@ use crate::time::nanos_saturating;
 /// are exact to 2⁻³² per step. A factor below 1 shrinks the delays.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 pub struct Multiplier {
     per_mille: u32,
 }
@@ -66,6 +67,7 @@ impl Multiplier {
 /// [`RetryPolicy::fixed_delay`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 pub struct RetryPolicy {
     max_attempts: u32,
     initial_delay: Duration,

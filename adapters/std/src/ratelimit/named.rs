@@ -2,10 +2,10 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{KeysHeld, LimitResult, Quota, RateLimiter, ReconfigureError};
 use crate::metrics::{RL_ALLOWED, RL_DENIED, RL_KEYS, RL_KEYS_CAPACITY};
+use crate::sync::{AtomicU64, Ordering};
 
 /// A limiter with a name: every decision is counted, in the limiter and
 /// in the metrics `guard_rl_allowed_total{name}` /

@@ -2,13 +2,13 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use guard_core::limit::Decision;
 
 use super::{LimitError, RateLimiter};
 use crate::metrics::SINK_DROPPED;
+use crate::sync::{AtomicU64, Ordering};
 
 /// Somewhere elements go (a stream, a socket, an uplink).
 #[allow(async_fn_in_trait, reason = "Send-ness follows the concrete sink")]

@@ -18,7 +18,7 @@
 //! ```
 //!
 //! Every event is one line through semihosting, the same lines as the
-//! host binary's; a bad command line or a missing controller exits 2.
+//! host binary's; a bad command line or a missing controller exits 1.
 
 #![no_std]
 #![no_main]

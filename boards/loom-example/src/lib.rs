@@ -1,0 +1,124 @@
+//! An application's shared state built from guard's types, as a user of
+//! guard would write it, and (in `tests/loom.rs`) the loom model that
+//! checks it under every interleaving of its threads.
+//!
+//! [`Gateway`] admits requests through a global [`AtomicTokenBucket`] and
+//! a per-tenant [`SharedKeyed`] bucket; a request either limit refuses is
+//! parked in a [`SharedDeadLetterQueue`] for a later retry, or handed back
+//! when that queue is full (nothing is dropped). A maintenance job runs
+//! under a [`LocalLocker`] lease, so one thread runs it at a time.
+//!
+//! Under `RUSTFLAGS="--cfg guard_loom"`, every one of these types takes
+//! its atomics and locks from loom, so the application's `loom::model`
+//! explores guard's code exactly as written together with its own:
+//!
+//! ```text
+//! RUSTFLAGS="--cfg guard_loom" cargo test --release -p guard-example-loom --test loom
+//! ```
+
+use std::time::Duration;
+
+use embassy_sync::blocking_mutex::raw::CriticalSectionRawMutex;
+use guard_core::dlq::SharedDeadLetterQueue;
+use guard_core::limit::{
+    AtomicTokenBucket, FullPolicy, Keyed, LimiterError, Rate, SharedKeyed, TokenBucket,
+};
+use guard_core::lock::{Token, Ttl};
+use guard_core::time::Instant;
+use guard_std::LocalLocker;
+
+/// What happened to a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admission {
+    /// Admitted now.
+    Admitted,
+    /// Refused by a limit and parked in the dead-letter queue.
+    Parked,
+    /// Refused and the queue was full: the caller keeps the request.
+    HandedBack(u32),
+}
+
+/// The per-tenant table: 8 tenants at most.
+type Tenants = SharedKeyed<CriticalSectionRawMutex, u32, TokenBucket, 8>;
+
+/// The shared state of a gateway's worker threads.
+pub struct Gateway {
+    global: AtomicTokenBucket,
+    tenants: Tenants,
+    parked: SharedDeadLetterQueue<CriticalSectionRawMutex, u32, &'static str, 2>,
+    jobs: LocalLocker,
+}
+
+impl Gateway {
+    /// A gateway admitting a burst of `global` requests in all and of
+    /// `per_tenant` for each tenant, refilling once a minute.
+    pub fn new(global: u32, per_tenant: u32) -> Result<Self, LimiterError> {
+        let minute = Rate::per(1, Duration::from_secs(60));
+        let tenant = TokenBucket::new(per_tenant, minute)?;
+        Ok(Gateway {
+            global: AtomicTokenBucket::new(TokenBucket::new(global, minute)?),
+            tenants: SharedKeyed::new(Keyed::new(tenant, FullPolicy::DenyNewKeys)),
+            parked: SharedDeadLetterQueue::new(),
+            jobs: LocalLocker::new(),
+        })
+    }
+
+    /// Admits request `id` of `tenant` at `now`: both limits must allow
+    /// it; a refused one is parked, or handed back if the queue is full.
+    pub fn admit(&self, tenant: u32, id: u32, now: Instant) -> Admission {
+        // The tenant's limit first: a request its tenant may not make
+        // does not spend a global token.
+        let admitted =
+            self.tenants.check(&tenant, now).is_allowed() && self.global.check(now).is_allowed();
+        if admitted {
+            return Admission::Admitted;
+        }
+        match self.parked.add(id, Some("rate limited"), 1, now) {
+            Ok(()) => Admission::Parked,
+            Err(back) => Admission::HandedBack(back.into_element()),
+        }
+    }
+
+    /// The parked requests, oldest first (taking them out).
+    pub fn drain_parked(&self) -> Vec<u32> {
+        std::iter::from_fn(|| self.parked.poll())
+            .map(|failed| failed.into_element())
+            .collect()
+    }
+
+    /// Takes the maintenance job's lease for `ttl`, if no one holds it.
+    pub fn start_job(&self, ttl: Ttl) -> Option<Token> {
+        self.jobs.try_lock_now("maintenance", ttl)
+    }
+
+    /// Ends the maintenance job.
+    pub fn end_job(&self, token: &Token) -> bool {
+        self.jobs.unlock_now("maintenance", token).is_ok()
+    }
+}
+
+#[cfg(all(test, not(guard_loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_request_is_parked_then_handed_back_when_the_queue_is_full() {
+        let gateway = Gateway::new(10, 1).unwrap();
+        let now = Instant::from_millis(0);
+        assert_eq!(gateway.admit(7, 1, now), Admission::Admitted);
+        assert_eq!(gateway.admit(7, 2, now), Admission::Parked);
+        assert_eq!(gateway.admit(7, 3, now), Admission::Parked);
+        assert_eq!(gateway.admit(7, 4, now), Admission::HandedBack(4));
+        assert_eq!(gateway.drain_parked(), vec![2, 3]);
+    }
+
+    #[test]
+    fn one_maintenance_job_at_a_time() {
+        let gateway = Gateway::new(1, 1).unwrap();
+        let ttl = Ttl::from_secs(60).unwrap();
+        let token = gateway.start_job(ttl).unwrap();
+        assert!(gateway.start_job(ttl).is_none());
+        assert!(gateway.end_job(&token));
+        assert!(gateway.start_job(ttl).is_some());
+    }
+}
