@@ -9,13 +9,19 @@
 //! under a [`LocalLocker`] lease, so one thread runs it at a time.
 //!
 //! Under `RUSTFLAGS="--cfg guard_loom"`, every one of these types takes
-//! its atomics and locks from loom, so the application's `loom::model`
-//! explores guard's code exactly as written together with its own:
+//! its atomics and locks from loom, and so does the application's own
+//! counter (the two `use` lines below), so the application's
+//! `loom::model` explores guard's code exactly as written together with
+//! its own:
 //!
 //! ```text
 //! RUSTFLAGS="--cfg guard_loom" cargo test --release -p guard-example-loom --test loom
 //! ```
 
+#[cfg(guard_loom)]
+use loom::sync::atomic::{AtomicU32, Ordering};
+#[cfg(not(guard_loom))]
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use embassy_sync::blocking_mutex::raw::CriticalSectionRawMutex;
@@ -47,6 +53,8 @@ pub struct Gateway {
     tenants: Tenants,
     parked: SharedDeadLetterQueue<CriticalSectionRawMutex, u32, &'static str, 2>,
     jobs: LocalLocker,
+    /// The application's own statistic, shared like guard's types.
+    admitted: AtomicU32,
 }
 
 impl Gateway {
@@ -60,6 +68,7 @@ impl Gateway {
             tenants: SharedKeyed::new(Keyed::new(tenant, FullPolicy::DenyNewKeys)),
             parked: SharedDeadLetterQueue::new(),
             jobs: LocalLocker::new(),
+            admitted: AtomicU32::new(0),
         })
     }
 
@@ -71,12 +80,20 @@ impl Gateway {
         let admitted =
             self.tenants.check(&tenant, now).is_allowed() && self.global.check(now).is_allowed();
         if admitted {
+            // One read-modify-write: a load and a store would lose a count
+            // between two workers (the loom model finds it: checked).
+            self.admitted.fetch_add(1, Ordering::Relaxed);
             return Admission::Admitted;
         }
         match self.parked.add(id, Some("rate limited"), 1, now) {
             Ok(()) => Admission::Parked,
             Err(back) => Admission::HandedBack(back.into_element()),
         }
+    }
+
+    /// Requests admitted so far.
+    pub fn admitted(&self) -> u32 {
+        self.admitted.load(Ordering::Relaxed)
     }
 
     /// The parked requests, oldest first (taking them out).

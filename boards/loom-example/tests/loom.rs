@@ -39,6 +39,7 @@ fn every_request_is_admitted_or_parked_and_the_limit_holds() {
             .filter(|(_, a)| *a == Admission::Admitted)
             .count();
         assert_eq!(admitted, 2, "{results:?}");
+        assert_eq!(gateway.admitted(), 2, "the application's own count");
         let mut parked: Vec<u32> = results
             .iter()
             .filter(|(_, a)| *a == Admission::Parked)
