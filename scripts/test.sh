@@ -34,7 +34,7 @@ for target in "${targets[@]}"; do
     grep -qx "$target" <<<"$installed" || rustup target add "$target"
 done
 
-step "system packages: redis-server, redis-tools, mosquitto, qemu-system-arm, nats-server, mariadb, postgresql, rabbitmq-server, etcd-server, protobuf-compiler"
+step "system packages: redis-server, redis-tools, mosquitto, qemu-system-arm, nats-server, mariadb, postgresql, rabbitmq-server, etcd-server, protobuf-compiler, binutils"
 need_packages=()
 command -v redis-server >/dev/null 2>&1 || need_packages+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || need_packages+=(redis-tools)
@@ -56,6 +56,10 @@ command -v psql >/dev/null 2>&1 || need_packages+=(postgresql-client)
 # machine's service), and etcd-client's build compiles etcd's protobufs.
 command -v etcd >/dev/null 2>&1 || need_packages+=(etcd-server)
 command -v protoc >/dev/null 2>&1 || need_packages+=(protobuf-compiler)
+# The firmware's size by section and by crate (scripts/firmware-size.sh).
+for tool in size objdump addr2line; do
+    command -v "$tool" >/dev/null 2>&1 || { need_packages+=(binutils); break; }
+done
 if [ ${#need_packages[@]} -gt 0 ]; then
     if [ "$(id -u)" -ne 0 ]; then
         echo "missing Debian packages: ${need_packages[*]}; run as root or install them first" >&2
