@@ -12,7 +12,19 @@
 # would charge it all to the caller, e.g. an executor's task poll).
 set -euo pipefail
 
+usage() {
+    echo "usage: $0 ELF...   or   $0 --crates ELF" >&2
+    exit 2
+}
+
+# An image this script can read: an ELF file `size` knows.
+readable() {
+    [ -f "$1" ] || { echo "$1: no such file" >&2; exit 1; }
+    size -A "$1" >/dev/null || { echo "$1: not an ELF image size can read" >&2; exit 1; }
+}
+
 sizes() {
+    readable "$1"
     size -A "$1" | awk -v name="$(basename "$1")" '
         $1 == ".vector_table" || $1 == ".text" || $1 == ".rodata" || $1 == ".data" { flash += $2 }
         $1 == ".data" || $1 == ".bss" || $1 == ".uninit" { ram += $2 }
@@ -21,6 +33,7 @@ sizes() {
 
 crates() {
     local elf=$1 text_start text_size
+    readable "$elf"
     read -r text_size text_start < <(size -A "$elf" | awk '$1 == ".text" { print $2, $3 }')
     # Every address where the line table starts a row, in order; addr2line
     # names the source file of each (the innermost inlined one).
@@ -47,6 +60,10 @@ crates() {
         }
         { n++; at[n] = strtonum($1); owner[n] = crate_of($2) }
         END {
+            if (n == 0) {
+                print "no line table: build the image with debug information (debug = 2)" > "/dev/stderr"
+                exit 1
+            }
             for (i = 1; i <= n; i++) {
                 next_at = (i < n) ? at[i + 1] : hi
                 bytes[owner[i]] += next_at - at[i]
@@ -58,7 +75,10 @@ crates() {
         }'
 }
 
-if [ "${1:-}" = "--crates" ]; then
+if [ $# -eq 0 ]; then
+    usage
+elif [ "$1" = "--crates" ]; then
+    [ $# -eq 2 ] || usage
     crates "$2"
 else
     for elf in "$@"; do sizes "$elf"; done

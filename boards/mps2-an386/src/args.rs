@@ -1,6 +1,12 @@
 //! The firmware's settings from its semihosting command line (QEMU's
 //! `-append "..."`): `--name r9 --ip 10.77.0.20/24 --redis 10.77.0.1:6379`
 //! and optional `--ttl-ms`, `--interval-ms`, `--every-ms`, `--act-ms`.
+//! Every value is checked here, before the network starts: a name of 1 to
+//! [`MAX_NAME`] bytes (it goes into every resource write), a specified
+//! address with a prefix of 1 to 32, a Redis address and port that are not
+//! zero, durations of 1 ms to a day. The interval is then clamped to a
+//! third of the TTL, as the host binary's is. The line QEMU gives counts
+//! the image's path, which comes first.
 //! A flash image for a real board would take them from its configuration
 //! storage instead; the replica's code is the same.
 
@@ -9,8 +15,12 @@ use core::net::{Ipv4Addr, SocketAddrV4};
 
 use cortex_m_semihosting::{nr, syscall1};
 
-/// The longest command line read.
+/// The longest command line read, the image's path included.
 pub const MAX_CMDLINE: usize = 256;
+/// The longest replica name.
+pub const MAX_NAME: usize = 32;
+/// The longest duration setting: a day, in ms.
+const MAX_MS: u64 = 86_400_000;
 
 /// The settings given on the command line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,8 +59,10 @@ pub enum ArgsError<'a> {
         /// What it should look like.
         expected: &'static str,
     },
-    /// The command line is not UTF-8 or longer than [`MAX_CMDLINE`].
-    Unreadable,
+    /// The command line is longer than [`MAX_CMDLINE`] bytes.
+    TooLong,
+    /// The command line is not UTF-8.
+    NotUtf8,
 }
 
 impl fmt::Display for ArgsError<'_> {
@@ -63,10 +75,11 @@ impl fmt::Display for ArgsError<'_> {
                 value,
                 expected,
             } => write!(f, "{option} {value:?}: expected {expected}"),
-            ArgsError::Unreadable => write!(
+            ArgsError::TooLong => write!(
                 f,
-                "the command line is not UTF-8 or longer than {MAX_CMDLINE} bytes"
+                "the command line is longer than {MAX_CMDLINE} bytes (the image's path, which QEMU puts first, counts)"
             ),
+            ArgsError::NotUtf8 => f.write_str("the command line is not UTF-8"),
         }
     }
 }
@@ -79,18 +92,23 @@ pub fn cmdline(buf: &mut [u8; MAX_CMDLINE]) -> Result<&str, ArgsError<'static>> 
     // into live, exclusively borrowed memory.
     let failed = unsafe { syscall1(nr::GET_CMDLINE, block.as_mut_ptr() as usize) } != 0;
     let len = block[1];
+    // QEMU refuses a line that does not fit the buffer.
     if failed || len > buf.len() {
-        return Err(ArgsError::Unreadable);
+        return Err(ArgsError::TooLong);
     }
-    core::str::from_utf8(&buf[..len]).map_err(|_| ArgsError::Unreadable)
+    core::str::from_utf8(&buf[..len]).map_err(|_| ArgsError::NotUtf8)
 }
 
 fn number<'a>(option: &'a str, value: &'a str) -> Result<u64, ArgsError<'a>> {
-    value.parse().map_err(|_| ArgsError::Invalid {
-        option,
-        value,
-        expected: "a whole number of milliseconds",
-    })
+    value
+        .parse()
+        .ok()
+        .filter(|ms| (1..=MAX_MS).contains(ms))
+        .ok_or(ArgsError::Invalid {
+            option,
+            value,
+            expected: "a whole number of milliseconds from 1 to 86400000 (a day)",
+        })
 }
 
 impl<'a> Args<'a> {
@@ -112,13 +130,39 @@ impl<'a> Args<'a> {
             act_ms: 100,
         };
         while let Some(option) = tokens.next() {
-            let value = tokens.next().ok_or(ArgsError::Invalid {
-                option,
-                value: "",
-                expected: "a value after the option",
-            })?;
+            const OPTIONS: [&str; 7] = [
+                "--name",
+                "--ip",
+                "--redis",
+                "--ttl-ms",
+                "--interval-ms",
+                "--every-ms",
+                "--act-ms",
+            ];
+            if !OPTIONS.contains(&option) {
+                return Err(ArgsError::Unknown(option));
+            }
+            // A value never starts with `--`: that is the next option.
+            let value =
+                tokens
+                    .next()
+                    .filter(|v| !v.starts_with("--"))
+                    .ok_or(ArgsError::Invalid {
+                        option,
+                        value: "",
+                        expected: "a value after the option",
+                    })?;
             match option {
-                "--name" => name = Some(value),
+                "--name" => {
+                    if value.len() > MAX_NAME {
+                        return Err(ArgsError::Invalid {
+                            option,
+                            value,
+                            expected: "a name of at most 32 bytes",
+                        });
+                    }
+                    name = Some(value);
+                }
                 "--ip" => {
                     let bad = ArgsError::Invalid {
                         option,
@@ -126,16 +170,29 @@ impl<'a> Args<'a> {
                         expected: "an IPv4 address with prefix, like 10.77.0.20/24",
                     };
                     let (address, prefix) = value.split_once('/').ok_or(bad)?;
-                    let address: Ipv4Addr = address.parse().map_err(|_| bad)?;
-                    let prefix: u8 = prefix.parse().ok().filter(|p| *p <= 32).ok_or(bad)?;
+                    let address: Ipv4Addr = address
+                        .parse()
+                        .ok()
+                        .filter(|a: &Ipv4Addr| !a.is_unspecified() && !a.is_broadcast())
+                        .ok_or(bad)?;
+                    let prefix: u8 = prefix
+                        .parse()
+                        .ok()
+                        .filter(|p| (1..=32).contains(p))
+                        .ok_or(bad)?;
                     ip = Some((address, prefix));
                 }
                 "--redis" => {
-                    redis = Some(value.parse().map_err(|_| ArgsError::Invalid {
-                        option,
-                        value,
-                        expected: "an IPv4 address and port, like 10.77.0.1:6379",
-                    })?);
+                    let address: SocketAddrV4 = value
+                        .parse()
+                        .ok()
+                        .filter(|a: &SocketAddrV4| !a.ip().is_unspecified() && a.port() != 0)
+                        .ok_or(ArgsError::Invalid {
+                            option,
+                            value,
+                            expected: "an IPv4 address and a port that are not zero, like 10.77.0.1:6379",
+                        })?;
+                    redis = Some(address);
                 }
                 "--ttl-ms" => args.ttl_ms = number(option, value)?,
                 "--interval-ms" => args.interval_ms = number(option, value)?,

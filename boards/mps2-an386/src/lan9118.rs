@@ -45,7 +45,6 @@ const BYTE_TEST: usize = 0x64;
 const RX_CFG: usize = 0x6c;
 const TX_CFG: usize = 0x70;
 const HW_CFG: usize = 0x74;
-const RX_DP_CTRL: usize = 0x78;
 const RX_FIFO_INF: usize = 0x7c;
 const TX_FIFO_INF: usize = 0x80;
 const MAC_CSR_CMD: usize = 0xa4;
@@ -66,8 +65,10 @@ const RSFL_INT: u32 = 1 << 3;
 const HW_CFG_SRST: u32 = 1 << 0;
 // TX_CFG: transmitter on.
 const TX_CFG_TX_ON: u32 = 1 << 1;
-// RX_DP_CTRL: skip the rest of the current frame.
-const RX_FFWD: u32 = 1 << 31;
+// RX_CFG: empty the RX data and status FIFOs (self-clearing).
+const RX_DUMP: u32 = 1 << 15;
+/// The longest frame the FIFO holds, with its FCS, in words (2 KiB).
+const MAX_FIFO_FRAME_WORDS: usize = 2048 / 4;
 // TX command A: first and last segment of a frame (one segment each).
 const TX_CMD_A_FIRST: u32 = 1 << 13;
 const TX_CMD_A_LAST: u32 = 1 << 12;
@@ -294,14 +295,18 @@ impl Lan9118 {
         Some(frame)
     }
 
+    /// Drops a frame of `words` FIFO words by reading them. (Not RX_DP_CTRL's
+    /// fast-forward: QEMU's model moves the read position without freeing
+    /// the words, so every later frame would be read from the wrong place,
+    /// and the chip asks to poll the bit after it.) A length no frame can
+    /// have means the FIFO lost its framing: RX_DUMP empties it.
     fn skip(regs: &Regs, words: usize) {
-        if words >= 4 {
-            regs.write(RX_DP_CTRL, RX_FFWD);
-        } else {
-            // The datasheet asks for reads below four words.
-            for _ in 0..words {
-                regs.read(RX_DATA_FIFO);
-            }
+        if words > MAX_FIFO_FRAME_WORDS {
+            regs.write(RX_CFG, RX_DUMP);
+            return;
+        }
+        for _ in 0..words {
+            regs.read(RX_DATA_FIFO);
         }
     }
 }

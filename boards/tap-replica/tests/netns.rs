@@ -485,6 +485,35 @@ fn firmware_under_qemu_leads_hands_over_and_takes_over_beside_host_replicas() {
         lines.lock().unwrap()
     );
 
+    // A frame larger than the driver's buffer (a 1,600-byte UDP datagram
+    // on a link whose MTU allows it, as a VLAN tag or a misconfigured peer
+    // makes) is dropped, and the firmware goes on receiving: it keeps its
+    // lease. (bash's /dev/udp: no other tool needed.)
+    for dev in ["br0", "tap0", "tap1", "tap2"] {
+        ns.exec(&["ip", "link", "set", dev, "mtu", "2000"]);
+    }
+    let (_, _, fw_ip) = identity(FW);
+    let fw_ip = fw_ip.trim_end_matches("/24").to_owned();
+    let sent = Instant::now();
+    ns.exec(&[
+        "bash",
+        "-c",
+        &format!(
+            "exec 3<>/dev/udp/{fw_ip}/9; head -c 1600 /dev/zero >&3; head -c 1600 /dev/zero >&3"
+        ),
+    ]);
+    thread::sleep(Duration::from_millis(TTL_MS + 1_000));
+    let demoted_after = lines
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|(id, t, l)| *id == FW && *t > sent && l.starts_with("demoted "));
+    assert!(
+        !demoted_after,
+        "an oversized frame cost the firmware its lease: {:?}",
+        lines.lock().unwrap()
+    );
+
     // Case 1: the firmware leader dies (QEMU killed: no release).
     let killed_at = Instant::now();
     ns.kill(firmware);
@@ -561,6 +590,30 @@ fn firmware_under_qemu_leads_hands_over_and_takes_over_beside_host_replicas() {
             .count()
     };
     assert!(ran_by(FW) > 0, "the firmware ran no slot");
+    // Each slot ran near its start: the fence is the lock service's clock
+    // (µs) at the claim, so a replica whose clock runs slow shows here
+    // long before it runs a slot twice.
+    let mut latest = [0u64; 3];
+    for (id, _, line) in lines.lock().unwrap().iter() {
+        let Some(rest) = line.strip_prefix("executed ") else {
+            continue;
+        };
+        let field = |name: &str| -> u64 {
+            rest.split(name)
+                .nth(1)
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
+        let (slot, fence) = (field("slot="), field("fence="));
+        let late_ms = (fence / 1_000).saturating_sub(slot);
+        latest[*id] = latest[*id].max(late_ms);
+        assert!(
+            late_ms < 100,
+            "replica {id} ran slot {slot} {late_ms} ms late: {line}"
+        );
+    }
+    eprintln!("latest slot run per replica (ms after the slot's start): {latest:?}");
     eprintln!(
         "firmware led (fence {fw_fence}), killed: r{host_leader} took over after {firmware_to_host:?} (fence {host_fence}); r{host_leader} killed: the firmware took over after {host_to_firmware:?} (fence {fw_fence_again}); {slots} heartbeat slots, each run once ({} by the firmware)",
         ran_by(FW)

@@ -104,6 +104,20 @@ fn main() -> ! {
     let empty = meter.measure(|i| {
         black_box(i);
     });
+    // Under -icount the same loop costs the same every time; on host time
+    // it does not. Without a cycle counter, refuse to print host time as
+    // instructions.
+    let again = [(); 8].map(|()| {
+        meter.measure(|i| {
+            black_box(i);
+        })
+    });
+    if !cycles && again.iter().any(|t| *t != empty) {
+        hprintln!(
+            "decisions: the empty loop measured {empty} then {again:?} (tenths): not under -icount shift=0, so SysTick counts host time, not instructions; run with -icount shift=0"
+        );
+        debug::exit(debug::EXIT_FAILURE);
+    }
     let report = |name: &str, tenths: u64| {
         let net = tenths.saturating_sub(empty);
         hprintln!("decision {name}: {}.{} {unit}", net / 10, net % 10);

@@ -141,12 +141,19 @@ async fn main(spawner: Spawner) {
 
     let redis = IpEndpoint::from(args.redis);
     let mut clock_link = Link::new(stack, redis, CLOCK_LINK.init(LinkBuffers::new()));
+    // Redis may not be up yet: ask again, backing off to 5 s.
+    let mut wait_ms = 250;
     let wall = loop {
         match Wall::from_server(&mut clock_link).await {
             Ok(wall) => break wall,
             Err(e) => {
-                hprintln!("clock name={}: {e}", args.name);
-                Timer::after_millis(250).await;
+                hprintln!(
+                    "clock name={}: Redis TIME from {}: {e}; again in {wait_ms} ms",
+                    args.name,
+                    args.redis
+                );
+                Timer::after_millis(wait_ms).await;
+                wait_ms = (wait_ms * 2).min(5_000);
             }
         }
     };
