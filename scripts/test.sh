@@ -10,6 +10,7 @@
 #   GUARD_SIM_LONG=1 scripts/test.sh    also runs every simulator scenario for a simulated week
 #   LOOM_MAX_PREEMPTIONS=5 scripts/test.sh   explores more interleavings
 #   GUARD_FUZZ_SECONDS=600 scripts/test.sh   fuzzes each target longer
+#   SPIN_DEEP=1 scripts/test.sh   checks the protocol model at deeper bounds
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,7 +35,7 @@ for target in "${targets[@]}"; do
     grep -qx "$target" <<<"$installed" || rustup target add "$target"
 done
 
-step "system packages: redis-server, redis-tools, mosquitto, qemu-system-arm, nats-server, mariadb, postgresql, rabbitmq-server, etcd-server, protobuf-compiler, binutils"
+step "system packages: redis-server, redis-tools, mosquitto, qemu-system-arm, nats-server, mariadb, postgresql, rabbitmq-server, etcd-server, protobuf-compiler, binutils, spin, gcc"
 need_packages=()
 command -v redis-server >/dev/null 2>&1 || need_packages+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || need_packages+=(redis-tools)
@@ -60,6 +61,10 @@ command -v protoc >/dev/null 2>&1 || need_packages+=(protobuf-compiler)
 for tool in size objdump addr2line; do
     command -v "$tool" >/dev/null 2>&1 || { need_packages+=(binutils); break; }
 done
+# The Promela model of the lease and fencing protocol: spin, and a C
+# compiler for its verifiers.
+command -v spin >/dev/null 2>&1 || need_packages+=(spin)
+command -v gcc >/dev/null 2>&1 || need_packages+=(gcc)
 if [ ${#need_packages[@]} -gt 0 ]; then
     if [ "$(id -u)" -ne 0 ]; then
         echo "missing Debian packages: ${need_packages[*]}; run as root or install them first" >&2
@@ -169,6 +174,11 @@ if [ "$(id -u)" -eq 0 ]; then
 else
     echo "not root: the namespace test is not run (counted as ignored)"
 fi
+
+step "the protocol model: spin checks leases, fences and slots exhaustively (negative runs must fail)"
+# SPIN_DEEP=1 adds deeper bounds. A negative run that finds no
+# counterexample fails the step, as does an incomplete search.
+bash sim/spin/check.sh
 
 step "the main job: three replicas, every slot once (exit 1 on a duplicate)"
 cargo run --release --locked -p guard-gateway -- demo --seconds 4

@@ -51,7 +51,13 @@ impl SlotHandler for Billing {
     }
 }
 
-fuzz_target!(|input: (ActiveConfig, bool, Vec<LeaderStep>, SlotSetup, Vec<SlotStep>)| {
+fuzz_target!(|input: (
+    ActiveConfig,
+    bool,
+    Vec<LeaderStep>,
+    SlotSetup,
+    Vec<SlotStep>
+)| {
     let (config, renewable, leader_steps, setup, slot_steps) = input;
     let mut billing = Billing::default();
     // A timing the guard refuses is not a run (the configuration check
