@@ -162,7 +162,11 @@ impl ActiveConfig {
 
     /// How much earlier than `ttl` after sending a renewal the leader gives
     /// up: the most the clocks of the replica and the lock service may
-    /// drift apart over one lease, plus scheduling slack.
+    /// drift apart over one lease, plus scheduling slack. With a
+    /// replicated lock service whose expiries are absolute (Redis), add
+    /// the largest skew between its nodes' clocks: after a failover, or a
+    /// step of the serving node's clock, a lease ends that much earlier
+    /// (the spin model in `sim/spin` shows the margin must cover both).
     pub const fn with_drift(mut self, drift: Duration) -> Self {
         self.drift = Some(drift);
         self

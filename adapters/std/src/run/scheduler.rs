@@ -165,8 +165,11 @@ impl<R: Runtime> Scheduler<R> {
     }
 
     /// How long a claimed slot is kept (default one hour, as the original).
-    /// It must exceed the longest run of a job and the clock skew between
-    /// replicas; a shorter one keeps fewer keys in the backend.
+    /// It must exceed the clock skew between replicas, how late a replica
+    /// may fire (a long run of the job before, a pause) and the claim's
+    /// latency taken together, not each alone: a replica that fires late
+    /// still runs the slot its clock is in. A shorter one keeps fewer keys
+    /// in the backend.
     pub fn with_slot_ttl(mut self, ttl: Ttl) -> Self {
         self.settings.slot_ttl = Some(ttl);
         self
