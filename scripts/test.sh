@@ -202,6 +202,9 @@ for target in $(cd fuzz && cargo +nightly fuzz list); do
     log="target/fuzz-$target.log"
     if ! (cd fuzz && cargo +nightly fuzz run -O "$target" "../$work" -- \
         -max_total_time="${GUARD_FUZZ_SECONDS:-15}" -max_len=512 >"../$log" 2>&1); then
+        # The panic's message first: the input's debug print can push it
+        # out of the tail.
+        grep -m 1 -A 3 -E 'panicked at|ERROR: libFuzzer' "$log" >&2 || true
         tail -n 40 "$log" >&2
         echo "fuzz target $target failed; its input is in fuzz/artifacts/$target" >&2
         exit 1

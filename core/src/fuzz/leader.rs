@@ -117,6 +117,10 @@ struct Service {
     /// guard may still act until its deadline (the documented limit).
     forgot: bool,
     grants: u8,
+    /// Leases last their TTL divided by this: 1, except where the
+    /// harness's own tests break the service to show a broken promise is
+    /// caught.
+    shrink: u32,
 }
 
 impl Service {
@@ -131,8 +135,13 @@ impl Service {
             return None;
         }
         self.fence = self.fence.saturating_add(1);
-        self.holder = Some((who, now.saturating_add(ttl)));
+        self.holder = Some((who, self.expiry(now, ttl)));
         Some(self.fence)
+    }
+
+    /// When a lease granted or renewed at `now` for `ttl` expires.
+    fn expiry(&self, now: Instant, ttl: Duration) -> Instant {
+        now.saturating_add(ttl.checked_div(self.shrink).unwrap_or(ttl))
     }
 }
 
@@ -171,6 +180,7 @@ impl LeaderHarness {
                 fence: 0,
                 forgot: false,
                 grants: 0,
+                shrink: 1,
             },
             in_flight: None,
             promoted: None,
@@ -271,7 +281,8 @@ impl LeaderHarness {
             Action::Renew(token) => {
                 let held = self.service.live(now) == Some(Holder::Us(*token.id()));
                 if held {
-                    self.service.holder = Some((Holder::Us(*token.id()), now.saturating_add(ttl)));
+                    let expires = self.service.expiry(now, ttl);
+                    self.service.holder = Some((Holder::Us(*token.id()), expires));
                 }
                 let renewal = if held { Renewal::Held } else { Renewal::Lost };
                 Done::renewed(Ok::<_, ()>(renewal))
@@ -358,5 +369,50 @@ impl LeaderHarness {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lock::Ttl;
+
+    struct Worker;
+
+    impl LeaderHandler for Worker {
+        fn promoted(&mut self, _fence: u64) {}
+        fn demoted(&mut self, _reason: DemoteReason) {}
+        fn work(&mut self, _work: Work) -> bool {
+            true
+        }
+    }
+
+    fn harness() -> LeaderHarness {
+        let config = ActiveConfig::new()
+            .with_ttl(Ttl::from_millis(3_000).unwrap())
+            .with_interval(Duration::from_millis(1_000));
+        LeaderHarness::new(config, true).unwrap()
+    }
+
+    /// Promoted at 0 s; at 1.5 s the renewal is in flight and the guard's
+    /// deadline (2.7 s) not reached: work is handed over.
+    const STEPS: [LeaderStep; 3] = [LeaderStep::Answer, LeaderStep::Wait(16), LeaderStep::Work];
+
+    #[test]
+    fn work_within_the_lease_keeps_the_promise() {
+        let report = harness().run(&STEPS, &mut Worker).unwrap();
+        assert_eq!((report.promotions, report.work), (1, 1));
+    }
+
+    #[test]
+    fn a_service_that_expires_leases_at_half_their_ttl_is_caught() {
+        // The guard acts for its TTL, the service holds the lease for half
+        // of it: the work at 1.5 s is done without a lease.
+        let mut broken = harness();
+        broken.service.shrink = 2;
+        assert_eq!(
+            broken.run(&STEPS, &mut Worker),
+            Err(Violation::WorkWithoutLease { step: 2, fence: 1 })
+        );
     }
 }

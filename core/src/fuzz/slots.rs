@@ -70,6 +70,10 @@ struct SimLocker {
     now: Cell<Instant>,
     claims: RefCell<Vec<(String<MAX_KEY_LEN>, Instant, Token), CLAIMS>>,
     fence: Cell<u64>,
+    /// Claims last their TTL divided by this: 1, except where the
+    /// harness's own tests break the locker to show a broken promise is
+    /// caught.
+    shrink: u32,
 }
 
 /// The simulated locker's table is full.
@@ -94,11 +98,13 @@ impl Locker for SimLocker {
         }
         let fence = self.fence.get().saturating_add(1);
         self.fence.set(fence);
+        let ttl = ttl.as_duration();
+        let kept = ttl.checked_div(self.shrink).unwrap_or(ttl);
         let token = Token::new(TokenId(fence.to_le_bytes().repeat_to_16()), fence);
         let mut name = String::new();
         name.push_str(key).map_err(|_| TableFull)?;
         claims
-            .push((name, now.saturating_add(ttl.as_duration()), token))
+            .push((name, now.saturating_add(kept), token))
             .map_err(|_| TableFull)?;
         Ok(Some(token))
     }
@@ -162,6 +168,7 @@ impl SlotHarness {
                 now: Cell::new(Instant::from_secs(1_000)),
                 claims: RefCell::new(Vec::new()),
                 fence: Cell::new(0),
+                shrink: 1,
             },
         }
     }
@@ -177,9 +184,10 @@ impl SlotHarness {
     }
 
     /// Runs `steps`; a slot run twice is a [`Violation`] when no
-    /// [`SlotStep::LockerForgets`] came before it and the skew plus how
-    /// late either replica fired stayed below the key's retention (the
-    /// documented bound; beyond it a second run is the stated limit).
+    /// [`SlotStep::LockerForgets`] came between the two runs and the skew
+    /// plus how late either replica fired stayed below the key's
+    /// retention (the documented bound; beyond it a second run is the
+    /// stated limit).
     pub fn run(
         self,
         steps: &[SlotStep],
@@ -193,11 +201,13 @@ impl SlotHarness {
         let start = self.locker.now.get();
         let mut timers =
             [0, 1].map(|r| SlotTimer::new(self.setup.every, self.wall(r, Duration::ZERO)));
-        // Each run's slot and how late its replica fired.
-        let mut ran: Vec<(u64, Duration), RUNS> = Vec::new();
+        // Each run's slot, how late its replica fired, and how many
+        // forgets came before it (a forget erases the claims made before
+        // it, not those made after).
+        let mut ran: Vec<(u64, Duration, u32), RUNS> = Vec::new();
         let skew = Duration::from_millis(u64::from(self.setup.skew_ms));
         let retention = self.setup.key_ttl.as_duration();
-        let mut forgotten = false;
+        let mut forgets = 0u32;
         for (i, step) in steps.iter().enumerate() {
             let now = self.locker.now.get();
             match *step {
@@ -211,7 +221,7 @@ impl SlotHarness {
                 }
                 SlotStep::LockerForgets => {
                     self.locker.claims.borrow_mut().clear();
-                    forgotten = true;
+                    forgets = forgets.saturating_add(1);
                 }
                 SlotStep::Fire(second) => {
                     let replica = usize::from(second);
@@ -243,10 +253,12 @@ impl SlotHarness {
                     // slot are at most skew + the later firing's lateness
                     // apart, and within the bound the first claim is live.
                     let late = wall.saturating_duration_since(slot);
-                    let twice = ran.iter().find(|(s, _)| *s == slot.as_millis());
-                    if let Some((_, first_late)) = twice {
+                    let twice = ran.iter().find(|(s, _, before)| {
+                        *s == slot.as_millis() && *before == forgets
+                    });
+                    if let Some((_, first_late, _)) = twice {
                         let apart = skew.saturating_add(late.max(*first_late));
-                        if !forgotten && apart < retention {
+                        if apart < retention {
                             return Err(Violation::SlotTwice {
                                 step: i,
                                 slot_ms: slot.as_millis(),
@@ -254,12 +266,87 @@ impl SlotHarness {
                         }
                     }
                     // Past RUNS remembered runs the check covers the first.
-                    let _ = ran.push((slot.as_millis(), late));
+                    let _ = ran.push((slot.as_millis(), late, forgets));
                     report.runs = report.runs.saturating_add(1);
                     handler.run(replica, slot.as_millis(), outcome.fence());
                 }
             }
         }
         Ok(report)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Job;
+
+    impl SlotHandler for Job {
+        fn run(&mut self, _replica: usize, _slot_ms: u64, _fence: Option<u64>) {}
+    }
+
+    fn setup() -> SlotSetup {
+        SlotSetup {
+            every: Every::new(Duration::from_millis(100)).unwrap(),
+            key_ttl: Ttl::from_millis(500).unwrap(),
+            skew_ms: 40,
+        }
+    }
+
+    /// Replica 1 (40 ms ahead) claims the first slot at 100 ms, replica 0
+    /// tries 6.25 ms later: skew + lateness 80 ms, below the 500 ms
+    /// retention.
+    const STEPS: [SlotStep; 4] = [
+        SlotStep::Wait(16),
+        SlotStep::Fire(true),
+        SlotStep::Wait(1),
+        SlotStep::Fire(false),
+    ];
+
+    #[test]
+    fn within_the_bound_the_second_claim_is_refused() {
+        let report = SlotHarness::new(setup()).run(&STEPS, &mut Job).unwrap();
+        assert_eq!((report.runs, report.refused), (1, 1));
+    }
+
+    #[test]
+    fn a_locker_that_keeps_claims_for_a_hundredth_of_their_ttl_is_caught() {
+        let mut broken = SlotHarness::new(setup());
+        broken.locker.shrink = 100;
+        assert_eq!(
+            broken.run(&STEPS, &mut Job),
+            Err(Violation::SlotTwice {
+                step: 3,
+                slot_ms: START_MS + 100
+            })
+        );
+    }
+
+    #[test]
+    fn a_forget_excuses_the_claims_it_erased_not_later_ones() {
+        use SlotStep::*;
+        let mut broken = SlotHarness::new(setup());
+        broken.locker.shrink = 100;
+        // The first slot runs twice across a forget (the stated limit);
+        // the second slot, claimed after it, is still held to the bound.
+        let steps = [
+            Wait(16),
+            Fire(true),
+            LockerForgets,
+            Wait(1),
+            Fire(false),
+            Wait(15),
+            Fire(true),
+            Wait(1),
+            Fire(false),
+        ];
+        assert_eq!(
+            broken.run(&steps, &mut Job),
+            Err(Violation::SlotTwice {
+                step: 8,
+                slot_ms: START_MS + 200
+            })
+        );
     }
 }
