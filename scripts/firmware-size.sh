@@ -4,6 +4,9 @@
 #
 #   scripts/firmware-size.sh ELF...            one line per image
 #   scripts/firmware-size.sh --crates ELF      its code (.text) by crate
+#   scripts/firmware-size.sh --budget BYTES EMPTY ELF
+#                                              ELF's flash beyond EMPTY's,
+#                                              exit 1 if it is BYTES or more
 #
 # Flash is .vector_table + .text + .rodata + .data (the initial values);
 # RAM is .data + .bss + .uninit, static only (the stack is not counted).
@@ -13,7 +16,7 @@
 set -euo pipefail
 
 usage() {
-    echo "usage: $0 ELF...   or   $0 --crates ELF" >&2
+    echo "usage: $0 ELF...   or   $0 --crates ELF   or   $0 --budget BYTES EMPTY ELF" >&2
     exit 2
 }
 
@@ -23,12 +26,32 @@ readable() {
     size -A "$1" >/dev/null || { echo "$1: not an ELF image size can read" >&2; exit 1; }
 }
 
-sizes() {
+# Flash, then static RAM, in bytes.
+flash_and_ram() {
     readable "$1"
-    size -A "$1" | awk -v name="$(basename "$1")" '
+    size -A "$1" | awk '
         $1 == ".vector_table" || $1 == ".text" || $1 == ".rodata" || $1 == ".data" { flash += $2 }
         $1 == ".data" || $1 == ".bss" || $1 == ".uninit" { ram += $2 }
-        END { printf "%s: flash %d bytes, RAM %d bytes (static)\n", name, flash, ram }'
+        END { printf "%d %d\n", flash, ram }'
+}
+
+sizes() {
+    local flash ram
+    read -r flash ram < <(flash_and_ram "$1")
+    printf "%s: flash %d bytes, RAM %d bytes (static)\n" "$(basename "$1")" "$flash" "$ram"
+}
+
+budget() {
+    local limit=$1 empty=$2 elf=$3 base image cost
+    [[ "$limit" =~ ^[0-9]+$ ]] || { echo "--budget: '$limit' is not a number of bytes" >&2; exit 2; }
+    read -r base _ < <(flash_and_ram "$empty")
+    read -r image _ < <(flash_and_ram "$elf")
+    cost=$((image - base))
+    if [ "$cost" -ge "$limit" ]; then
+        echo "$(basename "$elf") costs $cost bytes of flash beyond $(basename "$empty"): over its budget of $limit" >&2
+        exit 1
+    fi
+    echo "$(basename "$elf") costs $cost bytes of flash beyond $(basename "$empty") (budget: under $limit)"
 }
 
 crates() {
@@ -80,6 +103,9 @@ if [ $# -eq 0 ]; then
 elif [ "$1" = "--crates" ]; then
     [ $# -eq 2 ] || usage
     crates "$2"
+elif [ "$1" = "--budget" ]; then
+    [ $# -eq 4 ] || usage
+    budget "$2" "$3" "$4"
 else
     for elf in "$@"; do sizes "$elf"; done
 fi

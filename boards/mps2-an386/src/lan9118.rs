@@ -199,6 +199,18 @@ impl Regs {
     fn rx_waiting(&self) -> u32 {
         (self.read(RX_FIFO_INF) >> 16) & 0xff
     }
+
+    /// Whether the TX data FIFO has room for a whole frame and its two
+    /// command words. Drops the transmit statuses first: the frames they
+    /// report are sent, and the statuses would only fill their FIFO.
+    fn tx_room(&self) -> bool {
+        let statuses = (self.read(TX_FIFO_INF) >> 16) & 0xff;
+        for _ in 0..statuses {
+            self.read(TX_STATUS_FIFO);
+        }
+        let free = self.read(TX_FIFO_INF) & 0xffff;
+        free as usize >= FRAME + 8
+    }
 }
 
 /// The driver: the controller and one frame buffer each way.
@@ -365,6 +377,13 @@ impl embassy_net_driver::Driver for Lan9118 {
                     return None;
                 }
             }
+            // The TxToken handed out with the frame must have room for a
+            // whole frame too (the stack may answer at once, e.g. an ARP
+            // reply): leave the frame in the FIFO until it has.
+            if !self.regs.tx_room() {
+                cx.waker().wake_by_ref();
+                return None;
+            }
             if let Some(len) = Self::read_frame(&self.regs, &mut self.rx) {
                 let rx = RxToken {
                     frame: &mut self.rx[..len],
@@ -378,17 +397,13 @@ impl embassy_net_driver::Driver for Lan9118 {
         }
     }
 
-    fn transmit(&mut self, _cx: &mut Context) -> Option<TxToken<'_>> {
-        // Drop the transmit statuses (the frames are sent; the statuses
-        // only fill their FIFO), then ask for room for a whole frame.
-        let statuses = (self.regs.read(TX_FIFO_INF) >> 16) & 0xff;
-        for _ in 0..statuses {
-            self.regs.read(TX_STATUS_FIFO);
-        }
-        // The FIFO drains at line rate; a full one is free again within a
-        // frame's time, and embassy-net polls again on its next wake.
-        let free = self.regs.read(TX_FIFO_INF) & 0xffff;
-        if (free as usize) < FRAME + 8 {
+    fn transmit(&mut self, cx: &mut Context) -> Option<TxToken<'_>> {
+        if !self.regs.tx_room() {
+            // The FIFO drains at line rate, so a full one has room again
+            // within a frame's time; no interrupt is enabled for that (the
+            // model's TX interrupts are not used), so ask to be polled
+            // again rather than sleep until an unrelated wake.
+            cx.waker().wake_by_ref();
             return None;
         }
         Some(TxToken {

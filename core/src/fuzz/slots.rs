@@ -253,9 +253,9 @@ impl SlotHarness {
                     // slot are at most skew + the later firing's lateness
                     // apart, and within the bound the first claim is live.
                     let late = wall.saturating_duration_since(slot);
-                    let twice = ran.iter().find(|(s, _, before)| {
-                        *s == slot.as_millis() && *before == forgets
-                    });
+                    let twice = ran
+                        .iter()
+                        .find(|(s, _, before)| *s == slot.as_millis() && *before == forgets);
                     if let Some((_, first_late, _)) = twice {
                         let apart = skew.saturating_add(late.max(*first_late));
                         if apart < retention {

@@ -19,19 +19,29 @@
 #![no_std]
 #![no_main]
 
+use core::cell::Cell;
+use core::fmt::Write as _;
+use core::future::Future;
 use core::hint::black_box;
+use core::pin::pin;
+use core::task::{Context, Poll, Waker};
 use core::time::Duration;
 
 use cortex_m::peripheral::syst::SystClkSource;
 use cortex_m::peripheral::{DWT, SYST};
 use cortex_m_rt::entry;
 use cortex_m_semihosting::{debug, hprintln};
-use guard_core::dlq::DeadLetterQueue;
-use guard_core::guard::{Action, ActiveConfig, ActiveGuard, Done};
-use guard_core::limit::{AtomicTokenBucket, Limiter, Rate, SlidingWindow, TokenBucket};
-use guard_core::lock::{Renewal, Token, TokenId};
+use embassy_sync::blocking_mutex::raw::CriticalSectionRawMutex;
+use guard_core::dedup::{BloomFilter, Deduplicator, WindowedDeduplicator};
+use guard_core::dlq::{DeadLetterQueue, SharedDeadLetterQueue};
+use guard_core::guard::{Action, ActiveConfig, ActiveGuard, Done, OnceGuard};
+use guard_core::limit::{
+    AtomicTokenBucket, FullPolicy, Keyed, LeakyBucket, Limiter, Rate, SharedKeyed, SlidingWindow,
+    TokenBucket,
+};
+use guard_core::lock::{Locker, Renewal, Scope, Token, TokenId, Ttl, UnlockError};
 use guard_core::retry::{Backoff, RetryPolicy, WithoutRandom};
-use guard_core::slot::{Every, UnixMillis};
+use guard_core::slot::{Every, SlotTimer, UnixMillis};
 use guard_core::time::Instant;
 use panic_semihosting as _;
 
@@ -72,6 +82,37 @@ impl Meter {
             f(black_box(i));
         }
         self.since(start) * 10 / u64::from(REPEAT)
+    }
+}
+
+/// A locker that grants every key at once with a new fence: what a
+/// `OnceGuard` claim costs beyond its backend.
+struct Grants {
+    fence: Cell<u64>,
+}
+
+impl Locker for Grants {
+    type Error = core::convert::Infallible;
+
+    async fn try_lock(&self, _key: &str, _ttl: Ttl) -> Result<Option<Token>, Self::Error> {
+        let fence = self.fence.get().wrapping_add(1);
+        self.fence.set(fence);
+        Ok(Some(Token::new(TokenId([1; 16]), fence)))
+    }
+
+    async fn unlock(&self, _key: &str, _token: &Token) -> Result<(), UnlockError<Self::Error>> {
+        Ok(())
+    }
+}
+
+/// Polls a future that never waits (`Grants` answers at once).
+fn ready<F: Future>(future: F) -> Option<F::Output> {
+    match pin!(future)
+        .as_mut()
+        .poll(&mut Context::from_waker(Waker::noop()))
+    {
+        Poll::Ready(output) => Some(output),
+        Poll::Pending => None,
     }
 }
 
@@ -140,6 +181,32 @@ fn main() -> ! {
             let _ = black_box(shared.check(Instant::from_micros(u64::from(i))));
         }),
     );
+    let Ok(leaky) = LeakyBucket::new(5, Rate::per_second(1_000_000)) else {
+        panic!("leaky bucket")
+    };
+    let mut drained = Limiter::new(leaky);
+    report(
+        "leaky bucket check",
+        meter.measure(|i| {
+            let _ = black_box(drained.check(Instant::from_micros(u64::from(i))));
+        }),
+    );
+    // 64 keys in a table of 64: every call finds its key's slot.
+    let mut clients: Keyed<u32, TokenBucket, 64> = Keyed::new(bucket, FullPolicy::DenyNewKeys);
+    report(
+        "keyed token bucket (64 keys) check",
+        meter.measure(|i| {
+            let _ = black_box(clients.check(&(i % 64), Instant::from_micros(u64::from(i))));
+        }),
+    );
+    let shared_clients: SharedKeyed<CriticalSectionRawMutex, u32, TokenBucket, 64> =
+        SharedKeyed::new(Keyed::new(bucket, FullPolicy::DenyNewKeys));
+    report(
+        "shared keyed token bucket (64 keys) check",
+        meter.measure(|i| {
+            let _ = black_box(shared_clients.check(&(i % 64), Instant::from_micros(u64::from(i))));
+        }),
+    );
     let Ok(window) = SlidingWindow::<8>::new(Duration::from_millis(1), 8) else {
         panic!("window")
     };
@@ -169,6 +236,36 @@ fn main() -> ! {
         }),
     );
 
+    let shared_dlq: SharedDeadLetterQueue<CriticalSectionRawMutex, u32, u8, 16> =
+        SharedDeadLetterQueue::new();
+    report(
+        "shared dead-letter queue add + poll",
+        meter.measure(|i| {
+            let _ = black_box(shared_dlq.add(i, Some(1), 3, Instant::from_millis(u64::from(i))));
+            black_box(shared_dlq.poll());
+        }),
+    );
+
+    // 64 words: 2,048 bits, about 200 items at 1 % false positives.
+    let Ok(mut bloom) = BloomFilter::<64>::new(7) else {
+        panic!("bloom")
+    };
+    report(
+        "Bloom filter (2,048 bits, 7 hashes) check and mark",
+        meter.measure(|i| {
+            let _ = black_box(bloom.check_and_mark(&i, Instant::from_micros(0)));
+        }),
+    );
+    let Ok(mut recent) = WindowedDeduplicator::<u32, 64>::new(Duration::from_micros(32)) else {
+        panic!("windowed")
+    };
+    report(
+        "windowed deduplicator (64 items) check and mark",
+        meter.measure(|i| {
+            let _ = black_box(recent.check_and_mark(&(i % 64), Instant::from_micros(u64::from(i))));
+        }),
+    );
+
     let Ok(every) = Every::new(Duration::from_secs(60)) else {
         panic!("period")
     };
@@ -176,6 +273,36 @@ fn main() -> ! {
         "slot of a wall time",
         meter.measure(|i| {
             black_box(every.slot_of(UnixMillis::from_millis(1_700_000_000_000 + u64::from(i))));
+        }),
+    );
+
+    // A timer firing once a slot: one minute of wall time a call.
+    let mut timer = SlotTimer::new(every, UnixMillis::from_millis(1_700_000_000_000));
+    let mut wall = 1_700_000_000_000u64;
+    report(
+        "slot timer fire (next slot)",
+        meter.measure(|_| {
+            wall += 60_000;
+            black_box(timer.fire(UnixMillis::from_millis(wall)));
+        }),
+    );
+
+    // A claim: the scope and the delivery key made into the lock key, one
+    // try_lock (on `Grants`, which answers at once) and the outcome.
+    let grants = Grants {
+        fence: Cell::new(0),
+    };
+    let Ok(scope) = Scope::new("consumer").and_then(|s| s.segment("chain", "orders")) else {
+        panic!("scope")
+    };
+    let once = OnceGuard::new(Some(&grants), scope);
+    let mut key: heapless::String<20> = heapless::String::new();
+    report(
+        "once-guard claim (key, try_lock, outcome)",
+        meter.measure(|i| {
+            key.clear();
+            let _ = write!(key, "{i}");
+            black_box(ready(once.allow(&key)));
         }),
     );
 

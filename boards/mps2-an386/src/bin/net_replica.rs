@@ -5,8 +5,8 @@
 //! It competes with the server replicas for the same lease through
 //! `RespLocker` on Redis, writes to the protected resource with its
 //! fence while leading, and runs the heartbeat once per slot with them.
-//! Its wall clock is Redis's `TIME` at start plus the SysTick clock since
-//! (the board has no calendar clock).
+//! Its wall clock is Redis's `TIME` at start plus the board's
+//! free-running timer since (the board has no calendar clock).
 //!
 //! Run with the settings on the semihosting command line, e.g.
 //!
