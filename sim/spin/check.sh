@@ -6,8 +6,8 @@
 # end in a violated assertion of the property it names. One line per run:
 # name, expected, result, states stored, transitions, search seconds.
 #
-#   bash sim/spin/check.sh              the quick bounds (well under a minute)
-#   SPIN_DEEP=1 bash sim/spin/check.sh  adds the deeper bounds (a few minutes)
+#   bash sim/spin/check.sh              the quick bounds (about a minute and a half)
+#   SPIN_DEEP=1 bash sim/spin/check.sh  adds the deeper bounds (about eight minutes)
 #
 # Environment: SPIN_DEEP=1 (deeper runs), SPIN_MEMLIM (MB per search,
 # default 4096), SPIN_TIMEOUT (seconds per search, default 900),

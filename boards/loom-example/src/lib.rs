@@ -7,6 +7,8 @@
 //! parked in a [`SharedDeadLetterQueue`] for a later retry, or handed back
 //! when that queue is full (nothing is dropped). A maintenance job runs
 //! under a [`LocalLocker`] lease, so one thread runs it at a time.
+//! Outgoing webhooks go through a named limiter of a
+//! [`RateLimiterRegistry`], which counts what it allowed and denied.
 //!
 //! Under `RUSTFLAGS="--cfg guard_loom"`, every one of these types takes
 //! its atomics and locks from loom, and so does the application's own
@@ -22,6 +24,7 @@
 use loom::sync::atomic::{AtomicU32, Ordering};
 #[cfg(not(guard_loom))]
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use embassy_sync::blocking_mutex::raw::CriticalSectionRawMutex;
@@ -30,8 +33,10 @@ use guard_core::limit::{
     AtomicTokenBucket, FullPolicy, Keyed, LimiterError, Rate, SharedKeyed, TokenBucket,
 };
 use guard_core::lock::{Token, Ttl};
+use guard_core::slot::UnixMillis;
 use guard_core::time::Instant;
-use guard_std::LocalLocker;
+use guard_std::ratelimit::{MemoryLimiter, RateLimiter, RateLimiterRegistry};
+use guard_std::{LocalLocker, ManualClock};
 
 /// What happened to a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,21 +58,32 @@ pub struct Gateway {
     tenants: Tenants,
     parked: SharedDeadLetterQueue<CriticalSectionRawMutex, u32, &'static str, 2>,
     jobs: LocalLocker,
+    /// Limits on outgoing calls by name: here "webhooks", per destination.
+    limits: RateLimiterRegistry,
     /// The application's own statistic, shared like guard's types.
     admitted: AtomicU32,
 }
 
 impl Gateway {
     /// A gateway admitting a burst of `global` requests in all and of
-    /// `per_tenant` for each tenant, refilling once a minute.
+    /// `per_tenant` for each tenant, refilling once a minute, and one
+    /// webhook a minute to each destination.
     pub fn new(global: u32, per_tenant: u32) -> Result<Self, LimiterError> {
         let minute = Rate::per(1, Duration::from_secs(60));
         let tenant = TokenBucket::new(per_tenant, minute)?;
+        // A manual clock: the model's time stands still, as `admit`'s does.
+        let webhooks: Arc<dyn RateLimiter> = Arc::new(MemoryLimiter::<_, _, 8>::with_clock(
+            TokenBucket::new(1, minute)?,
+            8,
+            FullPolicy::DenyNewKeys,
+            ManualClock::new(UnixMillis(0)),
+        ));
         Ok(Gateway {
             global: AtomicTokenBucket::new(TokenBucket::new(global, minute)?),
             tenants: SharedKeyed::new(Keyed::new(tenant, FullPolicy::DenyNewKeys)),
             parked: SharedDeadLetterQueue::new(),
             jobs: LocalLocker::new(),
+            limits: RateLimiterRegistry::new([("webhooks".to_owned(), webhooks)]),
             admitted: AtomicU32::new(0),
         })
     }
@@ -103,6 +119,24 @@ impl Gateway {
             .collect()
     }
 
+    /// Whether a webhook to `destination` may be sent now (counted by the
+    /// registry's named limiter either way).
+    pub fn may_send_webhook(&self, destination: &str) -> bool {
+        let Some(webhooks) = self.limits.get("webhooks") else {
+            return false;
+        };
+        // The in-memory limiter decides without waiting.
+        futures_lite::future::block_on(webhooks.check(destination))
+            .is_ok_and(|decision| decision.is_allowed())
+    }
+
+    /// Webhooks allowed and denied so far, as the registry counted them.
+    pub fn webhook_counts(&self) -> (u64, u64) {
+        self.limits
+            .get("webhooks")
+            .map_or((0, 0), |named| (named.allowed(), named.denied()))
+    }
+
     /// Takes the maintenance job's lease for `ttl`, if no one holds it.
     pub fn start_job(&self, ttl: Ttl) -> Option<Token> {
         self.jobs.try_lock_now("maintenance", ttl)
@@ -127,6 +161,15 @@ mod tests {
         assert_eq!(gateway.admit(7, 3, now), Admission::Parked);
         assert_eq!(gateway.admit(7, 4, now), Admission::HandedBack(4));
         assert_eq!(gateway.drain_parked(), vec![2, 3]);
+    }
+
+    #[test]
+    fn one_webhook_a_minute_to_each_destination_counted_by_the_registry() {
+        let gateway = Gateway::new(1, 1).unwrap();
+        assert!(gateway.may_send_webhook("a"));
+        assert!(!gateway.may_send_webhook("a"));
+        assert!(gateway.may_send_webhook("b"));
+        assert_eq!(gateway.webhook_counts(), (2, 1));
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The application's loom model: its worker threads share a [`Gateway`]
-//! (guard's atomic bucket, shared keyed table, shared dead-letter queue
-//! and local locker) and loom runs every interleaving of them, guard's
-//! code included, as written.
+//! (guard's atomic bucket, shared keyed table, shared dead-letter queue,
+//! local locker and limiter registry) and loom runs every interleaving of
+//! them, guard's code included, as written.
 //!
 //! `RUSTFLAGS="--cfg guard_loom" cargo test --release -p guard-example-loom --test loom`
 //! (`LOOM_MAX_PREEMPTIONS` bounds the search; the test script uses 3).
@@ -81,5 +81,28 @@ fn the_maintenance_job_runs_on_one_worker_at_a_time() {
             .filter(|r| *r)
             .count();
         assert!(ran >= 1, "nobody ran the job");
+    });
+}
+
+/// Two workers send a webhook to one destination allowed one a minute:
+/// exactly one goes out, and the registry's counters (loom's atomics)
+/// count both decisions.
+#[test]
+fn one_webhook_goes_out_and_the_registry_counts_both_decisions() {
+    loom::model(|| {
+        let gateway = Arc::new(Gateway::new(1, 1).unwrap());
+        let workers: Vec<_> = (0..2)
+            .map(|_| {
+                let gateway = gateway.clone();
+                thread::spawn(move || gateway.may_send_webhook("billing"))
+            })
+            .collect();
+        let sent = workers
+            .into_iter()
+            .map(|w| w.join().unwrap())
+            .filter(|s| *s)
+            .count();
+        assert_eq!(sent, 1);
+        assert_eq!(gateway.webhook_counts(), (1, 1));
     });
 }
