@@ -121,16 +121,14 @@ fn two_skewed_replicas_run_each_slot_once() {
     assert!(report.runs >= 9 && report.refused >= 9, "{report:?}");
 }
 
-#[test]
-fn a_replica_firing_later_than_the_retention_runs_the_slot_again_the_documented_limit() {
-    // No skew, but replica 0 fires half a period after the slot, when the
-    // claim replica 1 made at the slot's start (kept 100 ms) has expired:
-    // skew + lateness is past the retention, so the second run is the
-    // limit the README states, not a broken promise.
+/// Replica 1 fires at the first slot's start, replica 0 half a period
+/// (of 1 s) later, with a retention of `key_ttl_ms` and replica 1 ahead
+/// by `skew_ms`.
+fn a_late_replica(key_ttl_ms: u64, skew_ms: u16) -> (Recorder, fuzz::SlotReport) {
     let setup = SlotSetup {
         every: Every::new(Duration::from_millis(1_000)).unwrap(),
-        key_ttl: Ttl::from_millis(100).unwrap(),
-        skew_ms: 0,
+        key_ttl: Ttl::from_millis(key_ttl_ms).unwrap(),
+        skew_ms,
     };
     let steps = [
         SlotStep::Wait(16),
@@ -140,6 +138,16 @@ fn a_replica_firing_later_than_the_retention_runs_the_slot_again_the_documented_
     ];
     let mut handler = Recorder::default();
     let report = SlotHarness::new(setup).run(&steps, &mut handler).unwrap();
+    (handler, report)
+}
+
+#[test]
+fn a_replica_firing_later_than_the_retention_runs_the_slot_again_the_documented_limit() {
+    // No skew, but the claim replica 1 made at the slot's start (kept
+    // 100 ms) has expired when replica 0 fires: skew + lateness is past
+    // the retention, so the second run is the limit the README states,
+    // not a broken promise.
+    let (handler, report) = a_late_replica(100, 0);
     let slot = 1_700_000_001_000;
     assert_eq!(handler.slots, vec![(1, slot), (0, slot)]);
     assert_eq!(report.runs, 2);
@@ -147,20 +155,8 @@ fn a_replica_firing_later_than_the_retention_runs_the_slot_again_the_documented_
 
 #[test]
 fn a_replica_firing_late_within_the_retention_is_refused() {
-    // The same run with a retention above skew + lateness: one run.
-    let setup = SlotSetup {
-        every: Every::new(Duration::from_millis(1_000)).unwrap(),
-        key_ttl: Ttl::from_millis(1_000).unwrap(),
-        skew_ms: 300,
-    };
-    let steps = [
-        SlotStep::Wait(16),
-        SlotStep::Fire(true),
-        SlotStep::Wait(8),
-        SlotStep::Fire(false),
-    ];
-    let mut handler = Recorder::default();
-    let report = SlotHarness::new(setup).run(&steps, &mut handler).unwrap();
+    // A retention above skew + lateness: one run.
+    let (handler, report) = a_late_replica(1_000, 300);
     assert_eq!(handler.slots.len(), 1);
     assert_eq!((report.runs, report.refused), (1, 1));
 }
