@@ -22,9 +22,9 @@
 
 #[cfg(guard_loom)]
 use loom::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 #[cfg(not(guard_loom))]
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use embassy_sync::blocking_mutex::raw::CriticalSectionRawMutex;
