@@ -383,11 +383,16 @@ fn the_reader_resumes_from_its_checkpoint_after_the_server_restarts() {
         "{:?}",
         seen.lock().unwrap().keys().collect::<Vec<_>>()
     );
+    // Resumed from the checkpoint, not from the start: the documented
+    // bound is the transaction in progress at the restart. Each insert is
+    // a transaction of its own, and row 8's checkpoint is saved before row
+    // 9 is read, so only row 9 (handled, its checkpoint perhaps not yet
+    // saved when the server went down) may be handled again, once.
     let seen = seen.lock().unwrap();
     let twice: Vec<_> = seen.iter().filter(|(_, h)| h.len() > 1).collect();
     assert!(
-        twice.is_empty(),
-        "handled again after the restart: {twice:?}"
+        twice.iter().all(|(id, h)| **id == 9 && h.len() == 2),
+        "handled again after the restart, beyond the transaction in progress: {twice:?}"
     );
     drop(seen);
     stop(replica);
