@@ -91,6 +91,23 @@ impl EtcdCluster {
     /// A missing `etcd` binary is [`HarnessError::MissingBinary`] naming
     /// the Debian package `etcd-server`.
     pub fn start(members: usize) -> Result<Self, HarnessError> {
+        // A free port is free when probed, not when etcd binds it: another
+        // process on a busy machine can take one in between, and a member
+        // that cannot bind never joins. A new cluster on new ports then.
+        const ATTEMPTS: usize = 3;
+        let mut attempt = 1;
+        loop {
+            match Self::start_once(members) {
+                Err(HarnessError::NotReady(why)) if attempt < ATTEMPTS => {
+                    eprintln!("etcd harness: {why}; starting a new cluster on new ports");
+                    attempt += 1;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    fn start_once(members: usize) -> Result<Self, HarnessError> {
         let binary = binary("etcd", "etcd-server")?;
         let members = members.max(1);
         // Memory-backed when possible: raft fsyncs every entry.
