@@ -5,6 +5,7 @@
 use std::fmt;
 use std::net::TcpListener;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -67,9 +68,50 @@ pub fn find_binary(
         })
 }
 
-/// A port nobody listens on right now.
+/// The lowest port a test server is given.
+const LOWEST_PORT: u32 = 20_000;
+
+/// A port nobody listens on right now, below the kernel's ephemeral range.
+///
+/// Port 0 would hand out a port from the ephemeral range, where every
+/// outgoing connection takes its local port too: between this probe and
+/// the server's bind, a client connection of a parallel test could take
+/// it, the server would not start, and a client would reach whatever holds
+/// it (a reset). Below that range only explicit binds compete, and a
+/// counter keeps one process from handing the same port out twice.
 pub fn free_port() -> Result<u16, HarnessError> {
-    Ok(TcpListener::bind(("127.0.0.1", 0))?.local_addr()?.port())
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let highest = ephemeral_low().unwrap_or(32_768);
+    if highest < LOWEST_PORT + 1_000 {
+        // No room below the range: the kernel's choice, as before.
+        return Ok(TcpListener::bind(("127.0.0.1", 0))?.local_addr()?.port());
+    }
+    let span = highest - LOWEST_PORT;
+    // Processes start at different places, so two test binaries rarely
+    // probe the same ports.
+    let start = std::process::id().wrapping_mul(7_919) % span;
+    for _ in 0..span {
+        let offset = (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
+        let Ok(port) = u16::try_from(LOWEST_PORT + offset) else {
+            continue;
+        };
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    Err(HarnessError::Io(std::io::Error::other(format!(
+        "no free loopback port between {LOWEST_PORT} and {highest}"
+    ))))
+}
+
+/// The first port of the kernel's ephemeral range, where it says.
+fn ephemeral_low() -> Option<u32> {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// Polls `ready` every 20 ms until it holds or `timeout` passes.
