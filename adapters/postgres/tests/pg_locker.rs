@@ -294,15 +294,22 @@ fn lockers_on_connections_of_their_own_race_and_exactly_one_wins_each_round() {
                 for round in 0..ROUNDS {
                     barrier.wait();
                     // Even rounds: a new key; odd rounds: the key of the
-                    // round before, whose lease has ended (the update path).
+                    // round before, whose lease its winner ended (the
+                    // update path). Every lease outlasts the round: a
+                    // short one could expire before a late thread of the
+                    // same round asks, and that thread would win too.
                     let key = format!("race:{}", round / 2);
-                    let lease = if round % 2 == 0 { 20 } else { 60_000 };
-                    if let Some(token) = smol::block_on(locker.try_lock(&key, ttl(lease))).unwrap()
-                    {
+                    let token = smol::block_on(locker.try_lock(&key, ttl(60_000))).unwrap();
+                    if let Some(token) = &token {
                         won.push((round, token.fence()));
                     }
+                    // Everyone has asked; then the even round's winner ends
+                    // its lease for the next round.
                     barrier.wait();
-                    thread::sleep(Duration::from_millis(25));
+                    if let Some(token) = token.filter(|_| round % 2 == 0) {
+                        smol::block_on(locker.unlock(&key, &token)).unwrap();
+                    }
+                    barrier.wait();
                 }
                 won
             })
