@@ -12,7 +12,7 @@ use std::fmt;
 use std::future::Future;
 
 use guard_core::retry::{
-    Classifier, Interrupted, Jitter, JitterNeedsRandom, RetryExecutor, RetryPolicy,
+    Classifier, GiveUpReason, Interrupted, Jitter, JitterNeedsRandom, RetryExecutor, RetryPolicy,
 };
 use guard_redis::CallerRuntime;
 use guard_std::run::Runtime as _;
@@ -57,6 +57,9 @@ pub(crate) struct GaveUp {
     pub(crate) error: String,
     /// Calls made, the first included.
     pub(crate) attempts: u32,
+    /// Whether the calls stopped because the caller's condition failed
+    /// (a lease that ended), not because the handler gave up.
+    pub(crate) interrupted: bool,
 }
 
 impl fmt::Display for GaveUp {
@@ -111,6 +114,7 @@ where
             return Err(GaveUp {
                 error: format!("retry policy refused: {e}"),
                 attempts: 0,
+                interrupted: false,
             });
         }
     };
@@ -129,6 +133,7 @@ where
     result.map_err(|failure| GaveUp {
         error: failure.to_string(),
         attempts: failure.attempts,
+        interrupted: failure.reason == GiveUpReason::Interrupted,
     })
 }
 
@@ -211,6 +216,7 @@ mod tests {
         ));
         let gave_up = outcome.unwrap_err();
         assert_eq!((calls, checks, gave_up.attempts), (2, 2, 2));
+        assert!(gave_up.interrupted);
         assert!(gave_up.error.contains("retry interrupted"), "{gave_up}");
     }
 

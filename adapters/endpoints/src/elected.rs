@@ -13,7 +13,7 @@
 //!
 //! Guarantees, for the caller's `serve`:
 //! - it only ever serves a subscription opened under a lease;
-//! - with the [`SubscriptionLease`] it is given, it hands a message over
+//! - with the [`ElectedLease`] it is given, it hands a message over
 //!   only while the lease the subscription was opened under is valid on
 //!   this replica's clock, with its fence (a paused replica refuses what
 //!   it finds buffered once its renew deadline has passed, and what it
@@ -31,35 +31,9 @@ use std::future::Future;
 use futures_lite::future;
 use guard_std::run::Control;
 
-use guard_std::run::LeaseState;
-
+use crate::delivery::ElectedLease;
 use crate::lease_thread::{self, StopOnDrop};
-use crate::runtime::{ActiveRunner, LeaseCheck};
-
-/// The lease one subscription was opened under: valid only while the
-/// runner still holds that very lease (its fence), so that messages read
-/// under a lease that ended are never handed over under the next one.
-#[derive(Clone, Debug)]
-pub(crate) struct SubscriptionLease {
-    check: LeaseCheck,
-    fence: u64,
-}
-
-impl SubscriptionLease {
-    /// The fence, while the subscription's lease is valid.
-    pub(crate) fn fence(&self) -> Option<u64> {
-        self.check.fence().filter(|fence| *fence == self.fence)
-    }
-
-    /// As [`LeaseCheck::state`], with another lease than the
-    /// subscription's counted as not held.
-    pub(crate) fn state(&self) -> LeaseState {
-        match self.check.state() {
-            LeaseState::Valid(fence) if fence != self.fence => LeaseState::NotHeld,
-            state => state,
-        }
-    }
-}
+use crate::runtime::ActiveRunner;
 
 /// What woke the serving side.
 enum Next<S> {
@@ -88,7 +62,7 @@ pub(crate) async fn serve_while_leading<S, E, Open, OpenFut, Serve, ServeFut>(
     E: fmt::Display + Send + 'static,
     Open: Fn(u64) -> OpenFut + Send + Sync + 'static,
     OpenFut: Future<Output = Result<S, E>> + Send,
-    Serve: FnMut(S, SubscriptionLease) -> ServeFut,
+    Serve: FnMut(S, ElectedLease) -> ServeFut,
     ServeFut: Future<Output = ()>,
 {
     // Our own handle demotes the runner when a subscription ends, and
@@ -98,6 +72,7 @@ pub(crate) async fn serve_while_leading<S, E, Open, OpenFut, Serve, ServeFut>(
     // A clone runs on the lease task; its lease view is the one checked.
     let runner = runner.clone();
     let lease = runner.lease_check();
+    let key = runner.key().to_owned();
     let (tx, rx) = async_channel::unbounded::<Option<(S, u64)>>();
     let elect = move || async move {
         let (promoted, demoted) = (tx.clone(), tx);
@@ -143,11 +118,7 @@ pub(crate) async fn serve_while_leading<S, E, Open, OpenFut, Serve, ServeFut>(
         };
         let woke = future::or(
             async {
-                let lease = SubscriptionLease {
-                    check: lease.clone(),
-                    fence,
-                };
-                serve(subscription, lease).await;
+                serve(subscription, ElectedLease::new(lease.clone(), fence, &key)).await;
                 Next::Ended
             },
             async { Next::Command(rx.recv().await) },

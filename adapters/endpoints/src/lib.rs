@@ -23,6 +23,10 @@
 //!   each row claimed by one (`FOR UPDATE SKIP LOCKED`) under a lease;
 //! - `mysql` (feature `mysql`): MariaDB/MySQL binlog change data capture
 //!   by one elected reader, checkpointed under its fence;
+//! - [`delivery`]: the one delivery path of every elected endpoint: the
+//!   lease checked before each side effect ([`delivery::ElectedLease`]
+//!   handed with each message), and what was read but not handled handed
+//!   to an [`delivery::UnhandledSink`] with its content and reason;
 //! - [`admission`]: rate limits that act on every message of an endpoint,
 //!   and the dead letters of the ones refused;
 //! - [`queue`]: the bounded handler queue of a broadcast source and its
@@ -49,6 +53,7 @@ pub mod admission;
 pub mod amqp;
 pub mod config;
 mod deliver;
+pub mod delivery;
 // The elected consumer of a broadcast source, for the sources that have
 // one besides MQTT and Redis Pub/Sub.
 #[cfg(any(feature = "nats", feature = "amqp", feature = "mysql"))]

@@ -86,13 +86,17 @@ impl<T> Feeder<T> {
         (Feeder { tx, policy }, rx)
     }
 
-    /// Queues `item` without waiting; false when the policy dropped one
-    /// (the arriving item or the oldest) to keep the bound. A closed
-    /// queue (the handler has gone) drops the arriving item.
-    pub(crate) fn push(&self, item: T) -> bool {
+    /// Queues `item` without waiting; when the policy makes room by
+    /// leaving one out (the arriving item or the oldest), hands that one
+    /// back, so the caller can account for it. A closed queue (the
+    /// handler has gone) hands the arriving item back.
+    pub(crate) fn push(&self, item: T) -> Option<T> {
         match self.policy {
-            WhenFull::DropNewest => self.tx.try_send(item).is_ok(),
-            WhenFull::DropOldest => matches!(self.tx.force_send(item), Ok(None)),
+            WhenFull::DropNewest => self.tx.try_send(item).err().map(|e| e.into_inner()),
+            WhenFull::DropOldest => match self.tx.force_send(item) {
+                Ok(oldest) => oldest,
+                Err(closed) => Some(closed.into_inner()),
+            },
         }
     }
 }
@@ -104,17 +108,17 @@ mod tests {
     #[test]
     fn a_full_queue_drops_by_its_policy_and_says_so() {
         let (newest, rx) = Feeder::bounded(2, WhenFull::DropNewest);
-        assert!(newest.push(1) && newest.push(2));
-        assert!(!newest.push(3));
+        assert_eq!((newest.push(1), newest.push(2)), (None, None));
+        assert_eq!(newest.push(3), Some(3), "the arriving one is handed back");
         assert_eq!((rx.try_recv(), rx.try_recv()), (Ok(1), Ok(2)));
 
         let (oldest, rx) = Feeder::bounded(2, WhenFull::DropOldest);
-        assert!(oldest.push(1) && oldest.push(2));
-        assert!(!oldest.push(3));
+        assert_eq!((oldest.push(1), oldest.push(2)), (None, None));
+        assert_eq!(oldest.push(3), Some(1), "the oldest is handed back");
         assert_eq!((rx.try_recv(), rx.try_recv()), (Ok(2), Ok(3)));
 
         drop(rx);
-        assert!(!oldest.push(4), "a closed queue keeps nothing");
+        assert_eq!(oldest.push(4), Some(4), "a closed queue keeps nothing");
     }
 
     #[test]

@@ -13,6 +13,7 @@ use guard_endpoints::amqp::{AmqpOptions, FanoutConsumer, WorkQueueConsumer};
 use guard_endpoints::config::{
     AmqpDelivery, BinlogStart, Config, Endpoint, LimitKey, MqttDelivery, NatsDelivery, Source,
 };
+use guard_endpoints::delivery::{ElectedLease, Unhandled, UnhandledReason};
 use guard_endpoints::mqtt::{MqttEndpoint, Subscription};
 use guard_endpoints::mysql::{BinlogReader, ColumnValue, Start, json_array};
 use guard_endpoints::nats::{Delivery, JetStreamConsumer, NatsOptions, NatsSubscriber};
@@ -37,7 +38,7 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-/// Why a stream entry is not handed to the handler.
+/// Why a message is not handed to the handler.
 #[derive(Debug)]
 enum Refused {
     /// The limiter refused it: retried under the endpoint's policy.
@@ -45,15 +46,24 @@ enum Refused {
     /// It can never be handled (too large, a field missing): dead-lettered
     /// at once, with no retry.
     Invalid(String),
+    /// The lease it was read under ended while it waited (for the
+    /// limiter): no effect under it; the endpoint's delivery path hands
+    /// it to the dead letters, or leaves it to a source that keeps it.
+    LeaseLost,
 }
 
 impl std::fmt::Display for Refused {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Refused::Limited(why) | Refused::Invalid(why) => f.write_str(why),
+            Refused::LeaseLost => f.write_str(LEASE_LOST_WAITING),
         }
     }
 }
+
+/// Why a message whose lease ended while it waited is not handled.
+const LEASE_LOST_WAITING: &str =
+    "the lease it was read under ended while it waited for the limiter";
 
 /// What every message of one endpoint passes before its handler: the
 /// size bound, for a stream entry its required fields, and the limiter,
@@ -142,9 +152,15 @@ impl Inbox {
     }
 
     /// Passes a message of `size` bytes from a source that retries and
-    /// dead-letters by itself (NATS, RabbitMQ, PostgreSQL, the binlog):
-    /// `Ok` when the handler may run.
-    async fn check_message(&self, from: &str, size: usize) -> Result<(), Refused> {
+    /// dead-letters by itself (NATS, RabbitMQ, PostgreSQL, the binlog),
+    /// read under `lease` if elected: `Ok` when the handler may make its
+    /// effect, at once (the lease is checked last, after any wait).
+    async fn check_message(
+        &self,
+        from: &str,
+        size: usize,
+        lease: Option<&ElectedLease>,
+    ) -> Result<(), Refused> {
         if let Some(why) = self.too_large(size) {
             return Err(Refused::Invalid(why));
         }
@@ -153,16 +169,105 @@ impl Inbox {
         {
             return Err(Refused::Limited(why.to_string()));
         }
+        if lease.is_some_and(|lease| !lease.is_valid()) {
+            return Err(Refused::LeaseLost);
+        }
         Ok(())
     }
 
-    /// Passes a broadcast message or keeps it as a dead letter: true when
-    /// the handler may run. A message refused by the limiter whose
-    /// dead-letter queue is full waits for the limiter however long that
-    /// takes (back-pressure), so nothing is lost here; one that can never
-    /// be handled (too large) and finds the queue full is dropped, logged
-    /// and counted in `guard_sink_dropped_total`.
-    async fn pass(&self, from: &str, payload: &[u8], emit: &Emit) -> bool {
+    /// Keeps a message this endpoint did not handle in its dead letters
+    /// with `why` and the calls made, and reports it; `false` when the
+    /// dead-letter queue is full (nothing kept).
+    fn keep(&self, from: &str, payload: &[u8], why: String, attempts: u32, emit: &Emit) -> bool {
+        let message = Undelivered {
+            from: from.to_owned(),
+            payload: payload.to_vec(),
+        };
+        if self
+            .dead_letters
+            .add(message, Some(why.clone()), attempts, self.clock.now())
+            .is_err()
+        {
+            return false;
+        }
+        if let Some(held) = self.warnings.admit() {
+            log::warn!(
+                "endpoint {}: {from}: {why}; dead-lettered ({held} more not logged)",
+                self.name
+            );
+        }
+        emit(Event::DeadLettered {
+            endpoint: self.name.clone(),
+            from: from.to_owned(),
+            reason: why,
+        });
+        true
+    }
+
+    /// What an elected source read and did not handle, kept in the
+    /// dead letters; a full queue counts it as dropped, loudly.
+    fn keep_unhandled(&self, message: Unhandled, emit: &Emit) {
+        let why = message.reason.to_string();
+        let attempts = message.reason.attempts();
+        if !self.keep(
+            &message.origin,
+            &message.payload,
+            why.clone(),
+            attempts,
+            emit,
+        ) {
+            log::error!(
+                "endpoint {}: {}: {why}; the dead-letter queue is full, message dropped",
+                self.name,
+                message.origin
+            );
+            metrics::counter!(guard_std::metrics::SINK_DROPPED, "name" => self.name.clone())
+                .increment(1);
+        }
+    }
+
+    /// The unhandled sink of an elected source: its dead letters.
+    fn unhandled_to(self: &Arc<Self>, emit: &Emit) -> impl Fn(Unhandled) + Send + Sync + 'static {
+        let (inbox, emit) = (self.clone(), emit.clone());
+        move |message| inbox.keep_unhandled(message, &emit)
+    }
+
+    /// Passes a broadcast message read under `lease` or keeps it as a
+    /// dead letter: true when the handler may make its effect, at once
+    /// (the lease is checked last, after any wait). A message refused by
+    /// the limiter whose dead-letter queue is full waits for the limiter
+    /// however long that takes (back-pressure), so nothing is lost here;
+    /// one that can never be handled (too large) and finds the queue full
+    /// is dropped, logged and counted in `guard_sink_dropped_total`.
+    async fn pass(
+        &self,
+        from: &str,
+        payload: &[u8],
+        lease: Option<&ElectedLease>,
+        emit: &Emit,
+    ) -> bool {
+        let passed = self.pass_limits(from, payload, emit).await;
+        // The limiter may have waited past the lease: no effect under it.
+        if passed && lease.is_some_and(|lease| !lease.is_valid()) {
+            self.keep_unhandled(
+                Unhandled {
+                    origin: from.to_owned(),
+                    payload: payload.to_vec(),
+                    fence: lease.map(ElectedLease::fence),
+                    reason: UnhandledReason::LeaseLost {
+                        attempts: 1,
+                        error: LEASE_LOST_WAITING.to_owned(),
+                    },
+                },
+                emit,
+            );
+            return false;
+        }
+        passed
+    }
+
+    /// [`pass`](Self::pass)'s size bound and limiter.
+    async fn pass_limits(&self, from: &str, payload: &[u8], emit: &Emit) -> bool {
         let why = match self.too_large(payload.len()) {
             Some(why) => why,
             None => match &self.limit {
@@ -174,26 +279,7 @@ impl Inbox {
                 },
             },
         };
-        let message = Undelivered {
-            from: from.to_owned(),
-            payload: payload.to_vec(),
-        };
-        if self
-            .dead_letters
-            .add(message, Some(why.clone()), 1, self.clock.now())
-            .is_ok()
-        {
-            if let Some(held) = self.warnings.admit() {
-                log::warn!(
-                    "endpoint {}: {from}: {why}; dead-lettered ({held} more not logged)",
-                    self.name
-                );
-            }
-            emit(Event::DeadLettered {
-                endpoint: self.name.clone(),
-                from: from.to_owned(),
-                reason: why,
-            });
+        if self.keep(from, payload, why.clone(), 1, emit) {
             return false;
         }
         let waited = match &self.limit {
@@ -256,13 +342,18 @@ pub(crate) async fn start(
             let endpoint = source
                 .endpoint(&built.guards, &scope)
                 .and_then(|e| e.with_settings(timing))
-                .map_err(|e| context(e.into()))?;
+                .map_err(|e| context(e.into()))?
+                .with_unhandled(inbox.unhandled_to(&emit));
             Ok(Box::pin(async move {
                 endpoint
                     .run(control, |message| {
                         let (inbox, emit, name) = (inbox.clone(), emit.clone(), name.clone());
                         async move {
-                            if !inbox.pass(&message.channel, &message.payload, &emit).await {
+                            let lease = Some(&message.lease);
+                            if !inbox
+                                .pass(&message.channel, &message.payload, lease, &emit)
+                                .await
+                            {
                                 return;
                             }
                             emit(Event::Received {
@@ -350,14 +441,19 @@ pub(crate) async fn start(
                 endpoint = endpoint
                     .with_guard(&built.guards, &scope)
                     .and_then(|e| e.with_guard_settings(timing))
-                    .map_err(|e| context(e.into()))?;
+                    .map_err(|e| context(e.into()))?
+                    .with_unhandled(inbox.unhandled_to(&emit));
             }
             Ok(Box::pin(async move {
                 endpoint
                     .run(control, |message| {
                         let (inbox, emit, name) = (inbox.clone(), emit.clone(), name.clone());
                         async move {
-                            if !inbox.pass(&message.topic, &message.payload, &emit).await {
+                            let lease = message.lease.as_ref();
+                            if !inbox
+                                .pass(&message.topic, &message.payload, lease, &emit)
+                                .await
+                            {
                                 return;
                             }
                             emit(Event::Received {
@@ -397,11 +493,15 @@ pub(crate) async fn start(
                     .and_then(|s| s.with_guard_settings(timing))
                     .map_err(|e| context(e.into()))?;
             }
+            // Every subscriber hands what it gave up with no dead-letter
+            // subject to take it, and an elected one what its lease's end
+            // left unhandled, to the endpoint's dead letters.
+            subscriber = subscriber.with_unhandled(inbox.unhandled_to(&emit));
             Ok(Box::pin(async move {
                 let stats = subscriber
                     .run(control, never_invalid(), |message| {
                         let report = Report::new(&inbox, &emit, &name);
-                        report.payload(message.subject, message.payload, message.fence)
+                        report.payload(message.subject, message.payload, message.lease)
                     })
                     .await;
                 log::info!("endpoint {name}: {stats:?}");
@@ -459,7 +559,7 @@ pub(crate) async fn start(
                         let ran = consumer
                             .run(control, never_invalid(), |message| {
                                 let report = Report::new(&inbox, &emit, &name);
-                                report.payload(message.routing_key, message.payload, message.fence)
+                                report.payload(message.routing_key, message.payload, message.lease)
                             })
                             .await;
                         match ran {
@@ -485,11 +585,12 @@ pub(crate) async fn start(
                             .and_then(|c| c.with_guard_settings(timing))
                             .map_err(|e| context(e.into()))?;
                     }
+                    let consumer = consumer.with_unhandled(inbox.unhandled_to(&emit));
                     Ok(Box::pin(async move {
                         let ran = consumer
                             .run(control, never_invalid(), |message| {
                                 let report = Report::new(&inbox, &emit, &name);
-                                report.payload(message.routing_key, message.payload, message.fence)
+                                report.payload(message.routing_key, message.payload, message.lease)
                             })
                             .await;
                         match ran {
@@ -564,7 +665,11 @@ pub(crate) async fn start(
                             };
                             let (before, after) = (image(&change.before), image(&change.after));
                             inbox
-                                .check_message(&from, before.len() + after.len())
+                                .check_message(
+                                    &from,
+                                    before.len() + after.len(),
+                                    change.lease.as_ref(),
+                                )
                                 .await?;
                             emit(Event::Received {
                                 endpoint: name,
@@ -605,14 +710,17 @@ impl Report {
         }
     }
 
-    /// `payload`, received from `from` under `fence`.
+    /// `payload`, received from `from` under `lease` if elected.
     async fn payload(
         self,
         from: String,
         payload: Vec<u8>,
-        fence: Option<u64>,
+        lease: Option<ElectedLease>,
     ) -> Result<(), Refused> {
-        self.inbox.check_message(&from, payload.len()).await?;
+        self.inbox
+            .check_message(&from, payload.len(), lease.as_ref())
+            .await?;
+        let fence = lease.as_ref().map(ElectedLease::fence);
         (self.emit)(Event::Received {
             endpoint: self.name,
             from,

@@ -4,7 +4,7 @@
 //! a message whose handler gave up is dead-lettered from that queue to a
 //! durable queue the replicas share.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
@@ -13,7 +13,7 @@ use futures_lite::{StreamExt as _, future};
 use guard_core::guard::ActiveConfig;
 use guard_core::lock::Scope;
 use guard_core::retry::{Classifier, RetryPolicy};
-use guard_std::run::{Control, LeaseState};
+use guard_std::run::Control;
 use guard_std::{GuardConfig, Throttle};
 use lapin::Consumer;
 use lapin::options::{BasicAckOptions, BasicNackOptions, QueueDeclareOptions};
@@ -25,7 +25,10 @@ use super::{
     checked_prefetch, default_dead_letters, retry_refused, why_not_sent,
 };
 use crate::deliver;
-use crate::elected::{self, SubscriptionLease};
+use crate::delivery::{
+    self, Delivered, ElectedLease, Unhandled, UnhandledFn, UnhandledReason, UnhandledSink,
+};
+use crate::elected;
 use crate::parameter::Parameter;
 use crate::runtime::ActiveRunner;
 
@@ -77,6 +80,7 @@ pub struct FanoutConsumer {
     retry: RetryPolicy,
     guard: Option<ActiveRunner>,
     counters: Arc<Counters>,
+    unhandled: Option<UnhandledFn>,
 }
 
 impl fmt::Debug for FanoutConsumer {
@@ -113,7 +117,26 @@ impl FanoutConsumer {
             retry: RetryPolicy::new(),
             guard: None,
             counters: Arc::default(),
+            unhandled: None,
         })
+    }
+
+    /// Hands every message read and not handled (its lease ended, it was
+    /// buffered or in hand when the connection closed) to `to`, with its
+    /// content, routing key and reason; see [`crate::delivery`]. Without
+    /// it they are counted and logged only. A message whose rejection
+    /// could not be sent is counted in `unacknowledged` and handed here too.
+    pub fn with_unhandled(mut self, to: impl Fn(Unhandled) + Send + Sync + 'static) -> Self {
+        self.unhandled = Some(Arc::new(to));
+        self
+    }
+
+    /// The sink of what this consumer reads and does not handle.
+    fn unhandled_sink(&self, label: &str) -> UnhandledSink {
+        let key = self.key().unwrap_or(self.exchange.as_str());
+        let sink = UnhandledSink::new(&format!("AMQP {label}"), key, self.unhandled.clone());
+        sink.register();
+        sink
     }
 
     /// Consumes only while this replica holds the lease of `scope` under
@@ -247,6 +270,7 @@ impl FanoutConsumer {
         E: fmt::Display,
     {
         let label = format!("exchange {}", self.exchange);
+        let unhandled = self.unhandled_sink(&label);
         let failures = Throttle::new();
         metrics::counter!(guard_std::metrics::ENDPOINT_DISCONNECTS, "key" => label.clone())
             .increment(0);
@@ -265,6 +289,7 @@ impl FanoutConsumer {
                         self.prefetch,
                         &self.counters,
                         &label,
+                        &unhandled,
                     )
                 },
             )
@@ -336,7 +361,9 @@ impl FanoutConsumer {
         }
         metrics::counter!(guard_std::metrics::ENDPOINT_DISCONNECTS, "key" => key.clone())
             .increment(0);
+        let unhandled = self.unhandled_sink(&label);
         let open = {
+            let unhandled = unhandled.clone();
             let (options, exchange) = (self.options.clone(), self.exchange.clone());
             let dead_letters = self.dead_letters.clone();
             let (prefetch, counters, label) = (self.prefetch, self.counters.clone(), label.clone());
@@ -346,6 +373,7 @@ impl FanoutConsumer {
                 let (options, exchange) = (options.clone(), exchange.clone());
                 let dead_letters = dead_letters.clone();
                 let (counters, label) = (counters.clone(), label.clone());
+                let unhandled = unhandled.clone();
                 async move {
                     let subscribed = subscribe(
                         &options,
@@ -354,6 +382,7 @@ impl FanoutConsumer {
                         prefetch,
                         &counters,
                         &label,
+                        &unhandled,
                     )
                     .await;
                     match &subscribed {
@@ -376,15 +405,14 @@ impl FanoutConsumer {
         // Held across the serving's awaits on purpose: that is the one
         // borrow, released when the serving ends or is dropped.
         #[allow(clippy::await_holding_refcell_ref)]
-        let serve_one = move |mut subscription: Subscription, lease: SubscriptionLease| async move {
+        let serve_one = move |mut subscription: Subscription, lease: ElectedLease| async move {
             let Ok(mut handler) = handler.try_borrow_mut() else {
                 log::error!("AMQP {label}: two subscriptions served at once; closing this one");
                 return;
             };
-            let lease = (&lease, key);
             let served = Box::pin(self.serve(
                 &mut subscription,
-                Some(lease),
+                Some(&lease),
                 None,
                 classifier,
                 &mut *handler,
@@ -407,16 +435,17 @@ impl FanoutConsumer {
     /// policy, and acknowledges it or, given up, rejects it (the broker
     /// dead-letters it), until the consumer ends (`Err`) or `control`
     /// stops (`Ok`, between messages). With a `lease` (an elected
-    /// consumer: the check and its key), a delivery is handed over only
-    /// if the lease is valid immediately before, with its fence, and
-    /// every retry only while the lease still holds that fence; a
-    /// delivery refused, or whose retries the lease's end cut short,
-    /// stays unacknowledged (the queue, and it, go with the demotion that
-    /// follows).
+    /// consumer), each delivery goes through the one elected delivery path
+    /// ([`crate::delivery`]): handed over only if the lease is valid
+    /// immediately before, every retry only while it still holds the same
+    /// fence, and rejected (dead-lettered) only while it does; a delivery
+    /// refused, or whose retries the lease's end cut short, stays
+    /// unacknowledged (the queue goes with the demotion that follows) and
+    /// is handed to the unhandled sink with its content.
     async fn serve<F, Fut, E>(
         &self,
         subscription: &mut Subscription,
-        lease: Option<(&SubscriptionLease, &str)>,
+        lease: Option<&ElectedLease>,
         control: Option<&Control>,
         classifier: Classifier<E>,
         handler: &mut F,
@@ -427,6 +456,7 @@ impl FanoutConsumer {
         E: fmt::Display,
     {
         let counters = subscription.counters.clone();
+        let unhandled = subscription.unhandled.clone();
         let exchange = self.exchange.as_str();
         let mut refused = 0_u64;
         let mut burst = 0_u32;
@@ -465,69 +495,29 @@ impl FanoutConsumer {
                 Counters::add(&counters.redelivered, 1);
             }
             let label = subscription.label.as_str();
-            let fence = match lease {
-                None => None,
-                // Checked where the side effect happens: nothing is handed
-                // over past the renew deadline, or once leadership has ended.
-                Some((check, key)) => match check.state() {
-                    LeaseState::Valid(fence) => {
-                        refused = 0;
-                        Some(fence)
-                    }
-                    LeaseState::PastDeadline | LeaseState::NotHeld => {
-                        refused += 1;
-                        Counters::add(&counters.refused_late, 1);
-                        guard_std::metrics::record_refused_late(key);
-                        if refused == 1 {
-                            log::warn!(
-                                "AMQP {label}: lease {key} no longer valid; refusing messages until the connection closes"
-                            );
-                        }
-                        continue;
-                    }
-                },
-            };
-            let message = AmqpMessage::take(&mut delivery, fence);
+            let message = AmqpMessage::take(&mut delivery, lease);
             // From here until it is settled, a demotion or a stop that
-            // drops this serving loses the message with the queue: counted.
+            // drops this serving loses the message with the queue: counted
+            // and handed to the unhandled sink.
             let mut in_hand = InHand {
                 counters: &counters,
                 label,
+                message: &message,
+                unhandled: &unhandled,
                 settled: false,
             };
-            // Set when a retry was refused because the lease no longer
-            // holds the first call's fence: the handler did not give the
-            // message up, so it must not be dead-lettered as if it had.
-            let cut_short = Cell::new(false);
-            let outcome = match (lease, fence) {
-                (Some((check, _)), Some(fence)) => {
-                    // Every call, retries included, under the lease the
-                    // first was made under: asked after each wait,
-                    // immediately before the call. A different fence is
-                    // another leadership, with another queue.
-                    let still_leading = || {
-                        let same = check.fence() == Some(fence);
-                        if !same {
-                            cut_short.set(true);
-                        }
-                        same
-                    };
-                    deliver::handle_while(
-                        self.retry,
-                        classifier,
-                        exchange,
-                        &message,
-                        still_leading,
-                        &mut *handler,
-                    )
-                    .await
-                }
-                _ => {
-                    deliver::handle(self.retry, classifier, exchange, &message, &mut *handler).await
-                }
-            };
-            match outcome {
-                Ok(()) => {
+            let delivered = delivery::deliver(
+                self.retry,
+                classifier,
+                exchange,
+                lease,
+                &message,
+                &mut *handler,
+            )
+            .await;
+            match delivered {
+                Delivered::Handled => {
+                    refused = 0;
                     // Sent, not waited for: the queue is exclusive, so a
                     // closed channel takes it and the message with it, and
                     // a confirmation would change nothing. Not waiting
@@ -539,27 +529,27 @@ impl FanoutConsumer {
                         Some(Ok(false) | Err(_)) => Counters::add(&counters.unacknowledged, 1),
                     }
                 }
-                Err(gave_up) if cut_short.get() => {
+                Delivered::Unhandled(reason) => {
                     // Left unacknowledged rather than requeued: the broker
                     // would hand a requeued message straight back to this
-                    // consumer, to be refused and counted again. The
-                    // demotion that follows closes the connection, and the
-                    // exclusive queue is deleted with it (deletion
-                    // dead-letters nothing): the message is lost, counted
-                    // here.
+                    // consumer, to be refused again. The demotion that
+                    // follows closes the connection, and the exclusive
+                    // queue is deleted with it (deletion dead-letters
+                    // nothing): the content goes to the unhandled sink.
                     Counters::add(&counters.refused_late, 1);
-                    if let Some((_, key)) = lease {
-                        guard_std::metrics::record_refused_late(key);
+                    refused += 1;
+                    if refused == 1 {
+                        log::warn!(
+                            "AMQP {label}: lease no longer valid ({reason}); refusing messages until the connection closes"
+                        );
                     }
-                    log::warn!(
-                        "AMQP {label}: lease ended between the retries of a message ({} call(s): {gave_up}); not dead-lettered, lost with the queue",
-                        gave_up.attempts
-                    );
+                    in_hand.hand(reason);
                 }
-                // Rejected without requeueing: the broker moves it to the
+                // Rejected without requeueing, with no wait since the
+                // lease was found valid: the broker moves it to the
                 // dead-letter queue, with its origin (this replica's
                 // queue, the exchange) in `x-death`.
-                Err(gave_up) => {
+                Delivered::GaveUp(gave_up) => {
                     let reject = BasicNackOptions {
                         multiple: false,
                         requeue: false,
@@ -575,12 +565,14 @@ impl FanoutConsumer {
                         }
                         sent => {
                             Counters::add(&counters.unacknowledged, 1);
-                            log::error!(
-                                "AMQP {label}: message given up after {} call(s): {gave_up}; its rejection could not be sent ({}), so it is lost with queue {}",
-                                gave_up.attempts,
-                                why_not_sent(&sent),
-                                subscription.queue
-                            );
+                            in_hand.hand(UnhandledReason::GaveUp {
+                                attempts: gave_up.attempts,
+                                error: format!(
+                                    "{}; its rejection could not be sent ({})",
+                                    gave_up.error,
+                                    why_not_sent(&sent)
+                                ),
+                            });
                         }
                     }
                 }
@@ -599,11 +591,22 @@ impl FanoutConsumer {
 /// The message being handled (or between its retries): if the serving is
 /// dropped before it is settled (a demotion, an elected consumer's stop),
 /// the connection closes and the message goes with the exclusive queue;
-/// it is counted in `dropped_on_close` and logged, never lost silently.
+/// it is counted in `dropped_on_close` and handed to the unhandled sink,
+/// never lost silently.
 struct InHand<'a> {
     counters: &'a Counters,
     label: &'a str,
+    message: &'a AmqpMessage,
+    unhandled: &'a UnhandledSink,
     settled: bool,
+}
+
+impl InHand<'_> {
+    /// Hands the message to the unhandled sink for `reason`; settled.
+    fn hand(&mut self, reason: UnhandledReason) {
+        self.settled = true;
+        self.unhandled.hand(unhandled(self.message, reason));
+    }
 }
 
 impl Drop for InHand<'_> {
@@ -614,7 +617,19 @@ impl Drop for InHand<'_> {
                 "AMQP {}: the connection closed while a message was in the handler or its retries; lost to this replica",
                 self.label
             );
+            self.unhandled
+                .hand(unhandled(self.message, UnhandledReason::Demoted));
         }
+    }
+}
+
+/// `message`, not handled for `reason`.
+fn unhandled(message: &AmqpMessage, reason: UnhandledReason) -> Unhandled {
+    Unhandled {
+        origin: format!("{}/{}", message.exchange, message.routing_key),
+        payload: message.payload.clone(),
+        fence: message.fence,
+        reason,
     }
 }
 
@@ -628,6 +643,7 @@ struct Subscription {
     session: Option<Session>,
     counters: Arc<Counters>,
     label: String,
+    unhandled: UnhandledSink,
 }
 
 impl Subscription {
@@ -644,8 +660,13 @@ impl Subscription {
     fn count_buffered(&mut self) {
         let mut dropped = 0_u64;
         // Never waits: only what has arrived is taken.
-        while let Some(Some(Ok(_))) = future::block_on(future::poll_once(self.consumer.next())) {
+        while let Some(Some(Ok(mut delivery))) =
+            future::block_on(future::poll_once(self.consumer.next()))
+        {
             dropped += 1;
+            let message = AmqpMessage::take(&mut delivery, None);
+            self.unhandled
+                .hand(unhandled(&message, UnhandledReason::Demoted));
         }
         if dropped > 0 {
             Counters::add(&self.counters.dropped_on_close, dropped);
@@ -696,6 +717,7 @@ async fn subscribe(
     prefetch: u16,
     counters: &Arc<Counters>,
     label: &str,
+    unhandled: &UnhandledSink,
 ) -> Result<Subscription, AmqpError> {
     let session = Session::open(options).await?;
     let channel = &session.channel;
@@ -741,5 +763,6 @@ async fn subscribe(
         session: Some(session),
         counters: counters.clone(),
         label: label.to_owned(),
+        unhandled: unhandled.clone(),
     })
 }

@@ -164,6 +164,7 @@ use lapin::types::ShortString;
 use lapin::uri::{AMQPScheme, AMQPUri};
 
 use crate::deliver;
+use crate::delivery::ElectedLease;
 use crate::parameter::Parameter;
 
 pub use error::AmqpError;
@@ -387,19 +388,24 @@ pub struct AmqpMessage {
     /// immediately before the handler was called (0 without a locker):
     /// pass it to a resource that refuses stale leaders.
     pub fence: Option<u64>,
+    /// For an elected consumer, the lease the message was read under: a
+    /// handler that waits before its side effect checks
+    /// [`ElectedLease::is_valid`] again immediately before it.
+    pub lease: Option<ElectedLease>,
 }
 
 impl AmqpMessage {
     /// The message of `delivery`, moved out of it (what stays is its
-    /// acknowledgement handle).
-    fn take(delivery: &mut lapin::message::Delivery, fence: Option<u64>) -> Self {
+    /// acknowledgement handle), read under `lease`.
+    fn take(delivery: &mut lapin::message::Delivery, lease: Option<&ElectedLease>) -> Self {
         AmqpMessage {
             exchange: std::mem::take(&mut delivery.exchange).into(),
             routing_key: std::mem::take(&mut delivery.routing_key).into(),
             payload: std::mem::take(&mut delivery.data),
             properties: std::mem::take(&mut delivery.properties),
             redelivered: delivery.redelivered,
-            fence,
+            fence: lease.map(ElectedLease::fence),
+            lease: lease.cloned(),
         }
     }
 }

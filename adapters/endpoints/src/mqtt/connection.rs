@@ -7,10 +7,11 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::Arc;
 
-use crate::runtime::LeaseCheck;
+use crate::delivery::{ElectedLease, Unhandled, UnhandledReason, UnhandledSink};
 use async_channel::Sender;
 use async_compat::Compat;
 use futures_lite::future;
+use guard_std::run::LeaseState;
 use rumqttc::{
     AsyncClient, ClientError, Event, EventLoop, Incoming, Publish, QoS, SubscribeReasonCode,
 };
@@ -75,15 +76,17 @@ impl Connection {
     }
 
     /// Subscribes to `filter` at QoS 1 and serves until the connection
-    /// ends. With a `lease` (an elected subscriber), each message is
-    /// handled only if the lease is valid immediately before, and carries
-    /// its fence; a message refused past the renew deadline is not
-    /// acknowledged (the connection is dropped on demotion). `subscribed`
-    /// hears the broker's answer to the SUBSCRIBE.
+    /// ends. With a `lease` (an elected subscriber: the lease the
+    /// connection was opened under, and where what it does not handle
+    /// goes), each message is handled only if the lease is valid
+    /// immediately before, and carries it; a message refused past the
+    /// renew deadline is not acknowledged (the connection is dropped on
+    /// demotion) and is handed to the unhandled sink. `subscribed` hears
+    /// the broker's answer to the SUBSCRIBE.
     pub(crate) async fn serve<H, F>(
         self,
         filter: &str,
-        lease: Option<(&LeaseCheck, &str)>,
+        lease: Option<(&ElectedLease, &UnhandledSink)>,
         handler: &mut H,
         subscribed: Sender<Result<(), MqttError>>,
     ) -> Ended
@@ -139,28 +142,37 @@ impl Connection {
                         }
                     }
                     Ok(Event::Incoming(Incoming::Publish(publish))) => {
-                        let fence = match lease {
-                            None => None,
-                            Some((check, key)) => match check.fence() {
-                                Some(fence) => Some(fence),
-                                None => {
-                                    // Checked where the side effect
-                                    // happens: nothing past the deadline.
-                                    refused += 1;
-                                    guard_std::metrics::record_refused_late(key);
-                                    if refused == 1 {
-                                        log::warn!(
-                                            "MQTT {filter}: lease {key} past its renew deadline; refusing messages until demoted"
-                                        );
-                                    }
-                                    continue;
-                                }
-                            },
-                        };
+                        // Checked where the side effect happens: nothing
+                        // past the deadline, nothing once leadership ended.
+                        let refusal = lease.and_then(|(lease, _)| match lease.state() {
+                            LeaseState::Valid(_) => None,
+                            LeaseState::PastDeadline => {
+                                guard_std::metrics::record_refused_late(lease.key());
+                                Some(UnhandledReason::PastDeadline)
+                            }
+                            LeaseState::NotHeld => Some(UnhandledReason::Demoted),
+                        });
+                        if let (Some(reason), Some((lease, unhandled))) = (refusal, lease) {
+                            refused += 1;
+                            if refused == 1 {
+                                log::warn!(
+                                    "MQTT {filter}: lease {} no longer valid ({reason}); refusing messages until demoted",
+                                    lease.key()
+                                );
+                            }
+                            unhandled.hand(Unhandled {
+                                origin: publish.topic.clone(),
+                                payload: publish.payload.to_vec(),
+                                fence: Some(lease.fence()),
+                                reason,
+                            });
+                            continue;
+                        }
                         handler(MqttMessage {
                             topic: publish.topic.clone(),
                             payload: publish.payload.to_vec(),
-                            fence,
+                            fence: lease.map(|(lease, _)| lease.fence()),
+                            lease: lease.map(|(lease, _)| lease.clone()),
                         })
                         .await;
                         // Sent by the event loop; queued before the next

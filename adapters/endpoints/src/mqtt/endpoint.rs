@@ -15,16 +15,28 @@ use guard_std::GuardConfig;
 
 use super::connection::Connection;
 use super::{MqttError, MqttMessage, MqttOptions, Subscription};
+use crate::delivery::{ElectedLease, Unhandled, UnhandledFn, UnhandledSink};
 use crate::lease_thread::{self, StopOnDrop};
 use crate::parameter::Parameter;
 
 /// An MQTT subscription served by one replica; see the crate
 /// documentation for which kind to use.
-#[derive(Debug)]
 pub struct MqttEndpoint {
     options: MqttOptions,
     subscription: Subscription,
     guard: Option<ActiveRunner>,
+    unhandled: Option<UnhandledFn>,
+}
+
+impl std::fmt::Debug for MqttEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MqttEndpoint")
+            .field("options", &self.options)
+            .field("subscription", &self.subscription)
+            .field("guard", &self.guard)
+            .field("unhandled", &self.unhandled.is_some())
+            .finish()
+    }
 }
 
 /// What woke the serving side of a guarded endpoint.
@@ -37,6 +49,7 @@ enum Next {
 /// confirm its subscription.
 type Promotion = (
     Box<Connection>,
+    u64,
     async_channel::Sender<Result<(), MqttError>>,
 );
 
@@ -47,7 +60,17 @@ impl MqttEndpoint {
             options,
             subscription,
             guard: None,
+            unhandled: None,
         }
+    }
+
+    /// Hands every message a guarded endpoint reads and does not handle
+    /// (its lease was past its renew deadline or gone) to `to`, with its
+    /// content, topic and reason; see [`crate::delivery`]. Without it
+    /// they are counted and logged only.
+    pub fn with_unhandled(mut self, to: impl Fn(Unhandled) + Send + Sync + 'static) -> Self {
+        self.unhandled = Some(std::sync::Arc::new(to));
+        self
     }
 
     /// Subscribes only while this replica holds the lease of `scope` under
@@ -150,6 +173,8 @@ impl MqttEndpoint {
         let runner = runner.clone();
         let lease = runner.lease_check();
         let key = runner.key().to_owned();
+        let unhandled = UnhandledSink::new(&format!("MQTT {filter}"), &key, self.unhandled.clone());
+        unhandled.register();
         let options = self.options.clone();
         let (tx, rx) = async_channel::unbounded::<Option<Promotion>>();
         let elect = move || async move {
@@ -158,13 +183,15 @@ impl MqttEndpoint {
             runner
                 .run(
                     linked,
-                    move |_fence| {
+                    move |fence| {
                         let tx = promoted.clone();
                         async move {
                             let connection = Connection::open(options).await?;
                             let (confirm, confirmed) = async_channel::bounded(1);
                             // The receiver lives until the runner returns.
-                            tx.send(Some((Box::new(connection), confirm))).await.ok();
+                            tx.send(Some((Box::new(connection), fence, confirm)))
+                                .await
+                                .ok();
                             let answer = async {
                                 confirmed
                                     .recv()
@@ -197,7 +224,7 @@ impl MqttEndpoint {
         };
         let mut next_connection: Option<Promotion> = None;
         loop {
-            let (connection, confirm) = match next_connection.take() {
+            let (connection, fence, confirm) = match next_connection.take() {
                 Some(promotion) => promotion,
                 None => match rx.recv().await {
                     Ok(Some(promotion)) => promotion,
@@ -209,7 +236,12 @@ impl MqttEndpoint {
                 async {
                     Next::Ended(
                         (*connection)
-                            .serve(&filter, Some((&lease, &key)), &mut handler, confirm)
+                            .serve(
+                                &filter,
+                                Some((&ElectedLease::new(lease.clone(), fence, &key), &unhandled)),
+                                &mut handler,
+                                confirm,
+                            )
                             .await,
                     )
                 },

@@ -44,6 +44,7 @@ use std::time::Duration;
 
 use guard_std::run::RunnerError;
 
+use crate::delivery::ElectedLease;
 use crate::parameter::{Parameter, write_invalid};
 
 pub use endpoint::MqttEndpoint;
@@ -316,4 +317,8 @@ pub struct MqttMessage {
     /// immediately before the handler was called: pass it to a resource
     /// that refuses stale leaders.
     pub fence: Option<u64>,
+    /// For a guarded endpoint, the lease the message was read under: a
+    /// handler that waits before its side effect checks
+    /// [`ElectedLease::is_valid`] again immediately before it.
+    pub lease: Option<ElectedLease>,
 }

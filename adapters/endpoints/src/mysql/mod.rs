@@ -50,6 +50,7 @@ use std::sync::Arc;
 use guard_std::run::RunnerError;
 
 use crate::deliver::RetryRefused;
+use crate::delivery::ElectedLease;
 use crate::parameter::{Parameter, write_invalid};
 
 pub use checkpoint::{BinlogPosition, CheckpointError, Checkpoints};
@@ -183,6 +184,10 @@ pub struct RowChange {
     /// The reader's fence, checked valid immediately before the handler
     /// was called: pass it to a resource that refuses stale leaders.
     pub fence: u64,
+    /// The lease the change was read under: a handler that waits before
+    /// its side effect checks [`ElectedLease::is_valid`] again immediately
+    /// before it. `None` only before the reader hands the change over.
+    pub lease: Option<ElectedLease>,
 }
 
 /// A plain SQL identifier (letters, digits, `_`, `$`, not starting with

@@ -9,7 +9,7 @@ use guard_core::guard::ActiveConfig;
 use guard_core::lock::Scope;
 use guard_core::retry::{Classifier, RetryPolicy};
 use guard_std::GuardConfig;
-use guard_std::run::{Control, LeaseState};
+use guard_std::run::Control;
 use mysql_async::binlog::events::{EventData, RowsEventData};
 use mysql_async::binlog::value::BinlogValue;
 use mysql_async::prelude::Queryable;
@@ -21,7 +21,8 @@ use super::{
     RowChange, checked_identifier,
 };
 use crate::deliver::{self, GaveUp};
-use crate::elected::{SubscriptionLease, serve_while_leading};
+use crate::delivery::{self, Delivered, ElectedLease, UnhandledReason};
+use crate::elected::serve_while_leading;
 use crate::parameter::Parameter;
 use crate::runtime::ActiveRunner;
 use crate::runtime::on_tokio;
@@ -52,6 +53,11 @@ pub struct BinlogStats {
     /// gone: not handed over (the next leader reads them again from the
     /// checkpoint).
     pub refused_late: u64,
+    /// Row changes whose lease ended while they were handled (between
+    /// retries, or before their dead letter could be written under it):
+    /// neither handled nor dead-lettered, left to the next leader, which
+    /// reads them again from the checkpoint.
+    pub lease_lost: u64,
 }
 
 #[derive(Default)]
@@ -61,6 +67,7 @@ struct Counters {
     checkpoints: Cell<u64>,
     checkpoints_refused: Cell<u64>,
     refused_late: Cell<u64>,
+    lease_lost: Cell<u64>,
 }
 
 impl Counters {
@@ -75,6 +82,7 @@ impl Counters {
             checkpoints: self.checkpoints.get(),
             checkpoints_refused: self.checkpoints_refused.get(),
             refused_late: self.refused_late.get(),
+            lease_lost: self.lease_lost.get(),
         }
     }
 }
@@ -324,7 +332,7 @@ impl BinlogReader {
     async fn serve<F, Fut, E>(
         &self,
         opened: Opened,
-        lease: SubscriptionLease,
+        lease: ElectedLease,
         classifier: Classifier<E>,
         handler: &RefCell<F>,
         counters: &Counters,
@@ -390,31 +398,16 @@ impl BinlogReader {
                 }
             };
             for mut change in changes {
-                // Checked where the side effect happens: nothing past the
-                // renew deadline or after leadership ended.
-                change.fence = match lease.state() {
-                    LeaseState::Valid(fence) => fence,
-                    LeaseState::PastDeadline | LeaseState::NotHeld => {
-                        Counters::add(&counters.refused_late);
-                        guard_std::metrics::record_refused_late(self.key());
-                        log::warn!(
-                            "binlog {}: lease past its renew deadline at {}; stopping",
-                            self.name,
-                            change.position
-                        );
-                        return;
-                    }
-                };
-                // Every call, retries included, under the lease the first
-                // was made under.
-                let fence = change.fence;
-                let still_leading = || lease.fence() == Some(fence);
-                let handled = deliver::handle_while(
+                change.fence = lease.fence();
+                change.lease = Some(lease.clone());
+                // The one elected delivery path: the lease checked before
+                // the call, each retry and the dead letter.
+                let delivered = delivery::deliver(
                     self.retry,
                     classifier,
                     &self.name,
+                    Some(&lease),
                     &change,
-                    still_leading,
                     |c| {
                         // Borrowed only to make the call's future.
                         (handler.borrow_mut())(c)
@@ -422,9 +415,11 @@ impl BinlogReader {
                 )
                 .await;
                 handed_since_save = true;
-                match handled {
-                    Ok(()) => Counters::add(&counters.handled),
-                    Err(gave_up) => {
+                match delivered {
+                    Delivered::Handled => Counters::add(&counters.handled),
+                    // Written at once: the lease was valid when this was
+                    // decided.
+                    Delivered::GaveUp(gave_up) => {
                         if let Err(e) = self.dead_letter(&mut conn, &change, &gave_up).await {
                             // Not past it: the next leader reads it again.
                             log::error!(
@@ -441,6 +436,23 @@ impl BinlogReader {
                             change.position
                         );
                     }
+                    // The binlog keeps it: past the checkpoint, the next
+                    // leader reads it again, so it is neither dead-lettered
+                    // nor handed anywhere by this reader.
+                    Delivered::Unhandled(reason) => {
+                        match reason {
+                            UnhandledReason::LeaseLost { .. } => {
+                                Counters::add(&counters.lease_lost);
+                            }
+                            _ => Counters::add(&counters.refused_late),
+                        }
+                        log::warn!(
+                            "binlog {}: {}: not handled, {reason}; stopping (the next leader reads it again from the checkpoint)",
+                            self.name,
+                            change.position
+                        );
+                        return;
+                    }
                 }
             }
             if boundary && handed_since_save {
@@ -455,6 +467,16 @@ impl BinlogReader {
                 && let Some(position) = unsaved.take()
             {
                 transactions = 0;
+                // A checkpoint is a side effect: made only under the lease
+                // (the table's fence refuses a stale one as well).
+                if !lease.is_valid() {
+                    Counters::add(&counters.refused_late);
+                    log::warn!(
+                        "binlog {}: lease no longer valid at checkpoint {position}; stopping",
+                        self.name
+                    );
+                    return;
+                }
                 let saved = on_tokio(
                     self.checkpoints
                         .save(&mut conn, &self.name, &position, fence),
@@ -707,6 +729,7 @@ fn decode(
                     },
                     row: u32::try_from(index).unwrap_or(u32::MAX),
                     fence: 0,
+                    lease: None,
                 });
             }
             Decoded::Changes(changes)

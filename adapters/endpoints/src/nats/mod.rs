@@ -57,6 +57,7 @@ use std::time::Duration;
 use guard_std::run::RunnerError;
 
 use crate::deliver::RetryRefused;
+use crate::delivery::ElectedLease;
 use crate::parameter::{Parameter, write_invalid};
 
 pub use jetstream::{
@@ -287,6 +288,10 @@ pub struct NatsMessage {
     /// immediately before the handler was called: pass it to a resource
     /// that refuses stale leaders.
     pub fence: Option<u64>,
+    /// For an elected subscriber, the lease the message was read under:
+    /// a handler that waits before its side effect checks
+    /// [`ElectedLease::is_valid`] again immediately before it.
+    pub lease: Option<ElectedLease>,
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use guard_core::guard::ActiveConfig;
 use guard_core::lock::Scope;
 use guard_core::retry::{Classifier, RetryPolicy};
 use guard_std::GuardConfig;
-use guard_std::run::{Control, LeaseState};
+use guard_std::run::Control;
 
 use super::connection::{connect_until_stopped, on_tokio};
 use super::{
@@ -18,7 +18,10 @@ use super::{
     checked_subject, header_value,
 };
 use crate::deliver::{self, GaveUp};
-use crate::elected::{SubscriptionLease, serve_while_leading};
+use crate::delivery::{
+    self, Delivered, ElectedLease, Unhandled, UnhandledFn, UnhandledReason, UnhandledSink,
+};
+use crate::elected::serve_while_leading;
 use crate::parameter::Parameter;
 use crate::runtime::ActiveRunner;
 
@@ -31,12 +34,18 @@ pub struct NatsStats {
     /// subject.
     pub dead_lettered: u64,
     /// Messages whose retries were spent and that no dead-letter subject
-    /// took (none configured, or the publish failed): lost, and logged.
+    /// took (none configured, or the publish failed): handed to the
+    /// unhandled sink ([`with_unhandled`](NatsSubscriber::with_unhandled)).
     pub given_up: u64,
     /// Messages an elected subscriber refused because its lease was past
     /// its renew deadline or gone (a paused or demoted leader): the
-    /// handler never saw them.
+    /// handler never saw them; handed to the unhandled sink.
     pub refused_late: u64,
+    /// Messages of an elected subscriber whose lease ended while they
+    /// were handled (between retries, or before the dead letter could be
+    /// published under it): neither handled nor dead-lettered, handed to
+    /// the unhandled sink.
+    pub lease_lost: u64,
 }
 
 /// [`NatsStats`] as the serving code counts them.
@@ -46,6 +55,7 @@ struct Counters {
     dead_lettered: Cell<u64>,
     given_up: Cell<u64>,
     refused_late: Cell<u64>,
+    lease_lost: Cell<u64>,
 }
 
 impl Counters {
@@ -59,6 +69,7 @@ impl Counters {
             dead_lettered: self.dead_lettered.get(),
             given_up: self.given_up.get(),
             refused_late: self.refused_late.get(),
+            lease_lost: self.lease_lost.get(),
         }
     }
 }
@@ -72,6 +83,7 @@ pub struct NatsSubscriber {
     retry: RetryPolicy,
     dead_letters: Option<String>,
     guard: Option<ActiveRunner>,
+    unhandled: Option<UnhandledFn>,
 }
 
 impl fmt::Debug for NatsSubscriber {
@@ -98,6 +110,7 @@ impl NatsSubscriber {
             retry: RetryPolicy::new(),
             dead_letters: None,
             guard: None,
+            unhandled: None,
         })
     }
 
@@ -149,6 +162,15 @@ impl NatsSubscriber {
         Ok(self)
     }
 
+    /// Hands every message read and not handled (its lease ended, its
+    /// retries were spent with no dead-letter subject to take it) to
+    /// `to`, with its content, subject and reason; see
+    /// [`crate::delivery`]. Without it they are counted and logged only.
+    pub fn with_unhandled(mut self, to: impl Fn(Unhandled) + Send + Sync + 'static) -> Self {
+        self.unhandled = Some(std::sync::Arc::new(to));
+        self
+    }
+
     /// The subject.
     pub fn subject(&self) -> &str {
         &self.subject
@@ -179,6 +201,13 @@ impl NatsSubscriber {
         let counters = Counters::default();
         let handler = RefCell::new(handler);
         let what = format!("nats {}", self.subject);
+        let unhandled = UnhandledSink::new(
+            &what,
+            self.key().unwrap_or(&self.subject),
+            self.unhandled.clone(),
+        );
+        unhandled.register();
+        let unhandled = &unhandled;
         let Some(client) = connect_until_stopped(&self.options, &control, &what).await else {
             return counters.stats();
         };
@@ -214,6 +243,7 @@ impl NatsSubscriber {
                         classifier,
                         handler,
                         counters,
+                        unhandled,
                     )
                 };
                 serve_while_leading(runner, control, &what, open, serve).await;
@@ -233,8 +263,9 @@ impl NatsSubscriber {
                 .await;
                 match subscribed {
                     Ok(subscriber) => {
-                        let serve =
-                            self.serve(&client, subscriber, None, classifier, &handler, &counters);
+                        let serve = self.serve(
+                            &client, subscriber, None, classifier, &handler, &counters, unhandled,
+                        );
                         future::or(control.stopped(), serve).await;
                     }
                     Err(e) => log::error!("{what}: {e}"),
@@ -245,15 +276,18 @@ impl NatsSubscriber {
     }
 
     /// Serves one subscription until it ends: for an elected subscriber,
-    /// each message only while `lease` is valid, with its fence.
+    /// each message through the one elected delivery path
+    /// ([`crate::delivery`]) under `lease`.
+    #[allow(clippy::too_many_arguments)]
     async fn serve<F, Fut, E>(
         &self,
         client: &async_nats::Client,
         mut subscriber: async_nats::Subscriber,
-        lease: Option<SubscriptionLease>,
+        lease: Option<ElectedLease>,
         classifier: Classifier<E>,
         handler: &RefCell<F>,
         counters: &Counters,
+        unhandled: &UnhandledSink,
     ) where
         F: FnMut(NatsMessage) -> Fut,
         Fut: Future<Output = Result<(), E>>,
@@ -262,75 +296,81 @@ impl NatsSubscriber {
         let mut late = 0_u64;
         // Ends when the subscription closes (the client was closed).
         while let Some(message) = on_tokio(subscriber.next()).await {
-            // Checked where the side effect happens: nothing past the
-            // renew deadline or after leadership ended.
-            let fence = match lease.as_ref().map(SubscriptionLease::state) {
-                None => None,
-                Some(LeaseState::Valid(fence)) => {
-                    late = 0;
-                    Some(fence)
-                }
-                Some(LeaseState::PastDeadline | LeaseState::NotHeld) => {
-                    late += 1;
-                    Counters::add(&counters.refused_late);
-                    if let Some(key) = self.key() {
-                        guard_std::metrics::record_refused_late(key);
-                    }
-                    if late == 1 {
-                        log::warn!(
-                            "nats {}: lease past its renew deadline; refusing messages until demoted",
-                            self.subject
-                        );
-                    }
-                    continue;
-                }
-            };
             let message = NatsMessage {
                 subject: message.subject.to_string(),
                 payload: message.payload.to_vec(),
-                fence,
+                fence: lease.as_ref().map(ElectedLease::fence),
+                lease: lease.clone(),
             };
-            // Every call, retries included, under the lease the first was
-            // made under.
-            let still_leading = || match (&lease, fence) {
-                (Some(lease), Some(fence)) => lease.fence() == Some(fence),
-                _ => true,
-            };
-            let handled = deliver::handle_while(
+            let delivered = delivery::deliver(
                 self.retry,
                 classifier,
                 &self.subject,
+                lease.as_ref(),
                 &message,
-                still_leading,
                 |m| {
                     // Borrowed only to make the call's future.
                     (handler.borrow_mut())(m)
                 },
             )
             .await;
-            match handled {
-                Ok(()) => Counters::add(&counters.handled),
-                Err(gave_up) => self.dead_letter(client, &message, &gave_up, counters).await,
-            }
+            let reason = match delivered {
+                Delivered::Handled => {
+                    late = 0;
+                    Counters::add(&counters.handled);
+                    continue;
+                }
+                // Written at once: the lease was valid when this was decided.
+                Delivered::GaveUp(gave_up) => {
+                    match self.dead_letter(client, &message, &gave_up).await {
+                        Ok(()) => {
+                            Counters::add(&counters.dead_lettered);
+                            continue;
+                        }
+                        Err(reason) => {
+                            Counters::add(&counters.given_up);
+                            reason
+                        }
+                    }
+                }
+                Delivered::Unhandled(reason) => {
+                    match reason {
+                        UnhandledReason::LeaseLost { .. } => Counters::add(&counters.lease_lost),
+                        _ => Counters::add(&counters.refused_late),
+                    }
+                    late += 1;
+                    if late == 1 {
+                        log::warn!(
+                            "nats {}: lease no longer valid ({reason}); refusing messages until demoted",
+                            self.subject
+                        );
+                    }
+                    reason
+                }
+            };
+            unhandled.hand(Unhandled {
+                origin: message.subject,
+                payload: message.payload,
+                fence: message.fence,
+                reason,
+            });
         }
     }
 
-    /// Publishes a given-up message to the dead-letter subject, or counts
-    /// it lost.
+    /// Publishes a given-up message to the dead-letter subject; the
+    /// reason to hand it to the unhandled sink when there is none or the
+    /// publish failed.
     async fn dead_letter(
         &self,
         client: &async_nats::Client,
         message: &NatsMessage,
         gave_up: &GaveUp,
-        counters: &Counters,
-    ) {
+    ) -> Result<(), UnhandledReason> {
         let Some(subject) = &self.dead_letters else {
-            Counters::add(&counters.given_up);
-            log::error!(
-                "nats {}: {gave_up}; no dead-letter subject, message lost",
-                message.subject
-            );
-            return;
+            return Err(UnhandledReason::GaveUp {
+                attempts: gave_up.attempts,
+                error: gave_up.error.clone(),
+            });
         };
         let mut headers = async_nats::HeaderMap::new();
         headers.insert(ORIGIN_SUBJECT, header_value(&message.subject).as_str());
@@ -347,19 +387,19 @@ impl NatsSubscriber {
         .await;
         match published {
             Ok(()) => {
-                Counters::add(&counters.dead_lettered);
                 log::warn!(
                     "nats {}: {gave_up}; published to {subject}",
                     message.subject
                 );
+                Ok(())
             }
-            Err(e) => {
-                Counters::add(&counters.given_up);
-                log::error!(
-                    "nats {}: {gave_up}; dead-letter subject {subject} failed ({e}), message lost",
-                    message.subject
-                );
-            }
+            Err(e) => Err(UnhandledReason::GaveUp {
+                attempts: gave_up.attempts,
+                error: format!(
+                    "{}; dead-letter subject {subject} failed: {e}",
+                    gave_up.error
+                ),
+            }),
         }
     }
 }

@@ -31,13 +31,17 @@
 //! - **The handler queue is bounded** ([`with_queue`](PubSubEndpoint::with_queue),
 //!   [`DEFAULT_QUEUE`](crate::queue::DEFAULT_QUEUE) by default). The
 //!   reader never waits for the handler, so Redis never has to buffer for
-//!   this subscriber; when the queue is full its [`WhenFull`] policy drops
-//!   a message.
+//!   this subscriber; when the queue is full its [`WhenFull`] policy leaves
+//!   a message out.
 //! - **Nothing is dropped silently.** Every message read is handled or
-//!   counted, by cause, in [`PubSubStats`] and in
-//!   `guard_endpoint_dropped_total{key, reason}` (`queue_full`; `demoted`:
-//!   queued when leadership ended, by a demotion or a stop) or
-//!   `guard_active_refused_late_total{key}`, and logged: the first of a
+//!   handed, whole, with its channel and reason, to the endpoint's
+//!   unhandled sink ([`with_unhandled`](PubSubEndpoint::with_unhandled);
+//!   the gateway keeps them as dead letters), through the one elected
+//!   delivery path ([`crate::delivery`]): counted by cause in
+//!   [`PubSubStats`] and in `guard_endpoint_dropped_total{key, reason}`
+//!   (`queue_full`; `demoted`: queued when leadership ended, by a demotion
+//!   or a stop; `past_deadline`, also in
+//!   `guard_active_refused_late_total{key}`), and logged: the first of a
 //!   burst, then a count per interval. A subscription the server closes
 //!   (its `client-output-buffer-limit`, a `CLIENT KILL`) is counted in
 //!   `guard_endpoint_disconnects_total{key}` and logged; the messages Redis
@@ -62,11 +66,12 @@ use guard_core::lock::Scope;
 use guard_std::run::{Control, LeaseState, RunHandle};
 
 use crate::runtime::ActiveRunner;
-use guard_std::{GuardConfig, Throttle};
+use guard_std::GuardConfig;
 
 use guard_redis::RedisGuardError;
 
 use super::EndpointError;
+use crate::delivery::{ElectedLease, Unhandled, UnhandledFn, UnhandledReason, UnhandledSink};
 use crate::lease_thread::{self, StopOnDrop};
 use crate::parameter::Parameter;
 use crate::queue::{DEFAULT_QUEUE, Feeder, WhenFull};
@@ -87,6 +92,10 @@ pub struct PubSubMessage {
     /// handler was called (0 without a locker): pass it to a resource
     /// that refuses stale leaders.
     pub fence: u64,
+    /// The lease the message was read under: a handler that waits before
+    /// its side effect (a limiter, a slow request) checks
+    /// [`ElectedLease::is_valid`] again immediately before it.
+    pub lease: ElectedLease,
 }
 
 /// A Pub/Sub subscriber elected among replicas; see the module
@@ -115,6 +124,7 @@ pub struct PubSubEndpoint {
     queue: usize,
     when_full: WhenFull,
     counters: Arc<Counters>,
+    unhandled: Option<UnhandledFn>,
 }
 
 impl fmt::Debug for PubSubEndpoint {
@@ -138,7 +148,7 @@ pub struct PubSubStats {
     pub received: u64,
     /// Messages the handler was called for (and returned).
     pub handled: u64,
-    /// Messages the full queue dropped under its [`WhenFull`] policy.
+    /// Messages the full queue left out under its [`WhenFull`] policy.
     pub dropped_full: u64,
     /// Messages queued when leadership ended (demotion or stop): no longer
     /// this replica's to handle.
@@ -176,43 +186,6 @@ impl Counters {
             dropped_demoted: read(&self.dropped_demoted),
             refused_late: read(&self.refused_late),
             disconnects: read(&self.disconnects),
-        }
-    }
-}
-
-/// Counts and reports messages dropped for one `reason`: in the stats,
-/// in `guard_endpoint_dropped_total{key, reason}`, and in the log, the
-/// first of a burst and then a count per interval.
-struct Drops {
-    key: String,
-    reason: &'static str,
-    throttle: Throttle,
-}
-
-impl Drops {
-    fn new(key: &str, reason: &'static str) -> Self {
-        // Present at zero from the start, for dashboards and alerts.
-        metrics::counter!(guard_std::metrics::ENDPOINT_DROPPED, "key" => key.to_owned(), "reason" => reason)
-            .increment(0);
-        Drops {
-            key: key.to_owned(),
-            reason,
-            throttle: Throttle::new(),
-        }
-    }
-
-    fn record(&self, counter: &AtomicU64, n: u64, why: &str) {
-        if n == 0 {
-            return;
-        }
-        Counters::add(counter, n);
-        metrics::counter!(guard_std::metrics::ENDPOINT_DROPPED, "key" => self.key.clone(), "reason" => self.reason)
-            .increment(n);
-        if let Some(held) = self.throttle.admit() {
-            log::warn!(
-                "Pub/Sub {}: dropped {n} message(s), {why} ({held} more drop events not logged)",
-                self.key
-            );
         }
     }
 }
@@ -265,6 +238,7 @@ impl PubSubEndpoint {
             queue: DEFAULT_QUEUE,
             when_full: WhenFull::default(),
             counters: Arc::default(),
+            unhandled: None,
         })
     }
 
@@ -305,6 +279,15 @@ impl PubSubEndpoint {
         Ok(self)
     }
 
+    /// Hands every message read and not handled (queued or read when
+    /// leadership ended, refused past the renew deadline, left out of a
+    /// full queue) to `to`, with its content, channel and reason; see
+    /// [`crate::delivery`]. Without it they are counted and logged only.
+    pub fn with_unhandled(mut self, to: impl Fn(Unhandled) + Send + Sync + 'static) -> Self {
+        self.unhandled = Some(Arc::new(to));
+        self
+    }
+
     /// What the endpoint has done so far; see [`PubSubStats`].
     pub fn stats(&self) -> PubSubStats {
         self.counters.snapshot()
@@ -333,7 +316,8 @@ impl PubSubEndpoint {
     /// the module documentation). Returns what it did.
     ///
     /// Messages still queued when leadership ends (a demotion or the
-    /// stop) are not handled: they are counted as `dropped_demoted`.
+    /// stop) are not handled: they are counted as `dropped_demoted` and
+    /// handed to the unhandled sink ([`with_unhandled`](Self::with_unhandled)).
     pub async fn run<H, F>(&self, control: Control, mut handler: H) -> PubSubStats
     where
         H: FnMut(PubSubMessage) -> F,
@@ -349,22 +333,23 @@ impl PubSubEndpoint {
         let lease = runner.lease_check();
         let key = runner.key().to_owned();
         let (feeder, queue) = Feeder::bounded(self.queue, self.when_full);
-        // One count and one log throttle for the demoted, wherever they
-        // are found (the queue at a demotion, a stopping reader, here).
-        let demoted = Arc::new(Drops::new(&key, "demoted"));
+        let unhandled = UnhandledSink::new(
+            &format!("Pub/Sub {:?}", self.patterns),
+            &key,
+            self.unhandled.clone(),
+        );
+        unhandled.register();
         let keeper = LeaseKeeper {
             reader: Arc::new(Reader {
                 client: self.client.clone(),
                 patterns: self.patterns.clone(),
                 confirm_timeout: self.confirm_timeout,
                 counters: self.counters.clone(),
-                full: Drops::new(&key, "queue_full"),
-                demoted: demoted.clone(),
+                unhandled: unhandled.clone(),
+                key: key.clone(),
                 feeder,
-                when_full: self.when_full,
                 own,
             }),
-            demoted: demoted.clone(),
             queue: queue.clone(),
         };
         metrics::counter!(guard_std::metrics::ENDPOINT_DISCONNECTS, "key" => key.clone())
@@ -383,10 +368,13 @@ impl PubSubEndpoint {
         let mut late = 0_u64;
         let mut burst = 0_u32;
         // Ends when the lease thread ends (stop) and the queue is empty.
-        while let Ok(msg) = queue.recv().await {
-            // The lease is checked where the side effect happens: nothing
-            // is handled past the deadline or after leadership ended.
-            match lease.state() {
+        while let Ok(Queued { msg, fence }) = queue.recv().await {
+            // The lease is checked where the side effect happens, under
+            // the fence the message was read under: nothing is handled
+            // past the deadline, after leadership ended, or under a later
+            // lease than the one it was read under.
+            let read_under = ElectedLease::new(lease.clone(), fence, &key);
+            let reason = match read_under.state() {
                 LeaseState::Valid(fence) => {
                     late = 0;
                     handler(PubSubMessage {
@@ -394,9 +382,11 @@ impl PubSubEndpoint {
                         pattern: msg.get_pattern().ok(),
                         payload: msg.get_payload_bytes().to_vec(),
                         fence,
+                        lease: read_under,
                     })
                     .await;
                     Counters::add(&self.counters.handled, 1);
+                    None
                 }
                 LeaseState::PastDeadline => {
                     late += 1;
@@ -408,12 +398,15 @@ impl PubSubEndpoint {
                             self.patterns
                         );
                     }
+                    Some(UnhandledReason::PastDeadline)
                 }
-                LeaseState::NotHeld => demoted.record(
-                    &self.counters.dropped_demoted,
-                    1,
-                    "queued when leadership ended",
-                ),
+                LeaseState::NotHeld => {
+                    Counters::add(&self.counters.dropped_demoted, 1);
+                    Some(UnhandledReason::Demoted)
+                }
+            };
+            if let Some(reason) = reason {
+                unhandled.hand(unhandled_message(&msg, Some(fence), reason));
             }
             // A flood never starves the caller's other tasks: a yield every
             // few messages (one per message costs a reactor poll each).
@@ -431,13 +424,28 @@ impl PubSubEndpoint {
     }
 }
 
+/// A message read, with the fence of the lease it was read under.
+struct Queued {
+    msg: redis::Msg,
+    fence: u64,
+}
+
+/// `msg`, read under `fence` and not handled for `reason`.
+fn unhandled_message(msg: &redis::Msg, fence: Option<u64>, reason: UnhandledReason) -> Unhandled {
+    Unhandled {
+        origin: msg.get_channel_name().to_owned(),
+        payload: msg.get_payload_bytes().to_vec(),
+        fence,
+        reason,
+    }
+}
+
 /// The endpoint's lease thread: runs the election; each promotion
 /// starts a [`Reader`] on a thread of its own, and the demotion stops it.
 struct LeaseKeeper {
     reader: Arc<Reader>,
-    demoted: Arc<Drops>,
     /// The queue's receiving side, to empty it at a demotion.
-    queue: async_channel::Receiver<redis::Msg>,
+    queue: async_channel::Receiver<Queued>,
 }
 
 impl LeaseKeeper {
@@ -449,8 +457,8 @@ impl LeaseKeeper {
         runner
             .run(
                 control,
-                move |_fence| async move {
-                    let subscription = this.reader.subscribe().await?;
+                move |fence| async move {
+                    let subscription = this.reader.subscribe(fence).await?;
                     log::info!("Pub/Sub {:?} subscribed", this.reader.patterns);
                     *current.lock().unwrap_or_else(PoisonError::into_inner) = Some(subscription);
                     Ok::<(), RedisGuardError>(())
@@ -465,16 +473,15 @@ impl LeaseKeeper {
                     );
                     // What waits in the queue is no longer ours to handle
                     // (the lease is already withdrawn from the handler
-                    // loop, which counts what it takes).
-                    let mut queued = 0;
-                    while this.queue.try_recv().is_ok() {
-                        queued += 1;
+                    // loop, which accounts for what it takes).
+                    while let Ok(Queued { msg, fence }) = this.queue.try_recv() {
+                        Counters::add(&this.reader.counters.dropped_demoted, 1);
+                        this.reader.unhandled.hand(unhandled_message(
+                            &msg,
+                            Some(fence),
+                            UnhandledReason::Demoted,
+                        ));
                     }
-                    this.demoted.record(
-                        &this.reader.counters.dropped_demoted,
-                        queued,
-                        "queued when leadership ended",
-                    );
                 },
             )
             .await;
@@ -505,25 +512,27 @@ struct Reader {
     patterns: Vec<String>,
     confirm_timeout: Duration,
     counters: Arc<Counters>,
-    full: Drops,
-    /// Counts what is read after leadership ended.
-    demoted: Arc<Drops>,
-    feeder: Feeder<redis::Msg>,
-    when_full: WhenFull,
+    /// Takes what is read and not handled: a full queue's, what is read
+    /// after leadership ended.
+    unhandled: UnhandledSink,
+    /// The lease key.
+    key: String,
+    feeder: Feeder<Queued>,
     /// Demotes the runner when the subscription dies while leading.
     own: RunHandle,
 }
 
 impl Reader {
     /// Starts a reader thread that connects and subscribes to every
-    /// pattern, each confirmed, within the confirm timeout.
-    async fn subscribe(self: &Arc<Self>) -> Result<Subscription, RedisGuardError> {
+    /// pattern, each confirmed, within the confirm timeout, and queues
+    /// what it reads under the lease of `fence`.
+    async fn subscribe(self: &Arc<Self>, fence: u64) -> Result<Subscription, RedisGuardError> {
         let subscription = Subscription(Arc::default());
         let (confirm, confirmed) = async_channel::bounded(1);
         let (reader, stop) = (self.clone(), subscription.0.clone());
         std::thread::Builder::new()
             .name("pubsub-reader".to_owned())
-            .spawn(move || reader.read(&stop, &confirm))
+            .spawn(move || reader.read(fence, &stop, &confirm))
             .map_err(|e| RedisGuardError::Redis(e.into()))?;
         let timeout = self.confirm_timeout;
         future::or(
@@ -546,6 +555,7 @@ impl Reader {
     /// until `stop` or the connection fails.
     fn read(
         &self,
+        fence: u64,
         stop: &AtomicBool,
         confirm: &async_channel::Sender<Result<(), RedisGuardError>>,
     ) {
@@ -583,12 +593,13 @@ impl Reader {
             match pubsub.get_message() {
                 Ok(msg) => {
                     Counters::add(&self.counters.received, 1);
-                    if !self.feeder.push(msg) {
-                        let why = match self.when_full {
-                            WhenFull::DropNewest => "the handler queue is full (drop-newest)",
-                            WhenFull::DropOldest => "the handler queue is full (drop-oldest)",
-                        };
-                        self.full.record(&self.counters.dropped_full, 1, why);
+                    if let Some(Queued { msg, fence }) = self.feeder.push(Queued { msg, fence }) {
+                        Counters::add(&self.counters.dropped_full, 1);
+                        self.unhandled.hand(unhandled_message(
+                            &msg,
+                            Some(fence),
+                            UnhandledReason::QueueFull,
+                        ));
                     }
                 }
                 Err(e) if e.is_timeout() => {}
@@ -603,7 +614,7 @@ impl Reader {
                 Err(_) if stop.load(Ordering::Relaxed) => return,
                 Err(e) => {
                     Counters::add(&self.counters.disconnects, 1);
-                    metrics::counter!(guard_std::metrics::ENDPOINT_DISCONNECTS, "key" => self.full.key.clone())
+                    metrics::counter!(guard_std::metrics::ENDPOINT_DISCONNECTS, "key" => self.key.clone())
                         .increment(1);
                     log::warn!(
                         "Pub/Sub {:?}: subscription closed while leading ({e}; the server's client-output-buffer-limit, a CLIENT KILL, the network); what it held is lost; stepping down",
@@ -614,14 +625,14 @@ impl Reader {
                 }
             }
         }
-        self.drain(&mut pubsub);
+        self.drain(fence, &mut pubsub);
     }
 
     /// Told to stop (a demotion, the stop) with the subscription alive:
-    /// unsubscribes, and counts what Redis sent before the confirmation
-    /// as dropped (no longer this replica's to handle). Left to redis-rs,
+    /// unsubscribes, and hands what Redis sent before the confirmation
+    /// to the unhandled sink (no longer this replica's to handle). Left to redis-rs,
     /// the PubSub's drop would read and discard it, uncounted.
-    fn drain(&self, pubsub: &mut redis::PubSub<'_>) {
+    fn drain(&self, fence: u64, pubsub: &mut redis::PubSub<'_>) {
         let unsubscribed = pubsub
             .set_read_timeout(Some(self.confirm_timeout))
             .and_then(|()| pubsub.punsubscribe(&self.patterns))
@@ -631,15 +642,14 @@ impl Reader {
         }
         // The messages read before the confirmation, then a read that
         // times out: nothing comes after it.
-        let mut unread = 0;
-        while pubsub.get_message().is_ok() {
-            unread += 1;
+        while let Ok(msg) = pubsub.get_message() {
+            Counters::add(&self.counters.received, 1);
+            Counters::add(&self.counters.dropped_demoted, 1);
+            self.unhandled.hand(unhandled_message(
+                &msg,
+                Some(fence),
+                UnhandledReason::Demoted,
+            ));
         }
-        Counters::add(&self.counters.received, unread);
-        self.demoted.record(
-            &self.counters.dropped_demoted,
-            unread,
-            "read after leadership ended",
-        );
     }
 }
