@@ -281,6 +281,66 @@ impl UnhandledSink {
     }
 }
 
+/// How an [`InHand`] makes a message's origin, payload and fence.
+pub(crate) type Parts<M> = fn(&M) -> (String, Vec<u8>, Option<u64>);
+
+/// A message in the hands of the delivery path: if the serving is
+/// dropped before it is settled (a demotion drops the subscription's
+/// serving future, between two calls or during one), the message goes to
+/// the unhandled sink with [`UnhandledReason::LeaseLost`], never lost
+/// silently.
+pub(crate) struct InHand<'a, M> {
+    sink: &'a UnhandledSink,
+    message: &'a M,
+    /// Its origin, payload and fence, made only if it is handed over.
+    parts: Parts<M>,
+    /// Counts it in the endpoint's stats when it is handed over.
+    count: &'a dyn Fn(),
+    settled: bool,
+}
+
+impl<'a, M> InHand<'a, M> {
+    pub(crate) fn new(
+        sink: &'a UnhandledSink,
+        message: &'a M,
+        parts: Parts<M>,
+        count: &'a dyn Fn(),
+    ) -> Self {
+        InHand {
+            sink,
+            message,
+            parts,
+            count,
+            settled: false,
+        }
+    }
+
+    /// The message has ended where it should: handled, dead-lettered,
+    /// or handed over by the caller.
+    pub(crate) fn settle(mut self) {
+        self.settled = true;
+    }
+}
+
+impl<M> Drop for InHand<'_, M> {
+    fn drop(&mut self) {
+        if !self.settled {
+            (self.count)();
+            let (origin, payload, fence) = (self.parts)(self.message);
+            self.sink.hand(Unhandled {
+                origin,
+                payload,
+                fence,
+                reason: UnhandledReason::LeaseLost {
+                    attempts: 0,
+                    error: "leadership ended while it was in the handler or between its retries"
+                        .to_owned(),
+                },
+            });
+        }
+    }
+}
+
 /// How one message's delivery ended.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Delivered {

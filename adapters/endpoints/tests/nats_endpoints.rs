@@ -12,6 +12,7 @@ use guard_core::guard::ActiveConfig;
 use guard_core::lock::Ttl;
 use guard_core::retry::{Classifier, Jitter, RetryPolicy};
 use guard_endpoints::Parameter;
+use guard_endpoints::delivery::{Unhandled, UnhandledReason};
 use guard_endpoints::nats::{
     ATTEMPTS, DELIVERIES, Delivery, ERROR, JetStreamConsumer, JetStreamStats, NatsError,
     NatsOptions, NatsStats, NatsSubscriber, ORIGIN_SEQUENCE, ORIGIN_STREAM, ORIGIN_SUBJECT,
@@ -402,6 +403,130 @@ fn a_poisoned_message_is_retried_then_published_to_the_dead_letter_subject_with_
     );
     let stats = stop(replica);
     assert_eq!((stats.dead_lettered, stats.given_up), (1, 0), "{stats:?}");
+}
+
+/// Collects what a subscriber hands to its unhandled sink.
+fn unhandled_sink() -> (
+    Arc<Mutex<Vec<Unhandled>>>,
+    impl Fn(Unhandled) + Send + Sync + 'static,
+) {
+    let kept = Arc::new(Mutex::new(Vec::new()));
+    let into = kept.clone();
+    (kept, move |message| into.lock().unwrap().push(message))
+}
+
+#[test]
+fn an_elected_subscriber_whose_lease_ends_during_the_retries_publishes_no_dead_letter() {
+    let server = NatsServer::start().expect("nats-server");
+    // Renewals never answer: the 1 s lease ends at its renew deadline
+    // while the handler's retries go on.
+    let config = FaultyLocker::new(LocalLocker::new(), RenewFault::NeverAnswers, false).config();
+    let ttl = Duration::from_secs(1);
+    let (kept, sink) = unhandled_sink();
+    let subscriber = guarded(&server, &config, ttl)
+        .with_retry(RetryPolicy::fixed_delay(50, Duration::from_millis(100)))
+        .unwrap()
+        .with_dead_letters("alerts-dlq")
+        .unwrap()
+        .with_unhandled(sink);
+    let calls = Arc::new(Mutex::new(Vec::<Option<u64>>::new()));
+    let recorded = calls.clone();
+    let (handle, ctl) = control();
+    let runner = thread::spawn(move || {
+        smol::block_on(subscriber.run(ctl, Classifier::retry_all(), move |m| {
+            recorded.lock().unwrap().push(m.fence);
+            std::future::ready(Err::<(), _>("always fails"))
+        }))
+    });
+    let publisher = client(&server);
+    let mut dead = block_on(publisher.subscribe("alerts-dlq")).unwrap();
+    block_on(publisher.flush()).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(5), || {
+            publish(&publisher, "alerts.disk", "poison", 0..1);
+            thread::sleep(Duration::from_millis(50));
+            !calls.lock().unwrap().is_empty()
+        }),
+        "the subscriber never subscribed"
+    );
+    // The lease ends within a second; the retries would have gone on
+    // for five.
+    assert!(
+        wait_until(Duration::from_secs(4), || !kept.lock().unwrap().is_empty()),
+        "nothing handed to the unhandled sink; calls {:?}",
+        calls.lock().unwrap()
+    );
+    let letter = block_on(async {
+        futures_lite::future::or(async { dead.next().await }, async {
+            async_io::Timer::after(Duration::from_millis(500)).await;
+            None
+        })
+        .await
+    });
+    handle.stop();
+    let stats = runner.join().unwrap();
+    assert!(
+        letter.is_none(),
+        "a dead letter published after the lease ended: {letter:?}"
+    );
+    let calls = calls.lock().unwrap().clone();
+    assert!(calls.len() < 20, "{} calls", calls.len());
+    let kept = kept.lock().unwrap().clone();
+    let first = &kept[0];
+    assert!(first.payload.starts_with(b"poison"), "{first:?}");
+    assert_eq!(first.origin, "alerts.disk");
+    assert_eq!(first.fence, calls[0]);
+    assert!(
+        matches!(first.reason, UnhandledReason::LeaseLost { .. }),
+        "{first:?}"
+    );
+    assert_eq!(stats.dead_lettered, 0, "{stats:?}");
+    assert!(stats.lease_lost >= 1, "{stats:?}");
+    // Every message read is accounted for: handled, dead-lettered or
+    // handed over.
+    assert_eq!(
+        stats.handled
+            + stats.dead_lettered
+            + stats.lease_lost
+            + stats.refused_late
+            + stats.given_up,
+        kept.len() as u64,
+        "{stats:?} {kept:?}"
+    );
+}
+
+#[test]
+fn a_message_given_up_with_no_dead_letter_subject_is_handed_over_whole() {
+    let server = NatsServer::start().expect("nats-server");
+    let seen: Seen = Arc::default();
+    let (kept, sink) = unhandled_sink();
+    let subscriber = NatsSubscriber::new(
+        options(&server),
+        "orders.*",
+        Delivery::queue_group("billing").unwrap(),
+    )
+    .unwrap()
+    .with_retry(RetryPolicy::fixed_delay(1, Duration::from_millis(10)))
+    .unwrap()
+    .with_unhandled(sink);
+    let replica = run_subscriber(subscriber, 0, &seen);
+    let publisher = client(&server);
+    wait_for_subscriber(&publisher, "orders.created", &seen, "a");
+    publish(&publisher, "orders.created", "poison", 0..1);
+    assert!(wait_until(Duration::from_secs(5), || !kept
+        .lock()
+        .unwrap()
+        .is_empty()));
+    let stats = stop(replica);
+    let kept = kept.lock().unwrap().clone();
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    assert_eq!(kept[0].payload, b"poison0");
+    assert_eq!(kept[0].origin, "orders.created");
+    assert!(
+        matches!(&kept[0].reason, UnhandledReason::GaveUp { attempts: 2, error } if error.contains("cannot handle poison0")),
+        "{kept:?}"
+    );
+    assert_eq!(stats.given_up, 1, "{stats:?}");
 }
 
 fn jetstream(server: &NatsServer, stream: &str) -> JetStreamConsumer {

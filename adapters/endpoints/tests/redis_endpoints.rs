@@ -12,6 +12,7 @@ use guard_core::guard::{ActiveConfig, ActiveConfigError};
 use guard_core::lock::Ttl;
 use guard_core::retry::{Classifier, JitterNeedsRandom, RetryPolicy};
 use guard_endpoints::Parameter;
+use guard_endpoints::delivery::{Unhandled, UnhandledReason};
 use guard_endpoints::redis::{
     ConsumeStats, EndpointError, PubSubEndpoint, PubSubStats, StreamConsumer, StreamMessage,
     WhenFull,
@@ -199,6 +200,97 @@ fn pubsub_three_replicas_one_subscriber_then_a_standby_takes_over() {
         ) == 0),
         "a subscription outlived its replica"
     );
+}
+
+#[test]
+fn pubsub_messages_queued_when_leadership_ends_are_handed_over_whole_with_their_origin() {
+    let server = RedisServer::start().expect("redis-server");
+    let config =
+        GuardConfig::new().with_locker(SharedLocker::new(RedisLocker::new(connect(&server))));
+    let scope = config.scope("endpoint/redis").unwrap();
+    let kept = Arc::new(Mutex::new(Vec::<Unhandled>::new()));
+    let into = kept.clone();
+    let endpoint = PubSubEndpoint::new(&server.url(), &config, &scope, &["sensors.*"])
+        .unwrap()
+        .with_settings(
+            ActiveConfig::new()
+                .with_ttl(Ttl::new(Duration::from_millis(900)).unwrap())
+                .with_interval(Duration::from_millis(300)),
+        )
+        .unwrap()
+        .with_unhandled(move |message| into.lock().unwrap().push(message));
+    let endpoint = Arc::new(endpoint);
+    let handled = Arc::new(Mutex::new(Vec::<String>::new()));
+    let (handle, ctl) = control();
+    let consumer = {
+        let (endpoint, handled) = (endpoint.clone(), handled.clone());
+        thread::spawn(move || {
+            smol::block_on(endpoint.run(ctl, move |message| {
+                handled
+                    .lock()
+                    .unwrap()
+                    .push(String::from_utf8(message.payload).unwrap());
+                // A slow handler: the rest wait in the queue.
+                async {
+                    async_io::Timer::after(Duration::from_millis(20)).await;
+                }
+            }))
+        })
+    };
+    let mut publisher = sync_conn(&server);
+    assert!(
+        wait_until(Duration::from_secs(5), || pattern_subscribers(
+            &mut publisher
+        ) == 1),
+        "never subscribed"
+    );
+    let payloads: Vec<String> = (0..200)
+        .map(|i| format!("reading-{i}-{}", "x".repeat(i)))
+        .collect();
+    publish_all(&mut publisher, &payloads);
+    assert!(wait_until(Duration::from_secs(5), || handled
+        .lock()
+        .unwrap()
+        .len()
+        >= 5));
+    // Leadership ends with most of them still queued.
+    assert!(handle.demote());
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            handled.lock().unwrap().len() + kept.lock().unwrap().len() >= payloads.len()
+        }),
+        "handled {} + handed over {} of {}",
+        handled.lock().unwrap().len(),
+        kept.lock().unwrap().len(),
+        payloads.len()
+    );
+    handle.stop();
+    let stats = consumer.join().unwrap();
+    let (handled, kept) = (
+        handled.lock().unwrap().clone(),
+        kept.lock().unwrap().clone(),
+    );
+    assert!(
+        kept.len() >= 100,
+        "only {} handed over: {stats:?}",
+        kept.len()
+    );
+    // Every message ends in exactly one place, whole.
+    let mut all: Vec<String> = handled.clone();
+    all.extend(
+        kept.iter()
+            .map(|m| String::from_utf8(m.payload.clone()).unwrap()),
+    );
+    all.sort();
+    let mut expected = payloads.clone();
+    expected.sort();
+    assert_eq!(all, expected, "{stats:?}");
+    for message in &kept {
+        assert_eq!(message.origin, "sensors.temp");
+        assert_eq!(message.reason, UnhandledReason::Demoted, "{message:?}");
+        assert!(message.fence.is_some());
+    }
+    assert_eq!(stats.dropped_demoted, kept.len() as u64, "{stats:?}");
 }
 
 #[test]

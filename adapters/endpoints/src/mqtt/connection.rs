@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::Arc;
 
-use crate::delivery::{ElectedLease, Unhandled, UnhandledReason, UnhandledSink};
+use crate::delivery::{ElectedLease, InHand, Unhandled, UnhandledReason, UnhandledSink};
 use async_channel::Sender;
 use async_compat::Compat;
 use futures_lite::future;
@@ -168,6 +168,17 @@ impl Connection {
                             });
                             continue;
                         }
+                        // A demotion drops this connection's serving,
+                        // maybe during the call: what is in hand then is
+                        // handed over, counted.
+                        let in_hand = lease.map(|(_, unhandled)| {
+                            InHand::new(
+                                unhandled,
+                                &publish,
+                                |p: &Publish| (p.topic.clone(), p.payload.to_vec(), None),
+                                &|| {},
+                            )
+                        });
                         handler(MqttMessage {
                             topic: publish.topic.clone(),
                             payload: publish.payload.to_vec(),
@@ -175,6 +186,7 @@ impl Connection {
                             lease: lease.map(|(lease, _)| lease.clone()),
                         })
                         .await;
+                        in_hand.into_iter().for_each(InHand::settle);
                         // Sent by the event loop; queued before the next
                         // poll (in order, after any still waiting).
                         unacked.push_back(publish);

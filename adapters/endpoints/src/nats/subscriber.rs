@@ -19,7 +19,7 @@ use super::{
 };
 use crate::deliver::{self, GaveUp};
 use crate::delivery::{
-    self, Delivered, ElectedLease, Unhandled, UnhandledFn, UnhandledReason, UnhandledSink,
+    self, Delivered, ElectedLease, InHand, Unhandled, UnhandledFn, UnhandledReason, UnhandledSink,
 };
 use crate::elected::serve_while_leading;
 use crate::parameter::Parameter;
@@ -302,6 +302,15 @@ impl NatsSubscriber {
                 fence: lease.as_ref().map(ElectedLease::fence),
                 lease: lease.clone(),
             };
+            // A demotion drops this serving, maybe between two calls: what
+            // is in hand then is handed over, counted.
+            let count = || Counters::add(&counters.lease_lost);
+            let in_hand = InHand::new(
+                unhandled,
+                &message,
+                |m: &NatsMessage| (m.subject.clone(), m.payload.clone(), m.fence),
+                &count,
+            );
             let delivered = delivery::deliver(
                 self.retry,
                 classifier,
@@ -314,6 +323,7 @@ impl NatsSubscriber {
                 },
             )
             .await;
+            in_hand.settle();
             let reason = match delivered {
                 Delivered::Handled => {
                     late = 0;
