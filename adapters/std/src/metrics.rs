@@ -24,9 +24,12 @@ pub const ACTIVE_LEADER: &str = "guard_active_leader";
 /// Work an elected consumer refused because it arrived after its lease's
 /// renew deadline (buffered across a pause), by lease `key`.
 pub const ACTIVE_REFUSED_LATE: &str = "guard_active_refused_late_total";
-/// Messages an endpoint dropped, by lease `key` and `reason`
-/// (`queue_full`: its handler queue was full; `demoted`: queued when
-/// leadership ended).
+/// Messages an endpoint read and did not handle, by lease `key` and
+/// `reason` (`queue_full`: its handler queue was full; `demoted`: queued
+/// or read when leadership ended; `past_deadline`; `lease_lost`: the
+/// lease ended during its handling; `gave_up`: retries spent with no
+/// dead-letter destination); each also went to the endpoint's unhandled
+/// sink, if it has one.
 pub const ENDPOINT_DROPPED: &str = "guard_endpoint_dropped_total";
 /// Subscriptions the server (or the network) closed under an endpoint
 /// while it led, by lease `key`; what the server held for it is lost.
