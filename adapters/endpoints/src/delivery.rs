@@ -289,23 +289,18 @@ pub(crate) type Parts<M> = fn(&M) -> (String, Vec<u8>, Option<u64>);
 /// serving future, between two calls or during one), the message goes to
 /// the unhandled sink with [`UnhandledReason::LeaseLost`], never lost
 /// silently.
-pub(crate) struct InHand<'a, M> {
+pub(crate) struct InHand<'a, M, C: Fn()> {
     sink: &'a UnhandledSink,
     message: &'a M,
     /// Its origin, payload and fence, made only if it is handed over.
     parts: Parts<M>,
     /// Counts it in the endpoint's stats when it is handed over.
-    count: &'a dyn Fn(),
+    count: C,
     settled: bool,
 }
 
-impl<'a, M> InHand<'a, M> {
-    pub(crate) fn new(
-        sink: &'a UnhandledSink,
-        message: &'a M,
-        parts: Parts<M>,
-        count: &'a dyn Fn(),
-    ) -> Self {
+impl<'a, M, C: Fn()> InHand<'a, M, C> {
+    pub(crate) fn new(sink: &'a UnhandledSink, message: &'a M, parts: Parts<M>, count: C) -> Self {
         InHand {
             sink,
             message,
@@ -322,7 +317,7 @@ impl<'a, M> InHand<'a, M> {
     }
 }
 
-impl<M> Drop for InHand<'_, M> {
+impl<M, C: Fn()> Drop for InHand<'_, M, C> {
     fn drop(&mut self) {
         if !self.settled {
             (self.count)();

@@ -176,7 +176,7 @@ impl Connection {
                                 unhandled,
                                 &publish,
                                 |p: &Publish| (p.topic.clone(), p.payload.to_vec(), None),
-                                &|| {},
+                                || {},
                             )
                         });
                         handler(MqttMessage {

@@ -304,12 +304,11 @@ impl NatsSubscriber {
             };
             // A demotion drops this serving, maybe between two calls: what
             // is in hand then is handed over, counted.
-            let count = || Counters::add(&counters.lease_lost);
             let in_hand = InHand::new(
                 unhandled,
                 &message,
                 |m: &NatsMessage| (m.subject.clone(), m.payload.clone(), m.fence),
-                &count,
+                || Counters::add(&counters.lease_lost),
             );
             let delivered = delivery::deliver(
                 self.retry,
