@@ -24,6 +24,12 @@ pub const ACTIVE_LEADER: &str = "guard_active_leader";
 /// Work an elected consumer refused because it arrived after its lease's
 /// renew deadline (buffered across a pause), by lease `key`.
 pub const ACTIVE_REFUSED_LATE: &str = "guard_active_refused_late_total";
+/// Leaderships of lease `key` that ended on a lost lease (refused or
+/// failed renewal, renew deadline passed) while their `on_promoted`
+/// callback was still running, by lease `key`: the callback was told
+/// through its `LeaseCheck`, and whatever it does until it returns is no
+/// longer covered by the lease.
+pub const ACTIVE_CALLBACK_OVERRUNS: &str = "guard_active_callback_overruns_total";
 /// Messages an endpoint read and did not handle, by lease `key` and
 /// `reason` (`queue_full`: its handler queue was full; `demoted`: queued
 /// or read when leadership ended; `past_deadline`; `lease_lost`: the
@@ -72,6 +78,7 @@ pub fn record_promoted(key: &str) {
 pub fn record_standby(key: &str) {
     metrics::gauge!(ACTIVE_LEADER, "key" => key.to_owned()).set(0.0);
     metrics::counter!(ACTIVE_REFUSED_LATE, "key" => key.to_owned()).increment(0);
+    metrics::counter!(ACTIVE_CALLBACK_OVERRUNS, "key" => key.to_owned()).increment(0);
     metrics::counter!(ACTIVE_TRANSITIONS, "key" => key.to_owned(), "transition" => "promoted", "reason" => "")
         .increment(0);
 }
@@ -79,6 +86,12 @@ pub fn record_standby(key: &str) {
 /// Records work refused after the renew deadline of lease `key`.
 pub fn record_refused_late(key: &str) {
     metrics::counter!(ACTIVE_REFUSED_LATE, "key" => key.to_owned()).increment(1);
+}
+
+/// Records a leadership of lease `key` lost while its `on_promoted`
+/// callback was still running.
+pub fn record_callback_overrun(key: &str) {
+    metrics::counter!(ACTIVE_CALLBACK_OVERRUNS, "key" => key.to_owned()).increment(1);
 }
 
 /// Records a demotion of lease `key`.

@@ -8,13 +8,13 @@ use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use guard_core::guard::{ActiveConfig, DemoteReason};
+use guard_core::guard::{ActiveConfig, DemoteReason, HoldLost};
 use guard_core::limit::{FullPolicy, Rate, TokenBucket};
-use guard_core::lock::{Scope, Ttl};
+use guard_core::lock::{Renewal, Scope, Token, Ttl, UnlockError};
 use guard_core::slot::Every;
 use guard_std::ratelimit::MemoryLimiter;
 use guard_std::run::RuntimeClock;
-use guard_std::{GuardConfig, LocalLocker, SharedLocker};
+use guard_std::{BoxFuture, DynLocker, GuardConfig, LocalLocker, LockerError, SharedLocker};
 use guard_testkit::{FaultyLocker, RenewFault};
 use guard_tokio::{ActiveRunner, RunHandle, Scheduler, Tokio, WaitingLimiter, control};
 use tokio::task::JoinHandle;
@@ -389,6 +389,98 @@ async fn exclusive_runs_of_a_job_that_outruns_its_period_never_overlap() {
     assert!(!overlapping(&exclusive), "{exclusive:?}");
     // A run every third slot: 150 s of work every 180 s.
     assert!(exclusive.len() >= 18, "{} runs", exclusive.len());
+}
+
+/// [`LocalLocker`] on tokio's clock whose renewals all fail at the
+/// backend: a hold ends at its deadline (last acquire sent + ttl − drift),
+/// and the lock expires on the server a drift later.
+struct FailingRenewals(LocalLocker<RuntimeClock<Tokio>>);
+
+impl DynLocker for FailingRenewals {
+    fn try_lock<'a>(
+        &'a self,
+        key: &'a str,
+        ttl: Ttl,
+    ) -> BoxFuture<'a, Result<Option<Token>, LockerError>> {
+        DynLocker::try_lock(&self.0, key, ttl)
+    }
+
+    fn unlock<'a>(
+        &'a self,
+        key: &'a str,
+        token: &'a Token,
+    ) -> BoxFuture<'a, Result<(), UnlockError<LockerError>>> {
+        DynLocker::unlock(&self.0, key, token)
+    }
+
+    fn can_renew(&self) -> bool {
+        true
+    }
+
+    fn renew<'a>(
+        &'a self,
+        _key: &'a str,
+        _token: &'a Token,
+        _ttl: Ttl,
+    ) -> BoxFuture<'a, Result<Renewal, LockerError>> {
+        Box::pin(async { Err(LockerError::new(std::io::Error::other("renewals down"))) })
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn exclusive_runs_whose_renewals_fail_are_told_and_never_overlap() {
+    // A 150 s job every minute under a 30 s run lock that cannot be
+    // renewed: the lock expires on the server 30 s into each run, and the
+    // next slot's replica takes it. Each run must learn of the loss (at
+    // 27 s, ttl − drift) and stop before that.
+    let config =
+        GuardConfig::new().with_locker(SharedLocker::new(FailingRenewals(virtual_locker())));
+    type Run = (Instant, Instant, Option<HoldLost>, bool);
+    let runs: Arc<Mutex<Vec<Run>>> = Arc::default();
+    let mut replicas = Vec::new();
+    for _ in 0..3 {
+        let mut scheduler = Scheduler::with_runtime(config.clone(), Tokio::with_virtual_wall())
+            .with_exclusive_runs(Ttl::from_secs(30).unwrap())
+            .unwrap();
+        let runs = runs.clone();
+        let every_minute = Every::new(Duration::from_secs(60)).unwrap();
+        scheduler
+            .add_job("export", "", every_minute, move |run| {
+                let runs = runs.clone();
+                async move {
+                    let start = Instant::now();
+                    let told = tokio::select! {
+                        () = sleep(Duration::from_secs(150)) => None,
+                        lost = run.lost() => Some(lost),
+                    };
+                    runs.lock()
+                        .unwrap()
+                        .push((start, Instant::now(), told, run.is_lost()));
+                }
+            })
+            .unwrap();
+        let (handle, ctl) = control();
+        replicas.push((handle, tokio::spawn(scheduler.run(ctl))));
+    }
+    sleep(Duration::from_secs(600)).await;
+    for (handle, _) in &replicas {
+        handle.stop();
+    }
+    for (_, task) in replicas {
+        task.await.unwrap();
+    }
+    let mut runs = runs.lock().unwrap().clone();
+    runs.sort_by_key(|run| run.0);
+    assert!(runs.len() >= 9, "a run every slot: {runs:?}");
+    for (start, end, told, is_lost) in &runs {
+        assert_eq!(*told, Some(HoldLost::Deadline), "{runs:?}");
+        assert!(is_lost, "{runs:?}");
+        assert_eq!(*end - *start, Duration::from_secs(27), "{runs:?}");
+    }
+    assert!(
+        !runs.windows(2).any(|w| w[1].0 < w[0].1),
+        "runs overlap: {runs:?}"
+    );
 }
 
 /// Generic code that spawns lock calls asks for `SendLocker`: the bound

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 use super::control::{Control, Heard};
@@ -47,10 +48,14 @@ impl std::error::Error for RunnerError {
 }
 
 /// What woke the runner.
-enum Wake {
+enum Wake<E> {
     Done(Done),
     Timeout,
     Heard(Heard),
+    /// `on_promoted` returned.
+    Promoted(Result<(), E>),
+    /// `on_demoted` returned.
+    Demoted,
     GiveUp,
 }
 
@@ -62,6 +67,23 @@ enum Wake {
 /// deadline passed, explicit demotion, or stop. Each promotion gets at most
 /// one demotion. With no locker configured, `on_promoted(0)` is called
 /// once and `on_demoted` once at stop (if the promotion succeeded).
+///
+/// The callbacks' futures are polled beside the lease loop, never in its
+/// way: while `on_promoted` runs (a subscription being opened, or the
+/// leader's work itself, for any number of leases) the runner keeps
+/// renewing and keeps its renew deadline, so no standby is promoted while
+/// this replica holds the lease. When the leadership ends while
+/// `on_promoted` still runs, it is told: the [`LeaseCheck`] gives no fence
+/// from then on and [`LeaseCheck::lost`] resolves; it should stop and
+/// return. A lease lost that way (refused or failed renewal, deadline
+/// passed) is logged as a warning and counted in
+/// [`ACTIVE_CALLBACK_OVERRUNS`](crate::metrics::ACTIVE_CALLBACK_OVERRUNS).
+/// `on_demoted` is called once `on_promoted` has returned, and a release
+/// (stop, requested demotion, failed promotion) is sent once `on_demoted`
+/// has returned: demote before release. Until then this replica does not
+/// compete for the lease again. An `on_promoted` that returns `Ok` leaves
+/// this replica leading. The callbacks run on the runner's task: work that
+/// blocks its thread belongs on a thread of its own.
 ///
 /// Work done while leading must be checked against the lease where it
 /// happens: [`lease_check`](Self::lease_check) gives the consumer the
@@ -150,7 +172,10 @@ impl<R: Runtime> ActiveRunner<R> {
         self.lease.clone()
     }
 
-    /// Runs until `control` stops it; see the type's documentation.
+    /// Runs until `control` stops it; see the type's documentation. After
+    /// a stop it returns once the callbacks (told through the lease
+    /// check) have returned and the lease is released, or the backend has
+    /// not answered within the release timeout.
     pub async fn run<P, PF, E, D, DF>(
         &self,
         control: Control,
@@ -176,6 +201,10 @@ impl<R: Runtime> ActiveRunner<R> {
         // From validated timing: the error type is `Infallible`.
         let Ok(mut machine) = ActiveGuard::new(self.timing, locker.can_renew(), clock.now());
         let mut in_flight: Option<BoxFuture<'_, Done>> = None;
+        let mut callbacks = Callbacks::<PF, DF>::default();
+        // A release the machine asked for while a demotion's callbacks
+        // still run: sent once they have returned (demote before release).
+        let mut deferred_release: Option<Token> = None;
         let mut stop_heard = false;
         let mut give_up_at: Option<std::time::Instant> = None;
         // A promotion whose callback was not called (deadline passed
@@ -194,6 +223,9 @@ impl<R: Runtime> ActiveRunner<R> {
                     Action::Renew(token) => {
                         let renew = renew(locker, &self.key, token, ttl, &failures, runtime);
                         in_flight = Some(Box::pin(renew));
+                    }
+                    Action::Release(token) if callbacks.demoting() => {
+                        deferred_release = Some(token);
                     }
                     Action::Release(token) => {
                         in_flight = Some(Box::pin(release(
@@ -220,24 +252,54 @@ impl<R: Runtime> ActiveRunner<R> {
                         }
                         log::info!("active guard {} promoted (fence {fence})", self.key);
                         crate::metrics::record_promoted(&self.key);
-                        if let Err(e) = on_promoted(fence).await {
-                            log::warn!("active guard {} activate: {e}", self.key);
-                            machine.handle_promote_failed(clock.now());
-                            self.lease.publish(machine.lease());
-                        }
+                        // Polled beside the lease loop, which keeps
+                        // renewing (and keeps the renew deadline) however
+                        // long it runs. The slot is free: a standby whose
+                        // last leadership's callbacks still run does not
+                        // try to acquire (see the wait below).
+                        callbacks.promoted = Some(Box::pin(on_promoted(fence)));
                     }
                     Action::Demote(_) if promotion_skipped => promotion_skipped = false,
                     Action::Demote(reason) => {
+                        // Tells a running `on_promoted` (its `LeaseCheck`
+                        // gives no fence and `lost` resolves).
                         self.lease.publish(None);
                         log::info!("active guard {} demoted: {reason:?}", self.key);
                         crate::metrics::record_demoted(&self.key, reason);
-                        on_demoted(reason).await;
+                        if callbacks.promoted.is_some() {
+                            self.report_demoted_while_running(reason);
+                        }
+                        callbacks.demotion = Some(reason);
                     }
                 }
             }
+            // `on_demoted` follows the return of `on_promoted`, and the
+            // release follows the return of `on_demoted`.
+            if callbacks.promoted.is_none()
+                && callbacks.demoted.is_none()
+                && let Some(reason) = callbacks.demotion.take()
+            {
+                callbacks.demoted = Some(Box::pin(on_demoted(reason)));
+            }
+            if !callbacks.demoting()
+                && let Some(token) = deferred_release.take()
+            {
+                in_flight = Some(Box::pin(release(
+                    locker,
+                    &self.key,
+                    token,
+                    self.release_timeout,
+                    runtime,
+                )));
+            }
             self.lease.publish(machine.lease());
-            if machine.phase() == Phase::Stopped {
+            if machine.phase() == Phase::Stopped && callbacks.idle() {
                 return;
+            }
+            // The time allowed for the backend after stop counts from the
+            // return of the callbacks, which were told and are awaited.
+            if stop_heard && give_up_at.is_none() && callbacks.idle() {
+                give_up_at = Some(runtime.now() + self.release_timeout);
             }
             let wake = {
                 let op = async {
@@ -246,7 +308,15 @@ impl<R: Runtime> ActiveRunner<R> {
                         None => future::pending().await,
                     }
                 };
-                let timeout = machine.poll_timeout().map(|at| clock.to_std(at));
+                // A standby whose last leadership's callbacks still run
+                // does not compete: it would hold a lease it cannot act on
+                // in place of a standby that can, and its next promotion
+                // would wait behind them.
+                let timeout = if machine.phase() == Phase::Standby && !callbacks.idle() {
+                    None
+                } else {
+                    machine.poll_timeout().map(|at| clock.to_std(at))
+                };
                 let timer = async {
                     let at = match (timeout, give_up_at) {
                         (Some(t), Some(g)) => t.min(g),
@@ -268,7 +338,17 @@ impl<R: Runtime> ActiveRunner<R> {
                         Wake::Heard(control.heard().await)
                     }
                 };
-                future::or(op, future::or(timer, heard)).await
+                let callback = async {
+                    if let Some(promoted) = callbacks.promoted.as_mut() {
+                        Wake::Promoted(promoted.as_mut().await)
+                    } else if let Some(demoted) = callbacks.demoted.as_mut() {
+                        demoted.as_mut().await;
+                        Wake::Demoted
+                    } else {
+                        future::pending().await
+                    }
+                };
+                future::or(op, future::or(timer, future::or(heard, callback))).await
             };
             let now = clock.now();
             match wake {
@@ -280,9 +360,18 @@ impl<R: Runtime> ActiveRunner<R> {
                 Wake::Heard(Heard::Demote) => machine.demote(now),
                 Wake::Heard(Heard::Stop) => {
                     stop_heard = true;
-                    give_up_at = Some(runtime.now() + self.release_timeout);
                     machine.stop(now);
                 }
+                Wake::Promoted(result) => {
+                    callbacks.promoted = None;
+                    if let Err(e) = result {
+                        log::warn!("active guard {} activate: {e}", self.key);
+                        // Demotes, then releases, if this leadership is
+                        // still on; nothing once it has ended.
+                        machine.handle_promote_failed(now);
+                    }
+                }
+                Wake::Demoted => callbacks.demoted = None,
                 Wake::GiveUp => {
                     log::warn!(
                         "active guard {}: backend did not answer within {:?} of stop; the lease expires on its own",
@@ -291,6 +380,28 @@ impl<R: Runtime> ActiveRunner<R> {
                     );
                     return;
                 }
+            }
+        }
+    }
+
+    /// Logs (and, for a lost lease, counts) a demotion that finds
+    /// `on_promoted` still running.
+    fn report_demoted_while_running(&self, reason: DemoteReason) {
+        match reason {
+            DemoteReason::LeaseLost | DemoteReason::RenewFailed | DemoteReason::RenewDeadline => {
+                log::warn!(
+                    "active guard {}: lease ended ({reason:?}) while on_promoted still runs; \
+                     it is told through its lease check, and what it does until it returns \
+                     is not covered by the lease",
+                    self.key
+                );
+                crate::metrics::record_callback_overrun(&self.key);
+            }
+            DemoteReason::PromoteFailed | DemoteReason::Requested | DemoteReason::Stopping => {
+                log::info!(
+                    "active guard {}: on_promoted told to stop ({reason:?}); on_demoted follows its return",
+                    self.key
+                );
             }
         }
     }
@@ -311,7 +422,22 @@ impl<R: Runtime> ActiveRunner<R> {
         // its lease never expires.
         self.lease
             .publish(Some(Lease::new(0, guard_core::time::Instant::MAX)));
-        let promoted = match on_promoted(0).await {
+        let stay_active = async {
+            while let Heard::Demote = control.heard().await {
+                log::info!(
+                    "active guard {}: no locker, nobody to hand over to; staying active",
+                    self.key
+                );
+            }
+        };
+        // A stop heard while `on_promoted` runs tells it through its lease
+        // check; its return is still awaited.
+        let promoting = future::or(on_promoted(0), async {
+            stay_active.await;
+            self.lease.publish(None);
+            future::pending().await
+        });
+        let promoted = match promoting.await {
             Ok(()) => true,
             Err(e) => {
                 log::warn!("active guard {} activate: {e}", self.key);
@@ -319,6 +445,7 @@ impl<R: Runtime> ActiveRunner<R> {
                 false
             }
         };
+        // At once if stop was heard above: the handles are closed.
         while let Heard::Demote = control.heard().await {
             log::info!(
                 "active guard {}: no locker, nobody to hand over to; staying active",
@@ -329,6 +456,39 @@ impl<R: Runtime> ActiveRunner<R> {
         if promoted {
             on_demoted(DemoteReason::Stopping).await;
         }
+    }
+}
+
+/// The callbacks of the current (or last) leadership, polled beside the
+/// lease loop, one at a time: `on_promoted`'s future, then `on_demoted`'s.
+struct Callbacks<PF, DF> {
+    /// `on_promoted`'s future, until it returns.
+    promoted: Option<Pin<Box<PF>>>,
+    /// A demotion whose `on_demoted` waits for `on_promoted` to return.
+    demotion: Option<DemoteReason>,
+    /// `on_demoted`'s future, until it returns.
+    demoted: Option<Pin<Box<DF>>>,
+}
+
+impl<PF, DF> Default for Callbacks<PF, DF> {
+    fn default() -> Self {
+        Callbacks {
+            promoted: None,
+            demotion: None,
+            demoted: None,
+        }
+    }
+}
+
+impl<PF, DF> Callbacks<PF, DF> {
+    /// No callback runs or waits.
+    fn idle(&self) -> bool {
+        self.promoted.is_none() && self.demotion.is_none() && self.demoted.is_none()
+    }
+
+    /// A demotion's `on_demoted` waits or runs: a release waits for it.
+    fn demoting(&self) -> bool {
+        self.demotion.is_some() || self.demoted.is_some()
     }
 }
 

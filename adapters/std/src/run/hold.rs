@@ -11,7 +11,7 @@ use guard_core::lock::{Locker, Token, Ttl};
 
 use super::active::DEFAULT_RELEASE_TIMEOUT;
 use super::{Runtime, RuntimeClock};
-use crate::{Clock, LockerError, SharedLocker};
+use crate::{BoxFuture, Clock, LockerError, SharedLocker};
 
 /// Runs jobs under a lock that renews itself: [`run`](Self::run) takes a
 /// key, runs the job while a watchdog renews the lock every ttl / 3, and
@@ -256,6 +256,25 @@ impl<R: Runtime> Hold<R> {
         // Never sent to: `recv` ends when the renewals close the channel.
         let _ = self.shared.lost.1.recv().await;
         self.shared.lost().unwrap_or(HoldLost::Deadline)
+    }
+}
+
+/// A [`Hold`] without its runtime's type: what a scheduled job's
+/// [`JobRun`](super::JobRun) keeps of its run's lock.
+pub(crate) trait RunLock: Send + Sync {
+    /// [`Hold::fence`].
+    fn fence(&self) -> Option<u64>;
+    /// [`Hold::lost`].
+    fn lost(&self) -> BoxFuture<'_, HoldLost>;
+}
+
+impl<R: Runtime> RunLock for Hold<R> {
+    fn fence(&self) -> Option<u64> {
+        Hold::fence(self)
+    }
+
+    fn lost(&self) -> BoxFuture<'_, HoldLost> {
+        Box::pin(Hold::lost(self))
     }
 }
 

@@ -1,9 +1,10 @@
 //! The lease an elected consumer checks before every handler call.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::{Runtime, RuntimeClock};
 use crate::Clock;
+use futures_lite::future;
 use guard_core::guard::Lease;
 
 /// What a [`LeaseCheck`] finds at one instant.
@@ -41,16 +42,32 @@ pub enum LeaseState {
 /// assert_eq!(lease.fence(), None);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+///
+/// Work that runs for a while (a job done inside `on_promoted`) awaits
+/// [`lost`](Self::lost) beside it and stops when it resolves.
 #[derive(Clone, Debug)]
 pub struct LeaseCheck<R> {
-    lease: Arc<Mutex<Option<Lease>>>,
+    published: Arc<Mutex<Published>>,
     clock: RuntimeClock<R>,
+}
+
+/// The lease published last, and the signal of its end.
+#[derive(Debug)]
+struct Published {
+    lease: Option<Lease>,
+    /// Closed when a published lease is replaced by none (demoted,
+    /// stopped), then replaced by a fresh pair for the next lease;
+    /// nothing is ever sent.
+    ended: (async_channel::Sender<()>, async_channel::Receiver<()>),
 }
 
 impl<R: Runtime> LeaseCheck<R> {
     pub(crate) fn new(clock: RuntimeClock<R>) -> Self {
         LeaseCheck {
-            lease: Arc::default(),
+            published: Arc::new(Mutex::new(Published {
+                lease: None,
+                ended: async_channel::bounded(1),
+            })),
             clock,
         }
     }
@@ -76,12 +93,55 @@ impl<R: Runtime> LeaseCheck<R> {
 
     /// The lease published last (its deadline is on the runner's clock).
     pub fn lease(&self) -> Option<Lease> {
-        // A writer never panics while holding the lock; a poisoned value
-        // is still the last one written.
-        *self.lease.lock().unwrap_or_else(PoisonError::into_inner)
+        self.published().lease
+    }
+
+    /// Resolves once this replica may no longer act on the lease it holds
+    /// now: the runner demoted (lease lost, a failed renewal, a requested
+    /// demotion, stop) or the renew deadline passed on this clock. At once
+    /// if it does not lead now. A renewal only moves the deadline on:
+    /// this stays pending while the leadership lasts.
+    pub async fn lost(&self) {
+        loop {
+            let (lease, ended) = {
+                let published = self.published();
+                (published.lease, published.ended.1.clone())
+            };
+            let Some(lease) = lease else { return };
+            if lease.valid_at(self.clock.now()).is_none() {
+                return;
+            }
+            // Woken by the end of the leadership, or at its deadline as
+            // published now: a renewal since then has moved it on, which
+            // the next turn reads.
+            let deadline = self.clock.to_std(lease.until());
+            future::or(
+                async {
+                    // Never sent to: `recv` ends when the lease ends.
+                    let _ = ended.recv().await;
+                },
+                self.clock.runtime().sleep_until(deadline),
+            )
+            .await;
+        }
     }
 
     pub(crate) fn publish(&self, lease: Option<Lease>) {
-        *self.lease.lock().unwrap_or_else(PoisonError::into_inner) = lease;
+        let mut published = self.published();
+        if published.lease.is_some() && lease.is_none() {
+            // Tell every `lost` waiting on this leadership; the next one
+            // gets a signal of its own.
+            published.ended.0.close();
+            published.ended = async_channel::bounded(1);
+        }
+        published.lease = lease;
+    }
+
+    fn published(&self) -> MutexGuard<'_, Published> {
+        // A writer never panics while holding the lock; a poisoned value
+        // is still the last one written.
+        self.published
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 }

@@ -4,7 +4,8 @@
 //! the types for theirs.
 //!
 //! - [`ActiveRunner`]: one active consumer per scope, automatic takeover,
-//!   the renew deadline, a [`LeaseCheck`] for the consumer;
+//!   the renew deadline, a [`LeaseCheck`] for the consumer; its callbacks
+//!   run beside the lease loop, which renews while they work;
 //! - [`Scheduler`]: jobs on schedules, each planned slot run once across
 //!   the replicas that share a locker;
 //! - [`WaitingLimiter`]: waits until any [`RateLimiter`](crate::ratelimit::RateLimiter)

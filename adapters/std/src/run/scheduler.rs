@@ -4,14 +4,16 @@ use std::collections::HashSet;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 
 use super::control::{Control, Heard};
-use super::hold::LockWatchdog;
+use super::hold::{LockWatchdog, RunLock};
 use super::{Runtime, RuntimeClock};
 use crate::{Clock, GuardConfig, Throttle};
 use futures_lite::future;
 use guard_core::guard::{
-    ActiveConfig, ActiveConfigError, ActiveTiming, FailPolicy, OnceEvent, OnceGuard, OnceOutcome,
+    ActiveConfig, ActiveConfigError, ActiveTiming, FailPolicy, HoldLost, OnceEvent, OnceGuard,
+    OnceOutcome,
 };
 use guard_core::lock::{KeyError, Scope, Ttl, once_key};
 use guard_core::slot::{Schedule, SlotTimer, UnixMillis};
@@ -34,14 +36,55 @@ struct Settings {
 pub const SCHEDULE_COMPONENT: &str = "schedule";
 
 /// One execution of a job.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+///
+/// With [`Scheduler::with_exclusive_runs`] it holds the run's lock until
+/// the job's future ends (dropping it early does not release the lock):
+/// a job that runs long races [`lost`](Self::lost) and stops when it
+/// resolves, since from then on another replica may take the lock and
+/// start the next slot's run beside it.
+#[derive(Clone)]
 pub struct JobRun {
     /// The planned slot (wall clock, UTC), the same on every replica.
     pub slot: UnixMillis,
     /// The fence of the claim, to pass to the resources the job touches;
     /// `None` without a locker (a single process) or when allowed on a
-    /// backend error under fail-open.
+    /// backend error under fail-open. With exclusive runs, the fence of
+    /// the run's lock.
     pub fence: Option<u64>,
+    /// The run's lock, with exclusive runs and a locker.
+    lock: Option<Arc<dyn RunLock>>,
+}
+
+impl JobRun {
+    /// Resolves when the run's lock is lost: a renewal refused, or none
+    /// succeeded before the deadline (last acquire or renew sent + ttl −
+    /// drift, on this process's clock), which comes before the lock can
+    /// expire on the server. Pending for ever without exclusive runs: no
+    /// lock is held for the run, so none can be lost.
+    pub async fn lost(&self) -> HoldLost {
+        match &self.lock {
+            Some(lock) => lock.lost().await,
+            None => future::pending().await,
+        }
+    }
+
+    /// Whether the run's lock has been lost, its deadline passed on this
+    /// process's clock included; `false` without exclusive runs.
+    pub fn is_lost(&self) -> bool {
+        self.lock
+            .as_ref()
+            .is_some_and(|lock| lock.fence().is_none())
+    }
+}
+
+impl fmt::Debug for JobRun {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JobRun")
+            .field("slot", &self.slot)
+            .field("fence", &self.fence)
+            .field("exclusive", &self.lock.is_some())
+            .finish()
+    }
 }
 
 /// A job that cannot be added.
@@ -187,8 +230,13 @@ impl<R: Runtime> Scheduler<R> {
     /// every ttl / 3 by a [`LockWatchdog`]: a run that outlasts its period
     /// keeps the replica that claims the next slot from starting it (that
     /// slot is skipped, and logged), so the runs of one job never overlap
-    /// across replicas. The job gets that lock's fence. `ttl` bounds how
-    /// long a crashed run's lock outlives it. Without a locker it changes
+    /// across replicas. The job gets that lock's fence, and its
+    /// [`JobRun`] holds the lock for the run: [`JobRun::lost`] resolves
+    /// when the lock is lost (a renewal refused, or none succeeded before
+    /// last acquire or renew sent + ttl − drift), before it can expire on
+    /// the server. A job that stops when told never overlaps another
+    /// replica's run; one that goes on may. `ttl` bounds how long a
+    /// crashed run's lock outlives it. Without a locker it changes
     /// nothing.
     pub fn with_exclusive_runs(mut self, ttl: Ttl) -> Result<Self, ScheduleError> {
         let timing = ActiveConfig::new()
@@ -352,6 +400,7 @@ async fn run_job<R: Runtime>(
                     (job.run)(JobRun {
                         slot,
                         fence: outcome.fence(),
+                        lock: None,
                     })
                     .await;
                 }
@@ -359,9 +408,12 @@ async fn run_job<R: Runtime>(
                     let run = &mut job.run;
                     let ran = watchdog
                         .run(key, |hold| {
+                            // The job keeps the hold for its whole run, to
+                            // watch `lost`.
                             run(JobRun {
                                 slot,
                                 fence: hold.fence(),
+                                lock: Some(Arc::new(hold)),
                             })
                         })
                         .await;
