@@ -2,6 +2,8 @@
 //! dependency only (not published).
 //!
 //! - [`contract`]: the `Locker` contract suite every backend runs;
+//! - [`sources`]: the elected-source contract suite every elected source
+//!   runs against its real server;
 //! - [`RedisServer`], [`RedisCluster`], [`RedisSentinel`]: real
 //!   `redis-server` processes, and [`Mosquitto`]: a real broker, each on a
 //!   free 127.0.0.1 port with its own temporary directory, stopped by PID
@@ -37,6 +39,7 @@ pub mod postgres;
 mod process;
 pub mod rabbitmq;
 mod redis;
+pub mod sources;
 mod tls;
 mod waiters;
 

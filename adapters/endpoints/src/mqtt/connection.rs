@@ -94,7 +94,10 @@ impl Connection {
         H: FnMut(MqttMessage) -> F,
         F: Future<Output = ()>,
     {
-        let Connection { client, mut events } = self;
+        let Connection { client, events } = self;
+        // A demotion drops this serving: what the event loop has received
+        // then is handed over, never dropped with it.
+        let mut served = Served { events, lease };
         let mut confirmed = false;
         let mut refused = 0_u64;
         let error = Compat::new(async {
@@ -123,7 +126,7 @@ impl Connection {
                         Err(e) => return MqttError::Acknowledge(Arc::new(e)),
                     }
                 }
-                match events.poll().await {
+                match served.events.poll().await {
                     Ok(Event::Incoming(Incoming::SubAck(suback))) => {
                         if suback
                             .return_codes
@@ -198,6 +201,43 @@ impl Connection {
         })
         .await;
         Ended { error, confirmed }
+    }
+}
+
+/// Events drained from a dropped serving at most, so that a broker that
+/// keeps sending cannot hold the drop.
+const DRAIN_LIMIT: usize = 100_000;
+
+/// The event loop of a connection being served. Dropped with a lease (a
+/// demotion drops an elected serving), it hands the messages it has
+/// received and not served to the unhandled sink: this replica read them
+/// and no other will.
+struct Served<'a> {
+    events: EventLoop,
+    lease: Option<(&'a ElectedLease, &'a UnhandledSink)>,
+}
+
+impl Drop for Served<'_> {
+    fn drop(&mut self) {
+        let Some((lease, unhandled)) = self.lease else {
+            return;
+        };
+        // Never waits: only what has arrived is taken.
+        for _ in 0..DRAIN_LIMIT {
+            let next = future::block_on(Compat::new(future::poll_once(self.events.poll())));
+            match next {
+                Some(Ok(Event::Incoming(Incoming::Publish(publish)))) => {
+                    unhandled.hand(Unhandled {
+                        origin: publish.topic.clone(),
+                        payload: publish.payload.to_vec(),
+                        fence: Some(lease.fence()),
+                        reason: UnhandledReason::Demoted,
+                    });
+                }
+                Some(Ok(_)) => {}
+                Some(Err(_)) | None => return,
+            }
+        }
     }
 }
 

@@ -282,7 +282,7 @@ impl NatsSubscriber {
     async fn serve<F, Fut, E>(
         &self,
         client: &async_nats::Client,
-        mut subscriber: async_nats::Subscriber,
+        subscriber: async_nats::Subscriber,
         lease: Option<ElectedLease>,
         classifier: Classifier<E>,
         handler: &RefCell<F>,
@@ -294,8 +294,16 @@ impl NatsSubscriber {
         E: fmt::Display,
     {
         let mut late = 0_u64;
+        // A demotion drops this serving: what the subscription holds then
+        // is handed over, never dropped with it.
+        let mut served = Served {
+            subscriber,
+            unhandled,
+            fence: lease.as_ref().map(ElectedLease::fence),
+            counters,
+        };
         // Ends when the subscription closes (the client was closed).
-        while let Some(message) = on_tokio(subscriber.next()).await {
+        while let Some(message) = on_tokio(served.subscriber.next()).await {
             let message = NatsMessage {
                 subject: message.subject.to_string(),
                 payload: message.payload.to_vec(),
@@ -409,6 +417,34 @@ impl NatsSubscriber {
                     gave_up.error
                 ),
             }),
+        }
+    }
+}
+
+/// A subscription being served. Dropped (a demotion drops the serving),
+/// it hands what it has received and not yet served to the unhandled
+/// sink, counted as refused: those messages were read by this replica
+/// and reach no other.
+struct Served<'a> {
+    subscriber: async_nats::Subscriber,
+    unhandled: &'a UnhandledSink,
+    fence: Option<u64>,
+    counters: &'a Counters,
+}
+
+impl Drop for Served<'_> {
+    fn drop(&mut self) {
+        // Never waits: only what has arrived is taken.
+        while let Some(Some(message)) =
+            future::block_on(on_tokio(future::poll_once(self.subscriber.next())))
+        {
+            Counters::add(&self.counters.refused_late);
+            self.unhandled.hand(Unhandled {
+                origin: message.subject.to_string(),
+                payload: message.payload.to_vec(),
+                fence: self.fence,
+                reason: UnhandledReason::Demoted,
+            });
         }
     }
 }
