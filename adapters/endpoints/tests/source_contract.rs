@@ -13,15 +13,24 @@ use futures_lite::StreamExt;
 use guard_core::guard::ActiveConfig;
 use guard_core::lock::Ttl;
 use guard_core::retry::{Classifier, RetryPolicy};
+use guard_endpoints::amqp::{AmqpOptions, DEFAULT_PREFETCH, FanoutConsumer};
 use guard_endpoints::delivery::{ElectedLease, Unhandled};
 use guard_endpoints::mqtt::{MqttEndpoint, MqttOptions, Subscription};
+use guard_endpoints::mysql::BinlogReader;
 use guard_endpoints::nats::{Delivery as NatsDelivery, NatsOptions, NatsSubscriber};
 use guard_endpoints::redis::PubSubEndpoint;
 use guard_smol::control;
 use guard_std::GuardConfig;
+use guard_testkit::mariadb::MariaDb;
 use guard_testkit::nats::NatsServer;
+use guard_testkit::rabbitmq::Vhost;
 use guard_testkit::sources::{self, Delivery, ElectedSource, Handler, Ledger, Stop};
 use guard_testkit::{Mosquitto, RedisServer};
+use lapin::options::{
+    BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{BasicProperties, ExchangeKind};
 
 /// The lease timing the suite asks for.
 fn timing(ttl: Duration) -> ActiveConfig {
@@ -307,4 +316,240 @@ impl ElectedSource for Nats {
 #[test]
 fn an_elected_nats_subscriber_keeps_the_elected_source_contract() {
     sources::run_all(&Nats::start());
+}
+
+// ------------------------------------------------- RabbitMQ fanout, elected
+
+/// The exchange and its dead-letter queue (the consumer's default name).
+const FANOUT: &str = "contract";
+const FANOUT_DEAD_LETTERS: &str = "contract.dead-letters";
+
+struct Fanout {
+    vhost: Vhost,
+    channel: lapin::Channel,
+    _connection: lapin::Connection,
+    /// Dead letters taken from their queue so far.
+    dead: Mutex<Vec<Vec<u8>>>,
+}
+
+impl Fanout {
+    fn start() -> Self {
+        let vhost = Vhost::create().expect("a test vhost on the machine's broker");
+        let (connection, channel) = smol::block_on(async {
+            let connection =
+                lapin::Connection::connect(&vhost.url(), lapin::ConnectionProperties::default())
+                    .await?;
+            let channel = connection.create_channel().await?;
+            channel
+                .confirm_select(ConfirmSelectOptions::default())
+                .await?;
+            // Declared here as the consumers declare it, so that a
+            // publish before the first replica's is routed.
+            channel
+                .exchange_declare(
+                    FANOUT.into(),
+                    ExchangeKind::Fanout,
+                    ExchangeDeclareOptions {
+                        durable: true,
+                        ..ExchangeDeclareOptions::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await?;
+            Ok::<_, lapin::Error>((connection, channel))
+        })
+        .expect("connect to the test vhost");
+        Fanout {
+            vhost,
+            channel,
+            _connection: connection,
+            dead: Mutex::default(),
+        }
+    }
+}
+
+impl ElectedSource for Fanout {
+    fn name(&self) -> &str {
+        "rabbitmq (elected fanout consumer)"
+    }
+
+    fn start(
+        &self,
+        id: usize,
+        config: &GuardConfig,
+        ttl: Duration,
+        retry: RetryPolicy,
+        handler: Handler,
+        ledger: &Ledger,
+    ) -> Stop {
+        let scope = config.scope("endpoint/amqp").unwrap();
+        let options = AmqpOptions::new(&self.vhost.url())
+            .unwrap()
+            .with_reconnect_delay(Duration::from_millis(200));
+        let consumer = FanoutConsumer::new(options, FANOUT)
+            .and_then(|c| c.with_guard(config, &scope))
+            .and_then(|c| c.with_guard_settings(timing(ttl)))
+            .and_then(|c| c.with_retry(retry))
+            .unwrap()
+            .with_unhandled(sink(ledger, id));
+        let (handle, ctl) = control();
+        let thread = thread::spawn(move || {
+            smol::block_on(consumer.run(ctl, Classifier::retry_all(), move |message| {
+                handler(id, delivery(message.payload, message.lease))
+            }))
+            .expect("the consumer ran");
+        });
+        Box::new(move || {
+            handle.stop();
+            thread.join().unwrap();
+        })
+    }
+
+    fn publish(&self, payload: &[u8]) {
+        self.publish_all(&[payload.to_vec()]);
+    }
+
+    fn publish_all(&self, payloads: &[Vec<u8>]) {
+        smol::block_on(async {
+            for payload in payloads {
+                self.channel
+                    .basic_publish(
+                        FANOUT.into(),
+                        "".into(),
+                        BasicPublishOptions::default(),
+                        payload,
+                        BasicProperties::default(),
+                    )
+                    .await
+                    .expect("publish");
+            }
+            self.channel.wait_for_confirms().await.expect("confirmed");
+        });
+    }
+
+    fn retries(&self) -> bool {
+        true
+    }
+
+    /// The broker sends a consumer its prefetch ahead of the
+    /// acknowledgements; the rest waits in the replica's exclusive queue,
+    /// unread, and is deleted with it at a demotion.
+    fn in_flight(&self) -> Option<usize> {
+        Some(usize::from(DEFAULT_PREFETCH))
+    }
+
+    fn dead_letters(&self) -> Vec<Vec<u8>> {
+        let mut dead = self.dead.lock().unwrap();
+        // The queue exists once a replica has declared it.
+        while let Ok(Some(letter)) = smol::block_on(
+            self.channel
+                .basic_get(FANOUT_DEAD_LETTERS.into(), BasicGetOptions { no_ack: true }),
+        ) {
+            dead.push(letter.delivery.data);
+        }
+        dead.clone()
+    }
+}
+
+#[test]
+fn an_elected_rabbitmq_fanout_consumer_keeps_the_elected_source_contract() {
+    sources::run_all(&Fanout::start());
+}
+
+// ------------------------------------------------------ the binlog reader
+
+struct Binlog {
+    server: MariaDb,
+}
+
+impl Binlog {
+    fn start() -> Self {
+        let server = MariaDb::start().expect("mariadbd");
+        server
+            .execute(
+                "CREATE DATABASE app; \
+                 CREATE TABLE app.readings (id INT AUTO_INCREMENT PRIMARY KEY, payload VARCHAR(64))",
+            )
+            .unwrap();
+        Binlog { server }
+    }
+}
+
+impl ElectedSource for Binlog {
+    fn name(&self) -> &str {
+        "mysql-binlog (elected reader)"
+    }
+
+    /// A change the reader does not handle stays in the binlog past the
+    /// checkpoint, for the next leader: nothing goes to `ledger`.
+    fn start(
+        &self,
+        id: usize,
+        config: &GuardConfig,
+        ttl: Duration,
+        retry: RetryPolicy,
+        handler: Handler,
+        _ledger: &Ledger,
+    ) -> Stop {
+        let scope = config.scope("endpoint/binlog").unwrap();
+        let reader = BinlogReader::new(&self.server.url("app"), "contract", config, &scope)
+            .and_then(|r| r.with_guard_settings(timing(ttl)))
+            .and_then(|r| r.with_retry(retry))
+            .unwrap();
+        let (handle, ctl) = control();
+        let thread = thread::spawn(move || {
+            smol::block_on(reader.run(ctl, Classifier::retry_all(), move |change| {
+                let payload = change
+                    .after
+                    .as_ref()
+                    .and_then(|row| row.get(1).cloned().flatten())
+                    .unwrap_or_default();
+                handler(id, delivery(payload, change.lease))
+            }));
+        });
+        Box::new(move || {
+            handle.stop();
+            thread.join().unwrap();
+        })
+    }
+
+    fn publish(&self, payload: &[u8]) {
+        self.publish_all(&[payload.to_vec()]);
+    }
+
+    /// One transaction each, in one client call.
+    fn publish_all(&self, payloads: &[Vec<u8>]) {
+        let sql: String = payloads
+            .iter()
+            .map(|p| {
+                format!(
+                    "INSERT INTO app.readings (payload) VALUES ('{}');",
+                    String::from_utf8_lossy(p)
+                )
+            })
+            .collect();
+        self.server.execute(&sql).unwrap();
+    }
+
+    fn retries(&self) -> bool {
+        true
+    }
+
+    fn dead_letters(&self) -> Vec<Vec<u8>> {
+        // Each row's values as a JSON array of strings: the payload is
+        // the second.
+        self.server
+            .execute("SELECT row_values FROM app.guard_binlog_dead_letters")
+            .map(|rows| {
+                rows.lines()
+                    .filter_map(|row| row.split('"').nth(3).map(|p| p.as_bytes().to_vec()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+#[test]
+fn the_binlog_reader_keeps_the_elected_source_contract() {
+    sources::run_all(&Binlog::start());
 }
