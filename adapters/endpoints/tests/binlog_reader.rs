@@ -438,3 +438,33 @@ fn bad_parameters_are_refused_naming_the_parameter_the_value_and_the_rule() {
     let (parameter, _, _) = invalid(reader.with_checkpoint_every(0).unwrap_err());
     assert_eq!(parameter, Parameter::Checkpoint);
 }
+
+#[test]
+fn a_password_never_shows_in_a_refused_url_or_the_reader_s_debug() {
+    let config = GuardConfig::new().with_locker(SharedLocker::new(LocalLocker::new()));
+    let scope = config.scope("endpoint/binlog").unwrap();
+    for url in [
+        // No database.
+        "mysql://root:TopSecret42@db.example:3306",
+        // Not a MySQL URL.
+        "postgres://root:TopSecret42@db.example:3306/app",
+        // A password with a raw '/' (the authority seems to end inside it).
+        "mysql://root:Top/Secret42@db.example:3306",
+    ] {
+        let err = BinlogReader::new(url, "cdc", &config, &scope).unwrap_err();
+        for text in [err.to_string(), format!("{err:?}")] {
+            assert!(!text.contains("Secret42"), "{text}");
+            assert!(text.contains("root:***@db.example:3306"), "{text}");
+        }
+    }
+    let reader = BinlogReader::new(
+        "mysql://root:TopSecret42@db.example:3306/app",
+        "cdc",
+        &config,
+        &scope,
+    )
+    .unwrap();
+    let debug = format!("{reader:?}");
+    assert!(!debug.contains("TopSecret42"), "{debug}");
+    assert!(debug.contains("root:***@db.example:3306/app"), "{debug}");
+}

@@ -320,7 +320,7 @@ fn an_etcd_locker_names_its_members_or_the_feature_it_needs() {
         ),
         (
             "urls = [\"http://u:s3cret@a:2379\"]\n",
-            "`locker.urls[0]` = \"http://***@a:2379\"",
+            "`locker.urls[0]` = \"http://u:***@a:2379\"",
         ),
         (
             "urls = [\"http://a:2379\", \"http://a:2379\"]\n",
@@ -1084,4 +1084,104 @@ fn rabbitmq_postgres_and_binlog_endpoints_parse_and_refuse_what_cannot_work() {
         "url = \"mysql://root@h:3306/app\"\nstart = \"end\"",
     ));
     assert!(err.contains("start"), "{err}");
+}
+
+/// An endpoint of `kind` at `url` with `keys`, `${DB_PASSWORD}` set to
+/// `TopSecret42`.
+#[cfg(any(feature = "mysql", feature = "nats"))]
+fn with_secret(kind: &str, url: &str, keys: &str) -> Result<Config, ConfigError> {
+    Config::from_toml_with_env(
+        &format!("[[endpoints]]\nname = \"e\"\nkind = \"{kind}\"\nurl = \"{url}\"\n{keys}"),
+        |name| (name == "DB_PASSWORD").then(|| "TopSecret42".to_owned()),
+    )
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn a_binlog_url_is_shown_as_written_with_its_password_hidden() {
+    for url in [
+        "mysql://root:${DB_PASSWORD}@db.example:3306",
+        "mysql://root:TopSecret42@db.example:3306",
+    ] {
+        let e = with_secret("mysql-binlog", url, "")
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("TopSecret42"), "{e}");
+        assert!(
+            e.contains("`endpoints[0].url` = \"mysql://root:***@db.example:3306\"")
+                && e.contains("must name a database"),
+            "{e}"
+        );
+    }
+    let config = with_secret(
+        "mysql-binlog",
+        "mysql://root:${DB_PASSWORD}@db.example:3306/app",
+        "",
+    )
+    .unwrap();
+    let Source::MysqlBinlog(binlog) = &config.endpoints[0].source else {
+        panic!("{config:?}")
+    };
+    assert_eq!(
+        &*binlog.url, "mysql://root:TopSecret42@db.example:3306/app",
+        "the reader connects with the expanded URL"
+    );
+    let debug = format!("{config:?}");
+    assert!(!debug.contains("TopSecret42"), "{debug}");
+    assert!(
+        debug.contains("\"mysql://root:***@db.example:3306/app\""),
+        "{debug}"
+    );
+}
+
+#[cfg(feature = "nats")]
+#[test]
+fn a_nats_url_is_shown_as_written_with_its_password_hidden() {
+    for (kind, keys) in [
+        ("nats", "subject = \"a\""),
+        ("nats-jetstream", "stream = \"S\"\ndurable = \"d\""),
+    ] {
+        for (url, shown) in [
+            (
+                "http://app:${DB_PASSWORD}@nats.example:4222",
+                "\"http://app:***@nats.example:4222\"",
+            ),
+            (
+                "http://${DB_PASSWORD}@nats.example:4222",
+                "\"http://***@nats.example:4222\"",
+            ),
+        ] {
+            let e = with_secret(kind, url, keys).unwrap_err().to_string();
+            assert!(!e.contains("TopSecret42"), "{e}");
+            assert!(e.contains(&format!("`endpoints[0].url` = {shown}")), "{e}");
+        }
+        let config = with_secret(kind, "nats://${DB_PASSWORD}@nats.example:4222", keys).unwrap();
+        let debug = format!("{config:?}");
+        assert!(!debug.contains("TopSecret42"), "{debug}");
+        assert!(
+            debug.contains("\"nats://***@nats.example:4222\""),
+            "{debug}"
+        );
+    }
+}
+
+#[test]
+fn a_configuration_s_debug_and_a_refused_redis_url_show_no_password() {
+    let env = |name: &str| (name == "PW").then(|| "TopSecret42".to_owned());
+    let config = Config::from_toml_with_env(
+        "[locker]\nkind = \"redis\"\nurl = \"redis://:${PW}@10.0.0.5:6379/\"\n\n\
+         [[endpoints]]\nname = \"p\"\nkind = \"redis-pubsub\"\npatterns = [\"a\"]\n\n\
+         [[endpoints]]\nname = \"s\"\nkind = \"redis-stream\"\nurl = \"redis://app:TopSecret42@10.0.0.6:6379/\"\nstream = \"s\"\ngroup = \"g\"\n",
+        env,
+    )
+    .unwrap();
+    let debug = format!("{config:?}");
+    assert!(!debug.contains("TopSecret42"), "{debug}");
+    assert!(debug.contains("redis://:***@10.0.0.5:6379/"), "{debug}");
+    assert!(debug.contains("redis://app:***@10.0.0.6:6379/"), "{debug}");
+    let e = error_with_job("[locker]\nkind = \"redis\"\nurl = \"http://:TopSecret42@h:6379/\"\n");
+    assert!(
+        !e.contains("TopSecret42") && e.contains("`locker.url` = \"http://:***@h:6379/\""),
+        "{e}"
+    );
 }

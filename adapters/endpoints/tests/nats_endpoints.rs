@@ -712,3 +712,35 @@ fn a_broadcast_subject_gives_every_replica_every_change() {
         stop(replica);
     }
 }
+
+#[test]
+fn a_password_or_token_never_shows_in_a_refused_url_or_a_debug_output() {
+    for url in [
+        "http://app:TopSecret42@nats.example:4222",
+        "http://TopSecret42@nats.example:4222",
+        "app:TopSecret42@nats.example:99999",
+    ] {
+        let err = NatsOptions::new(url).unwrap_err();
+        for text in [err.to_string(), format!("{err:?}")] {
+            assert!(!text.contains("TopSecret42"), "{text}");
+            assert!(text.contains("***@nats.example"), "{text}");
+        }
+    }
+    for url in [
+        "nats://app:TopSecret42@nats.example:4222",
+        "nats://TopSecret42@nats.example:4222",
+    ] {
+        let options = NatsOptions::new(url).unwrap();
+        let subscriber =
+            NatsSubscriber::new(options.clone(), "orders", Delivery::Broadcast).unwrap();
+        let consumer = JetStreamConsumer::new(options.clone(), "ORDERS", "billing").unwrap();
+        for debug in [
+            format!("{options:?}"),
+            format!("{subscriber:?}"),
+            format!("{consumer:?}"),
+        ] {
+            assert!(!debug.contains("TopSecret42"), "{debug}");
+            assert!(debug.contains("***@nats.example:4222"), "{debug}");
+        }
+    }
+}

@@ -164,7 +164,7 @@ use lapin::types::ShortString;
 use lapin::uri::{AMQPScheme, AMQPUri};
 
 use crate::deliver;
-use crate::parameter::Parameter;
+use crate::parameter::{Parameter, redacted};
 
 pub use error::AmqpError;
 pub use fanout::FanoutConsumer;
@@ -198,24 +198,6 @@ impl fmt::Debug for AmqpOptions {
             .field("reconnect_delay", &self.reconnect_delay)
             .field("connection_name", &self.connection_name)
             .finish()
-    }
-}
-
-/// `url` with the password, if any, masked: for messages and logs.
-fn redacted(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    // The authority ends at the first '/', '?' or '#'; userinfo at its
-    // last '@'.
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split_once(':').map_or(userinfo, |(user, _)| user);
-            format!("{scheme}://{user}:***@{host}{tail}")
-        }
-        None => url.to_owned(),
     }
 }
 
@@ -501,9 +483,6 @@ mod tests {
         let text = err.to_string();
         assert!(!text.contains("secret"), "{text}");
         assert!(text.contains("user:***@broker:5671/%2f"), "{text}");
-        assert_eq!(redacted("amqp://broker/v"), "amqp://broker/v");
-        assert_eq!(redacted("amqp://u@broker/v"), "amqp://u:***@broker/v");
-        assert_eq!(redacted("not a url"), "not a url");
     }
 
     #[test]

@@ -4,7 +4,7 @@
 
 use super::raw;
 use super::resolve::{Env, expand, retry};
-use super::{AmqpDelivery, AmqpSource, ConfigError, Source, invalid};
+use super::{AmqpDelivery, AmqpSource, ConfigError, RedactedUrl, Source, invalid};
 
 /// `kind = "rabbitmq"`.
 #[cfg(feature = "amqp")]
@@ -22,8 +22,13 @@ pub(super) fn source(
         }
         other => invalid(key(field), "set", other.to_string()),
     };
-    let url = expand(&key("url"), &r.url, env)?;
-    let options = AmqpOptions::new(&url).map_err(|e| refused("url", e))?;
+    let url = RedactedUrl::new(expand(&key("url"), &r.url, env)?, &r.url);
+    let options = AmqpOptions::new(&url).map_err(|e| match e {
+        AmqpError::InvalidInput { rule, .. } => {
+            super::resolve::refused_url(&key("url"), &url, &r.url, &rule)
+        }
+        other => refused("url", other),
+    })?;
     let delivery = match (&r.queue, &r.exchange) {
         (Some(queue), None) => {
             if r.guard {

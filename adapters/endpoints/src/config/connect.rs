@@ -48,7 +48,10 @@ impl StreamSource {
     /// `rediss://` one), each request bounded by `timeout`. A stream
     /// without a URL of its own uses the locker's connection instead.
     pub async fn connect(&self, timeout: Duration) -> Result<RedisConnection, RedisGuardError> {
-        let url = self.url.clone().unwrap_or_default();
+        let url = self
+            .url
+            .as_ref()
+            .map_or_else(String::new, |url| url.as_str().to_owned());
         connect(Topology::Standalone { url }, timeout, self.tls.as_ref()).await
     }
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 use super::raw;
 use super::resolve::{Env, MAX_TIMEOUT_MS, bounded, expand};
 use super::{ConfigError, EtcdLocker, Locker, invalid};
+use crate::parameter::redacted;
 
 /// An etcd locker's request timeout unless `request_timeout_ms` is set:
 /// guard-etcd's own default (this layer does not depend on guard-etcd,
@@ -44,16 +45,6 @@ fn url_rule(url: &str) -> Option<&'static str> {
     (!(host_ok && port_ok)).then_some(RULE)
 }
 
-/// `url` with anything before an `@` of its authority hidden.
-fn without_userinfo(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            format!("{}***{}", &url[..scheme + 3], &url[at..])
-        }
-        _ => url.to_owned(),
-    }
-}
-
 /// `[locker] kind = "etcd"`.
 pub(super) fn locker(l: &raw::Locker, env: Env<'_>) -> Result<Locker, ConfigError> {
     if l.urls.is_empty() {
@@ -72,8 +63,8 @@ pub(super) fn locker(l: &raw::Locker, env: Env<'_>) -> Result<Locker, ConfigErro
             let expanded = expand(&key, url, env)?;
             match url_rule(&expanded) {
                 // The value as written (an expanded one may hold a
-                // secret), without its user information.
-                Some(rule) => Err(invalid(key, format!("{:?}", without_userinfo(url)), rule)),
+                // secret), its password hidden.
+                Some(rule) => Err(invalid(key, format!("{:?}", redacted(url)), rule)),
                 None => Ok(expanded),
             }
         })
@@ -81,7 +72,7 @@ pub(super) fn locker(l: &raw::Locker, env: Env<'_>) -> Result<Locker, ConfigErro
     if let Some(i) = (1..endpoints.len()).find(|&i| endpoints[..i].contains(&endpoints[i])) {
         return Err(invalid(
             format!("locker.urls[{i}]"),
-            format!("{:?}", without_userinfo(&l.urls[i])),
+            format!("{:?}", redacted(&l.urls[i])),
             "each member once",
         ));
     }

@@ -13,7 +13,9 @@
 //!
 //! URL and host values may name environment variables, `${NAME}`, so that
 //! a secret (a Redis URL with a password) stays out of the file; an unset
-//! variable is an error naming the key and the variable.
+//! variable is an error naming the key and the variable. Errors and
+//! `Debug` output name a URL as written, before expansion, with its
+//! password hidden ([`RedactedUrl`]).
 //!
 //! TLS (with the `tls` feature): a `rediss://` URL connects over TLS, to
 //! the locker's deployment (all its URLs `rediss://`) or a Redis
@@ -130,6 +132,82 @@ pub(crate) fn invalid(
     }
 }
 
+/// A server's URL from the configuration: the URL to connect to, its
+/// `${NAME}`s expanded, and how it is shown, as written with its password
+/// hidden. `Display` and `Debug` show only the latter, so a
+/// configuration can be printed or logged without its secrets (a
+/// variable may hold a password, or the whole URL); the URL itself is
+/// [`as_str`](Self::as_str), or the `str` it dereferences to, for
+/// connecting.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RedactedUrl {
+    url: String,
+    shown: String,
+}
+
+impl RedactedUrl {
+    /// `url`, expanded from `as_written`, shown as `as_written` with its
+    /// user information hidden.
+    pub(crate) fn new(url: String, as_written: &str) -> Self {
+        RedactedUrl {
+            shown: crate::parameter::redacted(as_written),
+            url,
+        }
+    }
+
+    /// `url`, shown as `shown` (hidden by the caller's own rules: a
+    /// PostgreSQL connection string may also be `key=value` pairs).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn with_shown(url: String, shown: String) -> Self {
+        RedactedUrl { url, shown }
+    }
+
+    /// The URL to connect to, secrets included: never for printing.
+    pub fn as_str(&self) -> &str {
+        &self.url
+    }
+
+    /// The URL as written in the file, its password hidden: what
+    /// `Display` and `Debug` show.
+    pub fn shown(&self) -> &str {
+        &self.shown
+    }
+}
+
+impl std::ops::Deref for RedactedUrl {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.url
+    }
+}
+
+impl fmt::Display for RedactedUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.shown)
+    }
+}
+
+impl fmt::Debug for RedactedUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.shown, f)
+    }
+}
+
+/// The URL to connect to is compared.
+impl PartialEq<str> for RedactedUrl {
+    fn eq(&self, other: &str) -> bool {
+        self.url == other
+    }
+}
+
+/// The URL to connect to is compared.
+impl PartialEq<&str> for RedactedUrl {
+    fn eq(&self, other: &&str) -> bool {
+        self.url == *other
+    }
+}
+
 /// A whole, validated configuration.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -180,8 +258,9 @@ pub struct EtcdLocker {
 /// locker.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PostgresLocker {
-    /// The server's URL, `${VAR}`s expanded.
-    pub url: String,
+    /// The server's URL, `${VAR}`s expanded (shown as written, its
+    /// password hidden).
+    pub url: RedactedUrl,
     /// The lease table.
     pub table: String,
     /// Each request's timeout, connecting included.
@@ -189,7 +268,7 @@ pub struct PostgresLocker {
 }
 
 /// `[locker] kind = "redis"`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct RedisLocker {
     /// Standalone, sentinel or cluster, with URLs checked.
     pub topology: Topology,
@@ -200,6 +279,30 @@ pub struct RedisLocker {
     /// TLS, when the URLs are `rediss://`: the `tls_*` files (none: the
     /// system's roots).
     pub tls: Option<TlsFiles>,
+}
+
+impl fmt::Debug for RedisLocker {
+    // The URLs with their passwords hidden. The topology keeps only the
+    // expanded URLs, so these are shown expanded: a variable that holds
+    // a password in the URL's user information stays hidden.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use crate::parameter::redacted;
+        let shown = |urls: &[String]| urls.iter().map(|u| redacted(u)).collect::<Vec<_>>();
+        let topology = match &self.topology {
+            Topology::Standalone { url } => format!("Standalone {{ url: {:?} }}", redacted(url)),
+            Topology::Sentinel { sentinels, service } => format!(
+                "Sentinel {{ sentinels: {:?}, service: {service:?} }}",
+                shown(sentinels)
+            ),
+            Topology::Cluster { nodes } => format!("Cluster {{ nodes: {:?} }}", shown(nodes)),
+        };
+        f.debug_struct("RedisLocker")
+            .field("topology", &format_args!("{topology}"))
+            .field("prefix", &self.prefix)
+            .field("request_timeout", &self.request_timeout)
+            .field("tls", &self.tls)
+            .finish()
+    }
 }
 
 /// `[guards]`.
@@ -342,7 +445,7 @@ pub enum Source {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AmqpSource {
     /// The broker (`amqp://user:password@host:port/vhost`).
-    pub url: String,
+    pub url: RedactedUrl,
     /// What is consumed, and who receives each message.
     pub delivery: AmqpDelivery,
     /// Messages delivered before any is acknowledged.
@@ -379,7 +482,7 @@ pub enum AmqpDelivery {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PgQueueSource {
     /// The server (`postgres://user@host:port/database`).
-    pub url: String,
+    pub url: RedactedUrl,
     /// The table of work.
     pub table: String,
     /// Where given-up rows go (`<table>_dead_letters` unless given).
@@ -409,7 +512,7 @@ pub enum BinlogStart {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BinlogSource {
     /// The server (`mysql://user:password@host:port/database`).
-    pub url: String,
+    pub url: RedactedUrl,
     /// The server id the reader registers with (derived from the name
     /// unless given).
     pub server_id: Option<u32>,
@@ -429,7 +532,7 @@ pub struct BinlogSource {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NatsSource {
     /// The server.
-    pub url: String,
+    pub url: RedactedUrl,
     /// The subject (wildcards allowed).
     pub subject: String,
     /// Who receives each message.
@@ -457,7 +560,7 @@ pub enum NatsDelivery {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JetStreamSource {
     /// The server.
-    pub url: String,
+    pub url: RedactedUrl,
     /// The stream.
     pub stream: String,
     /// Subjects of a stream to create if it does not exist (empty: it
@@ -481,7 +584,7 @@ pub struct JetStreamSource {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PubSubSource {
     /// The server (the locker's URL unless given).
-    pub url: String,
+    pub url: RedactedUrl,
     /// TLS, when the URL is `rediss://`: the `tls_*` files (the locker's
     /// when its URL is shared).
     pub tls: Option<TlsFiles>,
@@ -498,7 +601,7 @@ pub struct PubSubSource {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamSource {
     /// The server; `None`: the locker's connection.
-    pub url: Option<String>,
+    pub url: Option<RedactedUrl>,
     /// TLS, when the URL is `rediss://`: the `tls_*` files.
     pub tls: Option<TlsFiles>,
     /// The stream key.

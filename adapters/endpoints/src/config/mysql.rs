@@ -4,7 +4,7 @@
 
 use super::raw;
 use super::resolve::{Env, expand, retry};
-use super::{BinlogSource, BinlogStart, ConfigError, Source, invalid};
+use super::{BinlogSource, BinlogStart, ConfigError, RedactedUrl, Source, invalid};
 
 /// `kind = "mysql-binlog"`.
 #[cfg(feature = "mysql")]
@@ -13,6 +13,8 @@ pub(super) fn source(
     key: &dyn Fn(&str) -> String,
     env: Env<'_>,
 ) -> Result<Source, ConfigError> {
+    use super::resolve::refused_url;
+    use crate::Parameter;
     use crate::mysql::{BinlogError, BinlogReader};
     let refused = |field: &str, e: BinlogError| match e {
         BinlogError::InvalidInput { value, rule, .. } => {
@@ -20,14 +22,20 @@ pub(super) fn source(
         }
         other => invalid(key(field), "set", other.to_string()),
     };
-    let url = expand(&key("url"), &m.url, env)?;
+    let url = RedactedUrl::new(expand(&key("url"), &m.url, env)?, &m.url);
     // The reader's own checks, on a reader that is never run (no locker).
     let unguarded = guard_std::GuardConfig::new();
     let scope = unguarded
         .scope("endpoint/binlog")
         .map_err(|e| invalid(key("name"), format!("{:?}", m.name), e.to_string()))?;
-    let reader =
-        BinlogReader::new(&url, &m.name, &unguarded, &scope).map_err(|e| refused("url", e))?;
+    let reader = BinlogReader::new(&url, &m.name, &unguarded, &scope).map_err(|e| match e {
+        BinlogError::InvalidInput {
+            parameter: Parameter::ServerUrl,
+            rule,
+            ..
+        } => refused_url(&key("url"), &url, &m.url, &rule),
+        other => refused("url", other),
+    })?;
     let reader = match m.server_id {
         Some(id) => reader
             .with_server_id(id)

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::raw;
 use super::resolve::{Env, MAX_BATCH, MAX_TIMEOUT_MS, bounded, expand, retry};
-use super::{ConfigError, JetStreamSource, NatsDelivery, NatsSource, Source, invalid};
+use super::{ConfigError, JetStreamSource, NatsDelivery, NatsSource, RedactedUrl, Source, invalid};
 
 /// The longest ack wait: an hour.
 const MAX_ACK_WAIT_MS: u64 = MAX_TIMEOUT_MS;
@@ -23,10 +23,22 @@ fn refused(field: &str, key: &dyn Fn(&str) -> String, e: crate::nats::NatsError)
     }
 }
 
+/// The server's URL, expanded and checked; refused as written, its
+/// password or token hidden.
 #[cfg(feature = "nats")]
-fn url(value: &str, key: &dyn Fn(&str) -> String, env: Env<'_>) -> Result<String, ConfigError> {
-    let url = expand(&key("url"), value, env)?;
-    crate::nats::NatsOptions::new(&url).map_err(|e| refused("url", key, e))?;
+fn url(
+    value: &str,
+    key: &dyn Fn(&str) -> String,
+    env: Env<'_>,
+) -> Result<RedactedUrl, ConfigError> {
+    use crate::nats::NatsError;
+    let url = RedactedUrl::new(expand(&key("url"), value, env)?, value);
+    crate::nats::NatsOptions::new(&url).map_err(|e| match e {
+        NatsError::InvalidInput { rule, .. } => {
+            super::resolve::refused_url(&key("url"), &url, value, &rule)
+        }
+        other => refused("url", key, other),
+    })?;
     Ok(url)
 }
 

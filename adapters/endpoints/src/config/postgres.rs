@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::raw;
 use super::resolve::{Env, MAX_BATCH, MAX_TIMEOUT_MS, bounded, expand, retry};
-use super::{ConfigError, PgQueueSource, Source, invalid};
+use super::{ConfigError, PgQueueSource, RedactedUrl, Source, invalid};
 
 /// `kind = "postgres-queue"`.
 #[cfg(feature = "postgres")]
@@ -25,8 +25,18 @@ pub(super) fn source(
         }
         other => invalid(key(field), "set", other.to_string()),
     };
-    let url = expand(&key("url"), &p.url, env)?;
-    let mut queue = PgQueue::new(&url, &p.table).map_err(|e| refused("url", e))?;
+    let url = RedactedUrl::with_shown(
+        expand(&key("url"), &p.url, env)?,
+        guard_postgres::server::redacted(&p.url),
+    );
+    let mut queue = PgQueue::new(&url, &p.table).map_err(|e| match e {
+        PgQueueError::InvalidInput {
+            parameter: crate::Parameter::ServerUrl,
+            rule,
+            ..
+        } => super::resolve::refused_url(&key("url"), &url, &p.url, &rule),
+        other => refused("url", other),
+    })?;
     if let Some(table) = &p.dead_letter_table {
         queue = queue
             .with_dead_letter_table(table)
@@ -144,7 +154,7 @@ pub(super) fn locker(l: &raw::Locker, env: Env<'_>) -> Result<super::Locker, Con
         .with_request_timeout(timeout)
         .map_err(|e| refused("request_timeout_ms", e))?;
     Ok(super::Locker::Postgres(super::PostgresLocker {
-        url,
+        url: RedactedUrl::with_shown(url, guard_postgres::server::redacted(as_written)),
         table: table.to_owned(),
         request_timeout: timeout,
     }))

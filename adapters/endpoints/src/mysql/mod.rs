@@ -69,7 +69,7 @@ pub enum BinlogError {
     InvalidInput {
         /// What was refused.
         parameter: Parameter,
-        /// The value given, as text.
+        /// The value given, as text (a URL without its password).
         value: String,
         /// The rule it breaks.
         rule: String,

@@ -22,7 +22,7 @@ use super::{
 };
 use crate::deliver::{self, GaveUp};
 use crate::elected::{SubscriptionLease, serve_while_leading};
-use crate::parameter::Parameter;
+use crate::parameter::{Parameter, redacted};
 use crate::runtime::ActiveRunner;
 use crate::runtime::on_tokio;
 
@@ -124,8 +124,10 @@ pub struct BinlogReader {
 }
 
 impl fmt::Debug for BinlogReader {
+    // The server without its password.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BinlogReader")
+            .field("server", &redacted(&self.url))
             .field("name", &self.name)
             .field("server_id", &self.server_id)
             .field("checkpoints", &self.checkpoints)
@@ -142,7 +144,8 @@ impl BinlogReader {
     /// unless set (one per reader name: the server drops an older
     /// connection with the same id), start at the current end of the
     /// binlog, a checkpoint after every transaction, the original's
-    /// retry policy.
+    /// retry policy. A refused URL is named in the error with its
+    /// password hidden.
     pub fn new(
         url: &str,
         name: &str,
@@ -152,14 +155,14 @@ impl BinlogReader {
         let opts = Opts::from_url(url).map_err(|e| {
             BinlogError::invalid(
                 Parameter::ServerUrl,
-                url,
+                redacted(url),
                 format!("must be mysql://user:password@host:port/database ({e})"),
             )
         })?;
         if opts.db_name().is_none() {
             return Err(BinlogError::invalid(
                 Parameter::ServerUrl,
-                url,
+                redacted(url),
                 "must name a database (its checkpoint and dead-letter tables live there)",
             ));
         }
@@ -508,7 +511,8 @@ impl BinlogReader {
         .await
     }
 
-    /// The server's URL.
+    /// The server's URL, password included: for connecting, never for
+    /// printing (the reader's `Debug` hides it).
     pub fn url(&self) -> &str {
         &self.url
     }

@@ -21,7 +21,7 @@ pub(crate) async fn connect(options: &NatsOptions) -> Result<async_nats::Client,
     }
     on_tokio(connect.connect(options.url.as_str()))
         .await
-        .map_err(|e| NatsError::server(format!("connect {}", options.url), e))
+        .map_err(|e| NatsError::server(format!("connect {}", options.server()), e))
 }
 
 /// Connects, trying again after the reconnect delay until it succeeds;

@@ -173,7 +173,7 @@ pub struct JetStreamConsumer {
 impl fmt::Debug for JetStreamConsumer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("JetStreamConsumer")
-            .field("url", &self.options.url)
+            .field("server", &self.options.server())
             .field("stream", &self.stream)
             .field("durable", &self.durable)
             .field("max_deliver", &self.max_deliver)

@@ -57,7 +57,7 @@ use std::time::Duration;
 use guard_std::run::RunnerError;
 
 use crate::deliver::RetryRefused;
-use crate::parameter::{Parameter, write_invalid};
+use crate::parameter::{Parameter, redacted, write_invalid};
 
 pub use jetstream::{
     DEFAULT_ACK_WAIT, DEFAULT_BATCH, DEFAULT_MAX_DELIVER, DEFAULT_REDELIVERY_DELAY,
@@ -97,7 +97,8 @@ pub enum NatsError {
     InvalidInput {
         /// What was refused.
         parameter: Parameter,
-        /// The value given, as text.
+        /// The value given, as text (a URL without its password or
+        /// token).
         value: String,
         /// The rule it breaks.
         rule: String,
@@ -167,7 +168,7 @@ impl std::error::Error for NatsError {
 }
 
 /// Where the server is and how this client connects.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct NatsOptions {
     url: String,
     name: Option<String>,
@@ -175,13 +176,27 @@ pub struct NatsOptions {
     reconnect_delay: Duration,
 }
 
+impl fmt::Debug for NatsOptions {
+    // The server without its password or token.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NatsOptions")
+            .field("server", &self.server())
+            .field("name", &self.name)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("reconnect_delay", &self.reconnect_delay)
+            .finish()
+    }
+}
+
 impl NatsOptions {
-    /// The server at `url` (`nats://host:port`, or `host:port`).
+    /// The server at `url` (`nats://host:port`, or `host:port`; user
+    /// and password or a token before an `@`). A refused URL is named in
+    /// the error with its password or token hidden.
     pub fn new(url: &str) -> Result<Self, NatsError> {
         if let Err(e) = url.parse::<async_nats::ServerAddr>() {
             return Err(NatsError::invalid(
                 Parameter::ServerUrl,
-                url,
+                redacted(url),
                 format!("must be nats://host:port ({e})"),
             ));
         }
@@ -212,9 +227,16 @@ impl NatsOptions {
         self
     }
 
-    /// The server's URL.
+    /// The server's URL, credentials included: for connecting, never
+    /// for printing (see [`server`](Self::server)).
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// The server's URL without its password or token, for errors and
+    /// logs.
+    pub fn server(&self) -> String {
+        redacted(&self.url)
     }
 }
 

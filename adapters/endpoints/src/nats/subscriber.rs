@@ -77,7 +77,7 @@ pub struct NatsSubscriber {
 impl fmt::Debug for NatsSubscriber {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("NatsSubscriber")
-            .field("url", &self.options.url)
+            .field("server", &self.options.server())
             .field("subject", &self.subject)
             .field("delivery", &self.delivery)
             .field("dead_letters", &self.dead_letters)
