@@ -86,6 +86,8 @@ struct Opened {
     conn: Conn,
     from: BinlogPosition,
     fence: u64,
+    /// Whether the server ends its binlog events with a checksum.
+    checksummed: bool,
 }
 
 /// The row changes of one database server, read by the replica that holds
@@ -341,6 +343,7 @@ impl BinlogReader {
             mut conn,
             from,
             fence,
+            checksummed,
         } = opened;
         log::info!(
             "binlog {}: reading from {from} under fence {fence}",
@@ -375,7 +378,14 @@ impl BinlogReader {
             let end = u64::from(event.header().log_pos());
             // Decoded in full before any await: the event and the
             // stream's table maps are borrowed.
-            let decoded = decode(&event, &stream, &file, end, &own, &mut in_transaction);
+            let decoded = decode(
+                &event,
+                &stream,
+                (&file, end),
+                checksummed,
+                &own,
+                &mut in_transaction,
+            );
             let (changes, boundary) = match decoded {
                 Ok(Decoded::Rotate(next)) => {
                     file = next;
@@ -547,6 +557,11 @@ async fn open(
             )),
         ));
     }
+    let checksum: Option<String> = conn
+        .query_first("SELECT @@GLOBAL.binlog_checksum")
+        .await
+        .map_err(server("binlog_checksum"))?;
+    let checksummed = checksum.is_some_and(|c| !c.eq_ignore_ascii_case("NONE"));
     checkpoints
         .create(&mut conn)
         .await
@@ -609,6 +624,7 @@ async fn open(
         conn,
         from,
         fence,
+        checksummed,
     })
 }
 
@@ -636,11 +652,13 @@ enum Decoded {
     Other,
 }
 
+/// `event`, read at `file`:`end`; `checksummed`: whether the server ends
+/// its events with a checksum.
 fn decode(
     event: &mysql_async::binlog::events::Event,
     stream: &BinlogStream,
-    file: &str,
-    end: u64,
+    (file, end): (&str, u64),
+    checksummed: bool,
     own: &OwnTables,
     in_transaction: &mut bool,
 ) -> std::io::Result<Decoded> {
@@ -648,7 +666,18 @@ fn decode(
         return Ok(Decoded::Other);
     };
     Ok(match data {
-        EventData::RotateEvent(rotate) => Decoded::Rotate(file_name(rotate.name_raw())),
+        EventData::RotateEvent(rotate) => {
+            // The decoder cuts a checksum off only once it knows there is
+            // one (`checksum()` is then set).
+            let checksum_left = checksummed && event.checksum().is_none();
+            let name = file_name(rotate.name_raw(), checksum_left).ok_or_else(|| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("a rotate event names no binlog file: {:?}", rotate.name()),
+                )
+            })?;
+            Decoded::Rotate(name)
+        }
         EventData::XidEvent(_) => {
             *in_transaction = false;
             Decoded::Boundary
@@ -719,21 +748,22 @@ fn decode(
     })
 }
 
-/// A binlog file's name from a rotate event: `<base>.<digits>`. MariaDB's
-/// first (artificial) rotate event carries its checksum, which the decoder
-/// leaves on the name: the name ends with its digits.
-fn file_name(raw: &[u8]) -> String {
-    let name = match raw.iter().rposition(|&b| b == b'.') {
-        Some(dot) => {
-            let digits = raw[dot + 1..]
-                .iter()
-                .take_while(|b| b.is_ascii_digit())
-                .count();
-            &raw[..dot + 1 + digits]
-        }
-        None => raw,
+/// A binlog file's name from a rotate event's `raw` name. The server's
+/// first (artificial) rotate event comes before the stream's format
+/// description, which is what tells the decoder that events end with a
+/// checksum: when the server checksums its events, that event's name
+/// still ends with the 4 checksum bytes (`checksum_left`), cut off here.
+/// Their values are arbitrary (a `.` or digits among them), so only
+/// their count tells where the name ends. `None` for a name that is
+/// empty, not UTF-8 or has control characters.
+fn file_name(raw: &[u8], checksum_left: bool) -> Option<String> {
+    let name = if checksum_left {
+        raw.get(..raw.len().checked_sub(4)?)?
+    } else {
+        raw
     };
-    String::from_utf8_lossy(name).into_owned()
+    let name = std::str::from_utf8(name).ok()?;
+    (!name.is_empty() && !name.contains(char::is_control)).then(|| name.to_owned())
 }
 
 /// A column's value as bytes: text for what is not already bytes.
@@ -792,9 +822,28 @@ mod tests {
     }
 
     #[test]
-    fn a_file_name_ends_with_its_digits() {
-        assert_eq!(file_name(b"binlog.000001\\\xef-\x01"), "binlog.000001");
-        assert_eq!(file_name(b"mysql-bin.000012"), "mysql-bin.000012");
+    fn a_file_name_loses_the_checksum_left_on_it_whatever_its_bytes() {
+        let name = |raw: &[u8], checksum_left| file_name(raw, checksum_left);
+        assert_eq!(
+            name(b"binlog.000001\\\xef-\x01", true).as_deref(),
+            Some("binlog.000001")
+        );
+        // A checksum with a '.' or digits in it.
+        assert_eq!(
+            name(b"binlog.000001\\\xef.\x01", true).as_deref(),
+            Some("binlog.000001")
+        );
+        assert_eq!(
+            name(b"binlog.0000011234", true).as_deref(),
+            Some("binlog.000001")
+        );
+        assert_eq!(
+            name(b"mysql-bin.000012", false).as_deref(),
+            Some("mysql-bin.000012")
+        );
+        assert_eq!(name(b"abc", true), None);
+        assert_eq!(name(b"\x01\x02\x03\x04", true), None);
+        assert_eq!(name(b"bin\xff.000001", false), None);
     }
 
     #[test]
