@@ -119,6 +119,7 @@ pub struct BinlogReader {
     server_id: u32,
     start: Start,
     checkpoints: Checkpoints,
+    lock_service: String,
     dead_letters: String,
     checkpoint_every: u32,
     retry: RetryPolicy,
@@ -133,6 +134,7 @@ impl fmt::Debug for BinlogReader {
             .field("name", &self.name)
             .field("server_id", &self.server_id)
             .field("checkpoints", &self.checkpoints)
+            .field("lock_service", &self.lock_service)
             .field("checkpoint_every", &self.checkpoint_every)
             .finish()
     }
@@ -188,6 +190,13 @@ impl BinlogReader {
             server_id: 4000 + hash % 1_000_000,
             start: Start::Current,
             checkpoints: Checkpoints::new(DEFAULT_CHECKPOINT_TABLE),
+            // Without a locker every reader leads with fence 0: a lease
+            // of its own, so that one with a locker takes over, and back.
+            lock_service: if config.locker().is_none() {
+                "none".to_owned()
+            } else {
+                String::new()
+            },
             dead_letters: DEFAULT_DEAD_LETTER_TABLE.to_owned(),
             checkpoint_every: 1,
             retry: RetryPolicy::new(),
@@ -228,6 +237,39 @@ impl BinlogReader {
     pub fn with_checkpoint_table(mut self, table: &str) -> Result<Self, BinlogError> {
         self.checkpoints = Checkpoints::new(&checked_identifier(Parameter::Table, table)?);
         Ok(self)
+    }
+
+    /// Names the lock service the reader's locker uses (1 to 200 bytes,
+    /// no control characters), for the checkpoint: its fences are
+    /// compared only with fences of the same lock service and lease key
+    /// (see [`Checkpoints`]). Name what draws the fences: the kind, and
+    /// the instance where another instance of that kind starts its fences
+    /// again (`redis`, `postgres:<table>`, a process's own in-process
+    /// locker with something unique to the process). Unnamed, every
+    /// reader with a locker is taken to use one lock service (`none`
+    /// without a locker); a reader whose lock service changes (Redis to
+    /// PostgreSQL, say) must be named, or its new fences, far below the
+    /// old ones, are refused.
+    pub fn with_lock_service(mut self, name: &str) -> Result<Self, BinlogError> {
+        if name.is_empty() || name.len() > 200 || name.contains(char::is_control) {
+            return Err(BinlogError::invalid(
+                Parameter::LockService,
+                name,
+                "must be from 1 to 200 bytes without control characters",
+            ));
+        }
+        self.lock_service = name.to_owned();
+        Ok(self)
+    }
+
+    /// The lease a checkpoint is written under: the lock service and the
+    /// lease key (a locker orders fences per key only).
+    pub fn checkpoint_lease(&self) -> String {
+        if self.lock_service.is_empty() {
+            self.key().to_owned()
+        } else {
+            format!("{} {}", self.lock_service, self.key())
+        }
     }
 
     /// The dead-letter table (a plain SQL identifier).
@@ -298,12 +340,14 @@ impl BinlogReader {
             self.checkpoints.clone(),
             self.dead_letters.clone(),
         );
+        let lease = self.checkpoint_lease();
         let open = move |fence| {
-            let (opts, name, checkpoints, dead_letters) = (
+            let (opts, name, checkpoints, dead_letters, lease) = (
                 opts.clone(),
                 name.clone(),
                 checkpoints.clone(),
                 dead_letters.clone(),
+                lease.clone(),
             );
             on_tokio(async move {
                 open(
@@ -313,7 +357,7 @@ impl BinlogReader {
                     start,
                     &checkpoints,
                     &dead_letters,
-                    fence,
+                    (&lease, fence),
                 )
                 .await
             })
@@ -366,6 +410,7 @@ impl BinlogReader {
         let mut in_transaction = false;
         let mut transactions = 0_u32;
         let mut unsaved: Option<BinlogPosition> = None;
+        let lease_name = self.checkpoint_lease();
         loop {
             let event = match on_tokio(stream.next()).await {
                 Some(Ok(event)) => event,
@@ -468,10 +513,13 @@ impl BinlogReader {
                 && let Some(position) = unsaved.take()
             {
                 transactions = 0;
-                let saved = on_tokio(
-                    self.checkpoints
-                        .save(&mut conn, &self.name, &position, fence),
-                );
+                let saved = on_tokio(self.checkpoints.save(
+                    &mut conn,
+                    &self.name,
+                    &position,
+                    &lease_name,
+                    fence,
+                ));
                 match saved.await {
                     Ok(()) => Counters::add(&counters.checkpoints),
                     Err(CheckpointError::Stale { .. }) => {
@@ -529,8 +577,8 @@ impl BinlogReader {
 }
 
 /// Connects twice (a stream and a connection for writes), checks the
-/// binlog format, claims the checkpoint under `fence`, finds where to
-/// start, and requests the stream from there.
+/// binlog format, claims the checkpoint under `fence` of `lease`, finds
+/// where to start, and requests the stream from there.
 async fn open(
     opts: Opts,
     name: &str,
@@ -538,7 +586,7 @@ async fn open(
     start: Start,
     checkpoints: &Checkpoints,
     dead_letters: &str,
-    fence: u64,
+    (lease, fence): (&str, u64),
 ) -> Result<Opened, BinlogError> {
     let server = |what: &str| {
         let what = what.to_owned();
@@ -577,7 +625,7 @@ async fn open(
     .await
     .map_err(server("dead-letter table"))?;
     let claimed = checkpoints
-        .claim(&mut conn, name, fence)
+        .claim(&mut conn, name, lease, fence)
         .await
         .map_err(|e| BinlogError::server("claim the checkpoint", e))?;
     let from = match (claimed, start) {
@@ -605,7 +653,7 @@ async fn open(
             };
             // Saved at once: a takeover resumes here, not at a later end.
             checkpoints
-                .save(&mut conn, name, &position, fence)
+                .save(&mut conn, name, &position, lease, fence)
                 .await
                 .map_err(|e| BinlogError::server("first checkpoint", e))?;
             position
