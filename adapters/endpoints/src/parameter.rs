@@ -76,6 +76,8 @@ pub enum Parameter {
     ClaimLease,
     /// Where a checkpoint is kept.
     Checkpoint,
+    /// The lock service whose fences a checkpoint keeps.
+    LockService,
 }
 
 impl Parameter {
@@ -103,6 +105,7 @@ impl Parameter {
                 | Parameter::Exchange
                 | Parameter::Table
                 | Parameter::Checkpoint
+                | Parameter::LockService
         )
     }
 }
@@ -143,6 +146,7 @@ impl fmt::Display for Parameter {
             Parameter::Table => "table",
             Parameter::ClaimLease => "claim lease",
             Parameter::Checkpoint => "checkpoint",
+            Parameter::LockService => "lock service",
         })
     }
 }

@@ -243,32 +243,36 @@ fn a_checkpoint_under_an_older_fence_is_refused() {
         .await
         .unwrap();
         checkpoints.create(&mut conn).await.unwrap();
-        assert_eq!(checkpoints.claim(&mut conn, "cdc", 5).await.unwrap(), None);
+        let lease = "redis guard:active:cdc";
+        assert_eq!(
+            checkpoints.claim(&mut conn, "cdc", lease, 5).await.unwrap(),
+            None
+        );
         let at = |pos| BinlogPosition {
             file: "binlog.000001".into(),
             pos,
         };
         checkpoints
-            .save(&mut conn, "cdc", &at(100), 7)
+            .save(&mut conn, "cdc", &at(100), lease, 7)
             .await
             .unwrap();
         // The same position again is not a refusal.
         checkpoints
-            .save(&mut conn, "cdc", &at(100), 7)
+            .save(&mut conn, "cdc", &at(100), lease, 7)
             .await
             .unwrap();
-        let stale = checkpoints.save(&mut conn, "cdc", &at(200), 6).await;
+        let stale = checkpoints.save(&mut conn, "cdc", &at(200), lease, 6).await;
         assert!(
             matches!(stale, Err(CheckpointError::Stale { fence: 6 })),
             "{stale:?}"
         );
-        let stale = checkpoints.claim(&mut conn, "cdc", 6).await;
+        let stale = checkpoints.claim(&mut conn, "cdc", lease, 6).await;
         assert!(
             matches!(stale, Err(CheckpointError::Stale { .. })),
             "{stale:?}"
         );
         assert_eq!(
-            checkpoints.claim(&mut conn, "cdc", 8).await.unwrap(),
+            checkpoints.claim(&mut conn, "cdc", lease, 8).await.unwrap(),
             Some(at(100))
         );
     }));
@@ -291,6 +295,83 @@ fn a_checkpoint_under_an_older_fence_is_refused() {
     // It handed over the change before the refused checkpoint, and
     // nothing after it.
     assert!(!handled(&seen, 2..3), "{:?}", seen.lock().unwrap());
+}
+
+#[test]
+fn a_checkpoint_changes_lease_on_a_claim_and_refuses_the_old_lease_s_saves() {
+    let server = server();
+    let config = GuardConfig::new().with_locker(SharedLocker::new(LocalLocker::new()));
+    let checkpoints = reader(&server, &config).checkpoints().clone();
+    let url = server.url("app");
+    futures_lite::future::block_on(Compat::new(async {
+        let mut conn = mysql_async::Conn::new(
+            mysql_async::OptsBuilder::from_opts(mysql_async::Opts::from_url(&url).unwrap())
+                .client_found_rows(true),
+        )
+        .await
+        .unwrap();
+        checkpoints.create(&mut conn).await.unwrap();
+        let at = |pos| BinlogPosition {
+            file: "binlog.000001".into(),
+            pos,
+        };
+        // Redis's fences are microseconds since the epoch.
+        let (redis, old) = ("redis guard:active:cdc", 1_700_000_000_000_000);
+        assert_eq!(
+            checkpoints
+                .claim(&mut conn, "cdc", redis, old)
+                .await
+                .unwrap(),
+            None
+        );
+        checkpoints
+            .save(&mut conn, "cdc", &at(100), redis, old)
+            .await
+            .unwrap();
+        // Moved to PostgreSQL, whose fences count from 1: taken over,
+        // where the Redis reader left off.
+        let postgres = "postgres:locks guard:active:cdc";
+        assert_eq!(
+            checkpoints
+                .claim(&mut conn, "cdc", postgres, 3)
+                .await
+                .unwrap(),
+            Some(at(100))
+        );
+        // A Redis reader that did not see the move, even with a newer
+        // fence of its own, no longer saves.
+        let stale = checkpoints
+            .save(&mut conn, "cdc", &at(150), redis, old + 1)
+            .await;
+        assert!(
+            matches!(stale, Err(CheckpointError::Stale { .. })),
+            "{stale:?}"
+        );
+        // Within the new lease, fences order the readers again.
+        checkpoints
+            .save(&mut conn, "cdc", &at(200), postgres, 3)
+            .await
+            .unwrap();
+        let stale = checkpoints
+            .save(&mut conn, "cdc", &at(250), postgres, 2)
+            .await;
+        assert!(
+            matches!(stale, Err(CheckpointError::Stale { fence: 2 })),
+            "{stale:?}"
+        );
+        let stale = checkpoints.claim(&mut conn, "cdc", postgres, 2).await;
+        assert!(
+            matches!(stale, Err(CheckpointError::Stale { .. })),
+            "{stale:?}"
+        );
+        assert_eq!(
+            checkpoints
+                .claim(&mut conn, "cdc", postgres, 4)
+                .await
+                .unwrap(),
+            Some(at(200))
+        );
+    }));
 }
 
 #[test]
@@ -437,6 +518,11 @@ fn bad_parameters_are_refused_naming_the_parameter_the_value_and_the_rule() {
     let reader = BinlogReader::new("mysql://root@h:3306/app", "cdc", &config, &scope).unwrap();
     let (parameter, _, _) = invalid(reader.with_checkpoint_every(0).unwrap_err());
     assert_eq!(parameter, Parameter::Checkpoint);
+    for bad in ["", "a\nb"] {
+        let reader = BinlogReader::new("mysql://root@h:3306/app", "cdc", &config, &scope).unwrap();
+        let (parameter, _, _) = invalid(reader.with_lock_service(bad).unwrap_err());
+        assert_eq!(parameter, Parameter::LockService);
+    }
 }
 
 #[test]
@@ -467,4 +553,36 @@ fn a_password_never_shows_in_a_refused_url_or_the_reader_s_debug() {
     let debug = format!("{reader:?}");
     assert!(!debug.contains("TopSecret42"), "{debug}");
     assert!(debug.contains("root:***@db.example:3306/app"), "{debug}");
+}
+
+#[test]
+fn a_checkpoint_fenced_by_another_lock_service_is_taken_over() {
+    let server = server();
+    // A checkpoint kept without its lease (as before leases were kept),
+    // by a reader whose locker's fences are microseconds since the epoch
+    // (Redis's), at the start of the first binlog.
+    server
+        .execute(
+            "CREATE TABLE app.guard_binlog_checkpoints (name VARCHAR(191) PRIMARY KEY, \
+             file VARCHAR(255) NOT NULL, pos BIGINT UNSIGNED NOT NULL, fence BIGINT UNSIGNED NOT NULL); \
+             INSERT INTO app.guard_binlog_checkpoints VALUES ('orders-cdc', '', 4, 1700000000000000)",
+        )
+        .unwrap();
+    // This reader's locker counts fences from 1.
+    let config = GuardConfig::new().with_locker(SharedLocker::new(LocalLocker::new()));
+    let seen: Seen = Arc::default();
+    let reader = reader(&server, &config).with_lock_service("local").unwrap();
+    let lease = reader.checkpoint_lease();
+    let leader = run(reader, 0, &seen);
+    insert(&server, 0..3, "a");
+    let all = wait_until(Duration::from_secs(10), || handled(&seen, 0..3));
+    let stats = stop(leader);
+    assert!(all, "{stats:?} {:?}", seen.lock().unwrap());
+    assert!(stats.checkpoints >= 3, "{stats:?}");
+    assert_eq!(stats.checkpoints_refused, 0, "{stats:?}");
+    let kept = server
+        .execute("SELECT lease FROM app.guard_binlog_checkpoints WHERE name = 'orders-cdc'")
+        .unwrap();
+    assert_eq!(kept.trim(), lease, "kept under its lease");
+    assert!(lease.starts_with("local "), "{lease}");
 }

@@ -1185,3 +1185,23 @@ fn a_configuration_s_debug_and_a_refused_redis_url_show_no_password() {
         "{e}"
     );
 }
+
+#[test]
+fn a_locker_names_the_lock_service_its_fences_come_from() {
+    for (locker, name) in [
+        ("kind = \"none\"", "none"),
+        ("kind = \"local\"", "local"),
+        ("kind = \"redis\"\nurl = \"redis://h:6379/\"", "redis"),
+    ] {
+        let c = Config::from_toml(&format!("{JOB}[locker]\n{locker}\n")).unwrap();
+        assert_eq!(c.locker.lock_service(), name, "{locker}");
+    }
+    #[cfg(feature = "postgres")]
+    {
+        let c = Config::from_toml(&format!(
+            "{JOB}[locker]\nkind = \"postgres\"\nurl = \"postgres://app@db/app\"\ntable = \"Locks\"\n"
+        ))
+        .unwrap();
+        assert_eq!(c.locker.lock_service(), "postgres:Locks");
+    }
+}

@@ -853,6 +853,85 @@ fn streams_failures_are_retried_then_dead_lettered_and_acknowledged() {
     assert_eq!(pending(&mut conn, "orders", "billing"), 1);
 }
 
+/// A stream entry's fields, as `XRANGE` gives them.
+type Fields = Vec<(String, Vec<u8>)>;
+
+#[test]
+fn streams_a_dead_letter_keeps_every_field_of_its_entry_after_the_origin_is_gone() {
+    let server = RedisServer::start().expect("redis-server");
+    let mut conn = sync_conn(&server);
+    // No `payload` field: the entry's content is in its other fields, one
+    // of them binary and one empty.
+    let fields: [(&str, &[u8]); 4] = [
+        ("device", b"d7"),
+        ("raw", b"\x00\xff"),
+        ("reading", b"21.5"),
+        ("unit", b""),
+    ];
+    let mut xadd = redis::cmd("XADD");
+    xadd.arg("orders").arg("*");
+    for (name, value) in fields {
+        xadd.arg(name).arg(value);
+    }
+    let origin_id: String = xadd.query(&mut conn).unwrap();
+    let dlq = StreamDlq::new(connect(&server));
+    let failing = consumer(&server, "c1")
+        .with_retry(RetryPolicy::no_retry())
+        .unwrap()
+        .with_dead_letters(StreamDlq::new(connect(&server)), "orders")
+        .unwrap();
+    let mut stats = ConsumeStats::default();
+    smol::block_on(async {
+        failing.create_group().await.unwrap();
+        failing
+            .poll(
+                Classifier::retry_all(),
+                &mut |_| async { Err::<(), _>("refused") },
+                &mut stats,
+            )
+            .await
+            .unwrap();
+    });
+    assert_eq!(stats.dead_lettered, 1, "{stats:?}");
+
+    // The origin stream is trimmed away: the dead letter alone holds the
+    // entry, and a replay gives it back whole.
+    let _: i64 = redis::cmd("DEL").arg("orders").query(&mut conn).unwrap();
+    let letters = smol::block_on(dlq.range("orders", "-", 10)).unwrap();
+    assert_eq!(letters.len(), 1);
+    assert_eq!(letters[0].origin_id.as_deref(), Some(origin_id.as_str()));
+    let recorded: Vec<(&str, &[u8])> = letters[0]
+        .fields
+        .iter()
+        .map(|(name, value)| (name.as_str(), value.as_slice()))
+        .collect();
+    assert_eq!(recorded, fields, "every field, sorted by name");
+    let replayed = smol::block_on(dlq.replay_to_origin("orders", &letters[0].id)).unwrap();
+    assert!(
+        matches!(replayed, guard_redis::ReplayOutcome::Replayed(Some(_))),
+        "{replayed:?}"
+    );
+    let entries: Vec<(String, Fields)> = redis::cmd("XRANGE")
+        .arg("orders")
+        .arg("-")
+        .arg("+")
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    let mut back = entries[0].1.clone();
+    back.sort();
+    let mut expected: Fields = fields
+        .iter()
+        .map(|(name, value)| ((*name).to_owned(), value.to_vec()))
+        .collect();
+    expected.push((
+        "replayed_from".to_owned(),
+        letters[0].id.clone().into_bytes(),
+    ));
+    expected.sort();
+    assert_eq!(back, expected);
+}
+
 #[test]
 fn streams_concurrent_handlers_start_in_stream_order_never_more_than_the_bound() {
     let server = RedisServer::start().expect("redis-server");

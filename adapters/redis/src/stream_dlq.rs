@@ -73,6 +73,11 @@ pub struct DeadLetter<'a> {
     pub origin_stream: Option<&'a str>,
     /// Its id in that stream.
     pub origin_id: Option<&'a str>,
+    /// The fields of the stream entry it was, by name (empty for an
+    /// element of another source): recorded as `field:<name>`, so the
+    /// dead letter keeps the entry's whole content, and written back
+    /// instead of `payload` by [`StreamDlq::replay_to_origin`].
+    pub fields: &'a [(&'a str, &'a [u8])],
 }
 
 /// A recorded dead letter.
@@ -92,6 +97,9 @@ pub struct DeadLetterEntry {
     pub origin_stream: Option<String>,
     /// Its id there.
     pub origin_id: Option<String>,
+    /// The fields of the stream entry it was, sorted by name (empty when
+    /// none were recorded).
+    pub fields: Vec<(String, Vec<u8>)>,
 }
 
 /// What a replay did.
@@ -140,12 +148,15 @@ return id
 /// Appends a dead letter to its origin stream unless its marker says it
 /// was appended already; sets the marker in the same step. KEYS: origin,
 /// marker (one slot: the marker carries the origin's hash tag). ARGV:
-/// marker retention ms, payload, dead letter id. Returns the id appended
-/// now, or the one appended before.
+/// marker retention ms, dead letter id, then the entry's field/value
+/// pairs. Returns the id appended now, or the one appended before.
 const APPEND_TO_ORIGIN: &str = r"
 local before = redis.call('GET', KEYS[2])
 if before then return {'already', before} end
-local id = redis.call('XADD', KEYS[1], '*', 'payload', ARGV[2], 'replayed_from', ARGV[3])
+local xadd = {'XADD', KEYS[1], '*'}
+for i = 3, #ARGV do xadd[#xadd + 1] = ARGV[i] end
+xadd[#xadd + 1] = 'replayed_from'; xadd[#xadd + 1] = ARGV[2]
+local id = redis.call(unpack(xadd))
 redis.call('SET', KEYS[2], id, 'PX', ARGV[1])
 return {'replayed', id}
 ";
@@ -179,6 +190,15 @@ return 0
 ";
 
 /// A topic's dead letters in a Redis stream, with admin operations.
+///
+/// A dead letter is one entry of the topic's stream, with the fields
+/// `payload` (bytes), `error`, `attempts`, `failed_at` (Unix
+/// milliseconds), `origin_stream` and `origin_id` (each only when known)
+/// and, for a dead letter of a stream entry, each field `<name>` of that
+/// entry as `field:<name>` with its value unchanged (binary and empty
+/// values included). The entry's content is kept whole in the dead
+/// letter: trimming or deleting the origin stream loses nothing, and
+/// [`replay_to_origin`](Self::replay_to_origin) writes the fields back.
 pub struct StreamDlq {
     conn: RedisConnection,
     prefix: String,
@@ -325,6 +345,11 @@ impl StreamDlq {
         if let Some(id) = letter.origin_id {
             invocation.arg("origin_id").arg(id);
         }
+        // The entry's own fields, empty values included: they are its
+        // content, not optional metadata.
+        for (name, value) in letter.fields {
+            invocation.arg(format!("{FIELD_PREFIX}{name}")).arg(*value);
+        }
         self.conn.invoke(&invocation).await
     }
 
@@ -404,7 +429,10 @@ impl StreamDlq {
     }
 
     /// Replays entry `id` back to the stream it came from, once (see the
-    /// module notes: two steps, each atomic in its own slot).
+    /// module notes: two steps, each atomic in its own slot). The new
+    /// entry has the recorded entry's fields, or `payload` when none were
+    /// recorded, and `replayed_from` naming the dead letter (in place of
+    /// a `replayed_from` of an entry replayed before).
     pub async fn replay_to_origin(
         &self,
         topic: &str,
@@ -429,8 +457,13 @@ impl StreamDlq {
             .key(&origin)
             .key(self.marker_key(topic, &origin, id)?)
             .arg(millis(self.marker_retention))
-            .arg(entry.payload)
             .arg(id);
+        if entry.fields.is_empty() {
+            append.arg("payload").arg(&entry.payload);
+        }
+        for (name, value) in entry.fields.iter().filter(|(n, _)| n != "replayed_from") {
+            append.arg(name).arg(value);
+        }
         let appended: Vec<String> = self.conn.invoke(&append).await?;
         let outcome = match appended.first().map(String::as_str) {
             Some("replayed") => ReplayOutcome::Replayed(appended.get(1).cloned()),
@@ -516,6 +549,10 @@ impl StreamDlq {
     }
 }
 
+/// What a recorded stream entry's field names start with in its dead
+/// letter (see the module notes).
+const FIELD_PREFIX: &str = "field:";
+
 /// Whole milliseconds, at least 1 (a zero PX is an error in Redis).
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
@@ -536,7 +573,19 @@ fn parse_entry(id: redis::streams::StreamId) -> DeadLetterEntry {
     let error = text("error")
         .filter(|e| !e.is_empty())
         .unwrap_or_else(|| "Unknown error".to_owned());
+    let mut fields: Vec<(String, Vec<u8>)> = id
+        .map
+        .iter()
+        .filter_map(|(name, value)| {
+            let name = name.strip_prefix(FIELD_PREFIX)?;
+            // A stream's values are bulk strings: always bytes.
+            let value = redis::from_redis_value_ref::<Vec<u8>>(value).ok()?;
+            Some((name.to_owned(), value))
+        })
+        .collect();
+    fields.sort();
     DeadLetterEntry {
+        fields,
         payload: id.get::<Vec<u8>>("payload").unwrap_or_default(),
         error,
         attempts: id.get("attempts").unwrap_or(0),

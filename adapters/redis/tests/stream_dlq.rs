@@ -18,6 +18,7 @@ fn letter<'a>(payload: &'a [u8], origin: Option<&'a str>) -> DeadLetter<'a> {
         attempts: 4,
         origin_stream: origin,
         origin_id: Some("1-1"),
+        fields: &[],
     }
 }
 
@@ -39,6 +40,7 @@ fn send_range_size_delete_and_purge() {
                     attempts: 1,
                     origin_stream: None,
                     origin_id: None,
+                    fields: &[],
                 },
             )
             .await

@@ -13,7 +13,7 @@ use guard_redis::{
     RedisTokenBucket,
 };
 use guard_std::ratelimit::{MemoryLimiter, NamedRateLimiter, RateLimiter, RateLimiterRegistry};
-use guard_std::{GuardConfig, LocalLocker, SharedLocker};
+use guard_std::{GuardConfig, LocalLocker, SharedLocker, TokenIds};
 
 use crate::error::GatewayError;
 
@@ -27,6 +27,10 @@ pub struct Built {
     /// The locker's Redis connection, shared by endpoints that name no
     /// URL of their own.
     pub redis: Option<RedisConnection>,
+    /// The lock service's name for what keeps fences (a binlog reader's
+    /// checkpoint): an in-process locker's names this process too, since
+    /// its fences count from 1 again in every process.
+    pub lock_service: String,
 }
 
 /// Connects what `config` names: a Redis locker that cannot be reached is
@@ -89,10 +93,15 @@ pub async fn build(config: &Config) -> Result<Built, GatewayError> {
             limiters.push((policy.name.clone(), limiter));
         }
     }
+    let lock_service = match &config.locker {
+        Locker::Local => format!("local {}", TokenIds::new().next_id()),
+        other => other.lock_service(),
+    };
     Ok(Built {
         guards,
         limiters: RateLimiterRegistry::new(limiters),
         redis,
+        lock_service,
     })
 }
 

@@ -630,6 +630,7 @@ pub(crate) async fn start(
         Source::MysqlBinlog(source) => {
             let scope = scope("binlog")?;
             let mut reader = BinlogReader::new(&source.url, &name, &built.guards, &scope)
+                .and_then(|r| r.with_lock_service(&built.lock_service))
                 .and_then(|r| r.with_guard_settings(timing))
                 .and_then(|r| r.with_checkpoint_every(source.checkpoint_every))
                 .and_then(|r| r.with_retry(source.retry))

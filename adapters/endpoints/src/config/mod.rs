@@ -244,6 +244,26 @@ pub enum Locker {
     Etcd(EtcdLocker),
 }
 
+impl Locker {
+    /// The lock service's name, for a resource that keeps fences (a
+    /// binlog reader's checkpoint: `BinlogReader::with_lock_service`),
+    /// which compares fences only under one name: `none`, `local`,
+    /// `redis` (fences from each server's clock, comparable across
+    /// deployments), `postgres:<table>` (the table's sequence), `etcd`.
+    /// An in-process locker counts its fences from 1 again in every
+    /// process: an application that keeps its fences across runs adds
+    /// what tells its processes apart to `local`.
+    pub fn lock_service(&self) -> String {
+        match self {
+            Locker::None => "none".to_owned(),
+            Locker::Local => "local".to_owned(),
+            Locker::Redis(_) => "redis".to_owned(),
+            Locker::Postgres(l) => format!("postgres:{}", l.table),
+            Locker::Etcd(_) => "etcd".to_owned(),
+        }
+    }
+}
+
 /// `[locker] kind = "etcd"`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EtcdLocker {

@@ -15,8 +15,12 @@
 //! - a reader paused past its renew deadline hands nothing it finds
 //!   buffered to the handler
 //!   (`a_reader_past_its_renew_deadline_hands_nothing_over`);
-//! - a checkpoint written under an older fence is refused
-//!   (`a_checkpoint_under_an_older_fence_is_refused`);
+//! - a checkpoint written under an older fence of the same lease is
+//!   refused (`a_checkpoint_under_an_older_fence_is_refused`), and one
+//!   kept under another lock service's fences is taken over whatever
+//!   their size (`a_checkpoint_fenced_by_another_lock_service_is_taken_over`,
+//!   `a_checkpoint_changes_lease_on_a_claim_and_refuses_the_old_lease_s_saves`;
+//!   see [`Checkpoints`] and [`BinlogReader::with_lock_service`]);
 //! - a change whose handler fails after its retries is written to the
 //!   dead-letter table with its origin (file, position, row, table), and
 //!   reading goes on (`a_poisoned_change_is_dead_lettered_with_its_origin`);

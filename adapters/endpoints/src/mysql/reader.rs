@@ -94,6 +94,8 @@ struct Opened {
     conn: Conn,
     from: BinlogPosition,
     fence: u64,
+    /// Whether the server ends its binlog events with a checksum.
+    checksummed: bool,
 }
 
 /// The row changes of one database server, read by the replica that holds
@@ -125,6 +127,7 @@ pub struct BinlogReader {
     server_id: u32,
     start: Start,
     checkpoints: Checkpoints,
+    lock_service: String,
     dead_letters: String,
     checkpoint_every: u32,
     retry: RetryPolicy,
@@ -139,6 +142,7 @@ impl fmt::Debug for BinlogReader {
             .field("name", &self.name)
             .field("server_id", &self.server_id)
             .field("checkpoints", &self.checkpoints)
+            .field("lock_service", &self.lock_service)
             .field("checkpoint_every", &self.checkpoint_every)
             .finish()
     }
@@ -194,6 +198,13 @@ impl BinlogReader {
             server_id: 4000 + hash % 1_000_000,
             start: Start::Current,
             checkpoints: Checkpoints::new(DEFAULT_CHECKPOINT_TABLE),
+            // Without a locker every reader leads with fence 0: a lease
+            // of its own, so that one with a locker takes over, and back.
+            lock_service: if config.locker().is_none() {
+                "none".to_owned()
+            } else {
+                String::new()
+            },
             dead_letters: DEFAULT_DEAD_LETTER_TABLE.to_owned(),
             checkpoint_every: 1,
             retry: RetryPolicy::new(),
@@ -234,6 +245,39 @@ impl BinlogReader {
     pub fn with_checkpoint_table(mut self, table: &str) -> Result<Self, BinlogError> {
         self.checkpoints = Checkpoints::new(&checked_identifier(Parameter::Table, table)?);
         Ok(self)
+    }
+
+    /// Names the lock service the reader's locker uses (1 to 200 bytes,
+    /// no control characters), for the checkpoint: its fences are
+    /// compared only with fences of the same lock service and lease key
+    /// (see [`Checkpoints`]). Name what draws the fences: the kind, and
+    /// the instance where another instance of that kind starts its fences
+    /// again (`redis`, `postgres:<table>`, a process's own in-process
+    /// locker with something unique to the process). Unnamed, every
+    /// reader with a locker is taken to use one lock service (`none`
+    /// without a locker); a reader whose lock service changes (Redis to
+    /// PostgreSQL, say) must be named, or its new fences, far below the
+    /// old ones, are refused.
+    pub fn with_lock_service(mut self, name: &str) -> Result<Self, BinlogError> {
+        if name.is_empty() || name.len() > 200 || name.contains(char::is_control) {
+            return Err(BinlogError::invalid(
+                Parameter::LockService,
+                name,
+                "must be from 1 to 200 bytes without control characters",
+            ));
+        }
+        self.lock_service = name.to_owned();
+        Ok(self)
+    }
+
+    /// The lease a checkpoint is written under: the lock service and the
+    /// lease key (a locker orders fences per key only).
+    pub fn checkpoint_lease(&self) -> String {
+        if self.lock_service.is_empty() {
+            self.key().to_owned()
+        } else {
+            format!("{} {}", self.lock_service, self.key())
+        }
     }
 
     /// The dead-letter table (a plain SQL identifier).
@@ -304,12 +348,14 @@ impl BinlogReader {
             self.checkpoints.clone(),
             self.dead_letters.clone(),
         );
+        let lease = self.checkpoint_lease();
         let open = move |fence| {
-            let (opts, name, checkpoints, dead_letters) = (
+            let (opts, name, checkpoints, dead_letters, lease) = (
                 opts.clone(),
                 name.clone(),
                 checkpoints.clone(),
                 dead_letters.clone(),
+                lease.clone(),
             );
             on_tokio(async move {
                 open(
@@ -319,7 +365,7 @@ impl BinlogReader {
                     start,
                     &checkpoints,
                     &dead_letters,
-                    fence,
+                    (&lease, fence),
                 )
                 .await
             })
@@ -349,6 +395,7 @@ impl BinlogReader {
             mut conn,
             from,
             fence,
+            checksummed,
         } = opened;
         log::info!(
             "binlog {}: reading from {from} under fence {fence}",
@@ -371,6 +418,7 @@ impl BinlogReader {
         let mut in_transaction = false;
         let mut transactions = 0_u32;
         let mut unsaved: Option<BinlogPosition> = None;
+        let lease_name = self.checkpoint_lease();
         loop {
             let event = match on_tokio(stream.next()).await {
                 Some(Ok(event)) => event,
@@ -383,7 +431,14 @@ impl BinlogReader {
             let end = u64::from(event.header().log_pos());
             // Decoded in full before any await: the event and the
             // stream's table maps are borrowed.
-            let decoded = decode(&event, &stream, &file, end, &own, &mut in_transaction);
+            let decoded = decode(
+                &event,
+                &stream,
+                (&file, end),
+                checksummed,
+                &own,
+                &mut in_transaction,
+            );
             let (changes, boundary) = match decoded {
                 Ok(Decoded::Rotate(next)) => {
                     file = next;
@@ -480,10 +535,13 @@ impl BinlogReader {
                     );
                     return;
                 }
-                let saved = on_tokio(
-                    self.checkpoints
-                        .save(&mut conn, &self.name, &position, fence),
-                );
+                let saved = on_tokio(self.checkpoints.save(
+                    &mut conn,
+                    &self.name,
+                    &position,
+                    &lease_name,
+                    fence,
+                ));
                 match saved.await {
                     Ok(()) => Counters::add(&counters.checkpoints),
                     Err(CheckpointError::Stale { .. }) => {
@@ -541,8 +599,8 @@ impl BinlogReader {
 }
 
 /// Connects twice (a stream and a connection for writes), checks the
-/// binlog format, claims the checkpoint under `fence`, finds where to
-/// start, and requests the stream from there.
+/// binlog format, claims the checkpoint under `fence` of `lease`, finds
+/// where to start, and requests the stream from there.
 async fn open(
     opts: Opts,
     name: &str,
@@ -550,7 +608,7 @@ async fn open(
     start: Start,
     checkpoints: &Checkpoints,
     dead_letters: &str,
-    fence: u64,
+    (lease, fence): (&str, u64),
 ) -> Result<Opened, BinlogError> {
     let server = |what: &str| {
         let what = what.to_owned();
@@ -569,6 +627,11 @@ async fn open(
             )),
         ));
     }
+    let checksum: Option<String> = conn
+        .query_first("SELECT @@GLOBAL.binlog_checksum")
+        .await
+        .map_err(server("binlog_checksum"))?;
+    let checksummed = checksum.is_some_and(|c| !c.eq_ignore_ascii_case("NONE"));
     checkpoints
         .create(&mut conn)
         .await
@@ -584,7 +647,7 @@ async fn open(
     .await
     .map_err(server("dead-letter table"))?;
     let claimed = checkpoints
-        .claim(&mut conn, name, fence)
+        .claim(&mut conn, name, lease, fence)
         .await
         .map_err(|e| BinlogError::server("claim the checkpoint", e))?;
     let from = match (claimed, start) {
@@ -612,7 +675,7 @@ async fn open(
             };
             // Saved at once: a takeover resumes here, not at a later end.
             checkpoints
-                .save(&mut conn, name, &position, fence)
+                .save(&mut conn, name, &position, lease, fence)
                 .await
                 .map_err(|e| BinlogError::server("first checkpoint", e))?;
             position
@@ -631,6 +694,7 @@ async fn open(
         conn,
         from,
         fence,
+        checksummed,
     })
 }
 
@@ -658,11 +722,13 @@ enum Decoded {
     Other,
 }
 
+/// `event`, read at `file`:`end`; `checksummed`: whether the server ends
+/// its events with a checksum.
 fn decode(
     event: &mysql_async::binlog::events::Event,
     stream: &BinlogStream,
-    file: &str,
-    end: u64,
+    (file, end): (&str, u64),
+    checksummed: bool,
     own: &OwnTables,
     in_transaction: &mut bool,
 ) -> std::io::Result<Decoded> {
@@ -670,7 +736,18 @@ fn decode(
         return Ok(Decoded::Other);
     };
     Ok(match data {
-        EventData::RotateEvent(rotate) => Decoded::Rotate(file_name(rotate.name_raw())),
+        EventData::RotateEvent(rotate) => {
+            // The decoder cuts a checksum off only once it knows there is
+            // one (`checksum()` is then set).
+            let checksum_left = checksummed && event.checksum().is_none();
+            let name = file_name(rotate.name_raw(), checksum_left).ok_or_else(|| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("a rotate event names no binlog file: {:?}", rotate.name()),
+                )
+            })?;
+            Decoded::Rotate(name)
+        }
         EventData::XidEvent(_) => {
             *in_transaction = false;
             Decoded::Boundary
@@ -742,21 +819,22 @@ fn decode(
     })
 }
 
-/// A binlog file's name from a rotate event: `<base>.<digits>`. MariaDB's
-/// first (artificial) rotate event carries its checksum, which the decoder
-/// leaves on the name: the name ends with its digits.
-fn file_name(raw: &[u8]) -> String {
-    let name = match raw.iter().rposition(|&b| b == b'.') {
-        Some(dot) => {
-            let digits = raw[dot + 1..]
-                .iter()
-                .take_while(|b| b.is_ascii_digit())
-                .count();
-            &raw[..dot + 1 + digits]
-        }
-        None => raw,
+/// A binlog file's name from a rotate event's `raw` name. The server's
+/// first (artificial) rotate event comes before the stream's format
+/// description, which is what tells the decoder that events end with a
+/// checksum: when the server checksums its events, that event's name
+/// still ends with the 4 checksum bytes (`checksum_left`), cut off here.
+/// Their values are arbitrary (a `.` or digits among them), so only
+/// their count tells where the name ends. `None` for a name that is
+/// empty, not UTF-8 or has control characters.
+fn file_name(raw: &[u8], checksum_left: bool) -> Option<String> {
+    let name = if checksum_left {
+        raw.get(..raw.len().checked_sub(4)?)?
+    } else {
+        raw
     };
-    String::from_utf8_lossy(name).into_owned()
+    let name = std::str::from_utf8(name).ok()?;
+    (!name.is_empty() && !name.contains(char::is_control)).then(|| name.to_owned())
 }
 
 /// A column's value as bytes: text for what is not already bytes.
@@ -815,9 +893,28 @@ mod tests {
     }
 
     #[test]
-    fn a_file_name_ends_with_its_digits() {
-        assert_eq!(file_name(b"binlog.000001\\\xef-\x01"), "binlog.000001");
-        assert_eq!(file_name(b"mysql-bin.000012"), "mysql-bin.000012");
+    fn a_file_name_loses_the_checksum_left_on_it_whatever_its_bytes() {
+        let name = |raw: &[u8], checksum_left| file_name(raw, checksum_left);
+        assert_eq!(
+            name(b"binlog.000001\\\xef-\x01", true).as_deref(),
+            Some("binlog.000001")
+        );
+        // A checksum with a '.' or digits in it.
+        assert_eq!(
+            name(b"binlog.000001\\\xef.\x01", true).as_deref(),
+            Some("binlog.000001")
+        );
+        assert_eq!(
+            name(b"binlog.0000011234", true).as_deref(),
+            Some("binlog.000001")
+        );
+        assert_eq!(
+            name(b"mysql-bin.000012", false).as_deref(),
+            Some("mysql-bin.000012")
+        );
+        assert_eq!(name(b"abc", true), None);
+        assert_eq!(name(b"\x01\x02\x03\x04", true), None);
+        assert_eq!(name(b"bin\xff.000001", false), None);
     }
 
     #[test]

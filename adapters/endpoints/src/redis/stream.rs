@@ -5,7 +5,9 @@
 //! source's own single delivery where it has one). What this adds is the
 //! part a group leaves to its consumers: acknowledge on success, retry a
 //! failing entry under a [`RetryPolicy`], hand it to the stream
-//! dead-letter queue when the retries are spent, and claim the entries a
+//! dead-letter queue when the retries are spent (every field of the
+//! entry recorded, so the dead letter outlives the stream's trimming; see
+//! [`guard_redis::StreamDlq`] for the format), and claim the entries a
 //! dead consumer left pending (`XAUTOCLAIM`) once they have been idle for
 //! longer than any handler may take.
 //!
@@ -79,8 +81,8 @@ impl StreamMessage {
         self.fields.get(name).map(Vec::as_slice)
     }
 
-    /// The `payload` field: what the dead-letter queue records and what a
-    /// replay writes back.
+    /// The `payload` field: a dead letter's `payload` (the dead letter
+    /// also records every field, this one included).
     pub fn payload(&self) -> Option<&[u8]> {
         self.field("payload")
     }
@@ -413,12 +415,21 @@ impl StreamConsumer {
             );
             return Ok(Outcome::LeftPending);
         };
+        // Every field, not only `payload`: the dead letter must hold the
+        // entry's whole content once the origin stream is trimmed.
+        let mut fields: Vec<(&str, &[u8])> = entry
+            .fields
+            .iter()
+            .map(|(name, value)| (name.as_str(), value.as_slice()))
+            .collect();
+        fields.sort_unstable();
         let letter = DeadLetter {
             payload: entry.payload().unwrap_or_default(),
             error: &error,
             attempts: failure.attempts,
             origin_stream: Some(&self.stream),
             origin_id: Some(&entry.id),
+            fields: &fields,
         };
         match dlq.send(topic, &letter).await {
             Ok(id) => {
