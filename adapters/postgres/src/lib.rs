@@ -68,11 +68,15 @@
 //!   within it too (`a_request_to_a_server_that_does_not_answer_times_out`).
 //!   A role that may not use the table or its sequence is refused at the
 //!   connection (`a_role_that_cannot_use_the_table_is_refused_at_the_start`).
-//! - **Bounded table.** After every [`PURGE_EVERY`] acquisitions the
-//!   locker deletes up to [`PURGE_BATCH`] rows whose leases ended more
-//!   than the purge grace ago (default [`DEFAULT_PURGE_GRACE`]), so keys
-//!   taken once (message ids, schedule slots) do not pile up
-//!   (`ended_leases_are_purged_after_their_grace`).
+//! - **Bounded table.** Every [`PURGE_EVERY`]-th acquisition first
+//!   deletes up to [`PURGE_BATCH`] rows whose leases ended more than the
+//!   purge grace ago (default [`DEFAULT_PURGE_GRACE`]), so keys taken
+//!   once (message ids, schedule slots) do not pile up
+//!   (`ended_leases_are_purged_after_their_grace`). The purge comes
+//!   before the grant, a request of its own (so that acquisition may
+//!   take up to twice the request timeout): a caller that gives up while
+//!   it runs was granted nothing, and no key is left held with its token
+//!   nowhere (`a_grant_given_up_while_its_call_purges_leaves_the_key_free`).
 //!
 //! # Limits
 //!

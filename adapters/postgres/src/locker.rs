@@ -19,10 +19,10 @@ use crate::sql::{DEFAULT_TABLE, MAX_TABLE, Statements, identifier_rule};
 /// How long a request (connecting included) may take unless configured.
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// After every this many acquisitions, the locker deletes rows whose
-/// leases ended more than the purge grace ago ([`PURGE_BATCH`] at most):
-/// keys taken once (a message id, a schedule slot) would otherwise stay
-/// in the table for good.
+/// Every this many acquisitions, one first deletes rows whose leases
+/// ended more than the purge grace ago ([`PURGE_BATCH`] at most), then
+/// asks for its grant: keys taken once (a message id, a schedule slot)
+/// would otherwise stay in the table for good.
 pub const PURGE_EVERY: u64 = 1_024;
 
 /// The most ended leases one purge deletes.
@@ -193,7 +193,7 @@ impl PgLocker {
 
     /// Deletes up to [`PURGE_BATCH`] rows whose leases ended more than
     /// the purge grace ago; returns how many. The locker does this by
-    /// itself after every [`PURGE_EVERY`] acquisitions.
+    /// itself at the start of every [`PURGE_EVERY`]-th acquisition.
     pub async fn purge_expired(&self) -> Result<u64, PgLockError> {
         let grace = i64::try_from(self.purge_grace.as_millis()).unwrap_or(i64::MAX);
         self.request("purge", async |s: &Session| {
@@ -349,8 +349,9 @@ impl PgLocker {
         })
     }
 
-    /// Purges ended leases after every [`PURGE_EVERY`] acquisitions, as
-    /// a request of its own; a failure is logged, never the grant's.
+    /// Purges ended leases on every [`PURGE_EVERY`]-th acquisition, as a
+    /// request of its own before the grant's; a failure is logged, never
+    /// the grant's.
     async fn purge_now_and_then(&self) {
         if self.acquisitions.fetch_add(1, Ordering::Relaxed) % PURGE_EVERY != PURGE_EVERY - 1 {
             return;
@@ -394,6 +395,12 @@ impl SendLocker for PgLocker {
 
     async fn try_lock(&self, key: &str, ttl: Ttl) -> Result<Option<Token>, PgLockError> {
         let key = checked_key(key)?;
+        // Purge before the grant, so the grant is the last step awaited: a
+        // caller that drops this future while the purge runs was granted
+        // nothing, and no key is left held for its TTL with its token
+        // nowhere (only the acquire request's own window remains, as for
+        // any request given up in flight).
+        self.purge_now_and_then().await;
         let id = self.ids.next_id();
         let (token, millis) = (&id.0[..], ttl_millis(ttl));
         let row = self
@@ -403,7 +410,6 @@ impl SendLocker for PgLocker {
                     .await
             })
             .await?;
-        self.purge_now_and_then().await;
         let Some(row) = row else {
             return Ok(None);
         };

@@ -6,6 +6,7 @@ use std::net::TcpListener;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use futures_lite::future;
 use guard_core::lock::{LeaseRenewer, Locker, Renewal, Ttl, UnlockError};
 use guard_postgres::{PURGE_EVERY, PgLockError, PgLocker};
 use guard_testkit::contract;
@@ -210,6 +211,91 @@ fn ended_leases_are_purged_after_their_grace() {
         left <= 2 * PURGE_EVERY + 1 - 1_000,
         "{left} rows after {} grants of 1 ms leases: a purge ran",
         2 * PURGE_EVERY
+    );
+}
+
+#[test]
+fn a_grant_given_up_while_its_call_purges_leaves_the_key_free() {
+    // Every purge waits for an advisory lock the test holds (a trigger on
+    // the table's deletes), so the call that purges can be dropped while
+    // its purge runs. Whatever it had done by then, the key must not be
+    // held with its token nowhere: either it was not granted, or the
+    // grant was returned.
+    let db = PgDatabase::create().unwrap();
+    // Far longer than the test waits: neither side's timeout ends the purge.
+    let locker = PgLocker::new(&db.url())
+        .unwrap()
+        .with_request_timeout(Duration::from_secs(20))
+        .unwrap();
+    smol::block_on(locker.connect()).unwrap();
+    db.query(
+        "CREATE FUNCTION purge_gate() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN PERFORM pg_advisory_xact_lock(7001); RETURN NULL; END $$; \
+         CREATE TRIGGER purge_gate BEFORE DELETE ON guard_locks \
+         FOR EACH STATEMENT EXECUTE FUNCTION purge_gate()",
+    )
+    .unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let gate = runtime.block_on(async {
+        let (gate, connection) = tokio_postgres::connect(&db.url(), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        gate.batch_execute("SELECT pg_advisory_lock(7001)")
+            .await
+            .unwrap();
+        gate
+    });
+    // Tells the test when a purge waits at the gate.
+    let (purge_waits_tx, purge_waits) = smol::channel::bounded::<()>(1);
+    runtime.spawn({
+        let url = db.url();
+        async move {
+            let (watcher, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                .await
+                .unwrap();
+            tokio::spawn(connection);
+            let waiting = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                           AND wait_event_type = 'Lock' AND wait_event = 'advisory'";
+            while watcher.query_one(waiting, &[]).await.unwrap().get::<_, i64>(0) == 0 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            purge_waits_tx.try_send(()).unwrap();
+        }
+    });
+    let dropped = smol::block_on(async {
+        for i in 0..2 * PURGE_EVERY {
+            let key = format!("slot:{i}");
+            let call = async { Some(locker.try_lock(&key, ttl(60_000)).await) };
+            let purge_runs = async {
+                purge_waits.recv().await.expect("the watcher runs");
+                None
+            };
+            match future::or(call, purge_runs).await {
+                Some(granted) => assert!(granted.unwrap().is_some(), "{key} is new"),
+                // The call is dropped here, its purge waiting.
+                None => return Some(key),
+            }
+        }
+        None
+    });
+    let key = dropped.expect("a purge within 2 * PURGE_EVERY acquisitions");
+    runtime
+        .block_on(gate.batch_execute("SELECT pg_advisory_unlock(7001)"))
+        .unwrap();
+    let live = db
+        .query(&format!(
+            "SELECT count(*) FROM guard_locks WHERE key = '{key}' AND expires_at > clock_timestamp()"
+        ))
+        .unwrap();
+    let retaken = smol::block_on(locker.try_lock(&key, ttl(60_000))).unwrap();
+    assert!(
+        live == "0" && retaken.is_some(),
+        "the call dropped while it purged left {key} held ({live} live lease), its token nowhere"
     );
 }
 
