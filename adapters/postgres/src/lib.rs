@@ -62,10 +62,14 @@
 //! - **Bounded requests.** Each request, waiting for the connection and
 //!   connecting included, fails with [`PgLockError::Timeout`] after the
 //!   request timeout (default [`DEFAULT_REQUEST_TIMEOUT`]) instead of
-//!   hanging; its statement is cancelled and its connection abandoned,
-//!   and the server ends statements and lock waits at the same timeout;
-//!   [`PgLocker::connect`], which an application calls at its start, ends
-//!   within it too (`a_request_to_a_server_that_does_not_answer_times_out`).
+//!   hanging; its connection is abandoned, and the server ends statements
+//!   and lock waits at the same timeout; [`PgLocker::connect`], which an
+//!   application calls at its start, ends within it too
+//!   (`a_request_to_a_server_that_does_not_answer_times_out`). A timeout
+//!   never cancels another caller's statement: PostgreSQL cancels
+//!   whatever runs on a connection, so the timed-out statement is
+//!   cancelled only once no caller waits on that connection any more
+//!   (`a_request_that_times_out_does_not_cancel_a_concurrent_caller_s_statement`).
 //!   A role that may not use the table or its sequence is refused at the
 //!   connection (`a_role_that_cannot_use_the_table_is_refused_at_the_start`).
 //! - **Bounded table.** Every [`PURGE_EVERY`]-th acquisition first
@@ -91,7 +95,8 @@
 //!   locks the row it finds): standbys' attempts write to the WAL.
 //! - TTLs are kept to the millisecond, rounded up.
 //! - One connection per locker; concurrent requests are pipelined on it,
-//!   and the server runs them one after another.
+//!   and the server runs them one after another: a statement that waits
+//!   (on a row another client has locked) delays those behind it.
 //! - The table is created, with its sequence and index, when it does not
 //!   exist (which needs the rights to); a table a DBA created is used as
 //!   it is.
