@@ -62,17 +62,25 @@
 //! - **Bounded requests.** Each request, waiting for the connection and
 //!   connecting included, fails with [`PgLockError::Timeout`] after the
 //!   request timeout (default [`DEFAULT_REQUEST_TIMEOUT`]) instead of
-//!   hanging; its statement is cancelled and its connection abandoned,
-//!   and the server ends statements and lock waits at the same timeout;
-//!   [`PgLocker::connect`], which an application calls at its start, ends
-//!   within it too (`a_request_to_a_server_that_does_not_answer_times_out`).
+//!   hanging; its connection is abandoned, and the server ends statements
+//!   and lock waits at the same timeout; [`PgLocker::connect`], which an
+//!   application calls at its start, ends within it too
+//!   (`a_request_to_a_server_that_does_not_answer_times_out`). A timeout
+//!   never cancels another caller's statement: PostgreSQL cancels
+//!   whatever runs on a connection, so the timed-out statement is
+//!   cancelled only once no caller waits on that connection any more
+//!   (`a_request_that_times_out_does_not_cancel_a_concurrent_caller_s_statement`).
 //!   A role that may not use the table or its sequence is refused at the
 //!   connection (`a_role_that_cannot_use_the_table_is_refused_at_the_start`).
-//! - **Bounded table.** After every [`PURGE_EVERY`] acquisitions the
-//!   locker deletes up to [`PURGE_BATCH`] rows whose leases ended more
-//!   than the purge grace ago (default [`DEFAULT_PURGE_GRACE`]), so keys
-//!   taken once (message ids, schedule slots) do not pile up
-//!   (`ended_leases_are_purged_after_their_grace`).
+//! - **Bounded table.** Every [`PURGE_EVERY`]-th acquisition first
+//!   deletes up to [`PURGE_BATCH`] rows whose leases ended more than the
+//!   purge grace ago (default [`DEFAULT_PURGE_GRACE`]), so keys taken
+//!   once (message ids, schedule slots) do not pile up
+//!   (`ended_leases_are_purged_after_their_grace`). The purge comes
+//!   before the grant, a request of its own (so that acquisition may
+//!   take up to twice the request timeout): a caller that gives up while
+//!   it runs was granted nothing, and no key is left held with its token
+//!   nowhere (`a_grant_given_up_while_its_call_purges_leaves_the_key_free`).
 //!
 //! # Limits
 //!
@@ -87,7 +95,8 @@
 //!   locks the row it finds): standbys' attempts write to the WAL.
 //! - TTLs are kept to the millisecond, rounded up.
 //! - One connection per locker; concurrent requests are pipelined on it,
-//!   and the server runs them one after another.
+//!   and the server runs them one after another: a statement that waits
+//!   (on a row another client has locked) delays those behind it.
 //! - The table is created, with its sequence and index, when it does not
 //!   exist (which needs the rights to); a table a DBA created is used as
 //!   it is.

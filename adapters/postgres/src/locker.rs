@@ -1,8 +1,9 @@
 //! A fenced lock service on a PostgreSQL lease table.
 
 use std::fmt;
+use std::ops::Deref;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_compat::Compat;
@@ -19,10 +20,10 @@ use crate::sql::{DEFAULT_TABLE, MAX_TABLE, Statements, identifier_rule};
 /// How long a request (connecting included) may take unless configured.
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// After every this many acquisitions, the locker deletes rows whose
-/// leases ended more than the purge grace ago ([`PURGE_BATCH`] at most):
-/// keys taken once (a message id, a schedule slot) would otherwise stay
-/// in the table for good.
+/// Every this many acquisitions, one first deletes rows whose leases
+/// ended more than the purge grace ago ([`PURGE_BATCH`] at most), then
+/// asks for its grant: keys taken once (a message id, a schedule slot)
+/// would otherwise stay in the table for good.
 pub const PURGE_EVERY: u64 = 1_024;
 
 /// The most ended leases one purge deletes.
@@ -41,9 +42,78 @@ struct Session {
     renew: Statement,
     release: Statement,
     purge: Statement,
-    /// Set when a request on it timed out: the next request opens
-    /// another (a hung connection does not report itself closed).
-    abandoned: AtomicBool,
+    /// How many callers wait on the connection (the low bits), and
+    /// [`ABANDONED`]: one word, so that no caller enters a connection
+    /// once it is abandoned, and the last one out knows it is the last.
+    callers: AtomicU64,
+}
+
+/// Set in [`Session::callers`] when a request on the connection timed
+/// out: no request is sent on it again and the next one opens another
+/// (a hung connection does not report itself closed).
+const ABANDONED: u64 = 1 << 63;
+
+impl Session {
+    /// A place for a caller on `session`, unless it is abandoned.
+    fn enter(session: &Arc<Session>) -> Option<Entered> {
+        session
+            .callers
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |callers| {
+                (callers & ABANDONED == 0).then_some(callers + 1)
+            })
+            .ok()?;
+        Some(Entered(Arc::clone(session)))
+    }
+}
+
+/// A caller's place on a [`Session`], from getting it until the
+/// request's answer, timeout or drop.
+///
+/// PostgreSQL cancels whatever statement runs on a connection, not a
+/// given one, and requests of several callers are pipelined on it; so a
+/// timed-out statement is cancelled only when the last caller leaves an
+/// abandoned connection. Nobody enters it after it is abandoned, so the
+/// statements still running there are then only those of callers who
+/// gave up: a timeout never cancels a statement another caller waits for.
+struct Entered(Arc<Session>);
+
+impl Entered {
+    /// Gives the connection up after this caller's request on it timed
+    /// out; its statement is cancelled when the last caller leaves.
+    fn abandon(&self) {
+        self.0.callers.fetch_or(ABANDONED, Ordering::AcqRel);
+    }
+}
+
+impl Deref for Entered {
+    type Target = Session;
+
+    fn deref(&self) -> &Session {
+        &self.0
+    }
+}
+
+impl Drop for Entered {
+    /// Leaves the connection; the last caller out of an abandoned one
+    /// cancels what still runs on it (from a task; the server's own
+    /// `statement_timeout` ends it too). Dropped inside [`Compat`], so a
+    /// tokio runtime is at hand.
+    fn drop(&mut self) {
+        if self.0.callers.fetch_sub(1, Ordering::AcqRel) != ABANDONED | 1 {
+            return;
+        }
+        let cancel = self.0.client.cancel_token();
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn(async move {
+                if let Err(e) = cancel.cancel_query(NoTls).await {
+                    log::debug!("PostgreSQL locker: cancelling a timed-out statement: {e}");
+                }
+            })),
+            Err(e) => {
+                log::debug!("PostgreSQL locker: no runtime to cancel a timed-out statement on: {e}")
+            }
+        }
+    }
 }
 
 /// A `Locker` and `LeaseRenewer` on a PostgreSQL lease table (see
@@ -132,10 +202,11 @@ impl PgLocker {
     }
 
     /// How long a request may take, waiting for the connection and
-    /// connecting included, before it fails, its statement is cancelled
-    /// and its connection given up; at least 1 ms, and less than half the
-    /// purge grace. It is also the session's `statement_timeout` and
-    /// `lock_timeout`, so the server ends what the client gave up.
+    /// connecting included, before it fails and its connection is given
+    /// up (its statement cancelled once no other caller waits on that
+    /// connection); at least 1 ms, and less than half the purge grace.
+    /// It is also the session's `statement_timeout` and `lock_timeout`,
+    /// so the server ends what the client gave up.
     pub fn with_request_timeout(mut self, timeout: Duration) -> Result<Self, PgLockError> {
         if timeout < Duration::from_millis(1) || timeout * 2 > self.purge_grace {
             return Err(PgLockError::invalid(
@@ -193,7 +264,7 @@ impl PgLocker {
 
     /// Deletes up to [`PURGE_BATCH`] rows whose leases ended more than
     /// the purge grace ago; returns how many. The locker does this by
-    /// itself after every [`PURGE_EVERY`] acquisitions.
+    /// itself at the start of every [`PURGE_EVERY`]-th acquisition.
     pub async fn purge_expired(&self) -> Result<u64, PgLockError> {
         let grace = i64::try_from(self.purge_grace.as_millis()).unwrap_or(i64::MAX);
         self.request("purge", async |s: &Session| {
@@ -205,8 +276,9 @@ impl PgLocker {
     /// Runs `op` on the current session (opened first if there is none
     /// or it has failed), all within the request timeout, on tokio (the
     /// caller's runtime, or async-compat's). A request that times out
-    /// cancels its statement and abandons its connection, so the next one
-    /// opens a fresh one.
+    /// abandons its connection, so the next one opens a fresh one; its
+    /// statement is cancelled once no caller waits on that connection
+    /// (see [`Entered`]).
     async fn request<T>(
         &self,
         statement: &'static str,
@@ -220,7 +292,7 @@ impl PgLocker {
             match tokio::time::timeout_at(deadline, op(&session)).await {
                 Ok(answer) => answer.map_err(|e| PgLockError::query(statement, e)),
                 Err(_) => {
-                    Self::abandon(&session);
+                    session.abandon();
                     Err(self.timed_out(statement))
                 }
             }
@@ -234,7 +306,7 @@ impl PgLocker {
         &self,
         deadline: tokio::time::Instant,
         statement: &'static str,
-    ) -> Result<Arc<Session>, PgLockError> {
+    ) -> Result<Entered, PgLockError> {
         tokio::time::timeout_at(deadline, self.session())
             .await
             .unwrap_or_else(|_| Err(self.timed_out(statement)))
@@ -248,39 +320,27 @@ impl PgLocker {
         }
     }
 
-    /// The open session, or a new one. Polled inside [`Compat`], within
-    /// a request's deadline.
-    async fn session(&self) -> Result<Arc<Session>, PgLockError> {
+    /// A place on the open session, or on a new one. Polled inside
+    /// [`Compat`], within a request's deadline.
+    async fn session(&self) -> Result<Entered, PgLockError> {
         let mut current = self.session.lock().await;
         if let Some(session) = current.as_ref()
             && !session.client.is_closed()
-            && !session.abandoned.load(Ordering::Acquire)
+            && let Some(entered) = Session::enter(session)
         {
-            return Ok(Arc::clone(session));
+            return Ok(entered);
         }
         *current = None;
         let session = Arc::new(self.open().await?);
         *current = Some(Arc::clone(&session));
-        Ok(session)
-    }
-
-    /// Gives `session` up after a request on it timed out: its statement
-    /// is cancelled on the server (from a task; the server's own
-    /// `statement_timeout` ends it too) and no request uses it again.
-    /// Polled inside [`Compat`].
-    fn abandon(session: &Session) {
-        session.abandoned.store(true, Ordering::Release);
-        let cancel = session.client.cancel_token();
-        tokio::spawn(async move {
-            if let Err(e) = cancel.cancel_query(NoTls).await {
-                log::debug!("PostgreSQL locker: cancelling a timed-out statement: {e}");
-            }
-        });
+        // `open` counted its caller in.
+        Ok(Entered(session))
     }
 
     /// Connects, creates the table unless it exists, and prepares the
-    /// statements. The connection is driven by a task of the tokio
-    /// runtime it was opened on, until the client is dropped.
+    /// statements; the session counts its caller in. The connection is
+    /// driven by a task of the tokio runtime it was opened on, until the
+    /// client is dropped.
     async fn open(&self) -> Result<Session, PgLockError> {
         let (client, connection) =
             self.config
@@ -345,12 +405,13 @@ impl PgLocker {
             renew,
             release,
             purge,
-            abandoned: AtomicBool::new(false),
+            callers: AtomicU64::new(1),
         })
     }
 
-    /// Purges ended leases after every [`PURGE_EVERY`] acquisitions, as
-    /// a request of its own; a failure is logged, never the grant's.
+    /// Purges ended leases on every [`PURGE_EVERY`]-th acquisition, as a
+    /// request of its own before the grant's; a failure is logged, never
+    /// the grant's.
     async fn purge_now_and_then(&self) {
         if self.acquisitions.fetch_add(1, Ordering::Relaxed) % PURGE_EVERY != PURGE_EVERY - 1 {
             return;
@@ -394,6 +455,12 @@ impl SendLocker for PgLocker {
 
     async fn try_lock(&self, key: &str, ttl: Ttl) -> Result<Option<Token>, PgLockError> {
         let key = checked_key(key)?;
+        // Purge before the grant, so the grant is the last step awaited: a
+        // caller that drops this future while the purge runs was granted
+        // nothing, and no key is left held for its TTL with its token
+        // nowhere (only the acquire request's own window remains, as for
+        // any request given up in flight).
+        self.purge_now_and_then().await;
         let id = self.ids.next_id();
         let (token, millis) = (&id.0[..], ttl_millis(ttl));
         let row = self
@@ -403,7 +470,6 @@ impl SendLocker for PgLocker {
                     .await
             })
             .await?;
-        self.purge_now_and_then().await;
         let Some(row) = row else {
             return Ok(None);
         };

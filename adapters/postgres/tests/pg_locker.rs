@@ -2,14 +2,17 @@
 //! on the machine's server (127.0.0.1:5432), and a private server for the
 //! restart.
 
-use std::net::TcpListener;
+use std::io::{Read as _, Write as _};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use futures_lite::future;
 use guard_core::lock::{LeaseRenewer, Locker, Renewal, Ttl, UnlockError};
 use guard_postgres::{PURGE_EVERY, PgLockError, PgLocker};
 use guard_testkit::contract;
-use guard_testkit::postgres::{PgDatabase, PgServer};
+use guard_testkit::postgres::{MACHINE_HOST, MACHINE_PORT, PgDatabase, PgServer, SUPERUSER};
 
 fn ttl(ms: u64) -> Ttl {
     Ttl::from_millis(ms).unwrap()
@@ -211,6 +214,246 @@ fn ended_leases_are_purged_after_their_grace() {
         "{left} rows after {} grants of 1 ms leases: a purge ran",
         2 * PURGE_EVERY
     );
+}
+
+#[test]
+fn a_grant_given_up_while_its_call_purges_leaves_the_key_free() {
+    // Every purge waits for an advisory lock the test holds (a trigger on
+    // the table's deletes), so the call that purges can be dropped while
+    // its purge runs. Whatever it had done by then, the key must not be
+    // held with its token nowhere: either it was not granted, or the
+    // grant was returned.
+    let db = PgDatabase::create().unwrap();
+    // Far longer than the test waits: neither side's timeout ends the purge.
+    let locker = PgLocker::new(&db.url())
+        .unwrap()
+        .with_request_timeout(Duration::from_secs(20))
+        .unwrap();
+    smol::block_on(locker.connect()).unwrap();
+    db.query(
+        "CREATE FUNCTION purge_gate() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN PERFORM pg_advisory_xact_lock(7001); RETURN NULL; END $$; \
+         CREATE TRIGGER purge_gate BEFORE DELETE ON guard_locks \
+         FOR EACH STATEMENT EXECUTE FUNCTION purge_gate()",
+    )
+    .unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let gate = runtime.block_on(async {
+        let (gate, connection) = tokio_postgres::connect(&db.url(), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        gate.batch_execute("SELECT pg_advisory_lock(7001)")
+            .await
+            .unwrap();
+        gate
+    });
+    // Tells the test when a purge waits at the gate.
+    let (purge_waits_tx, purge_waits) = smol::channel::bounded::<()>(1);
+    runtime.spawn({
+        let url = db.url();
+        async move {
+            let (watcher, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                .await
+                .unwrap();
+            tokio::spawn(connection);
+            let waiting = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                           AND wait_event_type = 'Lock' AND wait_event = 'advisory'";
+            while watcher.query_one(waiting, &[]).await.unwrap().get::<_, i64>(0) == 0 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            purge_waits_tx.try_send(()).unwrap();
+        }
+    });
+    let dropped = smol::block_on(async {
+        for i in 0..2 * PURGE_EVERY {
+            let key = format!("slot:{i}");
+            let call = async { Some(locker.try_lock(&key, ttl(60_000)).await) };
+            let purge_runs = async {
+                purge_waits.recv().await.expect("the watcher runs");
+                None
+            };
+            match future::or(call, purge_runs).await {
+                Some(granted) => assert!(granted.unwrap().is_some(), "{key} is new"),
+                // The call is dropped here, its purge waiting.
+                None => return Some(key),
+            }
+        }
+        None
+    });
+    let key = dropped.expect("a purge within 2 * PURGE_EVERY acquisitions");
+    runtime
+        .block_on(gate.batch_execute("SELECT pg_advisory_unlock(7001)"))
+        .unwrap();
+    let live = db
+        .query(&format!(
+            "SELECT count(*) FROM guard_locks WHERE key = '{key}' AND expires_at > clock_timestamp()"
+        ))
+        .unwrap();
+    let retaken = smol::block_on(locker.try_lock(&key, ttl(60_000))).unwrap();
+    assert!(
+        live == "0" && retaken.is_some(),
+        "the call dropped while it purged left {key} held ({live} live lease), its token nowhere"
+    );
+}
+
+/// A TCP relay to the machine's PostgreSQL that can hold back what the
+/// server sends while requests still reach it: a network that delays
+/// the answers.
+struct HeldAnswers {
+    port: u16,
+    held: Arc<(Mutex<bool>, Condvar)>,
+}
+
+impl HeldAnswers {
+    fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let held = Arc::new((Mutex::new(false), Condvar::new()));
+        thread::spawn({
+            let held = held.clone();
+            move || {
+                for client in listener.incoming().flatten() {
+                    let Ok(server) = TcpStream::connect((MACHINE_HOST, MACHINE_PORT)) else {
+                        continue;
+                    };
+                    relay(
+                        client.try_clone().unwrap(),
+                        server.try_clone().unwrap(),
+                        None,
+                    );
+                    relay(server, client, Some(held.clone()));
+                }
+            }
+        });
+        HeldAnswers { port, held }
+    }
+
+    /// `db`'s URL through the relay.
+    fn url(&self, db: &PgDatabase) -> String {
+        format!(
+            "postgres://{SUPERUSER}@127.0.0.1:{}/{}",
+            self.port,
+            db.name()
+        )
+    }
+
+    /// Holds the server's answers back (`true`) or lets them through.
+    fn hold(&self, on: bool) {
+        let (held, changed) = &*self.held;
+        *held.lock().unwrap() = on;
+        changed.notify_all();
+    }
+}
+
+/// Copies `from` to `to` on a thread of its own; before each chunk waits
+/// while `held` says so.
+fn relay(mut from: TcpStream, mut to: TcpStream, held: Option<Arc<(Mutex<bool>, Condvar)>>) {
+    thread::spawn(move || {
+        let mut chunk = [0; 8192];
+        while let Ok(n @ 1..) = from.read(&mut chunk) {
+            if let Some(held) = &held {
+                let (held, changed) = &**held;
+                drop(changed.wait_while(held.lock().unwrap(), |on| *on).unwrap());
+            }
+            if to.write_all(&chunk[..n]).is_err() {
+                break;
+            }
+        }
+        let _ = to.shutdown(Shutdown::Write);
+    });
+}
+
+#[test]
+fn a_request_that_times_out_does_not_cancel_a_concurrent_caller_s_statement() {
+    // Caller A's answer is held back on the way (the server has answered)
+    // until A times out. Caller B's renewal, sent on the same connection
+    // half a timeout after A's acquire, meanwhile runs on the server,
+    // waiting on a row lock the test holds until 2 s after A's timeout,
+    // well within B's own. A's timeout must not end B's statement.
+    const TIMEOUT: Duration = Duration::from_secs(10);
+    let db = PgDatabase::create().unwrap();
+    let relay = HeldAnswers::start();
+    let locker = Arc::new(
+        PgLocker::new(&relay.url(&db))
+            .unwrap()
+            .with_request_timeout(TIMEOUT)
+            .unwrap(),
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let b = locker.try_lock("b", ttl(120_000)).await.unwrap().unwrap();
+        let connect = async || {
+            let (client, connection) = tokio_postgres::connect(&db.url(), tokio_postgres::NoTls)
+                .await
+                .unwrap();
+            tokio::spawn(connection);
+            client
+        };
+        let (hold_b, watch) = (connect().await, connect().await);
+        hold_b
+            .batch_execute("BEGIN; SELECT 1 FROM guard_locks WHERE key = 'b' FOR UPDATE")
+            .await
+            .unwrap();
+        relay.hold(true);
+        let a = tokio::spawn({
+            let locker = locker.clone();
+            async move { locker.try_lock("a", ttl(120_000)).await }
+        });
+        tokio::time::sleep(TIMEOUT / 2).await;
+        let renewal = tokio::spawn({
+            let locker = locker.clone();
+            async move { locker.renew("b", &b, ttl(120_000)).await }
+        });
+        let waiting = "SELECT count(*) FROM pg_stat_activity \
+                       WHERE datname = current_database() AND wait_event_type = 'Lock'";
+        let sent = Instant::now();
+        while watch
+            .query_one(waiting, &[])
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+            == 0
+        {
+            assert!(
+                sent.elapsed() < TIMEOUT / 4,
+                "the renewal never waited on its row"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let a = a.await.unwrap();
+        assert!(
+            matches!(
+                a,
+                Err(PgLockError::Timeout {
+                    statement: "acquire",
+                    ..
+                })
+            ),
+            "{a:?}"
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        relay.hold(false);
+        hold_b.batch_execute("ROLLBACK").await.unwrap();
+        let renewal = renewal.await.unwrap();
+        assert!(
+            matches!(renewal, Ok(Renewal::Held)),
+            "the renewal beside a request that timed out: {renewal:?}"
+        );
+        assert_eq!(
+            locker.renew("b", &b, ttl(120_000)).await.unwrap(),
+            Renewal::Held,
+            "the locker carries on, on a connection of its own"
+        );
+    });
 }
 
 #[test]
