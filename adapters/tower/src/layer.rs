@@ -26,7 +26,7 @@ use crate::extract::{ClientIp, Key, KeyExtractor};
 use crate::headers::{
     Fields, PolicyField, ceil_secs, ratelimit_value, sf_string, write_retry_after,
 };
-use crate::wait::{Entered, Wait, Waited};
+use crate::wait::{Place, Wait, Waited};
 
 /// The policy name in the `RateLimit` fields unless one is given.
 pub const DEFAULT_POLICY_NAME: &str = "default";
@@ -387,10 +387,10 @@ fn answer(status: StatusCode, text: String) -> Response<Bytes> {
     response
 }
 
-/// A request that waits in its key's line, counted from before its
-/// response future is returned.
+/// A request that waits in its key's line, at the place it took on its
+/// arrival (in `call`, before its response future is returned).
 struct Queued {
-    entered: Entered,
+    place: Place,
     deadline: Instant,
     /// The refusal that sent it to the line, if it was decided first.
     refusal: Option<Report>,
@@ -523,11 +523,10 @@ impl Config {
         )
     }
 
-    /// The line a request decided `result` joins: when the layer waits,
-    /// `result` is a refusal, and it asks for no more than is left until
-    /// `deadline` (on the wait's clock). `None`: answer `result` as it is.
-    fn queue(&self, key: &str, result: &LimitResult, deadline: Instant) -> Option<Queued> {
-        let wait = self.wait.as_ref()?;
+    /// The refusal with which a request decided `result` waits in line:
+    /// `result` is a refusal that asks for no more than is left until
+    /// `deadline` (on `wait`'s clock). `None`: answer `result` as it is.
+    fn refusal_to_wait(wait: &Wait, result: &LimitResult, deadline: Instant) -> Option<Report> {
         let Ok(report) = result else { return None };
         let retry = report.retry_after()?;
         // Waiting longer than is left could only end in this refusal:
@@ -535,11 +534,7 @@ impl Config {
         if retry > deadline.saturating_duration_since(wait.now()) {
             return None;
         }
-        Some(Queued {
-            entered: wait.enter(key),
-            deadline,
-            refusal: Some(*report),
-        })
+        Some(*report)
     }
 
     /// A `429` for a request in line that got no refusal of its own: the
@@ -573,16 +568,17 @@ impl Config {
         refusal_answer
     }
 
-    /// Waits in `key`'s line as `queued`, then decides.
-    async fn wait_in_line(&self, wait: &Wait, key: &str, cost: u32, queued: Queued) -> Verdict {
+    /// Waits in line as `queued`, then decides.
+    async fn wait_in_line(&self, wait: &Wait, cost: u32, queued: Queued) -> Verdict {
         let Queued {
-            entered,
+            place,
             deadline,
             refusal,
         } = queued;
-        let waited = wait.wait(key, cost, deadline).await;
-        // Out of the line: later arrivals on the key may pass again.
-        drop(entered);
+        let waited = wait.wait(&place, cost, deadline).await;
+        // Out of the line: the next arrival's turn, and later arrivals on
+        // the key may pass again once nobody waits.
+        drop(place);
         match waited {
             Waited::Admitted(report) => self.verdict(Ok(report)),
             Waited::Ended(WaitError::Deadline(report)) => self.verdict(Ok(report)),
@@ -595,28 +591,36 @@ impl Config {
     }
 
     /// The decision of a request that could not be decided in `call`:
-    /// asked of a limiter that waits for its backend (`queued` is `None`),
-    /// or waited for in line.
-    async fn decide_later(
-        &self,
-        key: &str,
-        cost: u32,
-        deadline: Option<Instant>,
-        queued: Option<Queued>,
-    ) -> Verdict {
-        let queued = match queued {
-            Some(queued) => queued,
-            None => {
-                let result = self.limiter.check_n(key, cost).await;
-                let queued = deadline.and_then(|d| self.queue(key, &result, d));
-                match queued {
-                    Some(queued) => queued,
-                    None => return self.verdict(result),
+    /// asked of a limiter that waits for its backend, or waited for in
+    /// line.
+    async fn decide_later(&self, cost: u32, later: Later) -> Verdict {
+        let queued = match later {
+            Later::Wait(queued) => queued,
+            Later::Ask { key, held } => {
+                let result = self.limiter.check_n(&key, cost).await;
+                let (Some(wait), Some((place, deadline))) = (&self.wait, held) else {
+                    return self.verdict(result);
+                };
+                // Admitted, or refused for longer than it may wait: out of
+                // the line (the place dropped) and answered.
+                let Some(refusal) = Self::refusal_to_wait(wait, &result, deadline) else {
+                    return self.verdict(result);
+                };
+                // At the place taken on arrival: behind the earlier
+                // arrivals and ahead of the later ones, whatever order the
+                // limiter decided them in.
+                if place.wait().is_err() {
+                    return Verdict::Answer(self.crowded(Crowded::LineFull, Some(refusal)));
+                }
+                Queued {
+                    place,
+                    deadline,
+                    refusal: Some(refusal),
                 }
             }
         };
         match &self.wait {
-            Some(wait) => self.wait_in_line(wait, key, cost, queued).await,
+            Some(wait) => self.wait_in_line(wait, cost, queued).await,
             None => unreachable!("only a layer that waits queues requests"),
         }
     }
@@ -636,13 +640,24 @@ enum Remote<O> {
 enum Next {
     /// Decided.
     Now(LimitResult),
-    /// To be decided in the response future, on this key (owned): the
-    /// limiter waits for its backend, or the request waits in line.
-    Later {
+    /// Answered by the layer without a decision: its line is full.
+    Answered(Response<Bytes>),
+    /// To be decided in the response future.
+    Later(Later),
+}
+
+/// What the response future decides, from what `call` left it.
+enum Later {
+    /// Ask the limiter, which waits for its backend, on this key (owned).
+    /// With a layer that waits, the request holds its place in its key's
+    /// line from its arrival, and waits there until the deadline if
+    /// refused.
+    Ask {
         key: String,
-        deadline: Option<Instant>,
-        queued: Option<Queued>,
+        held: Option<(Place, Instant)>,
     },
+    /// Wait in line.
+    Wait(Queued),
 }
 
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimitService<S>
@@ -671,43 +686,50 @@ where
             },
         };
         let key = key.as_str();
+        // A request that may wait takes its place in its key's line here,
+        // on arrival: the line is then in the order of the calls, whatever
+        // order their response futures are first polled in.
         let next = match &config.wait {
             // Others wait on this key: behind them.
             Some(wait) if !wait.nobody_waits(key) => {
                 let deadline = wait.deadline(wait.now());
-                Next::Later {
-                    key: key.to_owned(),
-                    deadline: Some(deadline),
-                    queued: Some(Queued {
-                        entered: wait.enter(key),
+                match wait.enter(key) {
+                    Ok(place) => Next::Later(Later::Wait(Queued {
+                        place,
                         deadline,
                         refusal: None,
-                    }),
+                    })),
+                    Err(_) => Next::Answered(config.crowded(Crowded::LineFull, None)),
                 }
             }
             _ => match config.decide_now(key, cost) {
-                Some(result) => {
-                    // Refused within what the wait allows: into the line.
-                    let queued = match &config.wait {
-                        Some(wait) if matches!(&result, Ok(r) if r.is_denied()) => {
-                            config.queue(key, &result, wait.deadline(wait.now()))
+                // Refused within what the wait allows: into the line.
+                Some(result) => match &config.wait {
+                    Some(wait) if matches!(&result, Ok(r) if r.is_denied()) => {
+                        let deadline = wait.deadline(wait.now());
+                        match Config::refusal_to_wait(wait, &result, deadline) {
+                            Some(refusal) => match wait.enter(key) {
+                                Ok(place) => Next::Later(Later::Wait(Queued {
+                                    place,
+                                    deadline,
+                                    refusal: Some(refusal),
+                                })),
+                                Err(_) => {
+                                    Next::Answered(config.crowded(Crowded::LineFull, Some(refusal)))
+                                }
+                            },
+                            None => Next::Now(result),
                         }
-                        _ => None,
-                    };
-                    match queued {
-                        Some(queued) => Next::Later {
-                            key: key.to_owned(),
-                            deadline: Some(queued.deadline),
-                            queued: Some(queued),
-                        },
-                        None => Next::Now(result),
                     }
-                }
-                None => Next::Later {
-                    key: key.to_owned(),
-                    deadline: config.wait.as_ref().map(|w| w.deadline(w.now())),
-                    queued: None,
+                    _ => Next::Now(result),
                 },
+                None => Next::Later(Later::Ask {
+                    key: key.to_owned(),
+                    held: config
+                        .wait
+                        .as_ref()
+                        .map(|w| (w.hold(key), w.deadline(w.now()))),
+                }),
             },
         };
         match next {
@@ -720,18 +742,15 @@ where
                 },
                 Verdict::Answer(refusal) => ResponseFuture::answered(refusal),
             },
-            Next::Later {
-                key,
-                deadline,
-                queued,
-            } => {
+            Next::Answered(refusal) => ResponseFuture::answered(refusal),
+            Next::Later(later) => {
                 let clone = self.inner.clone();
                 let mut inner = mem::replace(&mut self.inner, clone);
                 let config = Arc::clone(&self.config);
                 ResponseFuture {
                     state: State::Deciding {
                         future: Box::pin(async move {
-                            match config.decide_later(&key, cost, deadline, queued).await {
+                            match config.decide_later(cost, later).await {
                                 Verdict::Admit(fields) => Remote::Called(
                                     inner.call(Request::from_parts(parts, body)).await,
                                     fields,

@@ -126,6 +126,12 @@
 //!   arrival order, and a unit freed for a waiter is not taken by a
 //!   request that arrived later (which, with a steady stream of arrivals,
 //!   would starve the waiters until their deadline).
+//! - A request's arrival is its `Service::call`: it takes its place in
+//!   line there, so the order does not depend on the order its response
+//!   future and the others are first polled in. With a limiter that waits
+//!   for its backend, a request holds its place from its call while the
+//!   limiter decides (later arrivals still ask meanwhile); refused, it
+//!   waits at that place, behind the earlier arrivals.
 //! - Admitted: the inner service is called with the fields of the
 //!   admitting decision. A waiter whose turn comes when the limiter asks
 //!   for more than is left of its wait is answered `429` then, with that
@@ -135,8 +141,10 @@
 //! - More than [`LINE_CAPACITY`](guard_std::run::LINE_CAPACITY) waiters on
 //!   a key: `429` at once, saying so. A cost above the quota stays `413`;
 //!   a backend failure follows [`OnBackendError`].
-//! - A response future dropped while waiting (the client went away)
-//!   leaves the line, and the next waiter's turn comes at once.
+//! - A response future dropped while in line (the client went away),
+//!   polled or not, leaves the line, and the next waiter's turn comes at
+//!   once. A waiter's deadline bounds its wait behind earlier arrivals
+//!   too, also behind one whose future is not polled yet.
 //!
 //! Deadlines and sleeps are on `runtime`'s clock, so under
 //! `tokio::time::pause` (with the limiter on the same clock,

@@ -12,6 +12,7 @@ mod common;
 
 use common::Answer;
 use std::convert::Infallible;
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -20,7 +21,7 @@ use guard_core::limit::{FullPolicy, Rate, TokenBucket};
 use guard_std::ratelimit::{LimitFuture, MemoryLimiter, Quota, RateLimiter, ReconfigureError};
 use guard_std::run::{LINE_CAPACITY, RuntimeClock};
 use guard_tokio::Tokio;
-use guard_tower::{ConfigError, HeaderKey, RateLimitLayer};
+use guard_tower::{ConfigError, HeaderKey, RateLimitLayer, RateLimitService};
 use http::{Request, Response, StatusCode};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -114,6 +115,28 @@ async fn spawn(
         let response = service.oneshot(request).await.unwrap();
         Answer::read(response).await
     });
+    settle().await;
+    handle
+}
+
+/// The response future of a request arriving through `service`: its
+/// `call` done, the future not yet polled.
+async fn arrive(
+    service: &mut RateLimitService<Recorder>,
+    request: Request<String>,
+) -> <RateLimitService<Recorder> as Service<Request<String>>>::Future {
+    service.ready().await.unwrap().call(request)
+}
+
+/// Polls `future` on its own task from now on, after letting it run as
+/// far as it can without moving the clock.
+async fn poll_from_now<F>(future: F) -> JoinHandle<Answer>
+where
+    F: Future<Output = Result<Response<guard_tower::ResponseBody<String>>, Infallible>>
+        + Send
+        + 'static,
+{
+    let handle = tokio::spawn(async move { Answer::read(future.await.unwrap()).await });
     settle().await;
     handle
 }
@@ -354,6 +377,114 @@ async fn a_full_line_is_answered_429_and_the_inner_service_sees_only_admissions(
     assert!(Instant::now() >= start + Duration::from_millis(10) * capacity);
 }
 
+/// Asserts that requests 1, 2 and 3, waiting since `start` on a bucket of
+/// one token a second emptied at `start`, are admitted in that order, one
+/// at each of their checkpoints. A waiter admitted 100 ms after its token
+/// (its jitter and the checkpoint) leaves an empty bucket, so the next
+/// token comes 1 s after that admission: admissions at 1.1 s, 2.2 s,
+/// 3.3 s, and none before 0.9 s, 2.0 s, 3.1 s.
+async fn admitted_in_order_at_checkpoints(start: Instant, inner: &Recorder) {
+    for k in 1..=3u32 {
+        let at = Duration::from_millis(1_100) * k;
+        advance_to(start, at - Duration::from_millis(200)).await;
+        assert_eq!(inner.ids().len(), k as usize, "nobody before {at:?}");
+        advance_to(start, at).await;
+        let expected: Vec<u32> = (0..=k).collect();
+        assert_eq!(
+            inner.ids(),
+            expected,
+            "at {at:?}, in the order of the calls"
+        );
+        assert_eq!(inner.at(k), Some(start + at));
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn requests_are_admitted_in_the_order_of_their_calls_whatever_order_they_are_polled_in() {
+    let layer = layer(bucket(1, Rate::per_second(1)), Duration::from_secs(10));
+    let inner = Recorder::default();
+    let start = Instant::now();
+    let first = spawn(&layer, &inner, request("k", 0)).await;
+
+    // Arrivals 1, 2, 3, as a server that calls the service for several
+    // requests before polling any; then polled last to first.
+    let mut service = layer.layer(inner.clone());
+    let one = arrive(&mut service, request("k", 1)).await;
+    let two = arrive(&mut service, request("k", 2)).await;
+    let three = arrive(&mut service, request("k", 3)).await;
+    let three = poll_from_now(three).await;
+    let two = poll_from_now(two).await;
+    let one = poll_from_now(one).await;
+    assert_eq!(inner.ids(), [0]);
+
+    admitted_in_order_at_checkpoints(start, &inner).await;
+    for handle in [first, one, two, three] {
+        assert_eq!(handle.await.unwrap().status, StatusCode::OK);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_dropped_before_its_first_poll_hands_its_turn_on() {
+    let layer = layer(bucket(1, Rate::per_second(1)), Duration::from_secs(10));
+    let inner = Recorder::default();
+    let start = Instant::now();
+    let first = spawn(&layer, &inner, request("k", 0)).await;
+
+    let mut service = layer.layer(inner.clone());
+    let gone = arrive(&mut service, request("k", 1)).await;
+    let next = arrive(&mut service, request("k", 2)).await;
+    let last = arrive(&mut service, request("k", 3)).await;
+    // The first in line goes away without its future ever being polled;
+    // the others are polled last to first.
+    drop(gone);
+    let last = poll_from_now(last).await;
+    let next = poll_from_now(next).await;
+
+    advance_to(start, Duration::from_millis(1_100)).await;
+    assert_eq!(
+        inner.ids(),
+        [0, 2],
+        "the slot at 1 s goes to the next arrival"
+    );
+    advance_to(start, Duration::from_millis(2_200)).await;
+    assert_eq!(inner.ids(), [0, 2, 3]);
+    for handle in [first, next, last] {
+        assert_eq!(handle.await.unwrap().status, StatusCode::OK);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_behind_one_not_yet_polled_waits_no_longer_than_its_max() {
+    // One token a second, a wait of at most 2 s.
+    let layer = layer(bucket(1, Rate::per_second(1)), Duration::from_secs(2));
+    let inner = Recorder::default();
+    let start = Instant::now();
+    let first = spawn(&layer, &inner, request("k", 0)).await;
+    assert_eq!(first.await.unwrap().status, StatusCode::OK);
+
+    let mut service = layer.layer(inner.clone());
+    // Refused, in line from its call; its future is held unpolled.
+    let held = arrive(&mut service, request("k", 1)).await;
+    let behind = spawn(&layer, &inner, request("k", 2)).await;
+
+    // Paused time runs by itself: the token freed at 1 s is kept for the
+    // earlier arrival, and the later one is answered at its deadline.
+    let behind = behind.await.unwrap();
+    assert_eq!(Instant::now(), start + Duration::from_secs(2));
+    assert_eq!(behind.status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(
+        behind.text.contains("not admitted within"),
+        "{}",
+        behind.text
+    );
+    assert_eq!(inner.ids(), [0]);
+
+    // Polled now, the earlier arrival is at its turn and takes that token.
+    let held = poll_from_now(held).await;
+    assert_eq!(held.await.unwrap().status, StatusCode::OK);
+    assert_eq!(inner.at(1), Some(start + Duration::from_secs(2)));
+}
+
 /// A limiter that waits for its "backend" (one `Pending` before each
 /// decision, then `latency` of virtual time), like a Redis one.
 struct Remote {
@@ -450,6 +581,34 @@ async fn a_backend_that_holds_waiters_past_their_wait_gets_them_429_at_their_dea
         Some(r#""default";q=1;w=3"#)
     );
     assert_eq!(inner.ids(), [0]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_a_limiter_that_waits_for_its_backend_requests_are_admitted_in_the_order_of_their_calls()
+ {
+    let layer = layer(
+        Remote::new(bucket(1, Rate::per_second(1))),
+        Duration::from_secs(10),
+    );
+    let inner = Recorder::default();
+    let start = Instant::now();
+    let first = spawn(&layer, &inner, request("k", 0)).await;
+    assert_eq!(first.await.unwrap().status, StatusCode::OK);
+    assert_eq!(Instant::now(), start);
+
+    // Arrivals 1, 2, 3, their decisions asked in the order 3, 2, 1.
+    let mut service = layer.layer(inner.clone());
+    let one = arrive(&mut service, request("k", 1)).await;
+    let two = arrive(&mut service, request("k", 2)).await;
+    let three = arrive(&mut service, request("k", 3)).await;
+    let three = poll_from_now(three).await;
+    let two = poll_from_now(two).await;
+    let one = poll_from_now(one).await;
+
+    admitted_in_order_at_checkpoints(start, &inner).await;
+    for handle in [one, two, three] {
+        assert_eq!(handle.await.unwrap().status, StatusCode::OK);
+    }
 }
 
 #[test]
