@@ -1774,3 +1774,135 @@ fn a_flood_of_distinct_limiter_keys_stays_within_the_table() {
         "RSS grew from {before} KiB to {after} KiB"
     );
 }
+
+/// The lease key of the elected endpoint's lease in `server` (the key
+/// that expires, as opposed to the fence counter).
+fn endpoint_lease_key(server: &RedisServer) -> Option<String> {
+    let mut conn = redis::Client::open(server.url())
+        .and_then(|c| c.get_connection())
+        .unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*endpoint*")
+        .query(&mut conn)
+        .unwrap();
+    keys.into_iter().find(|key| {
+        let ttl: i64 = redis::cmd("PTTL").arg(key).query(&mut conn).unwrap();
+        ttl > 0
+    })
+}
+
+#[test]
+fn a_rate_limited_elected_leader_makes_no_effect_after_its_lease_is_gone() {
+    const TTL_MS: u64 = 3_000;
+    let server = RedisServer::start().expect("redis-server");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limited-elected.toml");
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+[locker]
+kind = "redis"
+url = "{}"
+request_timeout_ms = 300
+
+[guards]
+owner = "it"
+active_ttl_ms = {TTL_MS}
+active_interval_ms = 500
+
+[ratelimit]
+enabled = true
+[ratelimit.policies.slow]
+algorithm = "sliding"
+window_ms = 4000
+limit = 1
+
+[[endpoints]]
+name = "alerts"
+kind = "redis-pubsub"
+patterns = ["alerts.*"]
+limit = "slow"
+when_limited = "wait"
+max_wait_ms = 20000
+"#,
+            server.url()
+        ),
+    )
+    .unwrap();
+    let lines: Lines = Arc::default();
+    let _processes: Vec<Process> = (0..2).map(|id| start(id, &path, &lines)).collect();
+    let mut conn = pattern_subscribed(&server);
+    for i in 0..5 {
+        let _: i64 = redis::cmd("PUBLISH")
+            .arg("alerts.fire")
+            .arg(format!("m{i}"))
+            .query(&mut conn)
+            .unwrap();
+    }
+    // The first passes the limiter; the next waits in it, in the handler.
+    assert!(
+        wait_for(Duration::from_secs(10), || !received_with_fences(
+            &lines, "alerts"
+        )
+        .is_empty()),
+        "{:?}",
+        lines.lock().unwrap()
+    );
+    let (leader, old_fence, _) = received_with_fences(&lines, "alerts")[0].clone();
+    // The lease is taken from the leader: the standby is promoted under
+    // a higher fence while a message waits in the leader's limiter.
+    let key = endpoint_lease_key(&server).expect("the endpoint's lease key");
+    let _: i64 = redis::cmd("DEL").arg(&key).query(&mut conn).unwrap();
+    let taken_at = Instant::now();
+    // The new leader subscribes; what it receives, it handles.
+    let new_leader_first = loop {
+        assert!(
+            taken_at.elapsed() < Duration::from_secs(15),
+            "no new leader: {:?}",
+            lines.lock().unwrap()
+        );
+        let _: i64 = redis::cmd("PUBLISH")
+            .arg("alerts.fire")
+            .arg(format!("after-{}", taken_at.elapsed().as_millis()))
+            .query(&mut conn)
+            .unwrap();
+        thread::sleep(Duration::from_millis(500));
+        let found = lines.lock().unwrap().iter().find_map(|(id, t, l)| {
+            (*id != leader
+                && l.starts_with("received endpoint=alerts")
+                && !l.contains(&format!(" fence={old_fence} ")))
+            .then_some(*t)
+        });
+        if let Some(at) = found {
+            break at;
+        }
+    };
+    // The old leader's limiter admits its waiting messages within the
+    // 4 s window and its 20 s wait.
+    thread::sleep(Duration::from_secs(9));
+    let stale: Vec<String> = lines
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(id, t, l)| {
+            *id == leader
+                && *t > new_leader_first
+                && l.starts_with("received endpoint=alerts")
+                && l.contains(&format!(" fence={old_fence} "))
+        })
+        .map(|(_, _, l)| l.clone())
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "the old leader acted under fence {old_fence} after the new leader's first message: {stale:?}"
+    );
+    // What it held is kept as dead letters, with the reason.
+    let kept = lines
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(id, _, l)| *id == leader && l.starts_with("dead-lettered endpoint=alerts"))
+        .count();
+    assert!(kept >= 1, "{:?}", lines.lock().unwrap());
+}
