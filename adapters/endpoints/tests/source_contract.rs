@@ -553,3 +553,69 @@ impl ElectedSource for Binlog {
 fn the_binlog_reader_keeps_the_elected_source_contract() {
     sources::run_all(&Binlog::start());
 }
+
+// ------------------------------------------------- no secret, every source
+
+/// The password of every URL below.
+const SECRET: &str = "TopSecret42";
+
+/// What a constructor's outcome prints: its error's texts, or its
+/// `Debug`.
+fn printed<T: std::fmt::Debug, E: std::error::Error + 'static>(made: Result<T, E>) -> Vec<String> {
+    match made {
+        Ok(made) => vec![format!("{made:?}")],
+        Err(e) => sources::error_texts(&e),
+    }
+}
+
+#[test]
+fn no_source_prints_the_password_of_its_url() {
+    let config = GuardConfig::new();
+    let scope = config.scope("endpoint/contract").unwrap();
+    let mut texts = Vec::new();
+    for url in [
+        format!("redis://user:{SECRET}@127.0.0.1:6379/"),
+        format!("redis://user:{SECRET}@127.0.0.1:6379/x"),
+    ] {
+        texts.extend(printed(PubSubEndpoint::new(
+            &url,
+            &config,
+            &scope,
+            &["contract.*"],
+        )));
+    }
+    for url in [
+        format!("nats://user:{SECRET}@127.0.0.1:4222"),
+        format!("nats://user:{SECRET}@"),
+        format!("http://user:{SECRET}@127.0.0.1:4222"),
+    ] {
+        texts.extend(printed(NatsOptions::new(&url)));
+    }
+    for url in [
+        format!("amqp://guest:{SECRET}@127.0.0.1:5672/%2f"),
+        format!("amqp://guest:{SECRET}@"),
+        format!("amqps://guest:{SECRET}@127.0.0.1:5672/%2f?bad=1"),
+    ] {
+        texts.extend(printed(AmqpOptions::new(&url)));
+    }
+    for url in [
+        format!("mysql://root:{SECRET}@db.example:3306"),
+        format!("mysql://root:{SECRET}@db.example:3306/app"),
+    ] {
+        texts.extend(printed(BinlogReader::new(
+            &url, "contract", &config, &scope,
+        )));
+    }
+    for url in [
+        format!("postgres://app:{SECRET}@db.example/app"),
+        format!("postgres://app:{SECRET}@db.example:99999/app"),
+        format!("host=db.example user=app password={SECRET} dbname=app"),
+    ] {
+        texts.extend(printed(guard_endpoints::postgres::PgQueue::new(
+            &url, "jobs",
+        )));
+    }
+    if let Err(violation) = sources::check_secret_hidden(&texts, SECRET) {
+        panic!("{violation}");
+    }
+}

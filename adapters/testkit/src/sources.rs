@@ -339,6 +339,29 @@ pub fn check_every_message_accounted(
     Ok(())
 }
 
+/// Rule: a password given in a source's URL never shows in what the
+/// source prints about itself (its errors, their sources, its `Debug`).
+pub fn check_secret_hidden(texts: &[String], secret: &str) -> Result<(), Violation> {
+    match texts.iter().find(|text| text.contains(secret)) {
+        Some(text) => Err(Violation {
+            rule: "no secret printed",
+            detail: format!("the password shows in: {text}"),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// What an error prints: its `Display`, its `Debug` and its sources'.
+pub fn error_texts(error: &(dyn std::error::Error + 'static)) -> Vec<String> {
+    let mut texts = vec![error.to_string(), format!("{error:?}")];
+    let mut source = error.source();
+    while let Some(cause) = source {
+        texts.push(cause.to_string());
+        source = cause.source();
+    }
+    texts
+}
+
 /// A [`LocalLocker`] whose current leases can be cut off: after
 /// [`partition`](Self::partition), renewing any lease granted before it
 /// never answers (a leader cut off from its lock service), while new
