@@ -31,14 +31,11 @@
 //! again.
 
 use std::fmt;
-use std::future::Future;
 use std::sync::Arc;
 
-use guard_core::retry::{Classifier, RetryPolicy};
 use guard_std::Throttle;
 use guard_std::run::LeaseState;
 
-use crate::deliver::{self, GaveUp};
 use crate::runtime::LeaseCheck;
 
 /// The lease an elected endpoint read a message under, handed to the
@@ -336,60 +333,78 @@ impl<M, C: Fn()> Drop for InHand<'_, M, C> {
     }
 }
 
-/// How one message's delivery ended.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Delivered {
-    /// The handler took it.
-    Handled,
-    /// The handler gave it up and the lease, if any, is valid now: the
-    /// caller writes its dead letter at once, with no wait between.
-    GaveUp(GaveUp),
-    /// Not handled, for this reason; not dead-lettered under the lease.
-    Unhandled(UnhandledReason),
+/// The path's per-message step, for the sources whose handler returns a
+/// result (retried): the elected NATS subscriber, RabbitMQ fanout
+/// consumer and binlog reader.
+#[cfg(any(feature = "nats", feature = "amqp", feature = "mysql"))]
+mod step {
+    use std::fmt;
+    use std::future::Future;
+
+    use guard_core::retry::{Classifier, RetryPolicy};
+    use guard_std::run::LeaseState;
+
+    use super::{ElectedLease, UnhandledReason};
+    use crate::deliver::{self, GaveUp};
+
+    /// How one message's delivery ended.
+    #[derive(Debug, PartialEq, Eq)]
+    pub(crate) enum Delivered {
+        /// The handler took it.
+        Handled,
+        /// The handler gave it up and the lease, if any, is valid now: the
+        /// caller writes its dead letter at once, with no wait between.
+        GaveUp(GaveUp),
+        /// Not handled, for this reason; not dead-lettered under the lease.
+        Unhandled(UnhandledReason),
+    }
+
+    /// Delivers `message` to `handler` under `policy`: with a `lease`, the
+    /// lease is checked before the first call, before each retry, and once
+    /// more when the handler gave up (the dead letter that follows is a side
+    /// effect too); a refusal of the lease is counted as refused late
+    /// (`guard_active_refused_late_total{key}`) where it found the deadline
+    /// past.
+    pub(crate) async fn deliver<M, F, Fut, E>(
+        policy: RetryPolicy,
+        classifier: Classifier<E>,
+        label: &str,
+        lease: Option<&ElectedLease>,
+        message: &M,
+        handler: F,
+    ) -> Delivered
+    where
+        M: Clone,
+        F: FnMut(M) -> Fut,
+        Fut: Future<Output = Result<(), E>>,
+        E: fmt::Display,
+    {
+        if let Some(lease) = lease {
+            match lease.state() {
+                LeaseState::Valid(_) => {}
+                LeaseState::PastDeadline => {
+                    guard_std::metrics::record_refused_late(lease.key());
+                    return Delivered::Unhandled(UnhandledReason::PastDeadline);
+                }
+                LeaseState::NotHeld => return Delivered::Unhandled(UnhandledReason::Demoted),
+            }
+        }
+        let may_call = || lease.is_none_or(ElectedLease::is_valid);
+        match deliver::handle_while(policy, classifier, label, message, may_call, handler).await {
+            Ok(()) => Delivered::Handled,
+            Err(gave_up) if gave_up.interrupted || !may_call() => {
+                Delivered::Unhandled(UnhandledReason::LeaseLost {
+                    attempts: gave_up.attempts,
+                    error: gave_up.error,
+                })
+            }
+            Err(gave_up) => Delivered::GaveUp(gave_up),
+        }
+    }
 }
 
-/// Delivers `message` to `handler` under `policy`: with a `lease`, the
-/// lease is checked before the first call, before each retry, and once
-/// more when the handler gave up (the dead letter that follows is a side
-/// effect too); a refusal of the lease is counted as refused late
-/// (`guard_active_refused_late_total{key}`) where it found the deadline
-/// past.
-pub(crate) async fn deliver<M, F, Fut, E>(
-    policy: RetryPolicy,
-    classifier: Classifier<E>,
-    label: &str,
-    lease: Option<&ElectedLease>,
-    message: &M,
-    handler: F,
-) -> Delivered
-where
-    M: Clone,
-    F: FnMut(M) -> Fut,
-    Fut: Future<Output = Result<(), E>>,
-    E: fmt::Display,
-{
-    if let Some(lease) = lease {
-        match lease.state() {
-            LeaseState::Valid(_) => {}
-            LeaseState::PastDeadline => {
-                guard_std::metrics::record_refused_late(lease.key());
-                return Delivered::Unhandled(UnhandledReason::PastDeadline);
-            }
-            LeaseState::NotHeld => return Delivered::Unhandled(UnhandledReason::Demoted),
-        }
-    }
-    let may_call = || lease.is_none_or(ElectedLease::is_valid);
-    match deliver::handle_while(policy, classifier, label, message, may_call, handler).await {
-        Ok(()) => Delivered::Handled,
-        Err(gave_up) if gave_up.interrupted || !may_call() => {
-            Delivered::Unhandled(UnhandledReason::LeaseLost {
-                attempts: gave_up.attempts,
-                error: gave_up.error,
-            })
-        }
-        Err(gave_up) => Delivered::GaveUp(gave_up),
-    }
-}
+#[cfg(any(feature = "nats", feature = "amqp", feature = "mysql"))]
+pub(crate) use step::{Delivered, deliver};
 
 #[cfg(test)]
 mod tests {
@@ -447,8 +462,10 @@ mod tests {
         assert_eq!(seen[2].payload, [2]);
     }
 
+    #[cfg(any(feature = "nats", feature = "amqp", feature = "mysql"))]
     #[test]
     fn without_a_lease_a_failing_handler_is_given_up_for_its_dead_letter() {
+        use guard_core::retry::{Classifier, RetryPolicy};
         let policy = RetryPolicy::fixed_delay(1, std::time::Duration::from_millis(1));
         let delivered = futures_lite::future::block_on(deliver(
             policy,

@@ -2,7 +2,10 @@
 //! source, against its real server: the lease ending while a message
 //! waits in the handler, between its retries and in the source's queue
 //! gives no effect or call under the ended lease, no shared dead letter,
-//! and every message read ends somewhere.
+//! and every message read ends somewhere; on each source that delivers
+//! once, every message ends handled or dead-lettered whole, and a server
+//! restart loses nothing the source stored; on every source, a URL's
+//! password is never printed.
 
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -17,14 +20,17 @@ use guard_endpoints::amqp::{AmqpOptions, DEFAULT_PREFETCH, FanoutConsumer};
 use guard_endpoints::delivery::{ElectedLease, Unhandled};
 use guard_endpoints::mqtt::{MqttEndpoint, MqttOptions, Subscription};
 use guard_endpoints::mysql::BinlogReader;
-use guard_endpoints::nats::{Delivery as NatsDelivery, NatsOptions, NatsSubscriber};
-use guard_endpoints::redis::PubSubEndpoint;
+use guard_endpoints::nats::{
+    Delivery as NatsDelivery, JetStreamConsumer, NatsOptions, NatsSubscriber,
+};
+use guard_endpoints::redis::{PubSubEndpoint, StreamConsumer};
+use guard_redis::{RedisConnection, StreamDlq, Topology};
 use guard_smol::control;
 use guard_std::GuardConfig;
 use guard_testkit::mariadb::MariaDb;
 use guard_testkit::nats::NatsServer;
 use guard_testkit::rabbitmq::Vhost;
-use guard_testkit::sources::{self, Delivery, ElectedSource, Handler, Ledger, Stop};
+use guard_testkit::sources::{self, Delivery, ElectedSource, Handler, Ledger, SharedSource, Stop};
 use guard_testkit::{Mosquitto, RedisServer};
 use lapin::options::{
     BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions,
@@ -618,4 +624,208 @@ fn no_source_prints_the_password_of_its_url() {
     if let Err(violation) = sources::check_secret_hidden(&texts, SECRET) {
         panic!("{violation}");
     }
+}
+
+// ------------------------------------------- shared sources: Redis Streams
+
+/// The suite's view of a message from a source that delivers once.
+fn shared_delivery(payload: Vec<u8>) -> Delivery {
+    Delivery {
+        payload,
+        fence: None,
+        valid: Box::new(|| true),
+    }
+}
+
+const STREAM_DEAD_LETTERS: &str = "contract-dead-letters";
+
+struct Stream {
+    server: Mutex<RedisServer>,
+}
+
+impl Stream {
+    fn start() -> Self {
+        // Appended and synced on every write: a restart keeps the stream.
+        let server = RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"])
+            .expect("redis-server");
+        Stream {
+            server: Mutex::new(server),
+        }
+    }
+
+    fn connection(&self) -> RedisConnection {
+        let url = self.server.lock().unwrap().url();
+        smol::block_on(RedisConnection::connect(
+            Topology::Standalone { url },
+            Duration::from_millis(500),
+        ))
+        .expect("connect")
+    }
+
+    fn sync_connection(&self) -> redis::Connection {
+        let url = self.server.lock().unwrap().url();
+        redis::Client::open(url)
+            .and_then(|c| c.get_connection())
+            .expect("connect")
+    }
+}
+
+impl SharedSource for Stream {
+    fn name(&self) -> &str {
+        "redis-stream (consumer group)"
+    }
+
+    fn start(&self, id: usize, retry: RetryPolicy, handler: Handler) -> Stop {
+        let conn = self.connection();
+        let consumer = StreamConsumer::new(conn.clone(), "contract", "workers", &format!("c{id}"))
+            .unwrap()
+            .with_poll_interval(Duration::from_millis(20))
+            .with_retry(retry)
+            .unwrap()
+            .with_dead_letters(StreamDlq::new(conn), STREAM_DEAD_LETTERS)
+            .unwrap();
+        let (handle, ctl) = control();
+        let thread = thread::spawn(move || {
+            smol::block_on(consumer.run(ctl, Classifier::retry_all(), move |message| {
+                handler(
+                    id,
+                    shared_delivery(message.payload().unwrap_or_default().to_vec()),
+                )
+            }));
+        });
+        Box::new(move || {
+            handle.stop();
+            thread.join().unwrap();
+        })
+    }
+
+    fn publish_all(&self, payloads: &[Vec<u8>]) {
+        let mut conn = self.sync_connection();
+        for payload in payloads {
+            let _: String = redis::cmd("XADD")
+                .arg("contract")
+                .arg("*")
+                .arg("payload")
+                .arg(payload)
+                .query(&mut conn)
+                .unwrap();
+        }
+    }
+
+    fn dead_letters(&self) -> Vec<Vec<u8>> {
+        let dlq = StreamDlq::new(self.connection());
+        smol::block_on(dlq.range(STREAM_DEAD_LETTERS, "-", 1_000))
+            .map(|entries| entries.into_iter().map(|e| e.payload).collect())
+            .unwrap_or_default()
+    }
+
+    fn restart_server(&self) {
+        self.server.lock().unwrap().restart().expect("restart");
+    }
+}
+
+#[test]
+fn a_redis_stream_consumer_group_keeps_the_shared_source_contract() {
+    sources::run_all_shared(&Stream::start());
+}
+
+// --------------------------------------- shared sources: JetStream consumer
+
+const JETSTREAM: &str = "CONTRACT";
+
+struct JetStream {
+    server: Mutex<NatsServer>,
+    client: async_nats::Client,
+}
+
+impl JetStream {
+    fn start() -> Self {
+        let server = NatsServer::start().expect("nats-server");
+        let client = futures_lite::future::block_on(Compat::new(async_nats::connect(server.url())))
+            .expect("connect");
+        JetStream {
+            server: Mutex::new(server),
+            client,
+        }
+    }
+}
+
+impl SharedSource for JetStream {
+    fn name(&self) -> &str {
+        "nats-jetstream (durable consumer)"
+    }
+
+    fn start(&self, id: usize, retry: RetryPolicy, handler: Handler) -> Stop {
+        let options = NatsOptions::new(&self.server.lock().unwrap().url())
+            .unwrap()
+            .with_reconnect_delay(Duration::from_millis(100));
+        // Each delivery's retries, then JetStream's next delivery; the
+        // message is dead-lettered after its second.
+        let consumer = JetStreamConsumer::new(options, JETSTREAM, "workers")
+            .and_then(|c| c.with_subjects(&["contract.>"]))
+            .and_then(|c| c.with_ack_wait(Duration::from_secs(1)))
+            .map(|c| c.with_redelivery_delay(Duration::from_millis(50)))
+            .and_then(|c| c.with_max_deliver(2))
+            .and_then(|c| c.with_retry(retry))
+            .unwrap();
+        let (handle, ctl) = control();
+        let thread = thread::spawn(move || {
+            smol::block_on(consumer.run(ctl, Classifier::retry_all(), move |message| {
+                handler(id, shared_delivery(message.payload))
+            }));
+        });
+        Box::new(move || {
+            handle.stop();
+            thread.join().unwrap();
+        })
+    }
+
+    /// Each stored when this returns; retried while the stream is not
+    /// there yet (its first consumer creates it) or the server restarts.
+    fn publish_all(&self, payloads: &[Vec<u8>]) {
+        for payload in payloads {
+            let started = std::time::Instant::now();
+            loop {
+                let stored = futures_lite::future::block_on(Compat::new(async {
+                    let js = async_nats::jetstream::new(self.client.clone());
+                    js.publish("contract.jobs", payload.clone().into())
+                        .await
+                        .map_err(|e| e.to_string())?
+                        .await
+                        .map_err(|e| e.to_string())
+                }));
+                match stored {
+                    Ok(_) => break,
+                    Err(e) if started.elapsed() > Duration::from_secs(20) => {
+                        panic!("publish to JetStream: {e}")
+                    }
+                    Err(_) => thread::sleep(Duration::from_millis(100)),
+                }
+            }
+        }
+    }
+
+    fn dead_letters(&self) -> Vec<Vec<u8>> {
+        futures_lite::future::block_on(Compat::new(async {
+            let js = async_nats::jetstream::new(self.client.clone());
+            let mut letters = Vec::new();
+            if let Ok(stream) = js.get_stream(format!("{JETSTREAM}-dead-letters")).await {
+                let mut sequence = 1;
+                while let Ok(message) = stream.get_raw_message(sequence).await {
+                    letters.push(message.payload.to_vec());
+                    sequence += 1;
+                }
+            }
+            letters
+        }))
+    }
+
+    fn restart_server(&self) {
+        self.server.lock().unwrap().restart().expect("restart");
+    }
+}
+
+#[test]
+fn a_jetstream_durable_consumer_keeps_the_shared_source_contract() {
+    sources::run_all_shared(&JetStream::start());
 }

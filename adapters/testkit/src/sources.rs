@@ -769,3 +769,147 @@ pub fn run_all(source: &impl ElectedSource) {
     lease_ends_between_retries(source);
     lease_ends_while_messages_are_queued(source);
 }
+
+/// A source that delivers each message to one consumer (a consumer
+/// group, a JetStream durable consumer, a work queue, a table of work):
+/// no lease, the source's own acknowledgement and redelivery.
+///
+/// Its contract: every message ends handled or, once its handler's
+/// retries are spent, in the source's dead-letter place with its whole
+/// content ([`a_failing_message_is_dead_lettered_whole_and_the_rest_handled`]);
+/// a restart of the server loses nothing the source stored, whether it
+/// was published before the restart with no consumer running or after
+/// it ([`a_server_restart_loses_nothing_the_source_kept`]).
+pub trait SharedSource {
+    /// The source's name, in messages.
+    fn name(&self) -> &str;
+
+    /// Starts consumer `id`, calling `handler` for each message and
+    /// retrying a failing one under `retry` before dead-lettering it.
+    /// Returns what stops it.
+    fn start(&self, id: usize, retry: RetryPolicy, handler: Handler) -> Stop;
+
+    /// Publishes `payloads` in order, each stored by the source when
+    /// this returns.
+    fn publish_all(&self, payloads: &[Vec<u8>]);
+
+    /// The payloads in the source's dead-letter place.
+    fn dead_letters(&self) -> Vec<Vec<u8>>;
+
+    /// Stops the server and starts it again, keeping what it stored.
+    fn restart_server(&self);
+}
+
+fn numbered(prefix: &str, count: usize) -> Vec<Vec<u8>> {
+    (0..count)
+        .map(|i| format!("{prefix}-{i}").into_bytes())
+        .collect()
+}
+
+/// Panics with the violation, naming the shared source.
+fn judge_shared(
+    source: &impl SharedSource,
+    checked: Result<(), Violation>,
+    events: &[(Instant, Event)],
+) {
+    if let Err(violation) = checked {
+        panic!("{}: {violation}\nevents: {events:?}", source.name());
+    }
+}
+
+/// Rule: every one of `payloads` has its effect.
+fn check_every_message_handled(
+    events: &[(Instant, Event)],
+    payloads: &[Vec<u8>],
+) -> Result<(), Violation> {
+    for payload in payloads {
+        let handled = events
+            .iter()
+            .any(|(_, e)| matches!(e, Event::Effect { payload: p, .. } if p == payload));
+        if !handled {
+            return Err(Violation {
+                rule: "every message is handled",
+                detail: format!("{} was never handled", String::from_utf8_lossy(payload)),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Two consumers; 30 messages their handler takes and 2 it never does:
+/// the 30 are handled, the 2 dead-lettered whole.
+pub fn a_failing_message_is_dead_lettered_whole_and_the_rest_handled(source: &impl SharedSource) {
+    let ledger = Ledger::default();
+    let gate = Arc::new(AtomicBool::new(true));
+    let retry = RetryPolicy::fixed_delay(1, Duration::from_millis(10));
+    let stops: Vec<Stop> = (0..2)
+        .map(|id| source.start(id, retry, handler(&ledger, &gate)))
+        .collect();
+    let good = numbered("m", 30);
+    let failing = numbered("fail", 2);
+    source.publish_all(&good);
+    source.publish_all(&failing);
+    settles(|| {
+        check_every_message_handled(&ledger.events(), &good).is_ok()
+            && failing.iter().all(|f| source.dead_letters().contains(f))
+    });
+    for stop in stops {
+        stop();
+    }
+    let (events, dead) = (ledger.events(), source.dead_letters());
+    judge_shared(source, check_every_message_handled(&events, &good), &events);
+    let missing: Vec<_> = failing.iter().filter(|f| !dead.contains(f)).collect();
+    judge_shared(
+        source,
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(Violation {
+                rule: "a given-up message is dead-lettered whole",
+                detail: format!(
+                    "{:?} not among the dead letters {:?}",
+                    missing
+                        .iter()
+                        .map(|m| String::from_utf8_lossy(m))
+                        .collect::<Vec<_>>(),
+                    dead.iter()
+                        .map(|d| String::from_utf8_lossy(d))
+                        .collect::<Vec<_>>()
+                ),
+            })
+        },
+        &events,
+    );
+}
+
+/// Messages published with no consumer running, then a server restart,
+/// then a consumer, then more messages: every one is handled.
+pub fn a_server_restart_loses_nothing_the_source_kept(source: &impl SharedSource) {
+    let ledger = Ledger::default();
+    let gate = Arc::new(AtomicBool::new(true));
+    let retry = RetryPolicy::fixed_delay(1, Duration::from_millis(10));
+    // A first consumer creates what the source needs (a group, a
+    // durable consumer, a queue, a table), handles a first batch, stops.
+    let first = source.start(0, retry, handler(&ledger, &gate));
+    let before = numbered("before", 10);
+    source.publish_all(&before);
+    settles(|| check_every_message_handled(&ledger.events(), &before).is_ok());
+    first();
+    let kept = numbered("kept", 20);
+    source.publish_all(&kept);
+    source.restart_server();
+    let second = source.start(1, retry, handler(&ledger, &gate));
+    let after = numbered("after", 10);
+    source.publish_all(&after);
+    let all: Vec<Vec<u8>> = [before, kept, after].concat();
+    settles(|| check_every_message_handled(&ledger.events(), &all).is_ok());
+    second();
+    let events = ledger.events();
+    judge_shared(source, check_every_message_handled(&events, &all), &events);
+}
+
+/// Every scenario of a shared source, in turn.
+pub fn run_all_shared(source: &impl SharedSource) {
+    a_failing_message_is_dead_lettered_whole_and_the_rest_handled(source);
+    a_server_restart_loses_nothing_the_source_kept(source);
+}

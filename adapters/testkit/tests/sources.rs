@@ -1,6 +1,7 @@
-//! The elected-source contract judges a source, not itself: an in-memory
-//! elected source built right passes every scenario, and the same source
-//! with one rule broken fails the scenario of that rule, naming it.
+//! The source contracts judge a source, not themselves: an in-memory
+//! source built right (elected, or delivering once) passes every
+//! scenario, and the same source with one rule broken fails the scenario
+//! of that rule, naming it.
 
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -246,4 +247,111 @@ fn messages_forgotten_at_the_lease_s_end_are_caught() {
         message.contains("nothing read is dropped silently"),
         "{message}"
     );
+}
+
+// A source that delivers once, in memory: a queue consumers take from.
+
+/// The rule a [`SharedFake`] breaks, if any.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SharedFault {
+    /// Acknowledges a given-up message without dead-lettering it.
+    ForgetsGivenUp,
+    /// Keeps nothing across a restart.
+    ForgetsOnRestart,
+}
+
+#[derive(Default)]
+struct SharedFake {
+    fault: Option<SharedFault>,
+    queue: Arc<Mutex<VecDeque<Vec<u8>>>>,
+    dead: Arc<Mutex<Vec<Vec<u8>>>>,
+}
+
+impl guard_testkit::sources::SharedSource for SharedFake {
+    fn name(&self) -> &str {
+        "shared fake"
+    }
+
+    fn start(&self, id: usize, retry: RetryPolicy, handler: Handler) -> Stop {
+        let (queue, dead, fault) = (self.queue.clone(), self.dead.clone(), self.fault);
+        let stopped = Arc::new(AtomicBool::new(false));
+        let serve = {
+            let stopped = stopped.clone();
+            thread::spawn(move || {
+                while !stopped.load(Ordering::Relaxed) {
+                    let Some(payload) = queue.lock().unwrap().pop_front() else {
+                        thread::sleep(Duration::from_millis(5));
+                        continue;
+                    };
+                    let handled = (0..=retry.max_attempts()).any(|_| {
+                        let delivery = Delivery {
+                            payload: payload.clone(),
+                            fence: None,
+                            valid: Box::new(|| true),
+                        };
+                        smol::block_on(handler(id, delivery)).is_ok()
+                    });
+                    if !handled && fault != Some(SharedFault::ForgetsGivenUp) {
+                        dead.lock().unwrap().push(payload);
+                    }
+                }
+            })
+        };
+        Box::new(move || {
+            stopped.store(true, Ordering::Relaxed);
+            serve.join().unwrap();
+        })
+    }
+
+    fn publish_all(&self, payloads: &[Vec<u8>]) {
+        self.queue.lock().unwrap().extend(payloads.iter().cloned());
+    }
+
+    fn dead_letters(&self) -> Vec<Vec<u8>> {
+        self.dead.lock().unwrap().clone()
+    }
+
+    fn restart_server(&self) {
+        if self.fault == Some(SharedFault::ForgetsOnRestart) {
+            self.queue.lock().unwrap().clear();
+        }
+    }
+}
+
+fn shared_broken(fault: SharedFault, scenario: fn(&SharedFake)) -> String {
+    let fake = SharedFake {
+        fault: Some(fault),
+        ..SharedFake::default()
+    };
+    let failed = catch_unwind(AssertUnwindSafe(|| scenario(&fake)))
+        .expect_err("the scenario passed a broken source");
+    failed
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| failed.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_shared_source_built_right_passes_every_scenario() {
+    sources::run_all_shared(&SharedFake::default());
+}
+
+#[test]
+fn a_given_up_message_left_out_of_the_dead_letters_is_caught() {
+    let message = shared_broken(SharedFault::ForgetsGivenUp, |f| {
+        sources::a_failing_message_is_dead_lettered_whole_and_the_rest_handled(f)
+    });
+    assert!(
+        message.contains("a given-up message is dead-lettered whole"),
+        "{message}"
+    );
+}
+
+#[test]
+fn a_restart_that_loses_what_was_stored_is_caught() {
+    let message = shared_broken(SharedFault::ForgetsOnRestart, |f| {
+        sources::a_server_restart_loses_nothing_the_source_kept(f)
+    });
+    assert!(message.contains("every message is handled"), "{message}");
 }

@@ -214,7 +214,7 @@ impl PubSubEndpoint {
     /// An endpoint on the server at `url` for `patterns` (`PSUBSCRIBE`
     /// syntax), elected under `scope` with `config`'s locker (no locker:
     /// it always subscribes). The default lease timing is the
-    /// [`ActiveRunner`]'s.
+    /// [`ActiveRunner`](guard_std::run::ActiveRunner)'s.
     pub fn new(
         url: &str,
         config: &GuardConfig,
