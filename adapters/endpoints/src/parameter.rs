@@ -78,6 +78,10 @@ pub enum Parameter {
     Checkpoint,
     /// The lock service whose fences a checkpoint keeps.
     LockService,
+    /// How long a request waits for the server's answer.
+    RequestTimeout,
+    /// How often a server sends a heartbeat on an idle stream.
+    Heartbeat,
 }
 
 impl Parameter {
@@ -147,6 +151,8 @@ impl fmt::Display for Parameter {
             Parameter::ClaimLease => "claim lease",
             Parameter::Checkpoint => "checkpoint",
             Parameter::LockService => "lock service",
+            Parameter::RequestTimeout => "request timeout",
+            Parameter::Heartbeat => "heartbeat period",
         })
     }
 }

@@ -2,6 +2,9 @@
 //! binlog) started by each test on a free loopback port.
 
 use std::collections::BTreeMap;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
@@ -39,8 +42,12 @@ fn server() -> MariaDb {
 }
 
 fn reader(server: &MariaDb, config: &GuardConfig) -> BinlogReader {
+    reader_at(&server.url("app"), config)
+}
+
+fn reader_at(url: &str, config: &GuardConfig) -> BinlogReader {
     let scope = config.scope("endpoint/binlog").unwrap();
-    BinlogReader::new(&server.url("app"), "orders-cdc", config, &scope)
+    BinlogReader::new(url, "orders-cdc", config, &scope)
         .unwrap()
         .with_guard_settings(
             ActiveConfig::new()
@@ -523,6 +530,20 @@ fn bad_parameters_are_refused_naming_the_parameter_the_value_and_the_rule() {
         let (parameter, _, _) = invalid(reader.with_lock_service(bad).unwrap_err());
         assert_eq!(parameter, Parameter::LockService);
     }
+    let reader = BinlogReader::new("mysql://root@h:3306/app", "cdc", &config, &scope).unwrap();
+    let (parameter, _, rule) = invalid(reader.with_request_timeout(Duration::ZERO).unwrap_err());
+    assert_eq!(parameter, Parameter::RequestTimeout);
+    assert!(rule.contains("more than zero"), "{rule}");
+    for bad in [Duration::ZERO, Duration::from_secs(3_601)] {
+        let reader = BinlogReader::new("mysql://root@h:3306/app", "cdc", &config, &scope).unwrap();
+        let (parameter, _, _) = invalid(reader.with_heartbeat(bad).unwrap_err());
+        assert_eq!(parameter, Parameter::Heartbeat);
+    }
+    let reader = BinlogReader::new("mysql://root@h:3306/app", "cdc", &config, &scope)
+        .unwrap()
+        .with_heartbeat(Duration::from_millis(500))
+        .unwrap();
+    assert_eq!(reader.read_timeout(), Duration::from_millis(1_500));
 }
 
 #[test]
@@ -585,4 +606,176 @@ fn a_checkpoint_fenced_by_another_lock_service_is_taken_over() {
         .unwrap();
     assert_eq!(kept.trim(), lease, "kept under its lease");
     assert!(lease.starts_with("local "), "{lease}");
+}
+
+#[test]
+fn a_reader_whose_connections_go_silent_steps_down_and_resumes_from_the_checkpoint() {
+    let server = server();
+    let proxy = SilentProxy::start(server.port());
+    let seen: Seen = Arc::default();
+    let config = GuardConfig::new().with_locker(SharedLocker::new(LocalLocker::new()));
+    // Requests wait at most 2 s; heartbeats every second (the default):
+    // a dead stream is noticed after 3 s.
+    let reader = reader_at(&proxy.url("app"), &config)
+        .with_request_timeout(Duration::from_secs(2))
+        .unwrap();
+    assert_eq!(reader.read_timeout(), Duration::from_secs(3));
+    let replica = run(reader, 0, &seen);
+    wait_for_reader(&server);
+    insert(&server, 0..5, "a");
+    assert!(wait_until(Duration::from_secs(10), || handled(&seen, 0..5)));
+    // An idle stream is not taken for a dead one: the server's heartbeats
+    // arrive in the meantime.
+    thread::sleep(Duration::from_secs(7));
+    insert(&server, 5..10, "b");
+    assert!(wait_until(Duration::from_secs(10), || handled(
+        &seen,
+        5..10
+    )));
+    let fence = seen.lock().unwrap()[&0][0].1;
+    assert!(
+        seen.lock().unwrap().values().all(|h| h == &[(0, fence)]),
+        "one stream, under one fence: {:?}",
+        seen.lock().unwrap()
+    );
+
+    // Every connection goes silent, the reader's stream and its new
+    // connections alike, for longer than the read timeout (3 heartbeats)
+    // and the request timeout; then the network heals, but the reader's
+    // connections stay dead.
+    proxy.partition();
+    thread::sleep(Duration::from_secs(6));
+    proxy.heal();
+    insert(&server, 10..20, "c");
+    let resumed = wait_until(Duration::from_secs(40), || handled(&seen, 10..20));
+    let stats = stop(replica);
+    let seen = seen.lock().unwrap();
+    assert!(resumed, "the reader never came back: {stats:?} {seen:?}");
+    // It stepped down and led again, under a new fence, from its
+    // checkpoint: nothing read before the partition is handed again.
+    assert!(
+        (10..20).all(|id| seen[&id].iter().all(|&(_, f)| f > fence)),
+        "{seen:?}"
+    );
+    assert!((0..10).all(|id| seen[&id].len() == 1), "{seen:?}");
+}
+
+/// A TCP proxy to a server whose connections go silent on demand, as
+/// when the server's host vanishes or the network partitions: a silent
+/// connection forwards nothing either way and is never closed (no FIN,
+/// no RST), so its peer learns nothing from its socket.
+struct SilentProxy {
+    port: u16,
+    /// Connections accepted so far: each is numbered in turn.
+    accepted: Arc<AtomicU64>,
+    /// Connections numbered below this are silent for good.
+    cut_below: Arc<AtomicU64>,
+    /// While set, every connection is silent, new ones included.
+    partitioned: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+}
+
+impl SilentProxy {
+    fn start(target: u16) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        listener.set_nonblocking(true).unwrap();
+        let proxy = SilentProxy {
+            port,
+            accepted: Arc::default(),
+            cut_below: Arc::default(),
+            partitioned: Arc::default(),
+            stop: Arc::default(),
+        };
+        let (accepted, cut_below, partitioned, stop) = (
+            proxy.accepted.clone(),
+            proxy.cut_below.clone(),
+            proxy.partitioned.clone(),
+            proxy.stop.clone(),
+        );
+        thread::spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                let client = match listener.accept() {
+                    Ok((client, _)) => client,
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                        thread::sleep(Duration::from_millis(10));
+                        continue;
+                    }
+                    Err(_) => return,
+                };
+                let Ok(server) = TcpStream::connect(("127.0.0.1", target)) else {
+                    continue;
+                };
+                let number = accepted.fetch_add(1, Ordering::SeqCst);
+                let silent = {
+                    let (cut_below, partitioned) = (cut_below.clone(), partitioned.clone());
+                    move || {
+                        number < cut_below.load(Ordering::SeqCst)
+                            || partitioned.load(Ordering::SeqCst)
+                    }
+                };
+                let (client_out, server_out) =
+                    (client.try_clone().unwrap(), server.try_clone().unwrap());
+                for (from, to) in [(client, server_out), (server, client_out)] {
+                    let (silent, stop) = (silent.clone(), stop.clone());
+                    thread::spawn(move || pump(from, to, &silent, &stop));
+                }
+            }
+        });
+        proxy
+    }
+
+    /// `mysql://root@127.0.0.1:<proxy>/<database>`, over TCP only: a
+    /// client that prefers the server's Unix socket would go round the
+    /// proxy.
+    fn url(&self, database: &str) -> String {
+        format!(
+            "mysql://root@127.0.0.1:{}/{database}?prefer_socket=false",
+            self.port
+        )
+    }
+
+    /// Every connection goes silent, new ones too, until
+    /// [`heal`](Self::heal).
+    fn partition(&self) {
+        self.partitioned.store(true, Ordering::SeqCst);
+    }
+
+    /// New connections forward again; every one made so far stays silent
+    /// for good (its peer must give it up by itself).
+    fn heal(&self) {
+        self.cut_below
+            .store(self.accepted.load(Ordering::SeqCst), Ordering::SeqCst);
+        self.partitioned.store(false, Ordering::SeqCst);
+    }
+}
+
+impl Drop for SilentProxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Copies `from` to `to` until either closes, dropping what a silent
+/// connection reads and keeping both sockets open while it is silent.
+fn pump(mut from: TcpStream, mut to: TcpStream, silent: &dyn Fn() -> bool, stop: &AtomicBool) {
+    from.set_read_timeout(Some(Duration::from_millis(50)))
+        .unwrap();
+    let mut buf = [0_u8; 16 * 1024];
+    while !stop.load(Ordering::SeqCst) {
+        match from.read(&mut buf) {
+            Ok(0) if silent() => thread::sleep(Duration::from_millis(50)),
+            Ok(0) => break,
+            Ok(_) if silent() => {}
+            Ok(n) => {
+                if to.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(_) if silent() => thread::sleep(Duration::from_millis(50)),
+            Err(_) => break,
+        }
+    }
+    let _ = to.shutdown(Shutdown::Both);
 }

@@ -25,7 +25,19 @@
 //!   dead-letter table with its origin (file, position, row, table), and
 //!   reading goes on (`a_poisoned_change_is_dead_lettered_with_its_origin`);
 //! - after the server restarts, the reader resumes from its checkpoint
-//!   (`the_reader_resumes_from_its_checkpoint_after_the_server_restarts`).
+//!   (`the_reader_resumes_from_its_checkpoint_after_the_server_restarts`);
+//! - a connection that dies silently (the server's host vanishes, the
+//!   network partitions: no FIN, no RST) does not hold leadership: every
+//!   request the reader makes (connecting, its queries, a checkpoint, a
+//!   dead letter) waits at most the request timeout, and the stream asks
+//!   the server for a heartbeat whenever it has nothing to send, so a
+//!   stream with no event for [`HEARTBEATS_BEFORE_DEAD`] heartbeat
+//!   periods is taken for dead. Either ends the reader's serving, which
+//!   steps down (releasing the lease), and the next leader, this replica
+//!   or another, resumes from the checkpoint
+//!   (`a_reader_whose_connections_go_silent_steps_down_and_resumes_from_the_checkpoint`;
+//!   see [`BinlogReader::with_request_timeout`] and
+//!   [`BinlogReader::with_heartbeat`]).
 //!
 //! The bound on duplicates: checkpoints are taken at transaction ends
 //! (the only positions a reader can resume from: a row event needs its
@@ -50,6 +62,7 @@ mod reader;
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use guard_std::run::RunnerError;
 
@@ -64,6 +77,18 @@ pub use reader::{BinlogReader, BinlogStats, Start, json_array};
 pub const DEFAULT_CHECKPOINT_TABLE: &str = "guard_binlog_checkpoints";
 /// The dead-letter table unless configured.
 pub const DEFAULT_DEAD_LETTER_TABLE: &str = "guard_binlog_dead_letters";
+
+/// How long a request (connecting, a query, a checkpoint, a dead letter)
+/// waits for the server's answer unless configured: the longest a silent
+/// connection holds a reader that is not streaming.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often the server sends a heartbeat on an idle stream unless
+/// configured.
+pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(1);
+/// Heartbeat periods without any event after which a stream is taken for
+/// dead: one late heartbeat on a busy server or network is not a dead
+/// connection, three in a row are.
+pub const HEARTBEATS_BEFORE_DEAD: u32 = 3;
 
 /// A binlog reader's failure, or input that cannot work.
 #[derive(Clone, Debug)]
@@ -87,6 +112,14 @@ pub enum BinlogError {
         what: String,
         /// Why (shared, so the error stays `Clone`).
         source: Arc<dyn std::error::Error + Send + Sync>,
+    },
+    /// The server did not answer a request in time: its connection is
+    /// given up (one that died silently never answers).
+    Timeout {
+        /// What was asked.
+        what: String,
+        /// How long the reader waited.
+        after: Duration,
     },
 }
 
@@ -113,6 +146,13 @@ impl BinlogError {
         }
     }
 
+    pub(crate) fn timeout(what: impl Into<String>, after: Duration) -> Self {
+        BinlogError::Timeout {
+            what: what.into(),
+            after,
+        }
+    }
+
     pub(crate) fn retry(refused: RetryRefused) -> Self {
         BinlogError::invalid(Parameter::RetryPolicy, refused.value(), RetryRefused::RULE)
     }
@@ -128,6 +168,9 @@ impl fmt::Display for BinlogError {
             } => write_invalid(f, *parameter, value, rule),
             BinlogError::Guard(e) => write!(f, "binlog reader guard: {e}"),
             BinlogError::Server { what, source } => write!(f, "binlog: {what}: {source}"),
+            BinlogError::Timeout { what, after } => {
+                write!(f, "binlog: {what}: no answer within {after:?}")
+            }
         }
     }
 }
@@ -137,7 +180,7 @@ impl std::error::Error for BinlogError {
         match self {
             BinlogError::Guard(e) => Some(e),
             BinlogError::Server { source, .. } => Some(&**source),
-            BinlogError::InvalidInput { .. } => None,
+            BinlogError::InvalidInput { .. } | BinlogError::Timeout { .. } => None,
         }
     }
 }

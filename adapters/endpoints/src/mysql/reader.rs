@@ -3,13 +3,15 @@
 use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::future::Future;
+use std::time::Duration;
 
-use futures_lite::StreamExt;
+use futures_lite::{StreamExt, future};
 use guard_core::guard::ActiveConfig;
 use guard_core::lock::Scope;
 use guard_core::retry::{Classifier, RetryPolicy};
+use guard_redis::CallerRuntime;
 use guard_std::GuardConfig;
-use guard_std::run::Control;
+use guard_std::run::{Control, Runtime as _};
 use mysql_async::binlog::events::{EventData, RowsEventData};
 use mysql_async::binlog::value::BinlogValue;
 use mysql_async::prelude::Queryable;
@@ -18,7 +20,8 @@ use mysql_async::{BinlogStream, BinlogStreamRequest, Conn, Opts, OptsBuilder, Va
 use super::checkpoint::{BinlogPosition, CheckpointError, Checkpoints};
 use super::{
     BinlogError, ChangeKind, ColumnValue, DEFAULT_CHECKPOINT_TABLE, DEFAULT_DEAD_LETTER_TABLE,
-    RowChange, checked_identifier,
+    DEFAULT_HEARTBEAT, DEFAULT_REQUEST_TIMEOUT, HEARTBEATS_BEFORE_DEAD, RowChange,
+    checked_identifier,
 };
 use crate::deliver::{self, GaveUp};
 use crate::delivery::{self, Delivered, ElectedLease, UnhandledReason};
@@ -131,6 +134,8 @@ pub struct BinlogReader {
     dead_letters: String,
     checkpoint_every: u32,
     retry: RetryPolicy,
+    request_timeout: Duration,
+    heartbeat: Duration,
     runner: ActiveRunner,
 }
 
@@ -144,6 +149,8 @@ impl fmt::Debug for BinlogReader {
             .field("checkpoints", &self.checkpoints)
             .field("lock_service", &self.lock_service)
             .field("checkpoint_every", &self.checkpoint_every)
+            .field("request_timeout", &self.request_timeout)
+            .field("heartbeat", &self.heartbeat)
             .finish()
     }
 }
@@ -156,8 +163,10 @@ impl BinlogReader {
     /// unless set (one per reader name: the server drops an older
     /// connection with the same id), start at the current end of the
     /// binlog, a checkpoint after every transaction, the original's
-    /// retry policy. A refused URL is named in the error with its
-    /// password hidden.
+    /// retry policy, requests that wait at most
+    /// [`DEFAULT_REQUEST_TIMEOUT`](super::DEFAULT_REQUEST_TIMEOUT) and a
+    /// heartbeat every [`DEFAULT_HEARTBEAT`](super::DEFAULT_HEARTBEAT). A
+    /// refused URL is named in the error with its password hidden.
     pub fn new(
         url: &str,
         name: &str,
@@ -208,6 +217,8 @@ impl BinlogReader {
             dead_letters: DEFAULT_DEAD_LETTER_TABLE.to_owned(),
             checkpoint_every: 1,
             retry: RetryPolicy::new(),
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            heartbeat: DEFAULT_HEARTBEAT,
             runner: ActiveRunner::new(config, scope).map_err(BinlogError::Guard)?,
         })
     }
@@ -308,6 +319,55 @@ impl BinlogReader {
         Ok(self)
     }
 
+    /// How long each request (connecting, a query, claiming or saving the
+    /// checkpoint, a dead letter, requesting the stream) waits for the
+    /// server's answer before its connection is given up and the reader
+    /// steps down (more than zero; default
+    /// [`DEFAULT_REQUEST_TIMEOUT`](super::DEFAULT_REQUEST_TIMEOUT)). A
+    /// connection that died silently answers nothing, ever: this bounds
+    /// how long it holds the lease. Longer than the slowest statement the
+    /// server may take (a checkpoint behind a lock), or the reader steps
+    /// down while the server is merely slow.
+    pub fn with_request_timeout(mut self, timeout: Duration) -> Result<Self, BinlogError> {
+        if timeout.is_zero() {
+            return Err(BinlogError::invalid(
+                Parameter::RequestTimeout,
+                format!("{timeout:?}"),
+                "must be more than zero",
+            ));
+        }
+        self.request_timeout = timeout;
+        Ok(self)
+    }
+
+    /// How often the server sends a heartbeat on the stream while it has
+    /// no event to send (from 1 ms to 1 hour; default
+    /// [`DEFAULT_HEARTBEAT`](super::DEFAULT_HEARTBEAT)). A stream with no
+    /// event, heartbeats included, for
+    /// [`HEARTBEATS_BEFORE_DEAD`](super::HEARTBEATS_BEFORE_DEAD) periods
+    /// ([`read_timeout`](Self::read_timeout)) is taken for dead and the
+    /// reader steps down: shorter notices a dead connection sooner, at a
+    /// heartbeat's few bytes per period.
+    pub fn with_heartbeat(mut self, period: Duration) -> Result<Self, BinlogError> {
+        if period < Duration::from_millis(1) || period > Duration::from_secs(3_600) {
+            return Err(BinlogError::invalid(
+                Parameter::Heartbeat,
+                format!("{period:?}"),
+                "must be from 1 ms to 1 hour",
+            ));
+        }
+        self.heartbeat = period;
+        Ok(self)
+    }
+
+    /// How long the stream waits for an event, a heartbeat included,
+    /// before its connection is taken for dead:
+    /// [`HEARTBEATS_BEFORE_DEAD`](super::HEARTBEATS_BEFORE_DEAD) heartbeat
+    /// periods.
+    pub fn read_timeout(&self) -> Duration {
+        self.heartbeat * HEARTBEATS_BEFORE_DEAD
+    }
+
     /// The checkpoints table.
     pub fn checkpoints(&self) -> &Checkpoints {
         &self.checkpoints
@@ -340,35 +400,20 @@ impl BinlogReader {
         let counters = Counters::default();
         let handler = RefCell::new(handler);
         let what = format!("binlog {}", self.name);
-        let (opts, name, server_id, start, checkpoints, dead_letters) = (
-            self.opts.clone(),
-            self.name.clone(),
-            self.server_id,
-            self.start,
-            self.checkpoints.clone(),
-            self.dead_letters.clone(),
-        );
+        let source = Source {
+            opts: self.opts.clone(),
+            name: self.name.clone(),
+            server_id: self.server_id,
+            start: self.start,
+            checkpoints: self.checkpoints.clone(),
+            dead_letters: self.dead_letters.clone(),
+            request_timeout: self.request_timeout,
+            heartbeat: self.heartbeat,
+        };
         let lease = self.checkpoint_lease();
         let open = move |fence| {
-            let (opts, name, checkpoints, dead_letters, lease) = (
-                opts.clone(),
-                name.clone(),
-                checkpoints.clone(),
-                dead_letters.clone(),
-                lease.clone(),
-            );
-            on_tokio(async move {
-                open(
-                    opts,
-                    &name,
-                    server_id,
-                    start,
-                    &checkpoints,
-                    &dead_letters,
-                    (&lease, fence),
-                )
-                .await
-            })
+            let (source, lease) = (source.clone(), lease.clone());
+            on_tokio(async move { open(&source, (&lease, fence)).await })
         };
         let (handler, counters) = (&handler, &counters);
         let serve = move |opened, lease| self.serve(opened, lease, classifier, handler, counters);
@@ -419,14 +464,26 @@ impl BinlogReader {
         let mut transactions = 0_u32;
         let mut unsaved: Option<BinlogPosition> = None;
         let lease_name = self.checkpoint_lease();
+        let read_timeout = self.read_timeout();
         loop {
-            let event = match on_tokio(stream.next()).await {
-                Some(Ok(event)) => event,
-                Some(Err(e)) => {
+            // The server sends a heartbeat whenever it has had nothing to
+            // send for a period, so silence for several periods means a
+            // dead connection, which would otherwise hold the lease while
+            // reading nothing: stop, which steps down.
+            let event = match within(read_timeout, on_tokio(stream.next())).await {
+                Ok(Some(Ok(event))) => event,
+                Ok(Some(Err(e))) => {
                     log::warn!("binlog {}: {e}", self.name);
                     break;
                 }
-                None => break,
+                Ok(None) => break,
+                Err(Elapsed) => {
+                    log::warn!(
+                        "binlog {}: no event, heartbeats included, for {read_timeout:?}: the connection is taken for dead; stopping",
+                        self.name
+                    );
+                    break;
+                }
             };
             let end = u64::from(event.header().log_pos());
             // Decoded in full before any await: the event and the
@@ -542,9 +599,17 @@ impl BinlogReader {
                     &lease_name,
                     fence,
                 ));
-                match saved.await {
-                    Ok(()) => Counters::add(&counters.checkpoints),
-                    Err(CheckpointError::Stale { .. }) => {
+                match within(self.request_timeout, saved).await {
+                    Ok(Ok(())) => Counters::add(&counters.checkpoints),
+                    Err(Elapsed) => {
+                        log::warn!(
+                            "binlog {}: checkpoint {position}: no answer within {:?}; stopping",
+                            self.name,
+                            self.request_timeout
+                        );
+                        return;
+                    }
+                    Ok(Err(CheckpointError::Stale { .. })) => {
                         Counters::add(&counters.checkpoints_refused);
                         log::warn!(
                             "binlog {}: checkpoint {position} refused under fence {fence}: a newer reader leads; stopping",
@@ -552,7 +617,7 @@ impl BinlogReader {
                         );
                         return;
                     }
-                    Err(e) => {
+                    Ok(Err(e)) => {
                         log::warn!("binlog {}: {e}; stopping", self.name);
                         return;
                     }
@@ -561,15 +626,16 @@ impl BinlogReader {
         }
     }
 
-    /// Records a given-up change in the dead-letter table.
+    /// Records a given-up change in the dead-letter table, waiting at
+    /// most the request timeout.
     async fn dead_letter(
         &self,
         conn: &mut Conn,
         change: &RowChange,
         gave_up: &GaveUp,
-    ) -> Result<(), mysql_async::Error> {
+    ) -> Result<(), BinlogError> {
         let row = change.after.as_ref().or(change.before.as_ref());
-        on_tokio(conn.exec_drop(
+        let insert = on_tokio(conn.exec_drop(
             format!(
                 "INSERT INTO `{}` (reader, file, pos, row_index, db, tbl, kind, row_values, error, attempts) \
                  VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -587,8 +653,11 @@ impl BinlogReader {
                 &gave_up.error,
                 gave_up.attempts,
             ),
-        ))
-        .await
+        ));
+        within(self.request_timeout, insert)
+            .await
+            .map_err(|Elapsed| BinlogError::timeout("dead letter", self.request_timeout))?
+            .map_err(|e| BinlogError::server("dead letter", e))
     }
 
     /// The server's URL, password included: for connecting, never for
@@ -598,27 +667,72 @@ impl BinlogReader {
     }
 }
 
-/// Connects twice (a stream and a connection for writes), checks the
-/// binlog format, claims the checkpoint under `fence` of `lease`, finds
-/// where to start, and requests the stream from there.
-async fn open(
+/// What [`open`] needs of a reader, owned: it runs on the lease task.
+#[derive(Clone)]
+struct Source {
     opts: Opts,
-    name: &str,
+    name: String,
     server_id: u32,
     start: Start,
-    checkpoints: &Checkpoints,
-    dead_letters: &str,
-    (lease, fence): (&str, u64),
-) -> Result<Opened, BinlogError> {
-    let server = |what: &str| {
-        let what = what.to_owned();
-        move |e: mysql_async::Error| BinlogError::server(what, e)
-    };
-    let mut conn = Conn::new(opts.clone()).await.map_err(server("connect"))?;
-    let format: Option<String> = conn
-        .query_first("SELECT @@GLOBAL.binlog_format")
+    checkpoints: Checkpoints,
+    dead_letters: String,
+    request_timeout: Duration,
+    heartbeat: Duration,
+}
+
+/// No answer within a limit.
+struct Elapsed;
+
+/// `work`'s output, or [`Elapsed`] once `limit` has passed without it.
+/// A connection that died silently (no FIN, no RST) answers nothing,
+/// ever: every wait on the server goes through here, so none holds the
+/// lease past its limit.
+async fn within<F: Future>(limit: Duration, work: F) -> Result<F::Output, Elapsed> {
+    future::or(async { Ok(work.await) }, async {
+        CallerRuntime.sleep(limit).await;
+        Err(Elapsed)
+    })
+    .await
+}
+
+/// `work` (`what`, in errors), within the request timeout `limit`.
+async fn request<T, E>(
+    limit: Duration,
+    what: &str,
+    work: impl Future<Output = Result<T, E>>,
+) -> Result<T, BinlogError>
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    within(limit, work)
         .await
-        .map_err(server("binlog_format"))?;
+        .map_err(|Elapsed| BinlogError::timeout(what, limit))?
+        .map_err(|e| BinlogError::server(what, e))
+}
+
+/// Connects twice (a stream and a connection for writes), checks the
+/// binlog format, claims the checkpoint under `fence` of `lease`, finds
+/// where to start, and requests the stream from there, with a heartbeat.
+/// Each request waits at most the request timeout.
+async fn open(source: &Source, (lease, fence): (&str, u64)) -> Result<Opened, BinlogError> {
+    let Source {
+        opts,
+        name,
+        server_id,
+        start,
+        checkpoints,
+        dead_letters,
+        request_timeout: limit,
+        heartbeat,
+    } = source;
+    let limit = *limit;
+    let mut conn = request(limit, "connect", Conn::new(opts.clone())).await?;
+    let format: Option<String> = request(
+        limit,
+        "binlog_format",
+        conn.query_first("SELECT @@GLOBAL.binlog_format"),
+    )
+    .await?;
     if format.as_deref() != Some("ROW") {
         return Err(BinlogError::server(
             "binlog_format",
@@ -627,29 +741,33 @@ async fn open(
             )),
         ));
     }
-    let checksum: Option<String> = conn
-        .query_first("SELECT @@GLOBAL.binlog_checksum")
-        .await
-        .map_err(server("binlog_checksum"))?;
+    let checksum: Option<String> = request(
+        limit,
+        "binlog_checksum",
+        conn.query_first("SELECT @@GLOBAL.binlog_checksum"),
+    )
+    .await?;
     let checksummed = checksum.is_some_and(|c| !c.eq_ignore_ascii_case("NONE"));
-    checkpoints
-        .create(&mut conn)
-        .await
-        .map_err(|e| BinlogError::server("checkpoints", e))?;
-    conn.query_drop(format!(
-        "CREATE TABLE IF NOT EXISTS `{dead_letters}` (\
-         id BIGINT UNSIGNED AUTO_INCREMENT PRIMARY KEY, reader VARCHAR(191) NOT NULL, \
-         file VARCHAR(255) NOT NULL, pos BIGINT UNSIGNED NOT NULL, row_index INT UNSIGNED NOT NULL, \
-         db VARCHAR(64) NOT NULL, tbl VARCHAR(64) NOT NULL, kind VARCHAR(8) NOT NULL, \
-         row_values LONGTEXT, error TEXT NOT NULL, attempts INT UNSIGNED NOT NULL, \
-         failed_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6))"
-    ))
-    .await
-    .map_err(server("dead-letter table"))?;
-    let claimed = checkpoints
-        .claim(&mut conn, name, lease, fence)
-        .await
-        .map_err(|e| BinlogError::server("claim the checkpoint", e))?;
+    request(limit, "checkpoints", checkpoints.create(&mut conn)).await?;
+    request(
+        limit,
+        "dead-letter table",
+        conn.query_drop(format!(
+            "CREATE TABLE IF NOT EXISTS `{dead_letters}` (\
+             id BIGINT UNSIGNED AUTO_INCREMENT PRIMARY KEY, reader VARCHAR(191) NOT NULL, \
+             file VARCHAR(255) NOT NULL, pos BIGINT UNSIGNED NOT NULL, row_index INT UNSIGNED NOT NULL, \
+             db VARCHAR(64) NOT NULL, tbl VARCHAR(64) NOT NULL, kind VARCHAR(8) NOT NULL, \
+             row_values LONGTEXT, error TEXT NOT NULL, attempts INT UNSIGNED NOT NULL, \
+             failed_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6))"
+        )),
+    )
+    .await?;
+    let claimed = request(
+        limit,
+        "claim the checkpoint",
+        checkpoints.claim(&mut conn, name, lease, fence),
+    )
+    .await?;
     let from = match (claimed, start) {
         (Some(position), _) => position,
         (None, Start::Beginning) => BinlogPosition {
@@ -657,10 +775,12 @@ async fn open(
             pos: 4,
         },
         (None, Start::Current) => {
-            let status: Option<mysql_async::Row> = conn
-                .query_first("SHOW MASTER STATUS")
-                .await
-                .map_err(server("SHOW MASTER STATUS"))?;
+            let status: Option<mysql_async::Row> = request(
+                limit,
+                "SHOW MASTER STATUS",
+                conn.query_first("SHOW MASTER STATUS"),
+            )
+            .await?;
             let status = status.ok_or_else(|| {
                 BinlogError::server(
                     "SHOW MASTER STATUS",
@@ -674,21 +794,37 @@ async fn open(
                 pos: pos.unwrap_or(4),
             };
             // Saved at once: a takeover resumes here, not at a later end.
-            checkpoints
-                .save(&mut conn, name, &position, lease, fence)
-                .await
-                .map_err(|e| BinlogError::server("first checkpoint", e))?;
+            request(
+                limit,
+                "first checkpoint",
+                checkpoints.save(&mut conn, name, &position, lease, fence),
+            )
+            .await?;
             position
         }
     };
-    let streaming = Conn::new(opts).await.map_err(server("connect"))?;
-    let request = BinlogStreamRequest::new(server_id)
+    let mut streaming = request(limit, "connect", Conn::new(opts.clone())).await?;
+    // MariaDB and MySQL read the period (in nanoseconds) from this
+    // session variable when the dump starts, and then send a heartbeat
+    // whenever they have had nothing to send for that long: what lets
+    // `serve` tell an idle stream from a dead one. The period is at most
+    // an hour (`with_heartbeat`), so it fits.
+    let period = u64::try_from(heartbeat.as_nanos()).unwrap_or(u64::MAX);
+    request(
+        limit,
+        "heartbeat",
+        streaming.query_drop(format!("SET @master_heartbeat_period = {period}")),
+    )
+    .await?;
+    let request_stream = BinlogStreamRequest::new(*server_id)
         .with_filename(from.file.as_bytes())
         .with_pos(from.pos);
-    let stream = streaming
-        .get_binlog_stream(request)
-        .await
-        .map_err(server("binlog stream"))?;
+    let stream = request(
+        limit,
+        "binlog stream",
+        streaming.get_binlog_stream(request_stream),
+    )
+    .await?;
     Ok(Opened {
         stream,
         conn,
