@@ -91,7 +91,8 @@ pub enum Topology {
     /// A master found through sentinels; re-resolved when a sentinel
     /// announces a new master (`+switch-master`), after a `READONLY`
     /// reply and after a connection failure, so a failover is followed
-    /// while the old master still answers (see the crate's README).
+    /// while the old master still answers: no write reaches it later than
+    /// about a second after the promotion.
     Sentinel {
         /// The sentinels' URLs.
         sentinels: Vec<String>,

@@ -10,9 +10,12 @@
 //!   master again, so writes move within a sentinel's confirmation of the
 //!   promotion (its once-a-second `INFO` of the promoted replica) plus one
 //!   request (`tests/sentinel_failover.rs`).
-//! - A subscription that ends is opened again (every
-//!   [`RESUBSCRIBE_AFTER`] while the sentinel is away), and opening one
-//!   also re-resolves: announcements made while it was down are lost.
+//! - A subscription that ends, or leaves a `PING` (sent every
+//!   [`PING_EVERY`]) unanswered within the request timeout, is opened
+//!   again (every [`RESUBSCRIBE_AFTER`] while the sentinel is away), and
+//!   opening one also re-resolves: announcements made while it was down
+//!   are lost. A sentinel gone without closing the connection is thus
+//!   noticed too (`tests/sentinel_failover.rs`).
 //! - A `READONLY` reply, or a connection-level failure, re-resolves too:
 //!   the server has become a replica, or may have gone.
 //! - Requests never wait on the watch: it runs beside them, and a request
@@ -24,19 +27,27 @@ use std::task::Poll;
 use std::time::Duration;
 
 use futures_lite::{Stream, future};
-use redis::aio::{MultiplexedConnection, PubSubStream};
+use redis::aio::{MultiplexedConnection, PubSubSink, PubSubStream};
 use redis::sentinel::SentinelClient;
 
 use crate::connection::bounded;
 use crate::error::RedisGuardError;
 
+/// The watch's thread, outside a tokio runtime (15 bytes at most: the
+/// kernel keeps no more of a thread's name).
+pub(crate) const WATCH_THREAD: &str = "guard-sentinel";
+
 /// While a sentinel cannot be subscribed to, a new attempt this often.
 pub(crate) const RESUBSCRIBE_AFTER: Duration = Duration::from_secs(1);
+
+/// How often each subscription is checked with a `PING`.
+pub(crate) const PING_EVERY: Duration = Duration::from_secs(1);
 
 /// The channel on which a sentinel announces a new master address:
 /// `<service> <old ip> <old port> <new ip> <new port>`. Sentinel's own
 /// `SENTINEL MASTERS`, which resolution reads, names the new master from
-/// the same moment.
+/// the same moment (at the earlier `+promoted-slave` it still names the
+/// old one, so that event would resolve the old master again).
 const SWITCH_MASTER: &str = "+switch-master";
 
 /// The master connection and the number of switches announced when it
@@ -69,7 +80,7 @@ impl SentinelConn {
         let switches = Arc::new(AtomicU64::new(0));
         let (stop, stopped) = async_channel::bounded(1);
         let watch = watch(sentinels, service, timeout, switches.clone(), stopped);
-        crate::rt::spawn("guard-sentinel-watch", watch).map_err(redis::RedisError::from)?;
+        crate::rt::spawn(WATCH_THREAD, watch).map_err(redis::RedisError::from)?;
         let conn = SentinelConn {
             client: async_lock::Mutex::new(client),
             current: Mutex::new(None),
@@ -134,17 +145,33 @@ impl SentinelConn {
     }
 }
 
-/// A subscription to [`SWITCH_MASTER`] on one sentinel, within `timeout`.
-async fn subscribe(
-    sentinel: &redis::Client,
-    timeout: Duration,
-) -> Result<PubSubStream, RedisGuardError> {
-    bounded(timeout, async {
-        let mut pubsub = sentinel.get_async_pubsub().await?;
-        pubsub.subscribe(SWITCH_MASTER).await?;
-        Ok(pubsub.into_on_message())
-    })
-    .await
+/// A subscription to [`SWITCH_MASTER`] on one sentinel: the sink pings
+/// it, the stream brings its messages.
+struct Subscription {
+    sink: PubSubSink,
+    stream: PubSubStream,
+}
+
+impl Subscription {
+    /// Subscribes on `sentinel` within `timeout`.
+    async fn open(sentinel: &redis::Client, timeout: Duration) -> Result<Self, RedisGuardError> {
+        bounded(timeout, async {
+            let mut pubsub = sentinel.get_async_pubsub().await?;
+            pubsub.subscribe(SWITCH_MASTER).await?;
+            let (sink, stream) = pubsub.split();
+            Ok(Subscription { sink, stream })
+        })
+        .await
+    }
+
+    /// Whether the sentinel answers a `PING` within `timeout`.
+    async fn answers(&mut self, timeout: Duration) -> bool {
+        bounded(timeout, async {
+            Ok(self.sink.ping::<redis::Value>().await?)
+        })
+        .await
+        .is_ok()
+    }
 }
 
 /// Whether `msg` announces a new master for `service`.
@@ -159,15 +186,16 @@ enum Woke {
     Stop,
     /// A message from sentinel `i`, or `None`: its subscription ended.
     Message(usize, Option<redis::Msg>),
-    Retry,
+    /// Time to open missing subscriptions, or to ping the open ones.
+    Timer,
 }
 
 /// The next message of any open subscription.
-async fn next_message(subscriptions: &mut [Option<PubSubStream>]) -> Woke {
+async fn next_message(subscriptions: &mut [Option<Subscription>]) -> Woke {
     future::poll_fn(|cx| {
         for (i, sub) in subscriptions.iter_mut().enumerate() {
-            if let Some(stream) = sub
-                && let Poll::Ready(msg) = std::pin::Pin::new(stream).poll_next(cx)
+            if let Some(sub) = sub
+                && let Poll::Ready(msg) = std::pin::Pin::new(&mut sub.stream).poll_next(cx)
             {
                 return Poll::Ready(Woke::Message(i, msg));
             }
@@ -192,21 +220,24 @@ async fn watch(
         let _ = stop.recv().await;
         Woke::Stop
     };
-    let mut subscriptions: Vec<Option<PubSubStream>> = sentinels.iter().map(|_| None).collect();
+    let mut subscriptions: Vec<Option<Subscription>> = sentinels.iter().map(|_| None).collect();
     loop {
         for (sentinel, sub) in sentinels.iter().zip(subscriptions.iter_mut()) {
             if sub.is_some() {
                 continue;
             }
-            let opened = future::or(async { Some(subscribe(sentinel, timeout).await) }, async {
-                stopped().await;
-                None
-            })
+            let opened = future::or(
+                async { Some(Subscription::open(sentinel, timeout).await) },
+                async {
+                    stopped().await;
+                    None
+                },
+            )
             .await;
             match opened {
                 None => return,
-                Some(Ok(stream)) => {
-                    *sub = Some(stream);
+                Some(Ok(opened)) => {
+                    *sub = Some(opened);
                     switches.fetch_add(1, Ordering::AcqRel);
                 }
                 Some(Err(e)) => log::debug!("redis: no {SWITCH_MASTER} subscription: {e}"),
@@ -216,18 +247,28 @@ async fn watch(
         let woke = future::or(
             stopped(),
             future::or(next_message(&mut subscriptions), async {
-                if missing {
-                    crate::rt::sleep(RESUBSCRIBE_AFTER).await;
-                    Woke::Retry
+                crate::rt::sleep(if missing {
+                    RESUBSCRIBE_AFTER
                 } else {
-                    future::pending().await
-                }
+                    PING_EVERY
+                })
+                .await;
+                Woke::Timer
             }),
         )
         .await;
         match woke {
             Woke::Stop => return,
-            Woke::Retry => {}
+            Woke::Timer => {
+                for sub in &mut subscriptions {
+                    if let Some(open) = sub
+                        && !open.answers(timeout).await
+                    {
+                        log::debug!("redis: a sentinel left a PING unanswered; subscribing again");
+                        *sub = None;
+                    }
+                }
+            }
             Woke::Message(_, Some(msg)) => {
                 if announces_switch(&msg, &service) {
                     switches.fetch_add(1, Ordering::AcqRel);
