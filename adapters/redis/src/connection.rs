@@ -1,11 +1,11 @@
 //! One handle over standalone, sentinel and cluster deployments.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures_lite::future;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
@@ -14,6 +14,7 @@ use redis::{FromRedisValue, ScriptInvocation};
 
 use crate::direct::{DirectPool, Lease};
 use crate::error::{Parameter, RedisGuardError};
+use crate::sentinel::SentinelConn;
 #[cfg(feature = "tls")]
 use crate::tls::RedisTls;
 
@@ -87,8 +88,11 @@ pub enum Topology {
         /// Its URL.
         url: String,
     },
-    /// A master found through sentinels; re-resolved after a connection
-    /// failure, so a failover is followed.
+    /// A master found through sentinels; re-resolved when a sentinel
+    /// announces a new master (`+switch-master`), after a `READONLY`
+    /// reply and after a connection failure, so a failover is followed
+    /// while the old master still answers: no write reaches it later than
+    /// about a second after the promotion.
     Sentinel {
         /// The sentinels' URLs.
         sentinels: Vec<String>,
@@ -165,12 +169,6 @@ enum Conn {
     Sentinel(Box<SentinelConn>),
 }
 
-struct SentinelConn {
-    client: async_lock::Mutex<SentinelClient>,
-    current: Mutex<Option<MultiplexedConnection>>,
-    timeout: Duration,
-}
-
 struct Inner {
     conn: Conn,
     timeout: Duration,
@@ -200,7 +198,7 @@ impl std::fmt::Debug for RedisConnection {
     }
 }
 
-async fn bounded<T>(
+pub(crate) async fn bounded<T>(
     timeout: Duration,
     request: impl Future<Output = Result<T, RedisGuardError>>,
 ) -> Result<T, RedisGuardError> {
@@ -292,21 +290,27 @@ impl RedisConnection {
                     Conn::Cluster(builder.build()?.get_async_connection().await?)
                 }
                 Topology::Sentinel { sentinels, service } => {
-                    let mut client = match tls {
+                    let client = match tls {
                         Some(tls) => tls.sentinel(&sentinels, &service)?,
                         None => SentinelClient::build(
-                            sentinels,
-                            service,
+                            sentinels.clone(),
+                            service.clone(),
                             None,
                             SentinelServerType::Master,
                         )?,
                     };
-                    let first = client.get_async_connection().await?;
-                    Conn::Sentinel(Box::new(SentinelConn {
-                        client: async_lock::Mutex::new(client),
-                        current: Mutex::new(Some(first)),
-                        timeout,
-                    }))
+                    // Subscribed to with the same settings as the
+                    // lookups: the URL's credentials, and TLS.
+                    let watched = sentinels
+                        .iter()
+                        .map(|url| match tls {
+                            Some(tls) => tls.client(url.clone()),
+                            None => Ok(redis::Client::open(url.as_str())?),
+                        })
+                        .collect::<Result<Vec<_>, _>>()?;
+                    Conn::Sentinel(Box::new(
+                        Box::pin(SentinelConn::open(client, watched, service, timeout)).await?,
+                    ))
                 }
             })
         })
@@ -463,41 +467,4 @@ fn masters(nodes: &str) -> Vec<(String, u16)> {
             Some((host.to_owned(), port))
         })
         .collect()
-}
-
-impl SentinelConn {
-    /// The current master connection, resolving it through the sentinels
-    /// if it was dropped after a failure.
-    async fn connection(&self) -> Result<MultiplexedConnection, RedisGuardError> {
-        if let Some(conn) = self
-            .current
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-        {
-            return Ok(conn);
-        }
-        let mut client = self.client.lock().await;
-        // Boxed: with TLS, redis-rs's sentinel lookup nests deep enough
-        // that every request future embedding it would exceed the
-        // compiler's query depth.
-        let conn = bounded(self.timeout, async {
-            Ok(Box::pin(client.get_async_connection()).await?)
-        })
-        .await?;
-        *self.current.lock().unwrap_or_else(PoisonError::into_inner) = Some(conn.clone());
-        Ok(conn)
-    }
-
-    /// After a connection-level failure, the next request asks the
-    /// sentinels again (the master may have moved).
-    fn forget_on(&self, e: &redis::RedisError) {
-        if e.is_io_error()
-            || e.is_connection_dropped()
-            || e.is_connection_refusal()
-            || e.is_timeout()
-        {
-            *self.current.lock().unwrap_or_else(PoisonError::into_inner) = None;
-        }
-    }
 }

@@ -43,6 +43,7 @@ mod limit;
 mod locker;
 mod rt;
 pub use rt::CallerRuntime;
+mod sentinel;
 mod stream_dlq;
 #[cfg(feature = "tls")]
 mod tls;

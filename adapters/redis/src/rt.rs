@@ -30,6 +30,24 @@ pub(crate) async fn sleep(duration: Duration) {
     async_io::Timer::after(duration).await;
 }
 
+/// Runs `future` beside the caller until it completes: a task on the
+/// caller's tokio runtime (with the `tokio` feature), else a thread named
+/// `name` driving it on async-io. An error means no thread could be made.
+pub(crate) fn spawn(
+    name: &str,
+    future: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    #[cfg(feature = "tokio")]
+    if let Ok(handle) = tokio::runtime::Handle::try_current() {
+        drop(handle.spawn(future));
+        return Ok(());
+    }
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || async_io::block_on(future))
+        .map(drop)
+}
+
 /// The caller's runtime as a guard-std [`Runtime`](guard_std::run::Runtime):
 /// tokio's clock, timers and tasks inside a tokio runtime (with the
 /// `tokio` feature), else async-io's timers, `std::time::Instant` and a
