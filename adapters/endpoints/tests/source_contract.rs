@@ -7,6 +7,7 @@
 //! restart loses nothing the source stored; on every source, a URL's
 //! password is never printed.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
@@ -23,12 +24,14 @@ use guard_endpoints::mysql::BinlogReader;
 use guard_endpoints::nats::{
     Delivery as NatsDelivery, JetStreamConsumer, NatsOptions, NatsSubscriber,
 };
+use guard_endpoints::postgres::PgQueue;
 use guard_endpoints::redis::{PubSubEndpoint, StreamConsumer};
 use guard_redis::{RedisConnection, StreamDlq, Topology};
 use guard_smol::control;
 use guard_std::GuardConfig;
 use guard_testkit::mariadb::MariaDb;
 use guard_testkit::nats::NatsServer;
+use guard_testkit::postgres::PgServer;
 use guard_testkit::rabbitmq::Vhost;
 use guard_testkit::sources::{self, Delivery, ElectedSource, Handler, Ledger, SharedSource, Stop};
 use guard_testkit::{Mosquitto, RedisServer};
@@ -225,11 +228,16 @@ const NATS_DEAD_LETTERS: &str = "contract-dead-letters";
 
 impl Nats {
     fn start() -> Self {
+        Nats::start_with_dead_letters(NATS_DEAD_LETTERS)
+    }
+
+    /// A server, and a client collecting what reaches `dead_letters`.
+    fn start_with_dead_letters(dead_letters: &'static str) -> Self {
         let server = NatsServer::start().expect("nats-server");
         let client = futures_lite::future::block_on(Compat::new(async_nats::connect(server.url())))
             .expect("connect");
         let mut letters = futures_lite::future::block_on(Compat::new(async {
-            let subscriber = client.subscribe(NATS_DEAD_LETTERS).await?;
+            let subscriber = client.subscribe(dead_letters).await?;
             client
                 .flush()
                 .await
@@ -828,4 +836,159 @@ impl SharedSource for JetStream {
 #[test]
 fn a_jetstream_durable_consumer_keeps_the_shared_source_contract() {
     sources::run_all_shared(&JetStream::start());
+}
+
+// --------------------------------------- shared sources: a table of work
+
+struct PgWork {
+    server: Mutex<PgServer>,
+}
+
+impl PgWork {
+    fn start() -> Self {
+        PgWork {
+            server: Mutex::new(PgServer::start().expect("a private PostgreSQL server")),
+        }
+    }
+
+    fn queue(&self) -> PgQueue {
+        let url = self.server.lock().unwrap().url();
+        let queue = PgQueue::new(&url, "jobs")
+            .unwrap()
+            .with_poll_interval(Duration::from_millis(20))
+            .with_reconnect_delay(Duration::from_millis(100));
+        smol::block_on(queue.create_tables()).expect("create tables");
+        queue
+    }
+}
+
+impl SharedSource for PgWork {
+    fn name(&self) -> &str {
+        "postgres-queue (rows claimed under a lease)"
+    }
+
+    fn start(&self, id: usize, retry: RetryPolicy, handler: Handler) -> Stop {
+        let queue = self
+            .queue()
+            .with_consumer_name(&format!("c{id}"))
+            .and_then(|q| q.with_retry(retry))
+            .unwrap();
+        let (handle, ctl) = control();
+        let thread = thread::spawn(move || {
+            smol::block_on(queue.run(ctl, Classifier::retry_all(), move |row| {
+                handler(id, shared_delivery(row.payload))
+            }));
+        });
+        Box::new(move || {
+            handle.stop();
+            thread.join().unwrap();
+        })
+    }
+
+    fn publish_all(&self, payloads: &[Vec<u8>]) {
+        smol::block_on(self.queue().push_batch(payloads)).expect("push");
+    }
+
+    fn dead_letters(&self) -> Vec<Vec<u8>> {
+        self.server
+            .lock()
+            .unwrap()
+            .query("SELECT convert_from(payload, 'UTF8') FROM jobs_dead_letters ORDER BY id")
+            .map(|rows| rows.lines().map(|l| l.as_bytes().to_vec()).collect())
+            .unwrap_or_default()
+    }
+
+    fn restart_server(&self) {
+        let mut server = self.server.lock().unwrap();
+        server.stop();
+        server.start_again().expect("the same server again");
+    }
+}
+
+#[test]
+fn a_postgres_table_of_work_keeps_the_shared_source_contract() {
+    sources::run_all_shared(&PgWork::start());
+}
+
+// --------------------------------------- shared sources: a NATS queue group
+
+const QUEUE_GROUP_DEAD_LETTERS: &str = "contract-group-dead-letters";
+
+/// Core NATS keeps nothing for a consumer that is not running: only the
+/// dead-letter scenario applies.
+struct QueueGroup {
+    nats: Nats,
+}
+
+impl SharedSource for QueueGroup {
+    fn name(&self) -> &str {
+        "nats (queue group)"
+    }
+
+    fn start(&self, id: usize, retry: RetryPolicy, handler: Handler) -> Stop {
+        let options = NatsOptions::new(&self.nats.server.url())
+            .unwrap()
+            .with_reconnect_delay(Duration::from_millis(100));
+        let subscriber = NatsSubscriber::new(
+            options,
+            "contract.>",
+            NatsDelivery::queue_group("workers").unwrap(),
+        )
+        .and_then(|s| s.with_retry(retry))
+        .and_then(|s| s.with_dead_letters(QUEUE_GROUP_DEAD_LETTERS))
+        .unwrap();
+        // Core NATS delivers only to present subscribers: probes, which
+        // the suite's handler never sees, show the subscription in place.
+        let probed = Arc::new(AtomicBool::new(false));
+        let (handle, ctl) = control();
+        let thread = {
+            let probed = probed.clone();
+            thread::spawn(move || {
+                smol::block_on(
+                    subscriber.run(ctl, Classifier::retry_all(), move |message| {
+                        if message.payload.starts_with(b"queue-group-probe") {
+                            probed.store(true, Ordering::Relaxed);
+                            let answered: sources::HandlerFuture = Box::pin(async { Ok(()) });
+                            return answered;
+                        }
+                        handler(id, shared_delivery(message.payload))
+                    }),
+                );
+            })
+        };
+        let started = std::time::Instant::now();
+        while !probed.load(Ordering::Relaxed) {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "the queue group never subscribed"
+            );
+            self.nats.publish_all(&[b"queue-group-probe".to_vec()]);
+            thread::sleep(Duration::from_millis(50));
+        }
+        Box::new(move || {
+            handle.stop();
+            thread.join().unwrap();
+        })
+    }
+
+    fn publish_all(&self, payloads: &[Vec<u8>]) {
+        self.nats.publish_all(payloads);
+    }
+
+    fn dead_letters(&self) -> Vec<Vec<u8>> {
+        self.nats.dead_letters()
+    }
+
+    fn restart_server(&self) {}
+
+    fn keeps_messages(&self) -> bool {
+        false
+    }
+}
+
+#[test]
+fn a_nats_queue_group_keeps_the_shared_source_contract() {
+    sources::run_all_shared(&QueueGroup {
+        nats: Nats::start_with_dead_letters(QUEUE_GROUP_DEAD_LETTERS),
+    });
 }
