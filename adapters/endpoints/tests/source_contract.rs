@@ -17,7 +17,7 @@ use futures_lite::StreamExt;
 use guard_core::guard::ActiveConfig;
 use guard_core::lock::Ttl;
 use guard_core::retry::{Classifier, RetryPolicy};
-use guard_endpoints::amqp::{AmqpOptions, DEFAULT_PREFETCH, FanoutConsumer};
+use guard_endpoints::amqp::{AmqpOptions, DEFAULT_PREFETCH, FanoutConsumer, WorkQueueConsumer};
 use guard_endpoints::delivery::{ElectedLease, Unhandled};
 use guard_endpoints::mqtt::{MqttEndpoint, MqttOptions, Subscription};
 use guard_endpoints::mysql::BinlogReader;
@@ -32,7 +32,7 @@ use guard_std::GuardConfig;
 use guard_testkit::mariadb::MariaDb;
 use guard_testkit::nats::NatsServer;
 use guard_testkit::postgres::PgServer;
-use guard_testkit::rabbitmq::Vhost;
+use guard_testkit::rabbitmq::{RabbitNode, Vhost};
 use guard_testkit::sources::{self, Delivery, ElectedSource, Handler, Ledger, SharedSource, Stop};
 use guard_testkit::{Mosquitto, RedisServer};
 use lapin::options::{
@@ -991,4 +991,117 @@ fn a_nats_queue_group_keeps_the_shared_source_contract() {
     sources::run_all_shared(&QueueGroup {
         nats: Nats::start_with_dead_letters(QUEUE_GROUP_DEAD_LETTERS),
     });
+}
+
+// ------------------------------------- shared sources: a RabbitMQ work queue
+
+const WORK_QUEUE: &str = "contract-jobs";
+const WORK_DEAD_LETTERS: &str = "contract-jobs.dead-letters";
+
+/// A private broker node, which the restart scenario restarts.
+struct WorkQueue {
+    node: Mutex<RabbitNode>,
+}
+
+impl WorkQueue {
+    fn start() -> Self {
+        WorkQueue {
+            node: Mutex::new(RabbitNode::start().expect("a private rabbitmq-server")),
+        }
+    }
+
+    /// A channel with publisher confirms, connected within a few seconds
+    /// (a node that has just opened its port may not take connections).
+    fn channel(&self) -> (lapin::Connection, lapin::Channel) {
+        let url = self.node.lock().unwrap().url();
+        let started = std::time::Instant::now();
+        loop {
+            let connected = smol::block_on(async {
+                let connection =
+                    lapin::Connection::connect(&url, lapin::ConnectionProperties::default())
+                        .await?;
+                let channel = connection.create_channel().await?;
+                channel
+                    .confirm_select(ConfirmSelectOptions::default())
+                    .await?;
+                Ok::<_, lapin::Error>((connection, channel))
+            });
+            match connected {
+                Ok(connected) => return connected,
+                Err(e) if started.elapsed() > Duration::from_secs(20) => {
+                    panic!("cannot connect to the node: {e}")
+                }
+                Err(_) => thread::sleep(Duration::from_millis(100)),
+            }
+        }
+    }
+}
+
+impl SharedSource for WorkQueue {
+    fn name(&self) -> &str {
+        "rabbitmq (work queue)"
+    }
+
+    fn start(&self, id: usize, retry: RetryPolicy, handler: Handler) -> Stop {
+        let options = AmqpOptions::new(&self.node.lock().unwrap().url())
+            .unwrap()
+            .with_reconnect_delay(Duration::from_millis(200));
+        let consumer = WorkQueueConsumer::new(options, WORK_QUEUE)
+            .and_then(|c| c.with_retry(retry))
+            .unwrap();
+        // Declared before consuming, so a publish right after is kept.
+        smol::block_on(consumer.declare()).expect("declared");
+        let (handle, ctl) = control();
+        let thread = thread::spawn(move || {
+            smol::block_on(consumer.run(ctl, Classifier::retry_all(), move |message| {
+                handler(id, shared_delivery(message.payload))
+            }))
+            .expect("the consumer ran");
+        });
+        Box::new(move || {
+            handle.stop();
+            thread.join().unwrap();
+        })
+    }
+
+    /// Persistent messages, each confirmed by the broker.
+    fn publish_all(&self, payloads: &[Vec<u8>]) {
+        let (_connection, channel) = self.channel();
+        smol::block_on(async {
+            for payload in payloads {
+                channel
+                    .basic_publish(
+                        "".into(),
+                        WORK_QUEUE.into(),
+                        BasicPublishOptions::default(),
+                        payload,
+                        BasicProperties::default().with_delivery_mode(2),
+                    )
+                    .await
+                    .expect("publish");
+            }
+            channel.wait_for_confirms().await.expect("confirmed");
+        });
+    }
+
+    fn dead_letters(&self) -> Vec<Vec<u8>> {
+        let (_connection, channel) = self.channel();
+        let mut letters = Vec::new();
+        // Read without taking: each is requeued when the channel closes.
+        while let Ok(Some(letter)) = smol::block_on(
+            channel.basic_get(WORK_DEAD_LETTERS.into(), BasicGetOptions { no_ack: false }),
+        ) {
+            letters.push(letter.delivery.data);
+        }
+        letters
+    }
+
+    fn restart_server(&self) {
+        self.node.lock().unwrap().restart().expect("restarted");
+    }
+}
+
+#[test]
+fn a_rabbitmq_work_queue_keeps_the_shared_source_contract() {
+    sources::run_all_shared(&WorkQueue::start());
 }
