@@ -27,7 +27,6 @@ use guard_endpoints::nats::{
 use guard_endpoints::postgres::PgQueue;
 use guard_endpoints::redis::{PubSubEndpoint, StreamConsumer};
 use guard_redis::{RedisConnection, StreamDlq, Topology};
-use guard_smol::control;
 use guard_std::GuardConfig;
 use guard_testkit::mariadb::MariaDb;
 use guard_testkit::nats::NatsServer;
@@ -103,8 +102,7 @@ impl ElectedSource for PubSub {
             .with_settings(timing(ttl))
             .unwrap()
             .with_unhandled(sink(ledger, id));
-        let (handle, ctl) = control();
-        let thread = thread::spawn(move || {
+        sources::replica_thread(move |ctl| {
             smol::block_on(endpoint.run(ctl, move |message| {
                 let call = handler(id, delivery(message.payload, Some(message.lease)));
                 async move {
@@ -112,10 +110,6 @@ impl ElectedSource for PubSub {
                     let _ = call.await;
                 }
             }));
-        });
-        Box::new(move || {
-            handle.stop();
-            thread.join().unwrap();
         })
     }
 
@@ -171,18 +165,13 @@ impl ElectedSource for Mqtt {
             .and_then(|e| e.with_guard_settings(timing(ttl)))
             .unwrap()
             .with_unhandled(sink(ledger, id));
-        let (handle, ctl) = control();
-        let thread = thread::spawn(move || {
+        sources::replica_thread(move |ctl| {
             smol::block_on(endpoint.run(ctl, move |message| {
                 let call = handler(id, delivery(message.payload, message.lease));
                 async move {
                     let _ = call.await;
                 }
             }));
-        });
-        Box::new(move || {
-            handle.stop();
-            thread.join().unwrap();
         })
     }
 
@@ -288,17 +277,12 @@ impl ElectedSource for Nats {
             .and_then(|s| s.with_dead_letters(NATS_DEAD_LETTERS))
             .unwrap()
             .with_unhandled(sink(ledger, id));
-        let (handle, ctl) = control();
-        let thread = thread::spawn(move || {
+        sources::replica_thread(move |ctl| {
             smol::block_on(
                 subscriber.run(ctl, Classifier::retry_all(), move |message| {
                     handler(id, delivery(message.payload, message.lease))
                 }),
             );
-        });
-        Box::new(move || {
-            handle.stop();
-            thread.join().unwrap();
         })
     }
 
@@ -406,16 +390,11 @@ impl ElectedSource for Fanout {
             .and_then(|c| c.with_retry(retry))
             .unwrap()
             .with_unhandled(sink(ledger, id));
-        let (handle, ctl) = control();
-        let thread = thread::spawn(move || {
+        sources::replica_thread(move |ctl| {
             smol::block_on(consumer.run(ctl, Classifier::retry_all(), move |message| {
                 handler(id, delivery(message.payload, message.lease))
             }))
             .expect("the consumer ran");
-        });
-        Box::new(move || {
-            handle.stop();
-            thread.join().unwrap();
         })
     }
 
@@ -510,8 +489,7 @@ impl ElectedSource for Binlog {
             .and_then(|r| r.with_guard_settings(timing(ttl)))
             .and_then(|r| r.with_retry(retry))
             .unwrap();
-        let (handle, ctl) = control();
-        let thread = thread::spawn(move || {
+        sources::replica_thread(move |ctl| {
             smol::block_on(reader.run(ctl, Classifier::retry_all(), move |change| {
                 let payload = change
                     .after
@@ -520,10 +498,6 @@ impl ElectedSource for Binlog {
                     .unwrap_or_default();
                 handler(id, delivery(payload, change.lease))
             }));
-        });
-        Box::new(move || {
-            handle.stop();
-            thread.join().unwrap();
         })
     }
 
@@ -692,18 +666,13 @@ impl SharedSource for Stream {
             .unwrap()
             .with_dead_letters(StreamDlq::new(conn), STREAM_DEAD_LETTERS)
             .unwrap();
-        let (handle, ctl) = control();
-        let thread = thread::spawn(move || {
+        sources::replica_thread(move |ctl| {
             smol::block_on(consumer.run(ctl, Classifier::retry_all(), move |message| {
                 handler(
                     id,
                     shared_delivery(message.payload().unwrap_or_default().to_vec()),
                 )
             }));
-        });
-        Box::new(move || {
-            handle.stop();
-            thread.join().unwrap();
         })
     }
 
@@ -776,15 +745,10 @@ impl SharedSource for JetStream {
             .and_then(|c| c.with_max_deliver(2))
             .and_then(|c| c.with_retry(retry))
             .unwrap();
-        let (handle, ctl) = control();
-        let thread = thread::spawn(move || {
+        sources::replica_thread(move |ctl| {
             smol::block_on(consumer.run(ctl, Classifier::retry_all(), move |message| {
                 handler(id, shared_delivery(message.payload))
             }));
-        });
-        Box::new(move || {
-            handle.stop();
-            thread.join().unwrap();
         })
     }
 
@@ -873,15 +837,10 @@ impl SharedSource for PgWork {
             .with_consumer_name(&format!("c{id}"))
             .and_then(|q| q.with_retry(retry))
             .unwrap();
-        let (handle, ctl) = control();
-        let thread = thread::spawn(move || {
+        sources::replica_thread(move |ctl| {
             smol::block_on(queue.run(ctl, Classifier::retry_all(), move |row| {
                 handler(id, shared_delivery(row.payload))
             }));
-        });
-        Box::new(move || {
-            handle.stop();
-            thread.join().unwrap();
         })
     }
 
@@ -940,10 +899,9 @@ impl SharedSource for QueueGroup {
         // Core NATS delivers only to present subscribers: probes, which
         // the suite's handler never sees, show the subscription in place.
         let probed = Arc::new(AtomicBool::new(false));
-        let (handle, ctl) = control();
-        let thread = {
+        let stop = {
             let probed = probed.clone();
-            thread::spawn(move || {
+            sources::replica_thread(move |ctl| {
                 smol::block_on(
                     subscriber.run(ctl, Classifier::retry_all(), move |message| {
                         if message.payload.starts_with(b"queue-group-probe") {
@@ -965,10 +923,7 @@ impl SharedSource for QueueGroup {
             self.nats.publish_all(&[b"queue-group-probe".to_vec()]);
             thread::sleep(Duration::from_millis(50));
         }
-        Box::new(move || {
-            handle.stop();
-            thread.join().unwrap();
-        })
+        stop
     }
 
     fn publish_all(&self, payloads: &[Vec<u8>]) {
@@ -1051,16 +1006,11 @@ impl SharedSource for WorkQueue {
             .unwrap();
         // Declared before consuming, so a publish right after is kept.
         smol::block_on(consumer.declare()).expect("declared");
-        let (handle, ctl) = control();
-        let thread = thread::spawn(move || {
+        sources::replica_thread(move |ctl| {
             smol::block_on(consumer.run(ctl, Classifier::retry_all(), move |message| {
                 handler(id, shared_delivery(message.payload))
             }))
             .expect("the consumer ran");
-        });
-        Box::new(move || {
-            handle.stop();
-            thread.join().unwrap();
         })
     }
 

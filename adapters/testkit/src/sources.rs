@@ -67,6 +67,17 @@ pub type Handler = Arc<dyn Fn(usize, Delivery) -> HandlerFuture + Send + Sync>;
 /// Stops a replica and waits for it to end.
 pub type Stop = Box<dyn FnOnce() + Send>;
 
+/// Runs a replica on a thread of its own: `run` is given the control
+/// that stops it; the [`Stop`] returned stops it and waits for the thread.
+pub fn replica_thread(run: impl FnOnce(guard_std::run::Control) + Send + 'static) -> Stop {
+    let (handle, control) = guard_std::run::control();
+    let thread = std::thread::spawn(move || run(control));
+    Box::new(move || {
+        handle.stop();
+        thread.join().expect("the replica's thread");
+    })
+}
+
 /// A source under the contract: replicas elected through the suite's
 /// locker, each calling the suite's handler.
 pub trait ElectedSource {
@@ -248,6 +259,64 @@ pub fn check_fences_never_go_back(events: &[(Instant, Event)]) -> Result<(), Vio
     Ok(())
 }
 
+/// What a late event did, for a violation's message.
+#[derive(Clone, Copy)]
+enum Late {
+    /// An effect ([`Event::Effect`]).
+    Effect,
+    /// A handler call ([`Event::Entered`]).
+    Call,
+}
+
+/// The first event of kind `late` under a fence in `cut` (leases cut off
+/// at `at`) more than `ttl` after the cut: the lease has expired on the
+/// lock service by then, and a leader stops acting before that.
+fn after_the_lease_ended(
+    events: &[(Instant, Event)],
+    cut: &HashSet<u64>,
+    at: Instant,
+    ttl: Duration,
+    late: Late,
+) -> Result<(), Violation> {
+    let ended = at + ttl;
+    for (when, event) in events {
+        let (replica, payload, fence) = match (late, event) {
+            (
+                Late::Effect,
+                Event::Effect {
+                    replica,
+                    payload,
+                    fence: Some(fence),
+                },
+            )
+            | (
+                Late::Call,
+                Event::Entered {
+                    replica,
+                    payload,
+                    fence: Some(fence),
+                },
+            ) => (replica, payload, fence),
+            _ => continue,
+        };
+        if cut.contains(fence) && *when > ended {
+            let (rule, did) = match late {
+                Late::Effect => ("no effect after the lease ended", "made the effect of"),
+                Late::Call => ("no call after the lease ended", "called its handler with"),
+            };
+            return Err(Violation {
+                rule,
+                detail: format!(
+                    "replica {replica} {did} {} under fence {fence} {:?} after its lease was cut off (ttl {ttl:?})",
+                    String::from_utf8_lossy(payload),
+                    when.duration_since(at)
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Rule: no effect under a fence in `cut` (leases cut off at `at`) once
 /// one TTL has passed since: the lease has expired on the lock service
 /// by then, and a leader stops acting before that.
@@ -257,27 +326,7 @@ pub fn check_no_effect_after_the_lease_ended(
     at: Instant,
     ttl: Duration,
 ) -> Result<(), Violation> {
-    let ended = at + ttl;
-    for (when, event) in events {
-        if let Event::Effect {
-            replica,
-            payload,
-            fence: Some(fence),
-        } = event
-            && cut.contains(fence)
-            && *when > ended
-        {
-            return Err(Violation {
-                rule: "no effect after the lease ended",
-                detail: format!(
-                    "replica {replica} made the effect of {} under fence {fence} {:?} after its lease was cut off (ttl {ttl:?})",
-                    String::from_utf8_lossy(payload),
-                    when.duration_since(at)
-                ),
-            });
-        }
-    }
-    Ok(())
+    after_the_lease_ended(events, cut, at, ttl, Late::Effect)
 }
 
 /// Rule: no handler call under a fence in `cut` (leases cut off at
@@ -288,27 +337,7 @@ pub fn check_no_call_after_the_lease_ended(
     at: Instant,
     ttl: Duration,
 ) -> Result<(), Violation> {
-    let ended = at + ttl;
-    for (when, event) in events {
-        if let Event::Entered {
-            replica,
-            payload,
-            fence: Some(fence),
-        } = event
-            && cut.contains(fence)
-            && *when > ended
-        {
-            return Err(Violation {
-                rule: "no call after the lease ended",
-                detail: format!(
-                    "replica {replica} called its handler with {} under fence {fence} {:?} after its lease was cut off (ttl {ttl:?})",
-                    String::from_utf8_lossy(payload),
-                    when.duration_since(at)
-                ),
-            });
-        }
-    }
-    Ok(())
+    after_the_lease_ended(events, cut, at, ttl, Late::Call)
 }
 
 /// Rule: every one of `payloads` (all read by the leader) ends in one

@@ -191,9 +191,9 @@ fn a_source_built_right_passes_every_scenario() {
     sources::run_all(&Fake::new(None));
 }
 
-/// Runs `scenario` on a fake with `fault`; the rule its failure names.
-fn broken(fault: Fault, scenario: fn(&Fake)) -> String {
-    let fake = Fake::new(Some(fault));
+/// Runs `scenario` on `fake` (which breaks a rule); what its failure
+/// says.
+fn failure_of<S>(fake: S, scenario: fn(&S)) -> String {
     let failed = catch_unwind(AssertUnwindSafe(|| scenario(&fake)))
         .expect_err("the scenario passed a broken source");
     failed
@@ -201,6 +201,11 @@ fn broken(fault: Fault, scenario: fn(&Fake)) -> String {
         .cloned()
         .or_else(|| failed.downcast_ref::<&str>().map(|s| (*s).to_owned()))
         .unwrap_or_default()
+}
+
+/// Runs `scenario` on a fake with `fault`; the rule its failure names.
+fn broken(fault: Fault, scenario: fn(&Fake)) -> String {
+    failure_of(Fake::new(Some(fault)), scenario)
 }
 
 #[test]
@@ -319,17 +324,13 @@ impl guard_testkit::sources::SharedSource for SharedFake {
 }
 
 fn shared_broken(fault: SharedFault, scenario: fn(&SharedFake)) -> String {
-    let fake = SharedFake {
-        fault: Some(fault),
-        ..SharedFake::default()
-    };
-    let failed = catch_unwind(AssertUnwindSafe(|| scenario(&fake)))
-        .expect_err("the scenario passed a broken source");
-    failed
-        .downcast_ref::<String>()
-        .cloned()
-        .or_else(|| failed.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-        .unwrap_or_default()
+    failure_of(
+        SharedFake {
+            fault: Some(fault),
+            ..SharedFake::default()
+        },
+        scenario,
+    )
 }
 
 #[test]
