@@ -142,6 +142,15 @@ pub enum UnhandledReason {
 }
 
 impl UnhandledReason {
+    /// Every reason's label, in the order the variants are declared.
+    pub const LABELS: [&'static str; 5] = [
+        "past_deadline",
+        "demoted",
+        "lease_lost",
+        "queue_full",
+        "gave_up",
+    ];
+
     /// Its label in `guard_endpoint_dropped_total{reason}`.
     pub fn name(&self) -> &'static str {
         match self {
@@ -261,13 +270,7 @@ impl UnhandledSink {
 
     /// Publishes the counter of every reason at zero, for dashboards.
     pub(crate) fn register(&self) {
-        for reason in [
-            "past_deadline",
-            "demoted",
-            "lease_lost",
-            "queue_full",
-            "gave_up",
-        ] {
+        for reason in UnhandledReason::LABELS {
             metrics::counter!(
                 guard_std::metrics::ENDPOINT_DROPPED,
                 "key" => self.key.to_string(),
@@ -335,8 +338,8 @@ impl<M, C: Fn()> Drop for InHand<'_, M, C> {
 
 /// The path's per-message step, for the sources whose handler returns a
 /// result (retried): the elected NATS subscriber, RabbitMQ fanout
-/// consumer and binlog reader.
-#[cfg(any(feature = "nats", feature = "amqp", feature = "mysql"))]
+/// consumer and binlog reader, and an MQTT endpoint run with
+/// `try_run`.
 mod step {
     use std::fmt;
     use std::future::Future;
@@ -403,7 +406,6 @@ mod step {
     }
 }
 
-#[cfg(any(feature = "nats", feature = "amqp", feature = "mysql"))]
 pub(crate) use step::{Delivered, deliver};
 
 #[cfg(test)]
@@ -428,16 +430,7 @@ mod tests {
             },
         ];
         let names: Vec<_> = reasons.iter().map(UnhandledReason::name).collect();
-        assert_eq!(
-            names,
-            [
-                "past_deadline",
-                "demoted",
-                "lease_lost",
-                "queue_full",
-                "gave_up"
-            ]
-        );
+        assert_eq!(names, UnhandledReason::LABELS);
     }
 
     #[test]
@@ -462,7 +455,6 @@ mod tests {
         assert_eq!(seen[2].payload, [2]);
     }
 
-    #[cfg(any(feature = "nats", feature = "amqp", feature = "mysql"))]
     #[test]
     fn without_a_lease_a_failing_handler_is_given_up_for_its_dead_letter() {
         use guard_core::retry::{Classifier, RetryPolicy};

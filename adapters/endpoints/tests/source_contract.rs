@@ -152,7 +152,7 @@ impl ElectedSource for Mqtt {
         id: usize,
         config: &GuardConfig,
         ttl: Duration,
-        _retry: RetryPolicy,
+        retry: RetryPolicy,
         handler: Handler,
         ledger: &Ledger,
     ) -> Stop {
@@ -163,15 +163,15 @@ impl ElectedSource for Mqtt {
         let endpoint = MqttEndpoint::new(options, Subscription::plain("contract/#").unwrap())
             .with_guard(config, &scope)
             .and_then(|e| e.with_guard_settings(timing(ttl)))
+            .and_then(|e| e.with_retry(retry))
             .unwrap()
             .with_unhandled(sink(ledger, id));
         sources::replica_thread(move |ctl| {
-            smol::block_on(endpoint.run(ctl, move |message| {
-                let call = handler(id, delivery(message.payload, message.lease));
-                async move {
-                    let _ = call.await;
-                }
-            }));
+            smol::block_on(
+                endpoint.try_run(ctl, Classifier::retry_all(), move |message| {
+                    handler(id, delivery(message.payload, message.lease))
+                }),
+            );
         })
     }
 
@@ -184,7 +184,7 @@ impl ElectedSource for Mqtt {
     }
 
     fn retries(&self) -> bool {
-        false
+        true
     }
 
     /// Mosquitto sends at most 20 QoS 1 messages ahead of their PUBACKs
@@ -619,6 +619,46 @@ fn shared_delivery(payload: Vec<u8>) -> Delivery {
     }
 }
 
+/// Shows a subscription in place on a source that delivers only to
+/// present subscribers: probes, answered before the suite's handler,
+/// which never sees them.
+#[derive(Clone, Default)]
+struct Probe(Arc<AtomicBool>);
+
+impl Probe {
+    const PAYLOAD: &[u8] = b"contract-probe";
+
+    /// Consumer `id`'s handler of a payload: `handler`, or the answer to
+    /// a probe.
+    fn answering(
+        &self,
+        id: usize,
+        handler: Handler,
+    ) -> impl Fn(Vec<u8>) -> sources::HandlerFuture + 'static {
+        let seen = self.0.clone();
+        move |payload| {
+            if payload.starts_with(Self::PAYLOAD) {
+                seen.store(true, Ordering::Relaxed);
+                return Box::pin(async { Ok(()) });
+            }
+            handler(id, shared_delivery(payload))
+        }
+    }
+
+    /// Publishes probes until one was answered.
+    fn wait(&self, what: &str, publish_all: impl Fn(&[Vec<u8>])) {
+        let started = std::time::Instant::now();
+        while !self.0.load(Ordering::Relaxed) {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "{what} was never in place"
+            );
+            publish_all(&[Self::PAYLOAD.to_vec()]);
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
 const STREAM_DEAD_LETTERS: &str = "contract-dead-letters";
 
 struct Stream {
@@ -896,33 +936,17 @@ impl SharedSource for QueueGroup {
         .and_then(|s| s.with_retry(retry))
         .and_then(|s| s.with_dead_letters(QUEUE_GROUP_DEAD_LETTERS))
         .unwrap();
-        // Core NATS delivers only to present subscribers: probes, which
-        // the suite's handler never sees, show the subscription in place.
-        let probed = Arc::new(AtomicBool::new(false));
-        let stop = {
-            let probed = probed.clone();
-            sources::replica_thread(move |ctl| {
-                smol::block_on(
-                    subscriber.run(ctl, Classifier::retry_all(), move |message| {
-                        if message.payload.starts_with(b"queue-group-probe") {
-                            probed.store(true, Ordering::Relaxed);
-                            let answered: sources::HandlerFuture = Box::pin(async { Ok(()) });
-                            return answered;
-                        }
-                        handler(id, shared_delivery(message.payload))
-                    }),
-                );
-            })
-        };
-        let started = std::time::Instant::now();
-        while !probed.load(Ordering::Relaxed) {
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "the queue group never subscribed"
+        // Core NATS delivers only to present subscribers.
+        let probe = Probe::default();
+        let handle = probe.answering(id, handler);
+        let stop = sources::replica_thread(move |ctl| {
+            smol::block_on(
+                subscriber.run(ctl, Classifier::retry_all(), move |message| {
+                    handle(message.payload)
+                }),
             );
-            self.nats.publish_all(&[b"queue-group-probe".to_vec()]);
-            thread::sleep(Duration::from_millis(50));
-        }
+        });
+        probe.wait("the queue group", |probes| self.nats.publish_all(probes));
         stop
     }
 
@@ -945,6 +969,71 @@ impl SharedSource for QueueGroup {
 fn a_nats_queue_group_keeps_the_shared_source_contract() {
     sources::run_all_shared(&QueueGroup {
         nats: Nats::start_with_dead_letters(QUEUE_GROUP_DEAD_LETTERS),
+    });
+}
+
+// --------------------------------- shared sources: an MQTT shared subscription
+
+/// Mosquitto with clean sessions keeps nothing for a member that is not
+/// connected: only the dead-letter scenario applies. MQTT has no dead
+/// letters of its own; the endpoint's unhandled function is its
+/// destination (the gateway's dead letters).
+struct MqttShared {
+    broker: Mosquitto,
+    dead: Arc<Mutex<Vec<Vec<u8>>>>,
+}
+
+impl SharedSource for MqttShared {
+    fn name(&self) -> &str {
+        "mqtt (shared subscription)"
+    }
+
+    fn start(&self, id: usize, retry: RetryPolicy, handler: Handler) -> Stop {
+        let options = MqttOptions::new("127.0.0.1", self.broker.port(), &format!("shared-{id}"))
+            .unwrap()
+            .with_reconnect_delay(Duration::from_millis(100));
+        let dead = self.dead.clone();
+        let endpoint = MqttEndpoint::new(
+            options,
+            Subscription::shared("workers", "contract/#").unwrap(),
+        )
+        .with_retry(retry)
+        .unwrap()
+        .with_unhandled(move |given_up| dead.lock().unwrap().push(given_up.payload));
+        // A shared subscription delivers only to present members.
+        let probe = Probe::default();
+        let handle = probe.answering(id, handler);
+        let stop = sources::replica_thread(move |ctl| {
+            smol::block_on(
+                endpoint.try_run(ctl, Classifier::retry_all(), move |message| {
+                    handle(message.payload)
+                }),
+            );
+        });
+        probe.wait("the shared subscription", |probes| self.publish_all(probes));
+        stop
+    }
+
+    fn publish_all(&self, payloads: &[Vec<u8>]) {
+        self.broker.publish("contract/readings", payloads).unwrap();
+    }
+
+    fn dead_letters(&self) -> Vec<Vec<u8>> {
+        self.dead.lock().unwrap().clone()
+    }
+
+    fn restart_server(&self) {}
+
+    fn keeps_messages(&self) -> bool {
+        false
+    }
+}
+
+#[test]
+fn an_mqtt_shared_subscription_keeps_the_shared_source_contract() {
+    sources::run_all_shared(&MqttShared {
+        broker: Mosquitto::start().expect("mosquitto"),
+        dead: Arc::default(),
     });
 }
 

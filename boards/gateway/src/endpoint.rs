@@ -77,6 +77,9 @@ struct Inbox {
     clock: SystemClock,
     /// A flood of refusals is logged once per interval.
     warnings: Throttle,
+    /// A flood of drops (the dead-letter queue full) likewise, apart from
+    /// the refusals so that a drop is never hidden behind them.
+    drops: Throttle,
 }
 
 impl Inbox {
@@ -95,6 +98,7 @@ impl Inbox {
             dead_letters: Arc::new(MeteredDeadLetterQueue::new(&entry.name)),
             clock: SystemClock::new(),
             warnings: Throttle::new(),
+            drops: Throttle::new(),
         })
     }
 
@@ -216,13 +220,24 @@ impl Inbox {
             attempts,
             emit,
         ) {
-            log::error!(
-                "endpoint {}: {}: {why}; the dead-letter queue is full, message dropped",
-                self.name,
-                message.origin
+            self.dropped(
+                &message.origin,
+                &format!("{why}; the dead-letter queue is full"),
             );
-            metrics::counter!(guard_std::metrics::SINK_DROPPED, "name" => self.name.clone())
-                .increment(1);
+        }
+    }
+
+    /// A message with nowhere left to go: counted in
+    /// `guard_sink_dropped_total` each time, logged at error level once
+    /// per interval with the count held back.
+    fn dropped(&self, from: &str, why: &str) {
+        metrics::counter!(guard_std::metrics::SINK_DROPPED, "name" => self.name.clone())
+            .increment(1);
+        if let Some(held) = self.drops.admit() {
+            log::error!(
+                "endpoint {}: {from}: {why}; message dropped ({held} more dropped, not logged)",
+                self.name
+            );
         }
     }
 
@@ -301,9 +316,7 @@ impl Inbox {
             Ok(()) => true,
             Err(why) => {
                 // Nowhere left to keep it: said loudly and counted.
-                log::error!("endpoint {}: {from}: {why}; message dropped", self.name);
-                metrics::counter!(guard_std::metrics::SINK_DROPPED, "name" => self.name.clone())
-                    .increment(1);
+                self.dropped(from, &why);
                 false
             }
         }
@@ -736,4 +749,59 @@ impl Report {
 /// missing).
 fn never_invalid() -> Classifier<Refused> {
     Classifier::retry_all().never(|e: &Refused| matches!(e, Refused::Invalid(_)))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use guard_endpoints::delivery::UnhandledReason;
+
+    use super::*;
+
+    /// The lines logged at `warn` and above in this test binary.
+    struct Logged(Mutex<Vec<String>>);
+
+    impl log::Log for Logged {
+        fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
+            metadata.level() <= log::Level::Warn
+        }
+        fn log(&self, record: &log::Record<'_>) {
+            self.0.lock().unwrap().push(record.args().to_string());
+        }
+        fn flush(&self) {}
+    }
+
+    static LOGGED: Logged = Logged(Mutex::new(Vec::new()));
+
+    #[test]
+    fn a_full_dead_letter_queue_logs_what_it_drops_once_per_interval() {
+        log::set_logger(&LOGGED).unwrap();
+        log::set_max_level(log::LevelFilter::Warn);
+        let inbox = Inbox {
+            name: "alerts".into(),
+            max_payload: 1024,
+            limit: None,
+            dead_letters: Arc::new(MeteredDeadLetterQueue::new("alerts")),
+            clock: SystemClock::new(),
+            warnings: Throttle::new(),
+            drops: Throttle::new(),
+        };
+        let emit: Emit = Arc::new(|_| {});
+        for n in 0..DEAD_LETTERS + 500 {
+            inbox.keep_unhandled(
+                Unhandled {
+                    origin: "alerts.fire".into(),
+                    payload: n.to_string().into_bytes(),
+                    fence: Some(7),
+                    reason: UnhandledReason::Demoted,
+                },
+                &emit,
+            );
+        }
+        let logged = LOGGED.0.lock().unwrap();
+        let dropped: Vec<_> = logged.iter().filter(|l| l.contains("dropped")).collect();
+        assert_eq!(dropped.len(), 1, "one line for 500 drops: {dropped:#?}");
+        assert_eq!(inbox.dead_letters.len(), DEAD_LETTERS, "the queue is full");
+    }
 }

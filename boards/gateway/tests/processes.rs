@@ -1906,3 +1906,143 @@ max_wait_ms = 20000
         .count();
     assert!(kept >= 1, "{:?}", lines.lock().unwrap());
 }
+
+/// What `guard-gateway <args> --config <config>` printed (stdout, then
+/// stderr) within `limit`, killed then if it still runs, with its exit
+/// code if it ended by itself.
+fn printed_within(
+    args: &[&str],
+    config: &std::path::Path,
+    env: &[(&str, String)],
+    limit: Duration,
+) -> (Option<i32>, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_guard-gateway"))
+        .args(args)
+        .arg("--config")
+        .arg(config)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .env("RUST_LOG", "debug")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("guard-gateway");
+    let read = |mut from: Box<dyn Read + Send>| {
+        thread::spawn(move || {
+            let mut text = String::new();
+            from.read_to_string(&mut text).ok();
+            text
+        })
+    };
+    let stdout = read(Box::new(child.stdout.take().unwrap()));
+    let stderr = read(Box::new(child.stderr.take().unwrap()));
+    let started = Instant::now();
+    let code = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status.code();
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        thread::sleep(Duration::from_millis(50));
+    };
+    (code, stdout.join().unwrap() + &stderr.join().unwrap())
+}
+
+/// A password in any URL of the file, written there or expanded from the
+/// environment, is printed neither by `check` nor by `run` (at `debug`):
+/// not in a start-up error, nor while endpoints fail to connect and
+/// retry beside a replica that leads (its locker takes its password).
+#[test]
+fn no_password_of_a_url_is_printed_by_check_or_run() {
+    const SECRET: &str = "TopSecret42";
+    let server = RedisServer::start().expect("redis-server");
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("requirepass")
+        .arg(SECRET)
+        .query(
+            &mut redis::Client::open(server.url())
+                .unwrap()
+                .get_connection()
+                .unwrap(),
+        )
+        .expect("a password set");
+    let closed = free_port().expect("a free port");
+    let head = format!(
+        "[locker]\nkind = \"redis\"\nurl = \"redis://:{SECRET}@127.0.0.1:{}/\"\n\n[guards]\nowner = \"it\"\nactive_ttl_ms = {TTL_MS}\nactive_interval_ms = {INTERVAL_MS}\n\n[[active]]\nname = \"sensors\"\n",
+        server.port()
+    );
+    // Refused at start: the replica cannot serve them.
+    let at_start = [
+        format!(
+            "[[endpoints]]\nname = \"orders\"\nkind = \"redis-stream\"\nurl = \"redis://:{SECRET}-stream@127.0.0.1:{closed}/\"\nstream = \"orders\"\ngroup = \"billing\"\n"
+        ),
+        format!(
+            "[[endpoints]]\nname = \"work\"\nkind = \"postgres-queue\"\nurl = \"postgres://app:{SECRET}-pg@127.0.0.1:{closed}/app\"\ntable = \"jobs\"\n"
+        ),
+    ];
+    // Retried while the replica runs; two from the environment.
+    let retried = format!(
+        "[[endpoints]]\nname = \"events\"\nkind = \"nats\"\nurl = \"${{NATS_URL}}\"\nsubject = \"events.>\"\nqueue_group = \"gateways\"\n\n[[endpoints]]\nname = \"queue\"\nkind = \"rabbitmq\"\nurl = \"amqp://guest:{SECRET}-amqp@127.0.0.1:{closed}/%2f\"\nqueue = \"orders\"\n\n[[endpoints]]\nname = \"cdc\"\nkind = \"mysql-binlog\"\nurl = \"${{MYSQL_URL}}\"\n"
+    );
+    let env = [
+        (
+            "NATS_URL",
+            format!("nats://app:{SECRET}-nats@127.0.0.1:{closed}"),
+        ),
+        (
+            "MYSQL_URL",
+            format!("mysql://root:{SECRET}-mysql@127.0.0.1:{closed}/app"),
+        ),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let file = |name: &str, endpoints: &[&str]| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, format!("{head}\n{}", endpoints.join("\n"))).unwrap();
+        path
+    };
+    let leaked = |what: &str, printed: &str| {
+        let lines: Vec<&str> = printed.lines().filter(|l| l.contains(SECRET)).collect();
+        assert!(lines.is_empty(), "{what} printed a password: {lines:#?}");
+    };
+
+    let all = file("all.toml", &[&at_start[0], &at_start[1], &retried]);
+    let (code, printed) = printed_within(&["check"], &all, &env, Duration::from_secs(10));
+    assert_eq!(code, Some(0), "{printed}");
+    leaked("`check`", &printed);
+
+    for (n, endpoint) in at_start.iter().enumerate() {
+        let path = file(&format!("start-{n}.toml"), &[endpoint]);
+        let (code, printed) = printed_within(
+            &["run", "--replica", "r0"],
+            &path,
+            &env,
+            Duration::from_secs(10),
+        );
+        assert!(
+            code.is_some_and(|c| c != 0),
+            "refused at start: {code:?} {printed}"
+        );
+        leaked("a start-up error", &printed);
+    }
+
+    let running = file("running.toml", &[&retried]);
+    let (code, printed) = printed_within(
+        &["run", "--replica", "r0"],
+        &running,
+        &env,
+        Duration::from_secs(4),
+    );
+    assert_eq!(code, None, "still running: {printed}");
+    for shown in [
+        "promoted name=sensors",
+        "nats events.>",
+        "AMQP queue orders",
+        "binlog: connect",
+    ] {
+        assert!(printed.contains(shown), "{shown:?} not printed: {printed}");
+    }
+    leaked("`run`", &printed);
+}

@@ -5,9 +5,13 @@ use guard_redis::CallerRuntime;
 use guard_std::run::Runtime as _;
 use std::future::Future;
 
+use std::cell::RefCell;
+use std::fmt;
+
 use futures_lite::future;
 use guard_core::guard::ActiveConfig;
 use guard_core::lock::Scope;
+use guard_core::retry::{Classifier, RetryPolicy};
 use guard_std::run::Control;
 
 use crate::runtime::ActiveRunner;
@@ -15,7 +19,10 @@ use guard_std::GuardConfig;
 
 use super::connection::Connection;
 use super::{MqttError, MqttMessage, MqttOptions, Subscription};
-use crate::delivery::{ElectedLease, Unhandled, UnhandledFn, UnhandledSink};
+use crate::deliver;
+use crate::delivery::{
+    self, Delivered, ElectedLease, Unhandled, UnhandledFn, UnhandledReason, UnhandledSink,
+};
 use crate::lease_thread::{self, StopOnDrop};
 use crate::parameter::Parameter;
 
@@ -25,6 +32,7 @@ pub struct MqttEndpoint {
     options: MqttOptions,
     subscription: Subscription,
     guard: Option<ActiveRunner>,
+    retry: RetryPolicy,
     unhandled: Option<UnhandledFn>,
 }
 
@@ -34,6 +42,7 @@ impl std::fmt::Debug for MqttEndpoint {
             .field("options", &self.options)
             .field("subscription", &self.subscription)
             .field("guard", &self.guard)
+            .field("retry", &self.retry)
             .field("unhandled", &self.unhandled.is_some())
             .finish()
     }
@@ -54,20 +63,39 @@ type Promotion = (
 );
 
 impl MqttEndpoint {
-    /// An endpoint that always subscribes.
+    /// An endpoint that always subscribes, with the original's retry
+    /// policy for [`try_run`](Self::try_run).
     pub fn new(options: MqttOptions, subscription: Subscription) -> Self {
         MqttEndpoint {
             options,
             subscription,
             guard: None,
+            retry: RetryPolicy::new(),
             unhandled: None,
         }
     }
 
-    /// Hands every message a guarded endpoint reads and does not handle
-    /// (its lease was past its renew deadline or gone) to `to`, with its
-    /// content, topic and reason; see [`crate::delivery`]. Without it
-    /// they are counted and logged only.
+    /// How [`try_run`](Self::try_run) retries a failing handler before the
+    /// message is given up. Endpoints draw no random bits, so a policy
+    /// with jitter is refused.
+    pub fn with_retry(mut self, policy: RetryPolicy) -> Result<Self, MqttError> {
+        self.retry = deliver::checked(policy).map_err(|refused| {
+            MqttError::invalid(
+                Parameter::RetryPolicy,
+                refused.value(),
+                deliver::RetryRefused::RULE,
+            )
+        })?;
+        Ok(self)
+    }
+
+    /// Hands every message the endpoint reads and does not handle to `to`,
+    /// with its content, topic and reason (see [`crate::delivery`]): a
+    /// guarded endpoint's whose lease was past its renew deadline or
+    /// gone, and under [`try_run`](Self::try_run) one whose retries were
+    /// spent. It is handed over before the message is acknowledged: MQTT
+    /// keeps no dead letters, so this is the endpoint's dead-letter
+    /// destination. Without it they are counted and logged only.
     pub fn with_unhandled(mut self, to: impl Fn(Unhandled) + Send + Sync + 'static) -> Self {
         self.unhandled = Some(std::sync::Arc::new(to));
         self
@@ -120,6 +148,69 @@ impl MqttEndpoint {
             None => self.run_always(control, handler).await,
             Some(runner) => self.run_guarded(runner, control, handler).await,
         }
+    }
+
+    /// Like [`run`](Self::run), for a handler that can fail: a failing
+    /// call is retried under the endpoint's policy
+    /// ([`with_retry`](Self::with_retry)) while `classifier` allows, and
+    /// a message whose retries are spent is handed whole to the
+    /// [`with_unhandled`](Self::with_unhandled) function, with
+    /// [`UnhandledReason::GaveUp`], before it is acknowledged. A guarded
+    /// endpoint checks the lease before every call, as the elected
+    /// delivery path does ([`crate::delivery`]).
+    ///
+    /// ```no_run
+    /// # use guard_endpoints::mqtt::{MqttEndpoint, MqttOptions, Subscription};
+    /// # use guard_core::retry::Classifier;
+    /// # async fn example(control: guard_std::run::Control) -> Result<(), Box<dyn std::error::Error>> {
+    /// let options = MqttOptions::new("127.0.0.1", 1883, "gateway-1")?;
+    /// let endpoint = MqttEndpoint::new(options, Subscription::shared("gateways", "orders/#")?)
+    ///     .with_unhandled(|given_up| eprintln!("dead letter from {}", given_up.origin));
+    /// endpoint
+    ///     .try_run(control, Classifier::retry_all(), |message| async move {
+    ///         if message.payload.is_empty() { Err("empty order") } else { Ok(()) }
+    ///     })
+    ///     .await;
+    /// # Ok(()) }
+    /// ```
+    pub async fn try_run<H, F, E>(&self, control: Control, classifier: Classifier<E>, handler: H)
+    where
+        H: FnMut(MqttMessage) -> F,
+        F: Future<Output = Result<(), E>>,
+        E: fmt::Display,
+    {
+        let filter = self.subscription.topic_filter();
+        let key = self
+            .guard
+            .as_ref()
+            .map_or(filter.as_str(), |runner| runner.key());
+        let given_up = UnhandledSink::new(&format!("MQTT {filter}"), key, self.unhandled.clone());
+        given_up.register();
+        // Borrowed only to make each call's future, never across a wait.
+        let handler = RefCell::new(handler);
+        let (policy, handler, given_up) = (self.retry, &handler, &given_up);
+        let label = filter.as_str();
+        self.run(control, |message: MqttMessage| async move {
+            let call = |m: MqttMessage| (handler.borrow_mut())(m);
+            let lease = message.lease.clone();
+            let delivered =
+                delivery::deliver(policy, classifier, label, lease.as_ref(), &message, call).await;
+            let reason = match delivered {
+                Delivered::Handled => return,
+                Delivered::GaveUp(gave_up) => UnhandledReason::GaveUp {
+                    attempts: gave_up.attempts,
+                    error: gave_up.error,
+                },
+                Delivered::Unhandled(reason) => reason,
+            };
+            given_up.hand(Unhandled {
+                origin: message.topic,
+                payload: message.payload,
+                fence: message.fence,
+                reason,
+            });
+        })
+        .await;
     }
 
     /// Connects, subscribes and serves; reconnects after a failure.
