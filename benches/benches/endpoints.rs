@@ -91,9 +91,7 @@ use async_compat::Compat;
 use futures_lite::{StreamExt as _, future};
 use guard_core::limit::{FullPolicy, Rate, TokenBucket};
 use guard_core::retry::Classifier;
-use guard_endpoints::admission::{Admission, Verdict};
 use guard_endpoints::amqp::{AmqpOptions, WorkQueueConsumer};
-use guard_endpoints::config::WhenLimited;
 use guard_endpoints::mqtt::{MqttEndpoint, MqttOptions, Subscription};
 use guard_endpoints::mysql::BinlogReader;
 use guard_endpoints::nats::{
@@ -101,6 +99,8 @@ use guard_endpoints::nats::{
 };
 use guard_endpoints::postgres::PgQueue;
 use guard_endpoints::redis::{PubSubEndpoint, StreamConsumer, WhenFull};
+use guard_gateway::admission::{Admission, Verdict};
+use guard_gateway::config::WhenLimited;
 use guard_redis::{RedisConnection, Topology};
 use guard_std::ratelimit::{MemoryLimiter, NamedRateLimiter};
 use guard_std::{GuardConfig, LocalLocker, SharedLocker};

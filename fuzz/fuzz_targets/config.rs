@@ -3,7 +3,7 @@
 //! says it is one, and environment lookups never escape into the result.
 #![no_main]
 
-use guard_endpoints::config::{Config, ConfigError};
+use guard_gateway::config::{Config, ConfigError};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

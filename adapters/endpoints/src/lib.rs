@@ -1,7 +1,9 @@
-//! guard-endpoints: the integration layer. It applies the seeds' delivery
-//! rule to real sources and parses the gateway's configuration once into
-//! validated types; the adapters under it stay seams (time, IO, storage,
-//! runtime).
+//! guard-endpoints: a library of message sources that apply the seeds'
+//! delivery rule to real servers; the adapters under it stay seams (time,
+//! IO, storage, runtime). It holds no application: the gateway's
+//! configuration, admission and assembly live in `boards/gateway`, which
+//! builds each source from its validated configuration with the builders
+//! here.
 //!
 //! The rule: where the source delivers each message to one consumer, use
 //! that and add no guard (a guard would turn legitimate redeliveries into
@@ -27,16 +29,12 @@
 //!   lease checked before each side effect ([`delivery::ElectedLease`]
 //!   handed with each message), and what was read but not handled handed
 //!   to an [`delivery::UnhandledSink`] with its content and reason;
-//! - [`admission`]: rate limits that act on every message of an endpoint,
-//!   and the dead letters of the ones refused;
 //! - [`queue`]: the bounded handler queue of a broadcast source and its
-//!   [`queue::WhenFull`] policy;
-//! - [`config`]: the TOML configuration of a gateway replica.
+//!   [`queue::WhenFull`] policy.
 //!
 //! The `tls` feature (off by default) connects over TLS: `rediss://` URLs
 //! for the Redis sources (`PubSubEndpoint::with_tls` for a private CA or a
-//! client certificate), `MqttOptions::with_tls` for MQTT, and the
-//! configuration's `tls_ca`, `tls_cert`, `tls_key` and `tls` keys.
+//! client certificate) and `MqttOptions::with_tls` for MQTT.
 //!
 //! Errors are typed: [`mqtt::MqttError`], [`redis::EndpointError`] and
 //! the errors of the feature-gated sources (`NatsError`, `AmqpError`,
@@ -48,10 +46,8 @@
 //! member (the seeds' rule: no guard), and a configuration change must
 //! reach every replica (deliberately not deduplicated); see the README.
 
-pub mod admission;
 #[cfg(feature = "amqp")]
 pub mod amqp;
-pub mod config;
 mod deliver;
 pub mod delivery;
 // The elected consumer of a broadcast source, for the sources that have
@@ -71,4 +67,4 @@ pub mod queue;
 pub mod redis;
 mod runtime;
 
-pub use parameter::Parameter;
+pub use parameter::{Parameter, redacted};

@@ -185,7 +185,7 @@ pub(crate) fn write_invalid(
 ///
 /// Key-value connection strings (PostgreSQL's `password=…`) are not
 /// URLs: guard-postgres hides those.
-pub(crate) fn redacted(url: &str) -> String {
+pub fn redacted(url: &str) -> String {
     let (scheme, rest) = match url.find("://") {
         Some(end) => url.split_at(end + 3),
         None => ("", url),

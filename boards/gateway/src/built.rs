@@ -3,10 +3,11 @@
 
 use std::sync::Arc;
 
+#[cfg(feature = "postgres")]
+use crate::config::PostgresLocker;
+use crate::config::{Backend, Config, Locker, MAX_SLIDING_LIMIT, Policy, PolicyAlgorithm};
 use guard_core::limit::{FullPolicy, SlidingWindow};
-use guard_endpoints::config::{
-    Backend, Config, Locker, MAX_SLIDING_LIMIT, Policy, PolicyAlgorithm, PostgresLocker,
-};
+#[cfg(feature = "postgres")]
 use guard_postgres::{PgLockError, PgLocker};
 use guard_redis::{
     RedisConnection, RedisGuardError, RedisLeakyBucket, RedisLocker, RedisSlidingWindow,
@@ -53,6 +54,7 @@ pub async fn build(config: &Config) -> Result<Built, GatewayError> {
                 .with_prefix(&l.prefix)
                 .map_err(GatewayError::Locker)?,
         )),
+        #[cfg(feature = "postgres")]
         (Locker::Postgres(l), _) => Some(SharedLocker::new(postgres(l).await?)),
         #[cfg(feature = "etcd")]
         (Locker::Etcd(l), _) => Some(SharedLocker::new(etcd(l).await?)),
@@ -63,9 +65,10 @@ pub async fn build(config: &Config) -> Result<Built, GatewayError> {
             return Err(GatewayError::LockService {
                 kind: match other {
                     Locker::Etcd(_) => "etcd",
+                    Locker::Postgres(_) => "postgres",
                     _ => "configured",
                 },
-                source: "this build of the gateway cannot run it (for etcd: the gateway's `etcd` feature)"
+                source: "this build of the gateway cannot run it (it needs the gateway's feature of the same name)"
                     .into(),
             });
         }
@@ -105,6 +108,7 @@ pub async fn build(config: &Config) -> Result<Built, GatewayError> {
     })
 }
 
+#[cfg(feature = "postgres")]
 /// The PostgreSQL locker `l` names, connected (its table created unless
 /// it exists), so a server that cannot be reached stops the start.
 async fn postgres(l: &PostgresLocker) -> Result<PgLocker, GatewayError> {
@@ -123,9 +127,7 @@ async fn postgres(l: &PostgresLocker) -> Result<PgLocker, GatewayError> {
 /// The etcd locker `l` names, checked (a member with a leader answered),
 /// so a cluster that cannot be reached stops the start.
 #[cfg(feature = "etcd")]
-async fn etcd(
-    l: &guard_endpoints::config::EtcdLocker,
-) -> Result<guard_etcd::EtcdLocker, GatewayError> {
+async fn etcd(l: &crate::config::EtcdLocker) -> Result<guard_etcd::EtcdLocker, GatewayError> {
     let failed = |source: guard_etcd::EtcdError| GatewayError::LockService {
         kind: "etcd",
         source: Box::new(source),
@@ -205,7 +207,7 @@ mod tests {
     #[test]
     fn the_configuration_s_etcd_timeout_is_guard_etcd_s_default() {
         assert_eq!(
-            guard_endpoints::config::DEFAULT_ETCD_TIMEOUT,
+            crate::config::DEFAULT_ETCD_TIMEOUT,
             guard_etcd::DEFAULT_TIMEOUT
         );
     }

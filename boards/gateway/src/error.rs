@@ -61,11 +61,6 @@ pub enum GatewayError {
         /// a `guard_core::lock::KeyError`.
         source: Box<dyn std::error::Error + Send + Sync>,
     },
-    /// An endpoint of a kind this gateway does not run.
-    UnsupportedEndpoint {
-        /// The endpoint.
-        name: String,
-    },
 }
 
 impl fmt::Display for GatewayError {
@@ -81,10 +76,6 @@ impl fmt::Display for GatewayError {
             GatewayError::Schedule { router, source } => write!(f, "schedule {router}: {source}"),
             GatewayError::Consumer { name, source } => write!(f, "consumer {name}: {source}"),
             GatewayError::Endpoint { name, source } => write!(f, "endpoint {name}: {source}"),
-            GatewayError::UnsupportedEndpoint { name } => write!(
-                f,
-                "endpoint {name}: this kind of endpoint is not supported by the gateway"
-            ),
         }
     }
 }
@@ -100,7 +91,7 @@ impl std::error::Error for GatewayError {
             GatewayError::Endpoint { source, .. } | GatewayError::LockService { source, .. } => {
                 Some(&**source)
             }
-            GatewayError::UnknownLimiter { .. } | GatewayError::UnsupportedEndpoint { .. } => None,
+            GatewayError::UnknownLimiter { .. } => None,
         }
     }
 }

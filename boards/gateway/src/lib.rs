@@ -6,7 +6,9 @@
 //! - [`replica`]: one real replica from a TOML configuration (Redis locker,
 //!   schedules, leader-only consumers, rate limiters, Prometheus metrics).
 
+pub mod admission;
 mod built;
+pub mod config;
 pub mod demo;
 mod endpoint;
 mod error;

@@ -10,7 +10,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use guard_endpoints::config::Config;
+use guard_gateway::config::Config;
 use guard_gateway::demo::{self, DemoOptions};
 use guard_gateway::{prometheus, replica};
 

@@ -4,10 +4,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use guard_endpoints::admission::{Admission, Verdict};
-use guard_endpoints::config::{
-    Backend, Config, Locker, PolicyAlgorithm, Source, Timing, WhenLimited,
-};
+use crate::admission::{Admission, Verdict};
+use crate::config::{Backend, Config, Locker, PolicyAlgorithm, Source, Timing, WhenLimited};
 use guard_smol::{ActiveRunner, Control, RunnerError, Scheduler};
 
 use crate::built::limiter;
@@ -213,7 +211,6 @@ pub fn summary(config: &Config) -> String {
             1 => "etcd, 1 member".to_owned(),
             n => format!("etcd, {n} members"),
         },
-        _ => "another kind".to_owned(),
     };
     let schedules: Vec<String> = config
         .schedules
@@ -227,56 +224,7 @@ pub fn summary(config: &Config) -> String {
         .endpoints
         .iter()
         .map(|e| {
-            let kind = match &e.source {
-                Source::RedisPubsub(_) => "redis-pubsub, elected subscriber".to_owned(),
-                Source::RedisStream(s) => format!("redis-stream, consumer group {}", s.group),
-                Source::Mqtt(m) => match &m.delivery {
-                    guard_endpoints::config::MqttDelivery::Shared(g) => {
-                        format!("mqtt, shared subscription {g}")
-                    }
-                    guard_endpoints::config::MqttDelivery::Broadcast => {
-                        "mqtt, broadcast".to_owned()
-                    }
-                    guard_endpoints::config::MqttDelivery::Elected => {
-                        "mqtt, elected subscriber".to_owned()
-                    }
-                },
-                Source::Nats(n) => match &n.delivery {
-                    guard_endpoints::config::NatsDelivery::QueueGroup(g) => {
-                        format!("nats, queue group {g}")
-                    }
-                    guard_endpoints::config::NatsDelivery::Broadcast => {
-                        "nats, broadcast".to_owned()
-                    }
-                    guard_endpoints::config::NatsDelivery::Elected => {
-                        "nats, elected subscriber".to_owned()
-                    }
-                },
-                Source::NatsJetStream(j) => {
-                    format!("nats-jetstream, durable consumer {}", j.durable)
-                }
-                Source::Rabbitmq(r) => match &r.delivery {
-                    guard_endpoints::config::AmqpDelivery::WorkQueue {
-                        queue,
-                        single_active: false,
-                    } => format!("rabbitmq, work queue {queue}"),
-                    guard_endpoints::config::AmqpDelivery::WorkQueue { queue, .. } => {
-                        format!("rabbitmq, single-active-consumer queue {queue}")
-                    }
-                    guard_endpoints::config::AmqpDelivery::Fanout {
-                        exchange,
-                        elected: true,
-                    } => format!("rabbitmq, elected consumer of fanout {exchange}"),
-                    guard_endpoints::config::AmqpDelivery::Fanout { exchange, .. } => {
-                        format!("rabbitmq, broadcast from fanout {exchange}")
-                    }
-                },
-                Source::PostgresQueue(p) => {
-                    format!("postgres-queue, rows claimed from {}", p.table)
-                }
-                Source::MysqlBinlog(_) => "mysql-binlog, elected reader".to_owned(),
-                _ => "another kind".to_owned(),
-            };
+            let kind = endpoint::describe(&e.source);
             let limit = e
                 .limit
                 .as_ref()

@@ -6,7 +6,7 @@ use std::error::Error;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
-use guard_endpoints::config::Config;
+use guard_gateway::config::Config;
 use guard_gateway::replica::{self, Event, GatewayError};
 use guard_redis::RedisGuardError;
 use guard_testkit::free_port;

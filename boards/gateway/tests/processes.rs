@@ -250,7 +250,7 @@ fn a_bad_configuration_is_refused_with_its_key() {
 
 #[test]
 fn the_example_configuration_is_valid() {
-    guard_endpoints::config::Config::from_path(
+    guard_gateway::config::Config::from_path(
         &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("gateway.toml"),
     )
     .expect("gateway.toml");

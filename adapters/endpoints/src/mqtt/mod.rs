@@ -262,26 +262,38 @@ pub enum Subscription {
     },
 }
 
+/// A filter a subscription may use: a valid MQTT topic filter (`#` only
+/// last, `+` a whole level), not itself a `$share/` filter, and with no
+/// control character (a NUL makes a broker drop the connection, and the
+/// client reconnect in a loop).
 fn checked_filter(filter: &str) -> Result<String, MqttError> {
-    if filter.is_empty() || filter.starts_with("$share/") {
+    if filter.is_empty()
+        || filter.starts_with("$share/")
+        || !rumqttc::valid_filter(filter)
+        || filter.chars().any(char::is_control)
+    {
         return Err(MqttError::invalid(
             Parameter::TopicFilter,
-            filter,
-            "must be non-empty and not itself a $share filter (use Subscription::shared)",
+            format!("{filter:?}"),
+            "must be a valid MQTT topic filter (`#` only last, `+` a whole level) with no control character, and not itself a $share filter (use Subscription::shared)",
         ));
     }
     Ok(filter.to_owned())
 }
 
 impl Subscription {
-    /// A shared subscription: `group` is non-empty and has no `/`, `+` or
-    /// `#` (MQTT 5, 4.8.2).
+    /// A shared subscription: `group` is non-empty and has no `/`, `+`,
+    /// `#` (MQTT 5, 4.8.2), whitespace or control character; `filter`
+    /// is a valid topic filter.
     pub fn shared(group: &str, filter: &str) -> Result<Self, MqttError> {
-        if group.is_empty() || group.contains(['/', '+', '#']) {
+        if group.is_empty()
+            || group.contains(['/', '+', '#'])
+            || group.chars().any(|c| c.is_control() || c.is_whitespace())
+        {
             return Err(MqttError::invalid(
                 Parameter::ShareGroup,
-                group,
-                "must be non-empty and contain no '/', '+' or '#'",
+                format!("{group:?}"),
+                "must be non-empty and contain no '/', '+', '#', whitespace or control character",
             ));
         }
         Ok(Subscription::Shared {
@@ -321,4 +333,41 @@ pub struct MqttMessage {
     /// handler that waits before its side effect checks
     /// [`ElectedLease::is_valid`] again immediately before it.
     pub lease: Option<ElectedLease>,
+}
+
+#[cfg(test)]
+mod subscription_tests {
+    use super::*;
+
+    #[test]
+    fn filters_and_share_groups_with_control_characters_are_refused() {
+        for filter in ["a/\0", "a/\r\nb", "sensors/#/x", "a+/b", "", "$share/g/a"] {
+            let err = Subscription::plain(filter).unwrap_err();
+            assert!(
+                matches!(
+                    &err,
+                    MqttError::InvalidInput {
+                        parameter: Parameter::TopicFilter,
+                        ..
+                    }
+                ),
+                "{filter:?}: {err}"
+            );
+        }
+        for group in ["g\r\nx", "g\0", "g h", "", "g/h"] {
+            let err = Subscription::shared(group, "a/#").unwrap_err();
+            assert!(
+                matches!(
+                    &err,
+                    MqttError::InvalidInput {
+                        parameter: Parameter::ShareGroup,
+                        ..
+                    }
+                ),
+                "{group:?}: {err}"
+            );
+        }
+        assert!(Subscription::plain("sensors/+/temp").is_ok());
+        assert!(Subscription::shared("gateways", "sensors/#").is_ok());
+    }
 }

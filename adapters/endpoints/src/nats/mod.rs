@@ -269,8 +269,10 @@ impl Delivery {
 
 /// A subject a subscriber may listen on: non-empty dot-separated tokens
 /// without whitespace; wildcards (`*`, a final `>`) allowed only if
-/// `wildcards`.
-pub(crate) fn checked_subject(
+/// `wildcards`; refused naming `parameter`. The rule every subscriber
+/// and dead-letter subject here is checked by, for a caller that
+/// validates a subject before it builds one.
+pub fn checked_subject(
     parameter: Parameter,
     subject: &str,
     wildcards: bool,

@@ -1,4 +1,4 @@
-//! `kind = "rabbitmq"`: checked with [`crate::amqp`]'s own rules, so a
+//! `kind = "rabbitmq"`: checked with [`guard_endpoints::amqp`]'s own rules, so a
 //! configuration that loads builds its consumer. Refused, naming the
 //! feature, in a build without `amqp`.
 
@@ -13,7 +13,7 @@ pub(super) fn source(
     key: &dyn Fn(&str) -> String,
     env: Env<'_>,
 ) -> Result<Source, ConfigError> {
-    use crate::amqp::{
+    use guard_endpoints::amqp::{
         AmqpError, AmqpOptions, DEFAULT_PREFETCH, FanoutConsumer, WorkQueueConsumer,
     };
     let refused = |field: &str, e: AmqpError| match e {

@@ -1,4 +1,4 @@
-//! `kind = "postgres-queue"`: checked with [`crate::postgres`]'s own
+//! `kind = "postgres-queue"`: checked with [`guard_endpoints::postgres`]'s own
 //! rules, so a configuration that loads builds its queue. Refused, naming
 //! the feature, in a build without `postgres`.
 
@@ -15,7 +15,7 @@ pub(super) fn source(
     key: &dyn Fn(&str) -> String,
     env: Env<'_>,
 ) -> Result<Source, ConfigError> {
-    use crate::postgres::{
+    use guard_endpoints::postgres::{
         DEFAULT_BATCH, DEFAULT_CLAIM_LEASE, DEFAULT_MAX_DELIVERIES, DEFAULT_POLL_INTERVAL, PgQueue,
         PgQueueError,
     };
@@ -31,7 +31,7 @@ pub(super) fn source(
     );
     let mut queue = PgQueue::new(&url, &p.table).map_err(|e| match e {
         PgQueueError::InvalidInput {
-            parameter: crate::Parameter::ServerUrl,
+            parameter: guard_endpoints::Parameter::ServerUrl,
             rule,
             ..
         } => super::resolve::refused_url(&key("url"), &url, &p.url, &rule),

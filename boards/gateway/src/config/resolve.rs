@@ -21,7 +21,8 @@ use super::{
     MqttDelivery, MqttSource, Policy, PolicyAlgorithm, PubSubSource, RateLimits, RedactedUrl,
     RedisLocker, Schedule, ScheduleLimit, Source, StreamSource, Timing, WhenLimited, invalid,
 };
-use crate::parameter::redacted;
+use guard_endpoints::mqtt::{MqttError, Subscription};
+use guard_endpoints::{Parameter, redacted};
 
 /// The default MQTT port.
 const MQTT_PORT: u16 = 1883;
@@ -70,7 +71,7 @@ pub(super) fn unsupported(kind: &str, feature: &str, key: &dyn Fn(&str) -> Strin
     invalid(
         key("kind"),
         format!("{kind:?}"),
-        format!("a build with guard-endpoints' `{feature}` feature"),
+        format!("a gateway built with its `{feature}` feature"),
     )
 }
 
@@ -998,7 +999,7 @@ fn endpoint(
             }
             let limit = endpoint_limit(limit_keys!(p), key, false, limiters)?;
             let queue = match p.queue {
-                None => crate::queue::DEFAULT_QUEUE,
+                None => guard_endpoints::queue::DEFAULT_QUEUE,
                 Some(n) => usize::try_from(bounded(&key("queue"), n, MAX_QUEUE, "messages")?)
                     .unwrap_or(usize::MAX),
             };
@@ -1008,9 +1009,9 @@ fn endpoint(
                 patterns: p.patterns.clone(),
                 queue,
                 when_full: match p.when_full {
-                    None => crate::queue::WhenFull::default(),
-                    Some(raw::WhenFull::DropNewest) => crate::queue::WhenFull::DropNewest,
-                    Some(raw::WhenFull::DropOldest) => crate::queue::WhenFull::DropOldest,
+                    None => guard_endpoints::queue::WhenFull::default(),
+                    Some(raw::WhenFull::DropNewest) => guard_endpoints::queue::WhenFull::DropNewest,
+                    Some(raw::WhenFull::DropOldest) => guard_endpoints::queue::WhenFull::DropOldest,
                 },
             });
             (&p.name, source, limit)
@@ -1055,7 +1056,7 @@ fn endpoint(
             let retry = retry(s.retries, s.retry_delay_ms, key)?;
             let limit = endpoint_limit(limit_keys!(s), key, true, limiters)?;
             let batch = match s.batch {
-                None => crate::redis::DEFAULT_BATCH,
+                None => guard_endpoints::redis::DEFAULT_BATCH,
                 Some(n) => usize::try_from(bounded(&key("batch"), n, MAX_BATCH, "entries")?)
                     .unwrap_or(usize::MAX),
             };
@@ -1117,12 +1118,23 @@ fn endpoint(
                 return Err(invalid(key("port"), 0, "a port from 1 to 65535"));
             }
             let filter = non_empty("filter", &m.filter, "a topic filter")?;
-            if !rumqttc::valid_filter(&filter) || filter.starts_with("$share/") {
-                return Err(invalid(
-                    key("filter"),
-                    format!("{filter:?}"),
-                    "a valid MQTT topic filter (`#` only last, `+` a whole level; a shared subscription is `share_group`, not `$share/` in the filter)",
-                ));
+            // The endpoint's own rules, named by the key they refuse.
+            let subscription = match &m.share_group {
+                Some(group) => Subscription::shared(group, &filter),
+                None => Subscription::plain(&filter),
+            };
+            if let Err(MqttError::InvalidInput {
+                parameter,
+                value,
+                rule,
+                ..
+            }) = subscription
+            {
+                let field = match parameter {
+                    Parameter::ShareGroup => "share_group",
+                    _ => "filter",
+                };
+                return Err(invalid(key(field), value, rule));
             }
             let delivery = match (&m.share_group, m.guard) {
                 (Some(_), true) => {
@@ -1132,16 +1144,7 @@ fn endpoint(
                         "no guard with `share_group`: the broker delivers each message to one member already",
                     ));
                 }
-                (Some(group), false) => {
-                    if group.is_empty() || group.contains(['/', '+', '#']) {
-                        return Err(invalid(
-                            key("share_group"),
-                            format!("{group:?}"),
-                            "a non-empty share name without `/`, `+` or `#`",
-                        ));
-                    }
-                    MqttDelivery::Shared(group.clone())
-                }
+                (Some(group), false) => MqttDelivery::Shared(group.clone()),
                 (None, true) => MqttDelivery::Elected,
                 (None, false) => MqttDelivery::Broadcast,
             };

@@ -1,4 +1,4 @@
-//! `kind = "mysql-binlog"`: checked with [`crate::mysql`]'s own rules, so
+//! `kind = "mysql-binlog"`: checked with [`guard_endpoints::mysql`]'s own rules, so
 //! a configuration that loads builds its reader. Refused, naming the
 //! feature, in a build without `mysql`.
 
@@ -14,8 +14,8 @@ pub(super) fn source(
     env: Env<'_>,
 ) -> Result<Source, ConfigError> {
     use super::resolve::refused_url;
-    use crate::Parameter;
-    use crate::mysql::{BinlogError, BinlogReader};
+    use guard_endpoints::Parameter;
+    use guard_endpoints::mysql::{BinlogError, BinlogReader};
     let refused = |field: &str, e: BinlogError| match e {
         BinlogError::InvalidInput { value, rule, .. } => {
             super::resolve::refused(field, key, &value, &rule)

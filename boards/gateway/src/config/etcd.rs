@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::raw;
 use super::resolve::{Env, MAX_TIMEOUT_MS, bounded, expand};
 use super::{ConfigError, EtcdLocker, Locker, invalid};
-use crate::parameter::redacted;
+use guard_endpoints::redacted;
 
 /// An etcd locker's request timeout unless `request_timeout_ms` is set:
 /// guard-etcd's own default (this layer does not depend on guard-etcd,

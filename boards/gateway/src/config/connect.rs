@@ -10,8 +10,8 @@ use guard_redis::{RedisConnection, RedisGuardError, Topology};
 use guard_std::GuardConfig;
 
 use super::{MqttSource, PubSubSource, RedisLocker, StreamSource, TlsFiles};
-use crate::mqtt::{MqttError, MqttOptions};
-use crate::redis::{EndpointError, PubSubEndpoint};
+use guard_endpoints::mqtt::{MqttError, MqttOptions};
+use guard_endpoints::redis::{EndpointError, PubSubEndpoint};
 
 /// Connects to `topology`, over TLS with `tls`'s settings when given.
 async fn connect(

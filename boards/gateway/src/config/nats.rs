@@ -1,5 +1,5 @@
 //! `kind = "nats"` and `kind = "nats-jetstream"`: checked with the same
-//! rules as [`crate::nats`]'s builders, so a configuration that loads
+//! rules as [`guard_endpoints::nats`]'s builders, so a configuration that loads
 //! builds its endpoint. Without the `nats` feature both kinds are
 //! refused, naming the feature.
 
@@ -14,9 +14,13 @@ const MAX_ACK_WAIT_MS: u64 = MAX_TIMEOUT_MS;
 
 /// A builder's refusal, as the configuration key that caused it.
 #[cfg(feature = "nats")]
-fn refused(field: &str, key: &dyn Fn(&str) -> String, e: crate::nats::NatsError) -> ConfigError {
+fn refused(
+    field: &str,
+    key: &dyn Fn(&str) -> String,
+    e: guard_endpoints::nats::NatsError,
+) -> ConfigError {
     match e {
-        crate::nats::NatsError::InvalidInput { value, rule, .. } => {
+        guard_endpoints::nats::NatsError::InvalidInput { value, rule, .. } => {
             super::resolve::refused(field, key, &value, &rule)
         }
         other => invalid(key(field), "set", other.to_string()),
@@ -31,9 +35,9 @@ fn url(
     key: &dyn Fn(&str) -> String,
     env: Env<'_>,
 ) -> Result<RedactedUrl, ConfigError> {
-    use crate::nats::NatsError;
+    use guard_endpoints::nats::NatsError;
     let url = RedactedUrl::new(expand(&key("url"), value, env)?, value);
-    crate::nats::NatsOptions::new(&url).map_err(|e| match e {
+    guard_endpoints::nats::NatsOptions::new(&url).map_err(|e| match e {
         NatsError::InvalidInput { rule, .. } => {
             super::resolve::refused_url(&key("url"), &url, value, &rule)
         }
@@ -49,13 +53,14 @@ fn subject_of(
     wildcards: bool,
     key: &dyn Fn(&str) -> String,
 ) -> Result<String, ConfigError> {
-    use crate::parameter::Parameter;
+    use guard_endpoints::Parameter;
     let parameter = if wildcards {
         Parameter::Subject
     } else {
         Parameter::DeadLetterSubject
     };
-    crate::nats::checked_subject(parameter, value, wildcards).map_err(|e| refused(field, key, e))
+    guard_endpoints::nats::checked_subject(parameter, value, wildcards)
+        .map_err(|e| refused(field, key, e))
 }
 
 /// `kind = "nats"`.
@@ -73,7 +78,7 @@ pub(super) fn subject(
                 "no guard with `queue_group`: the server delivers each message to one member already",
             ));
         }
-        (Some(group), false) => match crate::nats::Delivery::queue_group(group) {
+        (Some(group), false) => match guard_endpoints::nats::Delivery::queue_group(group) {
             Ok(_) => NatsDelivery::QueueGroup(group.clone()),
             Err(e) => return Err(refused("queue_group", key, e)),
         },
@@ -100,9 +105,12 @@ pub(super) fn jetstream(
     key: &dyn Fn(&str) -> String,
     env: Env<'_>,
 ) -> Result<Source, ConfigError> {
-    use crate::nats::{DEFAULT_ACK_WAIT, DEFAULT_BATCH, DEFAULT_MAX_DELIVER, JetStreamConsumer};
+    use guard_endpoints::nats::{
+        DEFAULT_ACK_WAIT, DEFAULT_BATCH, DEFAULT_MAX_DELIVER, JetStreamConsumer,
+    };
     let url = url(&j.url, key, env)?;
-    let options = crate::nats::NatsOptions::new(&url).map_err(|e| refused("url", key, e))?;
+    let options =
+        guard_endpoints::nats::NatsOptions::new(&url).map_err(|e| refused("url", key, e))?;
     // The builder checks the names as the server would.
     let consumer = JetStreamConsumer::new(options.clone(), &j.stream, "durable")
         .map_err(|e| refused("stream", key, e))?;

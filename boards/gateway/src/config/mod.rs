@@ -30,7 +30,7 @@
 //! Without the feature, every TLS key and `rediss://` URL is refused.
 //!
 //! ```
-//! use guard_endpoints::config::{Config, Timing};
+//! use guard_gateway::config::{Config, Timing};
 //!
 //! let config = Config::from_toml(r#"
 //!     [locker]
@@ -41,7 +41,7 @@
 //!     every_ms = 1000
 //! "#)?;
 //! assert!(matches!(config.schedules[0].timing, Timing::Every(_)));
-//! # Ok::<(), guard_endpoints::config::ConfigError>(())
+//! # Ok::<(), guard_gateway::config::ConfigError>(())
 //! ```
 
 mod connect;
@@ -150,7 +150,7 @@ impl RedactedUrl {
     /// user information hidden.
     pub(crate) fn new(url: String, as_written: &str) -> Self {
         RedactedUrl {
-            shown: crate::parameter::redacted(as_written),
+            shown: guard_endpoints::redacted(as_written),
             url,
         }
     }
@@ -230,7 +230,6 @@ pub struct Config {
 
 /// Which lock service the guards use.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum Locker {
     /// None: every guard allows (a single process).
     None,
@@ -306,7 +305,7 @@ impl fmt::Debug for RedisLocker {
     // expanded URLs, so these are shown expanded: a variable that holds
     // a password in the URL's user information stays hidden.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        use crate::parameter::redacted;
+        use guard_endpoints::redacted;
         let shown = |urls: &[String]| urls.iter().map(|u| redacted(u)).collect::<Vec<_>>();
         let topology = match &self.topology {
             Topology::Standalone { url } => format!("Standalone {{ url: {:?} }}", redacted(url)),
@@ -441,7 +440,6 @@ pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1 << 20;
 
 /// An endpoint's source.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum Source {
     /// Redis Pub/Sub: a broadcast, so one replica subscribes at a time.
     RedisPubsub(PubSubSource),
@@ -450,14 +448,19 @@ pub enum Source {
     /// MQTT.
     Mqtt(MqttSource),
     /// A core NATS subject.
+    #[cfg(feature = "nats")]
     Nats(NatsSource),
     /// A JetStream durable consumer: single delivery by the server.
+    #[cfg(feature = "nats")]
     NatsJetStream(JetStreamSource),
     /// RabbitMQ: a work queue, or a fanout exchange.
+    #[cfg(feature = "amqp")]
     Rabbitmq(AmqpSource),
     /// A PostgreSQL table of work, each row claimed by one replica.
+    #[cfg(feature = "postgres")]
     PostgresQueue(PgQueueSource),
     /// MariaDB/MySQL binlog change data capture: one elected reader.
+    #[cfg(feature = "mysql")]
     MysqlBinlog(BinlogSource),
 }
 
@@ -611,10 +614,10 @@ pub struct PubSubSource {
     /// Channel patterns (`PSUBSCRIBE` syntax), at least one.
     pub patterns: Vec<String>,
     /// Messages that may wait for the handler
-    /// ([`DEFAULT_QUEUE`](crate::queue::DEFAULT_QUEUE) unless configured).
+    /// ([`DEFAULT_QUEUE`](guard_endpoints::queue::DEFAULT_QUEUE) unless configured).
     pub queue: usize,
     /// Which message a full queue drops.
-    pub when_full: crate::queue::WhenFull,
+    pub when_full: guard_endpoints::queue::WhenFull,
 }
 
 /// `kind = "redis-stream"`.
@@ -638,11 +641,11 @@ pub struct StreamSource {
     /// Fields every entry must have (`["payload"]` unless configured); an
     /// entry without one is dead-lettered, never handled as empty.
     pub fields: Vec<String>,
-    /// Entries read per round ([`DEFAULT_BATCH`](crate::redis::DEFAULT_BATCH)
+    /// Entries read per round ([`DEFAULT_BATCH`](guard_endpoints::redis::DEFAULT_BATCH)
     /// unless configured).
     pub batch: usize,
     /// Entries in the handler at once (1 unless configured; at most the
-    /// batch): see [`StreamConsumer`](crate::redis::StreamConsumer) for
+    /// batch): see [`StreamConsumer`](guard_endpoints::redis::StreamConsumer) for
     /// the order this gives.
     pub concurrency: usize,
 }

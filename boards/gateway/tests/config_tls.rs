@@ -4,7 +4,7 @@
 //! what is allowed; without the feature, every TLS setting refused as
 //! such.
 
-use guard_endpoints::config::Config;
+use guard_gateway::config::Config;
 use guard_testkit::TestCerts;
 
 /// A schedule, so that a section under test is not refused as a file
@@ -29,7 +29,7 @@ fn path(p: std::path::PathBuf) -> String {
 mod with_tls {
     use std::path::Path;
 
-    use guard_endpoints::config::{Config, Source};
+    use guard_gateway::config::{Config, Source};
     use guard_redis::Topology;
 
     use super::*;

@@ -27,7 +27,7 @@ struct Files {
     #[cfg(feature = "tls")]
     redis: guard_redis::RedisTls,
     #[cfg(feature = "tls")]
-    mqtt: crate::mqtt::MqttTls,
+    mqtt: guard_endpoints::mqtt::MqttTls,
 }
 
 impl fmt::Debug for TlsFiles {
@@ -65,7 +65,7 @@ impl TlsFiles {
 
     /// The settings for an MQTT connection.
     #[cfg(feature = "tls")]
-    pub fn mqtt(&self) -> &crate::mqtt::MqttTls {
+    pub fn mqtt(&self) -> &guard_endpoints::mqtt::MqttTls {
         &self.0.mqtt
     }
 }
@@ -93,7 +93,8 @@ impl TlsKeys<'_> {
 
 /// What a build without TLS support says of a TLS setting.
 #[cfg(not(feature = "tls"))]
-const NO_TLS: &str = "no TLS setting: this build has no TLS support (guard-endpoints' `tls` feature, which the gateway enables by default)";
+const NO_TLS: &str =
+    "no TLS setting: this build has no TLS support (the gateway's `tls` feature, on by default)";
 
 /// Reads and checks the files `keys` name (`key(field)` is a field's
 /// dotted key; `expand` resolves `${NAME}` in a path): the settings of a
@@ -124,7 +125,7 @@ pub(super) fn read(
 ) -> Result<TlsFiles, ConfigError> {
     use guard_redis::{Parameter, RedisGuardError, RedisTls};
 
-    use crate::mqtt::MqttTls;
+    use guard_endpoints::mqtt::MqttTls;
 
     match (keys.cert, keys.key) {
         (Some(_), None) => {

@@ -1,0 +1,474 @@
+//! `[[endpoints]]`: each configured source becomes a task of the replica
+//! that reports every handled message as an [`Event::Received`], after
+//! its limiter (if any) admitted it. Each source kind is assembled in a
+//! module of its own, from its validated configuration; what every kind
+//! shares (the [`Inbox`] a message passes, the report of a handled
+//! message) is here.
+
+#[cfg(feature = "amqp")]
+mod amqp;
+mod mqtt;
+#[cfg(feature = "mysql")]
+mod mysql;
+#[cfg(feature = "nats")]
+mod nats;
+#[cfg(feature = "postgres")]
+mod postgres;
+mod redis;
+#[cfg(any(
+    feature = "nats",
+    feature = "amqp",
+    feature = "postgres",
+    feature = "mysql"
+))]
+mod retrying;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use guard_core::guard::ActiveConfig;
+use guard_core::lock::Scope;
+use guard_core::retry::Classifier;
+use guard_endpoints::delivery::{ElectedLease, Unhandled, UnhandledReason};
+use guard_endpoints::redis::StreamMessage;
+use guard_smol::Control;
+use guard_std::metered::MeteredDeadLetterQueue;
+use guard_std::{Clock, SystemClock, Throttle};
+
+use crate::admission::{Admission, DEAD_LETTERS, Undelivered, Verdict};
+use crate::built::{Built, limiter};
+use crate::config::{Config, Endpoint, LimitKey, Source};
+use crate::error::GatewayError;
+use crate::event::{Content, Event};
+
+/// A task of the replica.
+pub(crate) type Task = Pin<Box<dyn Future<Output = ()>>>;
+
+type Emit = Arc<dyn Fn(Event) + Send + Sync>;
+
+/// Text of bytes, invalid UTF-8 replaced.
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Why a message is not handed to the handler.
+#[derive(Debug)]
+enum Refused {
+    /// The limiter refused it: retried under the endpoint's policy.
+    Limited(String),
+    /// It can never be handled (too large, a field missing): dead-lettered
+    /// at once, with no retry.
+    Invalid(String),
+    /// The lease it was read under ended while it waited (for the
+    /// limiter): no effect under it; the endpoint's delivery path hands
+    /// it to the dead letters, or leaves it to a source that keeps it.
+    // Made only by the sources that retry by themselves, each a feature.
+    #[cfg_attr(
+        not(any(
+            feature = "nats",
+            feature = "amqp",
+            feature = "postgres",
+            feature = "mysql"
+        )),
+        allow(dead_code)
+    )]
+    LeaseLost,
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refused::Limited(why) | Refused::Invalid(why) => f.write_str(why),
+            Refused::LeaseLost => f.write_str(LEASE_LOST_WAITING),
+        }
+    }
+}
+
+/// Why a message whose lease ended while it waited is not handled.
+const LEASE_LOST_WAITING: &str =
+    "the lease it was read under ended while it waited for the limiter";
+
+/// What every message of one endpoint passes before its handler: the
+/// size bound, for a stream entry its required fields, and the limiter,
+/// if any; and where a broadcast message that cannot pass goes (the
+/// source keeps nothing itself).
+struct Inbox {
+    name: String,
+    max_payload: usize,
+    limit: Option<(Admission, LimitKey)>,
+    dead_letters: Arc<MeteredDeadLetterQueue<Undelivered, String, DEAD_LETTERS>>,
+    clock: SystemClock,
+    /// A flood of refusals is logged once per interval.
+    warnings: Throttle,
+    /// A flood of drops (the dead-letter queue full) likewise, apart from
+    /// the refusals so that a drop is never hidden behind them.
+    drops: Throttle,
+}
+
+impl Inbox {
+    fn new(built: &Built, entry: &Endpoint) -> Result<Self, GatewayError> {
+        let limit = match &entry.limit {
+            Some(limit) => Some((
+                Admission::new(limiter(built, &limit.limiter)?, limit.when_limited),
+                limit.key.clone(),
+            )),
+            None => None,
+        };
+        Ok(Inbox {
+            name: entry.name.clone(),
+            max_payload: entry.max_payload_bytes,
+            limit,
+            dead_letters: Arc::new(MeteredDeadLetterQueue::new(&entry.name)),
+            clock: SystemClock::new(),
+            warnings: Throttle::new(),
+            drops: Throttle::new(),
+        })
+    }
+
+    /// The limiter key of a message from `from` (its channel or topic),
+    /// or, for a stream entry, with its `fields`.
+    fn key_of<'a>(
+        &'a self,
+        key: &'a LimitKey,
+        from: &'a str,
+        fields: Option<&'a StreamMessage>,
+    ) -> &'a str {
+        match key {
+            LimitKey::Source => &self.name,
+            LimitKey::Topic => from,
+            LimitKey::Field(field) => fields
+                .and_then(|m| m.field(field))
+                .and_then(|v| std::str::from_utf8(v).ok())
+                .unwrap_or(""),
+        }
+    }
+
+    fn too_large(&self, size: usize) -> Option<String> {
+        (size > self.max_payload).then(|| {
+            format!(
+                "payload of {size} bytes over max_payload_bytes = {}",
+                self.max_payload
+            )
+        })
+    }
+
+    /// Passes a stream entry: `Ok` when the handler may run.
+    async fn check_entry(&self, message: &StreamMessage, fields: &[String]) -> Result<(), Refused> {
+        let size = message.fields.values().map(Vec::len).sum();
+        if let Some(why) = self.too_large(size) {
+            return Err(Refused::Invalid(why));
+        }
+        let missing: Vec<&str> = fields
+            .iter()
+            .filter(|f| message.field(f).is_none())
+            .map(String::as_str)
+            .collect();
+        if !missing.is_empty() {
+            return Err(Refused::Invalid(format!(
+                "entry without the field(s) {missing:?}"
+            )));
+        }
+        if let Some((admission, key)) = &self.limit
+            && let Verdict::Refused(why) = admission
+                .admit(self.key_of(key, &message.id, Some(message)))
+                .await
+        {
+            return Err(Refused::Limited(why.to_string()));
+        }
+        Ok(())
+    }
+
+    /// Keeps a message this endpoint did not handle in its dead letters
+    /// with `why` and the calls made, and reports it; `false` when the
+    /// dead-letter queue is full (nothing kept).
+    fn keep(&self, from: &str, payload: &[u8], why: String, attempts: u32, emit: &Emit) -> bool {
+        let message = Undelivered {
+            from: from.to_owned(),
+            payload: payload.to_vec(),
+        };
+        if self
+            .dead_letters
+            .add(message, Some(why.clone()), attempts, self.clock.now())
+            .is_err()
+        {
+            return false;
+        }
+        if let Some(held) = self.warnings.admit() {
+            log::warn!(
+                "endpoint {}: {from}: {why}; dead-lettered ({held} more not logged)",
+                self.name
+            );
+        }
+        emit(Event::DeadLettered {
+            endpoint: self.name.clone(),
+            from: from.to_owned(),
+            reason: why,
+        });
+        true
+    }
+
+    /// What an elected source read and did not handle, kept in the
+    /// dead letters; a full queue counts it as dropped, loudly.
+    fn keep_unhandled(&self, message: Unhandled, emit: &Emit) {
+        let why = message.reason.to_string();
+        let attempts = message.reason.attempts();
+        if !self.keep(
+            &message.origin,
+            &message.payload,
+            why.clone(),
+            attempts,
+            emit,
+        ) {
+            self.dropped(
+                &message.origin,
+                &format!("{why}; the dead-letter queue is full"),
+            );
+        }
+    }
+
+    /// A message with nowhere left to go: counted in
+    /// `guard_sink_dropped_total` each time, logged at error level once
+    /// per interval with the count held back.
+    fn dropped(&self, from: &str, why: &str) {
+        metrics::counter!(guard_std::metrics::SINK_DROPPED, "name" => self.name.clone())
+            .increment(1);
+        if let Some(held) = self.drops.admit() {
+            log::error!(
+                "endpoint {}: {from}: {why}; message dropped ({held} more dropped, not logged)",
+                self.name
+            );
+        }
+    }
+
+    /// The unhandled sink of an elected source: its dead letters.
+    fn unhandled_to(self: &Arc<Self>, emit: &Emit) -> impl Fn(Unhandled) + Send + Sync + 'static {
+        let (inbox, emit) = (self.clone(), emit.clone());
+        move |message| inbox.keep_unhandled(message, &emit)
+    }
+
+    /// Passes a broadcast message read under `lease` or keeps it as a
+    /// dead letter: true when the handler may make its effect, at once
+    /// (the lease is checked last, after any wait). A message refused by
+    /// the limiter whose dead-letter queue is full waits for the limiter
+    /// however long that takes (back-pressure), so nothing is lost here;
+    /// one that can never be handled (too large) and finds the queue full
+    /// is dropped, logged and counted in `guard_sink_dropped_total`.
+    async fn pass(
+        &self,
+        from: &str,
+        payload: &[u8],
+        lease: Option<&ElectedLease>,
+        emit: &Emit,
+    ) -> bool {
+        let passed = self.pass_limits(from, payload, emit).await;
+        // The limiter may have waited past the lease: no effect under it.
+        if passed && lease.is_some_and(|lease| !lease.is_valid()) {
+            self.keep_unhandled(
+                Unhandled {
+                    origin: from.to_owned(),
+                    payload: payload.to_vec(),
+                    fence: lease.map(ElectedLease::fence),
+                    reason: UnhandledReason::LeaseLost {
+                        attempts: 1,
+                        error: LEASE_LOST_WAITING.to_owned(),
+                    },
+                },
+                emit,
+            );
+            return false;
+        }
+        passed
+    }
+
+    /// [`pass`](Self::pass)'s size bound and limiter.
+    async fn pass_limits(&self, from: &str, payload: &[u8], emit: &Emit) -> bool {
+        let why = match self.too_large(payload.len()) {
+            Some(why) => why,
+            None => match &self.limit {
+                None => return true,
+                Some((admission, key)) => match admission.admit(self.key_of(key, from, None)).await
+                {
+                    Verdict::Admitted => return true,
+                    Verdict::Refused(why) => why.to_string(),
+                },
+            },
+        };
+        if self.keep(from, payload, why.clone(), 1, emit) {
+            return false;
+        }
+        let waited = match &self.limit {
+            Some((admission, key)) if self.too_large(payload.len()).is_none() => {
+                if let Some(held) = self.warnings.admit() {
+                    log::warn!(
+                        "endpoint {}: {from}: {why}; the dead-letter queue is full, waiting for the limiter ({held} more not logged)",
+                        self.name
+                    );
+                }
+                admission
+                    .admit_eventually(self.key_of(key, from, None))
+                    .await
+                    .map_err(|failed| failed.to_string())
+            }
+            _ => Err(why),
+        };
+        match waited {
+            Ok(()) => true,
+            Err(why) => {
+                // Nowhere left to keep it: said loudly and counted.
+                self.dropped(from, &why);
+                false
+            }
+        }
+    }
+}
+
+/// What every source's assembly takes: the endpoint's name and inbox,
+/// the replica's guards, configuration and identity, where events go,
+/// and what stops the task.
+struct Assembly<'a> {
+    name: String,
+    identity: &'a str,
+    built: &'a Built,
+    config: &'a Config,
+    timing: ActiveConfig,
+    inbox: Arc<Inbox>,
+    emit: Emit,
+    control: Control,
+}
+
+/// An error of endpoint `name`, with its cause.
+fn failed(name: &str, source: Box<dyn std::error::Error + Send + Sync>) -> GatewayError {
+    GatewayError::Endpoint {
+        name: name.to_owned(),
+        source,
+    }
+}
+
+/// An elected endpoint's lease scope: its kind and its name.
+fn elected_scope(built: &Built, kind: &str, name: &str) -> Result<Scope, GatewayError> {
+    built
+        .guards
+        .scope(&format!("endpoint/{kind}"))
+        .and_then(|s| s.segment("node", name))
+        .map_err(|e| failed(name, e.into()))
+}
+
+/// Builds the task of `entry`, in the module of its source kind. Only
+/// the stream and table-of-work endpoints connect here; the others
+/// connect when they subscribe.
+pub(crate) async fn start(
+    entry: &Endpoint,
+    built: &Built,
+    config: &Config,
+    identity: &str,
+    control: Control,
+    emit: Emit,
+) -> Result<Task, GatewayError> {
+    let cx = Assembly {
+        name: entry.name.clone(),
+        identity,
+        built,
+        config,
+        timing: config.guards.active,
+        inbox: Arc::new(Inbox::new(built, entry)?),
+        emit,
+        control,
+    };
+    match &entry.source {
+        Source::RedisPubsub(source) => redis::pubsub(cx, source),
+        Source::RedisStream(source) => redis::stream(cx, source).await,
+        Source::Mqtt(source) => mqtt::start(cx, source),
+        #[cfg(feature = "nats")]
+        Source::Nats(source) => nats::subject(cx, source),
+        #[cfg(feature = "nats")]
+        Source::NatsJetStream(source) => nats::jetstream(cx, source),
+        #[cfg(feature = "amqp")]
+        Source::Rabbitmq(source) => amqp::start(cx, source),
+        #[cfg(feature = "postgres")]
+        Source::PostgresQueue(source) => postgres::start(cx, source).await,
+        #[cfg(feature = "mysql")]
+        Source::MysqlBinlog(source) => mysql::start(cx, source),
+    }
+}
+
+/// What `check` prints of `source`'s kind and delivery (no URLs: they
+/// may hold secrets).
+pub(crate) fn describe(source: &Source) -> String {
+    match source {
+        Source::RedisPubsub(source) => redis::describe_pubsub(source),
+        Source::RedisStream(source) => redis::describe_stream(source),
+        Source::Mqtt(source) => mqtt::describe(source),
+        #[cfg(feature = "nats")]
+        Source::Nats(source) => nats::describe_subject(source),
+        #[cfg(feature = "nats")]
+        Source::NatsJetStream(source) => nats::describe_jetstream(source),
+        #[cfg(feature = "amqp")]
+        Source::Rabbitmq(source) => amqp::describe(source),
+        #[cfg(feature = "postgres")]
+        Source::PostgresQueue(source) => postgres::describe(source),
+        #[cfg(feature = "mysql")]
+        Source::MysqlBinlog(source) => mysql::describe(source),
+    }
+}
+
+/// Retries every refusal but one that can never pass (too large, a field
+/// missing).
+fn never_invalid() -> Classifier<Refused> {
+    Classifier::retry_all().never(|e: &Refused| matches!(e, Refused::Invalid(_)))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use guard_endpoints::delivery::UnhandledReason;
+
+    use super::*;
+
+    /// The lines logged at `warn` and above in this test binary.
+    struct Logged(Mutex<Vec<String>>);
+
+    impl log::Log for Logged {
+        fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
+            metadata.level() <= log::Level::Warn
+        }
+        fn log(&self, record: &log::Record<'_>) {
+            self.0.lock().unwrap().push(record.args().to_string());
+        }
+        fn flush(&self) {}
+    }
+
+    static LOGGED: Logged = Logged(Mutex::new(Vec::new()));
+
+    #[test]
+    fn a_full_dead_letter_queue_logs_what_it_drops_once_per_interval() {
+        log::set_logger(&LOGGED).unwrap();
+        log::set_max_level(log::LevelFilter::Warn);
+        let inbox = Inbox {
+            name: "alerts".into(),
+            max_payload: 1024,
+            limit: None,
+            dead_letters: Arc::new(MeteredDeadLetterQueue::new("alerts")),
+            clock: SystemClock::new(),
+            warnings: Throttle::new(),
+            drops: Throttle::new(),
+        };
+        let emit: Emit = Arc::new(|_| {});
+        for n in 0..DEAD_LETTERS + 500 {
+            inbox.keep_unhandled(
+                Unhandled {
+                    origin: "alerts.fire".into(),
+                    payload: n.to_string().into_bytes(),
+                    fence: Some(7),
+                    reason: UnhandledReason::Demoted,
+                },
+                &emit,
+            );
+        }
+        let logged = LOGGED.0.lock().unwrap();
+        let dropped: Vec<_> = logged.iter().filter(|l| l.contains("dropped")).collect();
+        assert_eq!(dropped.len(), 1, "one line for 500 drops: {dropped:#?}");
+        assert_eq!(inbox.dead_letters.len(), DEAD_LETTERS, "the queue is full");
+    }
+}
