@@ -14,8 +14,8 @@
 //! use std::sync::Arc;
 //! use std::time::Duration;
 //! use guard_core::limit::{FullPolicy, Rate, TokenBucket};
-//! use guard_endpoints::admission::{Admission, Verdict};
-//! use guard_endpoints::config::WhenLimited;
+//! use guard_gateway::admission::{Admission, Verdict};
+//! use guard_gateway::config::WhenLimited;
 //! use guard_std::ratelimit::{MemoryLimiter, NamedRateLimiter};
 //!
 //! let bucket = TokenBucket::new(1, Rate::per(1, Duration::from_secs(60)))?;
