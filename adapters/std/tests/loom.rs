@@ -128,6 +128,32 @@ fn the_shared_keyed_limiter_admits_exactly_its_capacity() {
     });
 }
 
+/// A reconfiguration races the first key of a shard (which builds the
+/// shard's table): whichever comes first, the table ends limited by the
+/// new parameters.
+#[test]
+fn a_shard_built_during_a_reconfiguration_ends_with_the_new_parameters() {
+    loom::model(|| {
+        let limiter: Arc<MemoryLimiter<_, _, 8>> = Arc::new(MemoryLimiter::with_clock(
+            TokenBucket::new(1, Rate::per(1, Duration::from_secs(60))).unwrap(),
+            1,
+            FullPolicy::DenyNewKeys,
+            ManualClock::new(UnixMillis(0)),
+        ));
+        let first_key = {
+            let limiter = limiter.clone();
+            thread::spawn(move || limiter.check_now("client").is_allowed())
+        };
+        limiter
+            .reconfigure_with(TokenBucket::new(3, Rate::per(1, Duration::from_secs(60))).unwrap());
+        assert!(first_key.join().unwrap());
+        // Three in all under the new capacity, the first included.
+        assert!(limiter.check_now("client").is_allowed());
+        assert!(limiter.check_now("client").is_allowed());
+        assert!(!limiter.check_now("client").is_allowed());
+    });
+}
+
 /// Two threads decide through one named limiter of a registry: the
 /// limiter admits exactly its capacity and its counters (loom's atomics)
 /// add up to every decision.

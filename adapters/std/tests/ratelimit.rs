@@ -365,3 +365,31 @@ fn a_memory_limiter_reconfigured_under_load_keeps_its_keys_and_admits_by_each_qu
     assert_eq!(second, 30 + 400);
     assert_eq!(limiter.len(), 1, "the key was kept, not forgotten");
 }
+
+/// A limiter's memory follows its keys: built with room for 65,536, it
+/// builds a shard's table only when a key arrives in it, and one
+/// reconfigured before a shard is built limits that shard's keys by the
+/// new parameters.
+#[test]
+fn a_memory_limiter_builds_a_shard_when_its_first_key_arrives() {
+    let limiter = MemoryLimiter::new(
+        TokenBucket::new(1, Rate::per(1, Duration::from_secs(60))).unwrap(),
+        65_536,
+        FullPolicy::DenyNewKeys,
+    );
+    assert_eq!(limiter.capacity(), 65_536);
+    assert_eq!(limiter.shards_built(), 0, "nothing built before a key");
+    assert!(limiter.check_now("a").is_allowed());
+    assert_eq!(limiter.shards_built(), 1);
+    assert_eq!(limiter.len(), 1);
+    limiter.reconfigure_with(TokenBucket::new(3, Rate::per(1, Duration::from_secs(60))).unwrap());
+    // Keys in shards built after: the new capacity of 3.
+    let fresh: Vec<String> = (0..200).map(|i| format!("k{i}")).collect();
+    for key in &fresh {
+        for _ in 0..3 {
+            assert!(limiter.check_now(key).is_allowed(), "{key}");
+        }
+        assert!(!limiter.check_now(key).is_allowed(), "{key}");
+    }
+    assert!(limiter.shards_built() > 1);
+}

@@ -17,10 +17,13 @@ use crate::sync::Mutex;
 /// Keys per shard by default.
 pub const SHARD_KEYS: usize = 1024;
 
-/// One shard: a table whose slots are on the heap, so that building it
-/// never puts them on the stack.
-type Shard<A, const S: usize> =
-    Mutex<Keyed<String, A, S, DefaultHashState, Box<KeyedSlots<String, A, S>>>>;
+/// A shard's table, its slots on the heap, so that building it never puts
+/// them on the stack.
+type Table<A, const S: usize> =
+    Keyed<String, A, S, DefaultHashState, Box<KeyedSlots<String, A, S>>>;
+
+/// One shard: its table once its first key has arrived.
+type Shard<A, const S: usize> = Mutex<Option<Table<A, S>>>;
 
 /// `S` empty slots, written one at a time straight into the heap: with
 /// `Box::new(Keyed::new(..))` the whole table would be built on the stack
@@ -43,9 +46,11 @@ fn heap_slots<A: Algorithm, const S: usize>() -> Box<KeyedSlots<String, A, S>> {
 ///
 /// The keys are spread over shards of guard-core's [`Keyed`] table
 /// (`S` keys each, [`SHARD_KEYS`] by default), each behind its own mutex, so threads on
-/// different keys rarely contend. Memory is fixed at construction: only
-/// keys whose state equals a new key's are ever replaced, and a full shard
-/// applies the [`FullPolicy`].
+/// different keys rarely contend. A shard's table is built when its first
+/// key arrives, so memory follows the keys: a limiter nothing uses costs a
+/// pointer a shard, and a full one `capacity` slots. Only keys whose state
+/// equals a new key's are ever replaced, and a full shard applies the
+/// [`FullPolicy`].
 ///
 /// A key's shard, and its set of slots within the shard, follow from its
 /// hash, so a new key can find its place full before the whole table is:
@@ -57,16 +62,25 @@ fn heap_slots<A: Algorithm, const S: usize>() -> Box<KeyedSlots<String, A, S>> {
 ///
 /// Every shard's slots are built directly on the heap, so a limiter of any
 /// size can be built on any thread; besides them, building or checking
-/// puts at most a few of `A`'s per-key states on the stack. Memory is
-/// `capacity` times a slot (a `String` and `A`'s state): a
-/// `SlidingWindow<N>` stores `N` instants of 8 bytes per key, so choose
-/// the smallest `N` that holds the limit.
+/// puts at most a few of `A`'s per-key states on the stack. Memory, once
+/// every shard has a key, is `capacity` times a slot (a `String` and
+/// `A`'s state): a `SlidingWindow<N>` stores `N` instants of 8 bytes per
+/// key, so choose the smallest `N` that holds the limit.
 ///
 /// Each shard hashes keys with a seed of its own chosen at start-up, so
 /// that clients cannot aim many keys at one set of a shard to crowd out
 /// others.
 pub struct MemoryLimiter<A: Algorithm, C: Clock = QuantaClock, const S: usize = SHARD_KEYS> {
+    /// `None` until the shard's first key arrives.
     shards: Box<[Shard<A, S>]>,
+    /// The parameters a shard built now starts with. Set before the built
+    /// shards are reconfigured, and read by a shard being built under its
+    /// own lock: a shard built during a reconfiguration gets the new
+    /// parameters, or the old ones and then the reconfiguration.
+    algorithm: Mutex<A>,
+    policy: FullPolicy,
+    /// Seeds each shard's hasher (its hash of the shard's number).
+    seeds: RandomState,
     /// Picks a key's shard: foldhash with a seed chosen at start-up (the
     /// tables' own hasher; std's SipHash here cost a third of a keyed
     /// decision).
@@ -93,28 +107,25 @@ where
 {
     /// As [`MemoryLimiter::new`], on `clock`.
     pub fn with_clock(algorithm: A, capacity: usize, policy: FullPolicy, clock: C) -> Self {
-        let random = RandomState::new();
-        let router = DefaultHashState::with_seed(random.hash_one(u64::MAX));
+        let seeds = RandomState::new();
+        let router = DefaultHashState::with_seed(seeds.hash_one(u64::MAX));
         let count = capacity.div_ceil(S).max(1);
-        let mut shards = Vec::with_capacity(count);
-        // A loop for the same reason as in `heap_slots`: a shard holds one
-        // state of its own (the overflow state), as large as a slot's.
-        for shard in 0..count {
-            // Std's keys are random, so its hash of the shard number is a
-            // seed nobody outside can predict.
-            let seed = DefaultHashState::with_seed(random.hash_one(shard));
-            shards.push(Mutex::new(Keyed::with_hasher_and_storage(
-                algorithm.clone(),
-                policy,
-                seed,
-                heap_slots::<A, S>(),
-            )));
-        }
         MemoryLimiter {
-            shards: shards.into_boxed_slice(),
+            shards: (0..count).map(|_| Mutex::new(None)).collect(),
+            algorithm: Mutex::new(algorithm),
+            policy,
+            seeds,
             router,
             clock,
         }
+    }
+
+    /// The table of shard `index`, built with the parameters of now.
+    fn table(&self, index: usize) -> Table<A, S> {
+        // Std's keys are random, so its hash of the shard number is a
+        // seed nobody outside can predict.
+        let seed = DefaultHashState::with_seed(self.seeds.hash_one(index));
+        Keyed::with_hasher_and_storage(self.algorithm(), self.policy, seed, heap_slots::<A, S>())
     }
 
     /// The most keys it tracks.
@@ -126,8 +137,21 @@ where
     pub fn len(&self) -> usize {
         self.shards
             .iter()
-            .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).len())
+            .map(|s| {
+                s.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .as_ref()
+                    .map_or(0, |table| table.len())
+            })
             .sum()
+    }
+
+    /// Shards whose table has been built (a key arrived in each).
+    pub fn shards_built(&self) -> usize {
+        self.shards
+            .iter()
+            .filter(|s| s.lock().unwrap_or_else(PoisonError::into_inner).is_some())
+            .count()
     }
 
     /// Whether no key is tracked.
@@ -135,52 +159,65 @@ where
         self.len() == 0
     }
 
-    /// The shard that holds `key`.
-    fn shard(&self, key: &str) -> &Shard<A, S> {
+    /// Runs `decide` on the table of the shard that holds `key`, built
+    /// first if it is the shard's first key.
+    fn with_table<R>(&self, key: &str, decide: impl FnOnce(&mut Table<A, S>) -> R) -> R {
         // There is at least one shard, and the index is reduced modulo
         // their number.
-        &self.shards[(self.router.hash_one(key) as usize) % self.shards.len()]
+        let index = (self.router.hash_one(key) as usize) % self.shards.len();
+        let mut shard = self.shards[index]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        decide(shard.get_or_insert_with(|| self.table(index)))
     }
 
     /// Decides one request for `key` now.
     pub fn check_now(&self, key: &str) -> Decision {
-        let now = self.clock.now();
-        self.shard(key)
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .check_borrowed(key, || key.to_owned(), now)
+        self.with_table(key, |table| {
+            // Read under the shard's lock: one clock order a shard.
+            let now = self.clock.now();
+            table.check_borrowed(key, || key.to_owned(), now)
+        })
     }
 
     /// Decides a request of `cost` units for `key` now, with the key's
     /// quota; see guard-core's `Algorithm::check_n`.
     pub fn check_n_now(&self, key: &str, cost: u32) -> Result<Report, CostAboveLimit> {
-        let now = self.clock.now();
-        self.shard(key)
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .check_n_borrowed(key, || key.to_owned(), cost, now)
+        self.with_table(key, |table| {
+            let now = self.clock.now();
+            table.check_n_borrowed(key, || key.to_owned(), cost, now)
+        })
     }
 
     /// The parameters every key is limited by.
     pub fn algorithm(&self) -> A {
-        self.shards[0]
+        self.algorithm
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .algorithm()
             .clone()
     }
 
     /// Replaces the parameters now, keeping every key (guard-core's
     /// `Keyed::reconfigure`). Shards change one after the other: a
     /// decision made meanwhile on a shard not yet changed uses the old
-    /// parameters, one made after its shard changed the new.
+    /// parameters, one made after its shard changed the new; a shard
+    /// built from now on starts with the new.
     pub fn reconfigure_with(&self, algorithm: A) {
+        // Set first, then released before any shard's lock is taken (a
+        // shard being built holds its lock, then this one): never the
+        // two in both orders.
+        *self
+            .algorithm
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = algorithm.clone();
         for shard in self.shards.iter() {
             let mut shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
-            // Read under the shard's lock, so the carry-over and every
-            // decision after it on this shard see one clock order.
-            let now = self.clock.now();
-            shard.reconfigure(algorithm.clone(), now);
+            if let Some(table) = shard.as_mut() {
+                // Read under the shard's lock, so the carry-over and every
+                // decision after it on this shard see one clock order.
+                let now = self.clock.now();
+                table.reconfigure(algorithm.clone(), now);
+            }
         }
     }
 }
