@@ -11,7 +11,7 @@ fuzz_target!(|data: &[u8]| {
         match Config::from_toml_with_env(text, |name| Some(format!("<{name}>"))) {
             Ok(config) => {
                 // Validation holds in what comes out.
-                assert!(config.guards.active.validate().is_ok());
+                assert!(config.guards.active.config().validate().is_ok());
                 for policy in config.ratelimit.iter().flat_map(|r| &r.policies) {
                     assert!(!policy.key_prefix.contains(['{', '}']));
                 }

@@ -114,7 +114,7 @@ pub async fn run(
             .and_then(|s| s.segment("name", name))
             .map_err(RunnerError::Key)
             .and_then(|scope| ActiveRunner::new(&built.guards, &scope))
-            .and_then(|r| r.with_settings(config.guards.active))
+            .and_then(|r| r.with_settings(config.guards.active.into()))
             .map_err(|source| GatewayError::Consumer {
                 name: name.clone(),
                 source,

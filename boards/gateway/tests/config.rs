@@ -72,6 +72,24 @@ fn error_with_job(text: &str) -> String {
     error(&format!("{JOB}{text}"))
 }
 
+/// The lease timing's defaults are core's, derived from what is given:
+/// a TTL alone gets an interval of at most a third of it; an interval
+/// given beyond that is refused, naming the key that was written.
+#[test]
+fn a_lease_ttl_alone_gets_an_interval_derived_from_it() {
+    let c = Config::from_toml(&format!("{JOB}[guards]\nactive_ttl_ms = 3000\n")).unwrap();
+    assert_eq!(c.guards.active.ttl().as_duration(), Duration::from_secs(3));
+    assert_eq!(c.guards.active.interval(), Duration::from_secs(1));
+    let c = Config::from_toml(JOB).unwrap();
+    assert_eq!(c.guards.active.ttl().as_duration(), Duration::from_secs(15));
+    assert_eq!(c.guards.active.interval(), Duration::from_secs(5));
+    let e = error_with_job("[guards]\nactive_ttl_ms = 3000\nactive_interval_ms = 1500\n");
+    assert!(
+        e.contains("`guards.active_interval_ms` = 1500: expected at most a third of guards.active_ttl_ms (1000 ms)"),
+        "{e}"
+    );
+}
+
 #[test]
 fn a_valid_file_parses_into_validated_types() {
     let c = Config::from_toml(VALID).unwrap();

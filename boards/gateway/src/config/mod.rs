@@ -65,7 +65,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use guard_core::guard::{ActiveConfig, FailPolicy};
+use guard_core::guard::{ActiveTiming, FailPolicy};
 use guard_core::limit::{LeakyBucket, SlidingWindow, TokenBucket};
 use guard_core::lock::Ttl;
 use guard_core::retry::RetryPolicy;
@@ -333,8 +333,8 @@ pub struct Guards {
     pub once_ttl: Ttl,
     /// What once-guards do on a backend error.
     pub fail_policy: FailPolicy,
-    /// Active-guard lease timing, validated.
-    pub active: ActiveConfig,
+    /// Active-guard lease timing, validated once here.
+    pub active: ActiveTiming,
 }
 
 /// `[[schedules]]`: one job.

@@ -158,8 +158,10 @@ pub(super) struct Guards {
     pub owner: String,
     pub once_ttl_s: u64,
     pub fail_policy: FailPolicy,
-    pub active_ttl_ms: u64,
-    pub active_interval_ms: u64,
+    /// Unset: core's default lease.
+    pub active_ttl_ms: Option<u64>,
+    /// Unset: core's default, derived from the TTL.
+    pub active_interval_ms: Option<u64>,
 }
 
 impl Default for Guards {
@@ -168,8 +170,8 @@ impl Default for Guards {
             owner: String::new(),
             once_ttl_s: 3600,
             fail_policy: FailPolicy::Closed,
-            active_ttl_ms: 15_000,
-            active_interval_ms: 5_000,
+            active_ttl_ms: None,
+            active_interval_ms: None,
         }
     }
 }

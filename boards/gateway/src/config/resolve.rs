@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use guard_core::guard::{ActiveConfig, FailPolicy};
+use guard_core::guard::{ActiveConfig, ActiveTiming, FailPolicy};
 use guard_core::limit::{LeakyBucket, Rate, SlidingWindow, TokenBucket};
 use guard_core::lock::{
     DEFAULT_PREFIX, KeyError, MAX_KEY_LEN, MAX_SCOPE_LEN, Scope, Ttl, once_key,
@@ -534,24 +534,6 @@ fn locker(l: &raw::Locker, env: Env<'_>) -> Result<Locker, ConfigError> {
 
 fn guards(g: &raw::Guards) -> Result<Guards, ConfigError> {
     bounded("guards.once_ttl_s", g.once_ttl_s, MAX_ONCE_TTL_S, "seconds")?;
-    bounded(
-        "guards.active_ttl_ms",
-        g.active_ttl_ms,
-        MAX_LEASE_MS,
-        "milliseconds",
-    )?;
-    // Nothing is adjusted silently: an interval the lease cannot renew
-    // within is an error, not clamped.
-    if g.active_interval_ms > g.active_ttl_ms / 3 {
-        return Err(invalid(
-            "guards.active_interval_ms",
-            g.active_interval_ms,
-            format!(
-                "at most a third of guards.active_ttl_ms ({} ms), so a leader renews at least twice before its lease could expire",
-                g.active_ttl_ms / 3
-            ),
-        ));
-    }
     let once_ttl = Ttl::from_secs(g.once_ttl_s).map_err(|_| {
         invalid(
             "guards.once_ttl_s",
@@ -559,26 +541,6 @@ fn guards(g: &raw::Guards) -> Result<Guards, ConfigError> {
             "a positive number of seconds",
         )
     })?;
-    let ttl = Ttl::from_millis(g.active_ttl_ms).map_err(|_| {
-        invalid(
-            "guards.active_ttl_ms",
-            g.active_ttl_ms,
-            "a positive number of milliseconds",
-        )
-    })?;
-    if g.active_interval_ms == 0 {
-        return Err(invalid(
-            "guards.active_interval_ms",
-            0,
-            "a positive number of milliseconds",
-        ));
-    }
-    let active = ActiveConfig::new()
-        .with_ttl(ttl)
-        .with_interval(Duration::from_millis(g.active_interval_ms));
-    active
-        .validate()
-        .map_err(|e| invalid("guards.active_ttl_ms", g.active_ttl_ms, e.to_string()))?;
     Ok(Guards {
         owner: g.owner.clone(),
         once_ttl,
@@ -586,7 +548,51 @@ fn guards(g: &raw::Guards) -> Result<Guards, ConfigError> {
             raw::FailPolicy::Closed => FailPolicy::FailClosed,
             raw::FailPolicy::Open => FailPolicy::FailOpen,
         },
-        active,
+        active: active_timing(g)?,
+    })
+}
+
+/// The lease timing: what is given, core's defaults for the rest (a TTL
+/// alone gets core's interval for it, at most a third of it), validated
+/// once and kept validated. Nothing given is adjusted silently: an
+/// interval the lease cannot renew within is an error, not clamped.
+fn active_timing(g: &raw::Guards) -> Result<ActiveTiming, ConfigError> {
+    let mut active = ActiveConfig::new();
+    if let Some(ms) = g.active_ttl_ms {
+        bounded("guards.active_ttl_ms", ms, MAX_LEASE_MS, "milliseconds")?;
+        let ttl = Ttl::from_millis(ms).map_err(|_| {
+            invalid(
+                "guards.active_ttl_ms",
+                ms,
+                "a positive number of milliseconds",
+            )
+        })?;
+        active = active.with_ttl(ttl);
+    }
+    if let Some(ms) = g.active_interval_ms {
+        let most = active.ttl().as_duration() / 3;
+        if ms == 0 {
+            return Err(invalid(
+                "guards.active_interval_ms",
+                0,
+                "a positive number of milliseconds",
+            ));
+        }
+        if Duration::from_millis(ms) > most {
+            return Err(invalid(
+                "guards.active_interval_ms",
+                ms,
+                format!(
+                    "at most a third of guards.active_ttl_ms ({} ms), so a leader renews at least twice before its lease could expire",
+                    most.as_millis()
+                ),
+            ));
+        }
+        active = active.with_interval(Duration::from_millis(ms));
+    }
+    active.validate().map_err(|e| {
+        let ttl = active.ttl().as_duration().as_millis();
+        invalid("guards.active_ttl_ms", ttl, e.to_string())
     })
 }
 

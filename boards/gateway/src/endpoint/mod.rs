@@ -370,7 +370,7 @@ pub(crate) async fn start(
         identity,
         built,
         config,
-        timing: config.guards.active,
+        timing: config.guards.active.into(),
         inbox: Arc::new(Inbox::new(built, entry)?),
         emit,
         control,
