@@ -47,7 +47,7 @@ mod delay;
 pub use delay::TimerDelay;
 pub use guard_std::run::{
     Control, DEFAULT_RELEASE_TIMEOUT, JobRun, LINE_CAPACITY, LeaseState, RunHandle, RunnerError,
-    SCHEDULE_COMPONENT, ScheduleError, control,
+    SCHEDULE_COMPONENT, ScheduleError, SlotSkip, control,
 };
 
 /// async-io's clock and timers (`std::time::Instant`, the reactor's

@@ -16,6 +16,10 @@ pub const SINK_DROPPED: &str = "guard_sink_dropped_total";
 /// Once-guard decisions, by `scope` and `outcome` (won, lost,
 /// skipped_on_error, allowed_on_error, unguarded).
 pub const ONCE_OUTCOMES: &str = "guard_once_total";
+/// Planned slots this replica skipped though no other replica's claim
+/// took them, by `job` and `reason` (backend_error, running_elsewhere,
+/// run_lock).
+pub const SLOTS_SKIPPED: &str = "guard_slots_skipped_total";
 /// Active-guard transitions, by lease `key`, `transition` (promoted,
 /// demoted) and demotion `reason`.
 pub const ACTIVE_TRANSITIONS: &str = "guard_active_transitions_total";
@@ -44,6 +48,11 @@ pub const ENDPOINT_DISCONNECTS: &str = "guard_endpoint_disconnects_total";
 pub const DLQ_SIZE: &str = "guard_dlq_size";
 /// Calls made by retried operations, by `name`.
 pub const RETRY_ATTEMPTS: &str = "guard_retry_attempts_total";
+
+/// Records a skipped slot of `job` in [`SLOTS_SKIPPED`].
+pub fn record_slot_skipped(job: &str, reason: &'static str) {
+    metrics::counter!(SLOTS_SKIPPED, "job" => job.to_owned(), "reason" => reason).increment(1);
+}
 
 /// Records a once-guard decision; use as (or inside) a `OnceObserver`.
 pub fn record_once(event: &OnceEvent<'_>) {

@@ -58,7 +58,7 @@ use guard_std::run::{Runtime, RuntimeDelay};
 
 pub use guard_std::run::{
     Control, DEFAULT_RELEASE_TIMEOUT, JobRun, LINE_CAPACITY, LeaseState, RunHandle, RunnerError,
-    SCHEDULE_COMPONENT, ScheduleError, control,
+    SCHEDULE_COMPONENT, ScheduleError, SlotSkip, control,
 };
 
 /// tokio's clock and timers: `tokio::time::Instant` and `sleep_until`,

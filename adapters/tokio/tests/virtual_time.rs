@@ -338,13 +338,20 @@ fn runners_run_on_a_multi_threaded_runtime_in_real_time() {
 }
 
 /// Three replicas run a job that takes 150 s every minute for an hour;
-/// returns each run's (start, end).
-async fn overrunning_job(exclusive: bool) -> Vec<(Instant, Instant)> {
+/// returns each run's (start, end) and the reasons of the slots told
+/// skipped.
+async fn overrunning_job(exclusive: bool) -> (Vec<(Instant, Instant)>, Vec<&'static str>) {
     let config = GuardConfig::new().with_locker(SharedLocker::new(virtual_locker()));
     let runs: Arc<Mutex<Vec<(Instant, Instant)>>> = Arc::default();
+    let skipped: Arc<Mutex<Vec<&'static str>>> = Arc::default();
     let mut replicas = Vec::new();
     for _ in 0..3 {
-        let mut scheduler = Scheduler::with_runtime(config.clone(), Tokio::with_virtual_wall());
+        let told = skipped.clone();
+        let mut scheduler = Scheduler::with_runtime(config.clone(), Tokio::with_virtual_wall())
+            .on_skipped(move |job, _slot, reason| {
+                assert_eq!(job, "export");
+                told.lock().unwrap().push(reason.name());
+            });
         if exclusive {
             scheduler = scheduler
                 .with_exclusive_runs(Ttl::from_secs(30).unwrap())
@@ -375,7 +382,8 @@ async fn overrunning_job(exclusive: bool) -> Vec<(Instant, Instant)> {
     }
     let mut runs = runs.lock().unwrap().clone();
     runs.sort();
-    runs
+    let skipped = skipped.lock().unwrap().clone();
+    (runs, skipped)
 }
 
 #[tokio::test(start_paused = true)]
@@ -383,12 +391,24 @@ async fn exclusive_runs_of_a_job_that_outruns_its_period_never_overlap() {
     let overlapping = |runs: &[(Instant, Instant)]| runs.windows(2).any(|w| w[1].0 < w[0].1);
     // Without the option, each slot runs once, but the runs of
     // consecutive slots overlap on different replicas.
-    let plain = overrunning_job(false).await;
+    let (plain, skipped) = overrunning_job(false).await;
     assert!(overlapping(&plain), "{} runs", plain.len());
-    let exclusive = overrunning_job(true).await;
+    assert!(skipped.is_empty(), "{skipped:?}");
+    let (exclusive, skipped) = overrunning_job(true).await;
     assert!(!overlapping(&exclusive), "{exclusive:?}");
     // A run every third slot: 150 s of work every 180 s.
     assert!(exclusive.len() >= 18, "{} runs", exclusive.len());
+    // Every other slot is told skipped, as running elsewhere.
+    assert!(
+        skipped.iter().all(|r| *r == "running_elsewhere"),
+        "{skipped:?}"
+    );
+    assert!(
+        exclusive.len() + skipped.len() >= 58,
+        "{} runs and {} skipped of 60 slots",
+        exclusive.len(),
+        skipped.len()
+    );
 }
 
 /// [`LocalLocker`] on tokio's clock whose renewals all fail at the

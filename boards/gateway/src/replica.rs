@@ -58,9 +58,19 @@ pub async fn run(
         log::info!("rate limiters: {}", built.limiters.names().join(", "));
     }
     announce_metrics(config, &built);
+    let skipped = emit.clone();
     let mut scheduler = Scheduler::new(built.guards.clone())
         .with_slot_ttl(config.guards.once_ttl)
-        .with_fail_policy(config.guards.fail_policy);
+        .with_fail_policy(config.guards.fail_policy)
+        // A slot skipped on an outage is a line on stdout, as a refused
+        // run is (the log's warning about it is throttled).
+        .on_skipped(move |router, slot, reason| {
+            skipped(Event::Skipped {
+                router: router.to_owned(),
+                slot,
+                reason: reason.name().to_owned(),
+            })
+        });
     for schedule in &config.schedules {
         let router = schedule.router.clone();
         let emit = emit.clone();

@@ -1402,7 +1402,7 @@ fn a_flood_of_idle_metrics_connections_takes_nothing_the_locker_needs() {
 }
 
 #[test]
-fn a_backend_outage_is_logged_once_per_interval_not_once_per_slot() {
+fn a_backend_outage_is_logged_once_per_interval_and_each_skipped_slot_printed() {
     let mut server = RedisServer::start().expect("redis-server");
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("outage.toml");
@@ -1419,15 +1419,30 @@ fn a_backend_outage_is_logged_once_per_interval_not_once_per_slot() {
         .args(["run", "--config"])
         .arg(&path)
         .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(std::fs::File::create(&log_path).unwrap())
         .spawn()
         .unwrap();
-    let _process = Process(child);
+    let lines: Lines = Arc::default();
+    let _process = collect(0, child, &lines);
     thread::sleep(Duration::from_millis(1_000));
     // Four seconds without Redis: some 40 slots and 40 lease attempts fail.
     server.stop();
     thread::sleep(Duration::from_millis(4_000));
+    // Each slot skipped is a line on stdout, as a refused run is.
+    let skipped = lines
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(_, _, l)| {
+            l.starts_with("skipped router=tick slot=") && l.contains("reason=backend_error")
+        })
+        .count();
+    assert!(
+        skipped >= 10,
+        "{skipped} slots printed as skipped in 4 s of outage: {:?}",
+        lines.lock().unwrap()
+    );
     let log = std::fs::read_to_string(&log_path).unwrap();
     let count = |what: &str| log.lines().filter(|l| l.contains(what)).count();
     assert!(

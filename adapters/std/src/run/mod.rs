@@ -42,7 +42,7 @@ pub use active::{ActiveRunner, DEFAULT_RELEASE_TIMEOUT, RunnerError};
 pub use control::{Control, RunHandle, control};
 pub use hold::{Hold, LockWatchdog};
 pub use lease::{LeaseCheck, LeaseState};
-pub use scheduler::{JobRun, RUNNING_KEY, SCHEDULE_COMPONENT, ScheduleError, Scheduler};
+pub use scheduler::{JobRun, RUNNING_KEY, SCHEDULE_COMPONENT, ScheduleError, Scheduler, SlotSkip};
 pub use wait::{LINE_CAPACITY, WaitingLimiter};
 
 /// What a runner reads and waits on: its runtime's monotonic clock, the

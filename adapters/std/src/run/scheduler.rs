@@ -87,6 +87,47 @@ impl fmt::Debug for JobRun {
     }
 }
 
+/// Why a planned slot was not run by this replica, though no other
+/// replica's claim took it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SlotSkip {
+    /// The backend failed the slot's claim and the policy is
+    /// fail-closed; the error as the observer saw it.
+    BackendError(String),
+    /// With exclusive runs: a run of the job was still going on elsewhere.
+    RunningElsewhere,
+    /// With exclusive runs: the run's lock could not be taken or kept.
+    RunLock(String),
+}
+
+impl SlotSkip {
+    /// Its label in `guard_slots_skipped_total{reason}` and on the
+    /// gateway's `skipped` lines.
+    pub fn name(&self) -> &'static str {
+        match self {
+            SlotSkip::BackendError(_) => "backend_error",
+            SlotSkip::RunningElsewhere => "running_elsewhere",
+            SlotSkip::RunLock(_) => "run_lock",
+        }
+    }
+}
+
+impl fmt::Display for SlotSkip {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SlotSkip::BackendError(e) => write!(f, "the slot's claim failed: {e}"),
+            SlotSkip::RunningElsewhere => {
+                f.write_str("a run of the job was still going on elsewhere")
+            }
+            SlotSkip::RunLock(e) => write!(f, "the run's lock: {e}"),
+        }
+    }
+}
+
+/// What is told of each skipped slot: the job's router id, the slot and why.
+type SkippedFn = Arc<dyn Fn(&str, UnixMillis, &SlotSkip) + Send + Sync>;
+
 /// A job that cannot be added.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -166,6 +207,7 @@ pub struct Scheduler<R> {
     settings: Settings,
     jobs: Vec<Job>,
     keys: HashSet<String>,
+    skipped: Option<SkippedFn>,
 }
 
 impl<R> fmt::Debug for Scheduler<R> {
@@ -204,6 +246,7 @@ impl<R: Runtime> Scheduler<R> {
             },
             jobs: Vec::new(),
             keys: HashSet::new(),
+            skipped: None,
         }
     }
 
@@ -222,6 +265,19 @@ impl<R: Runtime> Scheduler<R> {
     /// fail-closed: the slot is skipped; a missed run heals next period).
     pub fn with_fail_policy(mut self, policy: FailPolicy) -> Self {
         self.settings.fail_policy = policy;
+        self
+    }
+
+    /// Tells `to` of every slot this replica skips though no other
+    /// replica's claim took it (a backend error under fail-closed, a run
+    /// still going on elsewhere, a run lock that failed), with the job's
+    /// router id, the slot and the reason. Each is counted in
+    /// `guard_slots_skipped_total{job, reason}` with or without it.
+    pub fn on_skipped(
+        mut self,
+        to: impl Fn(&str, UnixMillis, &SlotSkip) + Send + Sync + 'static,
+    ) -> Self {
+        self.skipped = Some(Arc::new(to));
         self
     }
 
@@ -295,6 +351,7 @@ impl<R: Runtime> Scheduler<R> {
                     RuntimeClock::new(self.runtime.clone()),
                     self.config.clone(),
                     self.settings,
+                    self.skipped.clone(),
                     control.clone(),
                 ))
             })
@@ -352,8 +409,15 @@ async fn run_job<R: Runtime>(
     clock: RuntimeClock<R>,
     config: GuardConfig,
     settings: Settings,
+    skipped: Option<SkippedFn>,
     control: Control,
 ) {
+    let skip = |slot: UnixMillis, reason: SlotSkip| {
+        crate::metrics::record_slot_skipped(&job.name, reason.name());
+        if let Some(to) = &skipped {
+            to(&job.name, slot, &reason);
+        }
+    };
     let mut guard = OnceGuard::new(config.locker(), job.scope.clone())
         .with_prefix(config.prefix())
         .with_fail_policy(settings.fail_policy);
@@ -362,7 +426,14 @@ async fn run_job<R: Runtime>(
     }
     // A backend that is down fails every slot: its warning is throttled.
     let failures = Throttle::new();
-    let guard = guard.with_observer(|event: &OnceEvent<'_>| log_outcome(event, &failures));
+    // The last backend error, for the skipped slot's reason.
+    let last_error = std::sync::Mutex::new(String::new());
+    let guard = guard.with_observer(|event: &OnceEvent<'_>| {
+        if let Some(e) = event.error {
+            *last_error.lock().unwrap_or_else(|p| p.into_inner()) = e.to_string();
+        }
+        log_outcome(event, &failures)
+    });
     // The lock each run holds, with exclusive runs and a locker.
     let exclusive = match (settings.exclusive, config.locker()) {
         (Some(timing), Some(locker)) => match once_key(config.prefix(), &job.scope, RUNNING_KEY) {
@@ -419,15 +490,25 @@ async fn run_job<R: Runtime>(
                         .await;
                     match ran {
                         Ok(Some(())) => {}
-                        Ok(None) => log::info!(
-                            "scheduled job {}: slot {} skipped, a run of it is still going on elsewhere",
-                            job.name,
-                            slot.as_millis()
-                        ),
-                        Err(e) => log::error!("scheduled job {}: run lock: {e}", job.name),
+                        Ok(None) => {
+                            log::info!(
+                                "scheduled job {}: slot {} skipped, a run of it is still going on elsewhere",
+                                job.name,
+                                slot.as_millis()
+                            );
+                            skip(slot, SlotSkip::RunningElsewhere);
+                        }
+                        Err(e) => {
+                            log::error!("scheduled job {}: run lock: {e}", job.name);
+                            skip(slot, SlotSkip::RunLock(e.to_string()));
+                        }
                     }
                 }
             },
+            Ok(OnceOutcome::SkippedOnError) => {
+                let error = last_error.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                skip(slot, SlotSkip::BackendError(error));
+            }
             Ok(_) => {}
             Err(e) => log::error!("scheduled job {}: {e}", job.name),
         }
