@@ -373,6 +373,14 @@ pub const LEAKY_BUCKET_PREFIX: &str = "guard:lb";
 pub const SLIDING_WINDOW_PREFIX: &str = "guard:rl";
 
 impl<V: Copy> RedisBucket<V> {
+    /// Whether `bucket` can run on Redis (the rule [`new`](RedisTokenBucket::new)
+    /// applies): its refill interval a whole number of microseconds and its
+    /// span below 2^53 of them. For a caller that validates parameters
+    /// before it connects.
+    pub fn runs_on_redis(bucket: &Bucket<V>) -> Result<(), RedisGuardError> {
+        BucketParams::of(bucket).map(|_| ())
+    }
+
     fn with_suffix(
         conn: RedisConnection,
         bucket: Bucket<V>,
@@ -540,6 +548,13 @@ impl RedisSlidingWindow {
             params: RwLock::new(Self::params_of(&window)?),
             script: Script::new(&Self::script_source()),
         })
+    }
+
+    /// Whether `window` can run on Redis (the rule [`new`](Self::new)
+    /// applies): its width a whole number of microseconds below 2^53. For
+    /// a caller that validates parameters before it connects.
+    pub fn runs_on_redis<const N: usize>(window: &SlidingWindow<N>) -> Result<(), RedisGuardError> {
+        Self::params_of(window).map(|_| ())
     }
 
     fn params_of<const N: usize>(

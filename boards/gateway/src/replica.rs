@@ -214,9 +214,15 @@ pub fn summary(config: &Config) -> String {
                 guard_redis::Topology::Sentinel { .. } => "sentinel",
                 guard_redis::Topology::Cluster { .. } => "cluster",
             };
-            format!("redis ({mode}), prefix {:?}", l.prefix)
+            format!(
+                "redis ({mode}), prefix {:?}, request timeout {:?}",
+                l.prefix, l.request_timeout
+            )
         }
-        Locker::Postgres(l) => format!("postgres, table {:?}", l.table),
+        Locker::Postgres(l) => format!(
+            "postgres, table {:?}, request timeout {:?}",
+            l.table, l.request_timeout
+        ),
         Locker::Etcd(l) => match l.endpoints.len() {
             1 => "etcd, 1 member".to_owned(),
             n => format!("etcd, {n} members"),
@@ -248,9 +254,21 @@ pub fn summary(config: &Config) -> String {
         .flat_map(|r| &r.policies)
         .map(|p| {
             let algorithm = match p.algorithm {
-                PolicyAlgorithm::Sliding(_) => "sliding",
-                PolicyAlgorithm::TokenBucket(_) => "token-bucket",
-                PolicyAlgorithm::LeakyBucket(_) => "leaky-bucket",
+                PolicyAlgorithm::Sliding(w) => {
+                    format!("sliding, {} per {:?}", w.limit(), w.window())
+                }
+                PolicyAlgorithm::TokenBucket(b) => format!(
+                    "token-bucket, {} deep, {} per {:?}",
+                    b.capacity(),
+                    b.rate().amount(),
+                    b.rate().period()
+                ),
+                PolicyAlgorithm::LeakyBucket(b) => format!(
+                    "leaky-bucket, {} deep, {} per {:?}",
+                    b.capacity(),
+                    b.rate().amount(),
+                    b.rate().period()
+                ),
             };
             let backend = match p.backend {
                 Backend::Memory => "memory",
@@ -266,8 +284,26 @@ pub fn summary(config: &Config) -> String {
             items.join(", ")
         }
     };
+    // Every value in force, those from defaults included: a key left out
+    // shows what it became.
+    let guards = &config.guards;
+    let owner = if guards.owner.is_empty() {
+        "none (keys carry no tenant)".to_owned()
+    } else {
+        format!("{:?}", guards.owner)
+    };
+    let guards = format!(
+        "owner {owner}, lease {:?} renewed every {:?}, slots kept {:?}, fail {}",
+        guards.active.ttl().as_duration(),
+        guards.active.interval(),
+        guards.once_ttl.as_duration(),
+        match guards.fail_policy {
+            guard_core::guard::FailPolicy::FailClosed => "closed",
+            guard_core::guard::FailPolicy::FailOpen => "open",
+        }
+    );
     format!(
-        "configuration is valid\nlocker     {locker}\nschedules  {}\nactive     {}\nendpoints  {}\nlimiters   {}\nmetrics    {}\n",
+        "configuration is valid\nlocker     {locker}\nguards     {guards}\nschedules  {}\nactive     {}\nendpoints  {}\nlimiters   {}\nmetrics    {}\n",
         list(&schedules),
         list(&config.active),
         list(&endpoints),

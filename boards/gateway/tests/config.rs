@@ -376,11 +376,11 @@ fn out_of_range_values_name_the_key_value_and_range() {
             "`ratelimit.limit` = 0: expected between 1 and 4096",
         ),
         (
-            "[ratelimit]\nenabled = true\n[ratelimit.policies.api]\nalgorithm = \"token-bucket\"\ncapacity = 0\n",
+            "[ratelimit]\nenabled = true\n[ratelimit.policies.api]\nalgorithm = \"token-bucket\"\ncapacity = 0\nrate_per_second = 5\n",
             "`ratelimit.policies.api.capacity` = 0: expected a positive number",
         ),
         (
-            "[ratelimit]\nenabled = true\n[ratelimit.policies.api]\nalgorithm = \"leaky-bucket\"\nrate_per_second = 0\n",
+            "[ratelimit]\nenabled = true\n[ratelimit.policies.api]\nalgorithm = \"leaky-bucket\"\ncapacity = 5\nrate_per_second = 0\n",
             "`ratelimit.policies.api.rate_per_second` = 0",
         ),
         ("[locker]\nkind = \"redis\"\n", "`locker.url` = missing"),
@@ -1226,4 +1226,117 @@ fn a_locker_names_the_lock_service_its_fences_come_from() {
         .unwrap();
         assert_eq!(c.locker.lock_service(), "postgres:Locks");
     }
+}
+
+/// Mistakes `check` let through (found by mutating the shipped file),
+/// each now refused naming its key: what `check` accepts, `run` accepts.
+#[test]
+fn mistakes_that_once_passed_check_are_refused_with_their_key() {
+    let policy = |body: &str| {
+        error_with_job(&format!(
+            "[locker]\nkind = \"redis\"\nurl = \"redis://127.0.0.1/\"\n[ratelimit]\nenabled = true\n[ratelimit.policies.api]\n{body}"
+        ))
+    };
+    // A bucket without its numbers is not silently 100 and 100/s.
+    let e = policy("algorithm = \"token-bucket\"\nrate_per_second = 5\n");
+    assert!(e.contains("`ratelimit.policies.api.capacity`"), "{e}");
+    let e = policy("algorithm = \"leaky-bucket\"\ncapacity = 5\n");
+    assert!(
+        e.contains("`ratelimit.policies.api.rate_per_second`"),
+        "{e}"
+    );
+    // A rate Redis cannot count (333.333… µs) is refused here, by its key,
+    // not at start.
+    let e = policy(
+        "algorithm = \"token-bucket\"\nbackend = \"redis\"\ncapacity = 5\nrate_per_second = 3\n",
+    );
+    assert!(
+        e.contains("`ratelimit.policies.api.rate_per_second` = 3"),
+        "{e}"
+    );
+    assert!(
+        Config::from_toml(&format!(
+            "{JOB}[ratelimit]\nenabled = true\n[ratelimit.policies.api]\nalgorithm = \"token-bucket\"\ncapacity = 5\nrate_per_second = 3\n"
+        ))
+        .is_ok(),
+        "in memory, 3 a second is fine"
+    );
+    // Durations have upper bounds.
+    let e = policy("window_ms = 9223372036854775807\n");
+    assert!(
+        e.contains("`ratelimit.policies.api.window_ms` = 9223372036854775807"),
+        "{e}"
+    );
+    // Control characters in names that reach keys and log lines.
+    for (text, key) in [
+        (
+            "[locker]\nkind = \"redis\"\nurl = \"redis://127.0.0.1/\"\nprefix = \"a\\nb\"\n",
+            "locker.prefix",
+        ),
+        (
+            "[locker]\nkind = \"redis\"\nurl = \"redis://127.0.0.1/\\r\\n\"\n",
+            "locker.url",
+        ),
+        (
+            "[ratelimit]\ndefault_name = \"d\\u0000\"\n",
+            "ratelimit.default_name",
+        ),
+        (
+            "[locker]\nkind = \"redis\"\nurl = \"redis://127.0.0.1/\"\n[[endpoints]]\nname = \"s\"\nkind = \"redis-stream\"\nstream = \"a\\nb\"\ngroup = \"g\"\n",
+            "endpoints[0].stream",
+        ),
+        (
+            "[locker]\nkind = \"redis\"\nurl = \"redis://127.0.0.1/\"\n[[endpoints]]\nname = \"s\"\nkind = \"redis-stream\"\nstream = \"a\"\ngroup = \"g\\r\"\n",
+            "endpoints[0].group",
+        ),
+        (
+            "[locker]\nkind = \"redis\"\nurl = \"redis://127.0.0.1/\"\n[[endpoints]]\nname = \"s\"\nkind = \"redis-stream\"\nstream = \"a\"\ngroup = \"g\"\ndead_letter_topic = \"d\\t\"\n",
+            "endpoints[0].dead_letter_topic",
+        ),
+        (
+            "[[endpoints]]\nname = \"m\"\nkind = \"mqtt\"\nhost = \"\\u200b\"\nfilter = \"t\"\n",
+            "endpoints[0].host",
+        ),
+    ] {
+        let e = error_with_job(text);
+        assert!(e.contains(&format!("`{key}`")), "{text:?}\n gave: {e}");
+    }
+    // A long owner is blamed on the owner, not on the first schedule.
+    let e = error_with_job(&format!("[guards]\nowner = \"{}\"\n", "o".repeat(5_000)));
+    assert!(e.contains("`guards.owner`"), "{e}");
+    // A bad policy shows its value.
+    let e = error_with_job("[guards]\nfail_policy = \"sometimes\"\n");
+    assert!(e.contains("sometimes"), "{e}");
+    // A file that is not UTF-8 gets the position of its first bad byte.
+    let e = Config::from_bytes(b"[guards]\nowner = \"t\xff\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("line 2"), "{e}");
+}
+
+/// `check` prints every value in force, those from defaults included: a
+/// file without an owner shows that its keys carry no tenant.
+#[test]
+fn check_shows_the_values_that_came_from_defaults() {
+    let shown = guard_gateway::replica::summary(&Config::from_toml(JOB).unwrap());
+    assert!(
+        shown.contains(
+            "guards     owner none (keys carry no tenant), lease 15s renewed every 5s, slots kept 3600s, fail closed"
+        ),
+        "{shown}"
+    );
+    let shown = guard_gateway::replica::summary(
+        &Config::from_toml(&format!(
+            "{JOB}[ratelimit]\nenabled = true\n[guards]\nowner = \"t1\"\nactive_ttl_ms = 3000\n"
+        ))
+        .unwrap(),
+    );
+    assert!(
+        shown.contains("owner \"t1\", lease 3s renewed every 1s"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("default (sliding, 100 per 1s, memory)"),
+        "{shown}"
+    );
 }

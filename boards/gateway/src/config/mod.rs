@@ -734,9 +734,24 @@ impl Config {
 
     /// Reads, parses and validates a file.
     pub fn from_path(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path)
+        let bytes = std::fs::read(path)
             .map_err(|e| ConfigError::Read(format!("{}: {e}", path.display())))?;
-        Self::from_toml(&text)
+        Self::from_bytes(&bytes)
+    }
+
+    /// Parses and validates the bytes of a file: text that is not UTF-8 is
+    /// refused with the line and column of its first bad byte.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, ConfigError> {
+        let text = std::str::from_utf8(bytes).map_err(|e| {
+            let (good, _) = bytes.split_at(e.valid_up_to());
+            let line = good.iter().filter(|b| **b == b'\n').count() + 1;
+            let column =
+                good.len() - good.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1) + 1;
+            ConfigError::Syntax(format!(
+                "not UTF-8 text: a bad byte at line {line}, column {column}"
+            ))
+        })?;
+        Self::from_toml(text)
     }
 
     /// The Redis locker, if any.

@@ -42,6 +42,7 @@ const MAX_PERIOD_MS: u64 = 366 * 24 * 3600 * 1000; // a year
 const MAX_ONCE_TTL_S: u64 = 366 * 24 * 3600; // a year
 pub(super) const MAX_LEASE_MS: u64 = 24 * 3600 * 1000; // a day
 pub(super) const MAX_TIMEOUT_MS: u64 = 3600 * 1000; // an hour
+const MAX_WINDOW_MS: u64 = 7 * 24 * 3600 * 1000; // a week
 /// A Redis locker's request timeout unless `request_timeout_ms` is set
 /// (the other kinds take their crate's own default).
 const REDIS_LOCKER_TIMEOUT_MS: u64 = 500;
@@ -192,6 +193,15 @@ pub(super) fn config(
     }
     let guards = guards(&file.guards)?;
     printable("guards.owner", &guards.owner)?;
+    // An owner that leaves no room in a key is the owner's fault, not the
+    // first name beside it.
+    fits_key(
+        "guards.owner",
+        &guards.owner,
+        Scope::new(guard_std::run::SCHEDULE_COMPONENT)
+            .and_then(|s| s.segment("owner", &guards.owner))
+            .and_then(|s| s.segment("router", "r")),
+    )?;
     let schedules = schedules(&file.schedules, &limiters, &guards.owner)?;
     let mut active: Vec<String> = Vec::new();
     for (i, a) in file.active.iter().enumerate() {
@@ -316,6 +326,13 @@ pub(super) fn expand(key: &str, value: &str, env: Env<'_>) -> Result<String, Con
 /// A Redis URL, expanded and checked (scheme, host, port).
 fn redis_url(key: &str, value: &str, env: Env<'_>) -> Result<String, ConfigError> {
     let url = expand(key, value, env)?;
+    if url.chars().any(char::is_control) {
+        return Err(invalid(
+            key,
+            format!("{:?}", redacted(value)),
+            "a URL without control characters",
+        ));
+    }
     // The value as written in the errors, its password hidden: an
     // expanded secret is never echoed.
     let expanded = if url == value {
@@ -437,6 +454,7 @@ fn locker(l: &raw::Locker, env: Env<'_>) -> Result<Locker, ConfigError> {
         raw::LockerKind::Redis => {}
     }
     let prefix = l.prefix.trim();
+    printable("locker.prefix", prefix)?;
     if guard_core::lock::redis::check_prefix(prefix).is_err() {
         // A brace would move the hash tag that keeps a lock and its fence
         // counter in one cluster slot: every acquisition would fail with
@@ -735,6 +753,7 @@ fn rate_limits(r: &raw::RateLimit) -> Result<RateLimits, ConfigError> {
             "a non-empty name",
         ));
     }
+    printable("ratelimit.default_name", &r.default_name)?;
     let mut policies = Vec::new();
     for (name, p) in &r.policies {
         let at = format!("ratelimit.policies.{name}");
@@ -795,13 +814,12 @@ fn policy(
             only(p.rate_per_second.is_some(), "rate_per_second", "sliding")?;
             let window_ms = p.window_ms.unwrap_or(r.window_ms);
             let limit = p.limit.unwrap_or(r.limit);
-            if window_ms == 0 {
-                return Err(invalid(
-                    key("window_ms"),
-                    window_ms,
-                    "a positive number of milliseconds",
-                ));
-            }
+            let window_key = if p.window_ms.is_some() {
+                key("window_ms")
+            } else {
+                "ratelimit.window_ms".to_owned()
+            };
+            bounded(&window_key, window_ms, MAX_WINDOW_MS, "milliseconds")?;
             let window =
                 SlidingWindow::new(Duration::from_millis(window_ms), limit).map_err(|_| {
                     invalid(
@@ -820,8 +838,18 @@ fn policy(
             };
             only(p.window_ms.is_some(), "window_ms", algorithm)?;
             only(p.limit.is_some(), "limit", algorithm)?;
-            let capacity = p.capacity.unwrap_or(100);
-            let per_second = p.rate_per_second.unwrap_or(100);
+            // A bucket states its numbers: none is made up for it.
+            let stated = |value: Option<u32>, field: &str| {
+                value.ok_or_else(|| {
+                    invalid(
+                        key(field),
+                        "missing",
+                        format!("a positive number: a {algorithm} policy states its capacity and rate_per_second"),
+                    )
+                })
+            };
+            let capacity = stated(p.capacity, "capacity")?;
+            let per_second = stated(p.rate_per_second, "rate_per_second")?;
             if capacity == 0 {
                 return Err(invalid(key("capacity"), 0, "a positive number"));
             }
@@ -851,6 +879,29 @@ fn policy(
         raw::Backend::Memory => Backend::Memory,
         raw::Backend::Redis => Backend::Redis,
     };
+    if backend == Backend::Redis {
+        // Redis's own rule, applied here so that `run` starts what
+        // `check` accepts.
+        let runs = match &algorithm {
+            PolicyAlgorithm::Sliding(w) => guard_redis::RedisSlidingWindow::runs_on_redis(w),
+            PolicyAlgorithm::TokenBucket(b) => guard_redis::RedisTokenBucket::runs_on_redis(b),
+            PolicyAlgorithm::LeakyBucket(b) => guard_redis::RedisLeakyBucket::runs_on_redis(b),
+        };
+        if let Err(e) = runs {
+            let (field, value) = match (&algorithm, p.rate_per_second) {
+                (PolicyAlgorithm::Sliding(w), _) => {
+                    ("window_ms", w.window().as_millis().to_string())
+                }
+                (_, Some(rate)) => ("rate_per_second", rate.to_string()),
+                (_, None) => ("capacity", "set".to_owned()),
+            };
+            return Err(invalid(
+                key(field),
+                value,
+                format!("a value Redis can count: {e}"),
+            ));
+        }
+    }
     Ok(Policy {
         name: name.to_owned(),
         backend,
@@ -944,12 +995,14 @@ fn endpoint(
     has_redis: bool,
     limiters: &[&str],
 ) -> Result<Endpoint, ConfigError> {
+    // A name that reaches keys, subscriptions and log lines: no control
+    // character either.
     let non_empty = |field: &str, value: &str, what: &str| {
         if value.is_empty() {
-            Err(invalid(key(field), "\"\"", what))
-        } else {
-            Ok(value.to_owned())
+            return Err(invalid(key(field), "\"\"", what));
         }
+        printable(&key(field), value)?;
+        Ok(value.to_owned())
     };
     let max_payload = match e {
         raw::Endpoint::RedisPubsub(p) => p.max_payload_bytes,
@@ -1051,12 +1104,14 @@ fn endpoint(
                 bounded(&key("claim_idle_ms"), ms, MAX_LEASE_MS, "milliseconds")?;
             }
             if let Some(topic) = &s.dead_letter_topic
-                && (topic.is_empty() || topic.contains(['{', '}', '*', '?', '[', ']']))
+                && (topic.is_empty()
+                    || topic.contains(['{', '}', '*', '?', '[', ']'])
+                    || topic.chars().any(char::is_control))
             {
                 return Err(invalid(
                     key("dead_letter_topic"),
                     format!("{topic:?}"),
-                    "a non-empty topic without braces or glob characters",
+                    "a non-empty topic without braces, glob or control characters",
                 ));
             }
             let retry = retry(s.retries, s.retry_delay_ms, key)?;
@@ -1110,14 +1165,19 @@ fn endpoint(
         raw::Endpoint::Mqtt(m) => {
             let host = expand(&key("host"), &m.host, env)?;
             let host = non_empty("host", &host, "the broker's host")?;
-            if host.contains("://")
-                || host.contains(['/', ' '])
-                || host.chars().any(char::is_control)
-            {
+            // A host name (ASCII letters, digits, `-` and `.`; an
+            // international name in its `xn--` form) or an IP address.
+            let name = |h: &str| {
+                h.split('.').all(|label| {
+                    !label.is_empty()
+                        && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+                })
+            };
+            if !(name(&host) || host.parse::<std::net::IpAddr>().is_ok()) {
                 return Err(invalid(
                     key("host"),
                     format!("{:?}", m.host),
-                    "a host name or address alone (no scheme, path or port: the port is `port`)",
+                    "a host name or IP address alone (no scheme, path or port: the port is `port`; an international name in its xn-- form)",
                 ));
             }
             if m.port == Some(0) {
