@@ -14,7 +14,7 @@ use std::future::Future;
 use guard_core::retry::{
     Classifier, GiveUpReason, Interrupted, Jitter, JitterNeedsRandom, RetryExecutor, RetryPolicy,
 };
-use guard_redis::CallerRuntime;
+use guard_std::run::CallerRuntime;
 use guard_std::run::Runtime as _;
 
 /// Why a [`RetryPolicy`] cannot drive an endpoint's retries.

@@ -2,7 +2,7 @@
 //! [`CallerRuntime`]): tokio's inside a tokio runtime with the `tokio`
 //! feature, async-io's otherwise.
 
-use guard_redis::CallerRuntime;
+use guard_std::run::CallerRuntime;
 
 /// guard-std's active runner on the caller's runtime.
 pub(crate) type ActiveRunner = guard_std::run::ActiveRunner<CallerRuntime>;

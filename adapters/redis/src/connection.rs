@@ -203,7 +203,7 @@ pub(crate) async fn bounded<T>(
     request: impl Future<Output = Result<T, RedisGuardError>>,
 ) -> Result<T, RedisGuardError> {
     future::or(request, async {
-        crate::rt::sleep(timeout).await;
+        guard_std::run::CallerRuntime::sleep_for(timeout).await;
         Err(RedisGuardError::Timeout(timeout))
     })
     .await

@@ -61,7 +61,7 @@ impl Stream {
     /// delay (requests are single writes).
     async fn connect(host: &str, port: u16) -> std::io::Result<Stream> {
         #[cfg(feature = "tokio")]
-        if crate::rt::on_tokio() {
+        if guard_std::run::on_tokio() {
             let stream = tokio::net::TcpStream::connect((host, port)).await?;
             stream.set_nodelay(true)?;
             return Ok(Stream::Tokio(stream));
@@ -321,7 +321,7 @@ impl DirectPool {
                 Some(conn) if conn.is_stale() => self.discard(conn),
                 // Opened on the other runtime (a connection used from both):
                 // kept for its own, this request goes multiplexed.
-                Some(conn) if conn.stream.on_tokio() != crate::rt::on_tokio() => {
+                Some(conn) if conn.stream.on_tokio() != guard_std::run::on_tokio() => {
                     self.idle
                         .lock()
                         .unwrap_or_else(PoisonError::into_inner)

@@ -41,8 +41,6 @@ mod direct;
 mod error;
 mod limit;
 mod locker;
-mod rt;
-pub use rt::CallerRuntime;
 mod sentinel;
 mod stream_dlq;
 #[cfg(feature = "tls")]

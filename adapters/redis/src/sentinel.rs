@@ -80,7 +80,8 @@ impl SentinelConn {
         let switches = Arc::new(AtomicU64::new(0));
         let (stop, stopped) = async_channel::bounded(1);
         let watch = watch(sentinels, service, timeout, switches.clone(), stopped);
-        crate::rt::spawn(WATCH_THREAD, watch).map_err(redis::RedisError::from)?;
+        guard_std::run::CallerRuntime::spawn(WATCH_THREAD, watch)
+            .map_err(redis::RedisError::from)?;
         let conn = SentinelConn {
             client: async_lock::Mutex::new(client),
             current: Mutex::new(None),
@@ -247,7 +248,7 @@ async fn watch(
         let woke = future::or(
             stopped(),
             future::or(next_message(&mut subscriptions), async {
-                crate::rt::sleep(if missing {
+                guard_std::run::CallerRuntime::sleep_for(if missing {
                     RESUBSCRIBE_AFTER
                 } else {
                     PING_EVERY

@@ -27,7 +27,7 @@
 //! # });
 //! ```
 
-use guard_redis::CallerRuntime;
+use guard_std::run::CallerRuntime;
 use guard_std::run::Runtime as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

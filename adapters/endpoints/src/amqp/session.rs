@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_lite::future;
-use guard_redis::CallerRuntime;
 use guard_std::Throttle;
+use guard_std::run::CallerRuntime;
 use guard_std::run::{Control, Runtime as _};
 use lapin::options::{
     BasicConsumeOptions, BasicQosOptions, ExchangeDeclareOptions, QueueBindOptions,

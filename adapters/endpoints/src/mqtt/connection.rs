@@ -1,7 +1,7 @@
 //! One MQTT connection: connect, subscribe (confirmed by the SUBACK),
 //! hand each message to the handler and acknowledge it after.
 
-use guard_redis::CallerRuntime;
+use guard_std::run::CallerRuntime;
 use guard_std::run::Runtime as _;
 use std::collections::VecDeque;
 use std::future::Future;

@@ -1,7 +1,7 @@
 //! The endpoint: subscribe always (shared or broadcast), or only while
 //! this replica holds the lease (guarded plain subscription).
 
-use guard_redis::CallerRuntime;
+use guard_std::run::CallerRuntime;
 use guard_std::run::Runtime as _;
 use std::future::Future;
 

@@ -1,7 +1,7 @@
 //! Connecting, and running async-nats's futures on a tokio runtime.
 
 use futures_lite::future;
-use guard_redis::CallerRuntime;
+use guard_std::run::CallerRuntime;
 use guard_std::run::{Control, Runtime as _};
 
 use super::{NatsError, NatsOptions};

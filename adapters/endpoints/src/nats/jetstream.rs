@@ -40,7 +40,7 @@ use async_nats::jetstream::consumer::{AckPolicy, pull};
 use async_nats::jetstream::{self as js, AckKind};
 use futures_lite::{StreamExt, future};
 use guard_core::retry::{Classifier, RetryPolicy};
-use guard_redis::CallerRuntime;
+use guard_std::run::CallerRuntime;
 use guard_std::run::{Control, Runtime as _};
 
 use super::connection::{connect_until_stopped, on_tokio};

@@ -52,7 +52,7 @@
 //!   whenever the handler waits), so a flood never starves the caller's
 //!   other tasks.
 
-use guard_redis::CallerRuntime;
+use guard_std::run::CallerRuntime;
 use guard_std::run::Runtime as _;
 use std::fmt;
 use std::future::Future;

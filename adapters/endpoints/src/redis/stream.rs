@@ -29,7 +29,7 @@
 //! must be handled in order (one device's readings, say) need a
 //! concurrency of 1, or one stream per key.
 
-use guard_redis::CallerRuntime;
+use guard_std::run::CallerRuntime;
 use guard_std::run::Runtime as _;
 use std::cell::RefCell;
 use std::collections::HashMap;

@@ -24,6 +24,7 @@
 //! in milliseconds.
 
 mod active;
+mod caller;
 mod control;
 mod hold;
 mod lease;
@@ -39,6 +40,7 @@ use guard_core::time::Instant;
 use crate::Clock;
 
 pub use active::{ActiveRunner, DEFAULT_RELEASE_TIMEOUT, RunnerError};
+pub use caller::{CallerRuntime, on_tokio};
 pub use control::{Control, RunHandle, control};
 pub use hold::{Hold, LockWatchdog};
 pub use lease::{LeaseCheck, LeaseState};
