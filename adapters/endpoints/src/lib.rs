@@ -29,6 +29,8 @@
 //!   lease checked before each side effect ([`delivery::ElectedLease`]
 //!   handed with each message), and what was read but not handled handed
 //!   to an [`delivery::UnhandledSink`] with its content and reason;
+//! - [`link`]: whether each source reaches its server ([`link::Link`]),
+//!   its connection losses counted and their logs throttled in one place;
 //! - [`queue`]: the bounded handler queue of a broadcast source and its
 //!   [`queue::WhenFull`] policy.
 //!
@@ -55,6 +57,7 @@ pub mod delivery;
 #[cfg(any(feature = "nats", feature = "amqp", feature = "mysql"))]
 mod elected;
 mod lease_thread;
+pub mod link;
 pub mod mqtt;
 #[cfg(feature = "mysql")]
 pub mod mysql;

@@ -39,22 +39,27 @@ impl fmt::Debug for Mosquitto {
 impl Mosquitto {
     /// Starts a broker and waits until it accepts connections.
     pub fn start() -> Result<Self, HarnessError> {
-        Self::start_inner(None)
+        Self::start_inner(None, free_port()?)
+    }
+
+    /// Starts a broker on `port` (one a client was told of before the
+    /// broker existed) and waits until it accepts connections.
+    pub fn start_on(port: u16) -> Result<Self, HarnessError> {
+        Self::start_inner(None, port)
     }
 
     /// Starts a broker whose only listener is TLS, with `certs`' server
     /// certificate (clients need not present one), and waits until it
     /// accepts connections.
     pub fn start_tls(certs: &TestCerts) -> Result<Self, HarnessError> {
-        Self::start_inner(Some(certs))
+        Self::start_inner(Some(certs), free_port()?)
     }
 
-    fn start_inner(certs: Option<&TestCerts>) -> Result<Self, HarnessError> {
+    fn start_inner(certs: Option<&TestCerts>, port: u16) -> Result<Self, HarnessError> {
         // Debian puts the broker in /usr/sbin, which a user's PATH may lack.
         let mut path = std::env::var_os("PATH").unwrap_or_default();
         path.push(":/usr/sbin");
         let mosquitto = find_binary("mosquitto", "mosquitto", &path)?;
-        let port = free_port()?;
         let dir = tempfile::tempdir()?;
         let config = dir.path().join("mosquitto.conf");
         let mut text = format!(

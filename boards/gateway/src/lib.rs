@@ -14,4 +14,5 @@ mod endpoint;
 mod error;
 mod event;
 pub mod prometheus;
+pub mod readiness;
 pub mod replica;

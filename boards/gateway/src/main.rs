@@ -6,7 +6,6 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
@@ -158,7 +157,7 @@ fn run_replica(path: &Path, identity: &str, metrics: Option<SocketAddr>) -> Exit
             return ExitCode::from(2);
         }
     };
-    let ready = Arc::new(AtomicBool::new(false));
+    let ready = Arc::new(guard_gateway::readiness::Readiness::new());
     if let Some(address) = metrics.or(config.metrics.prometheus) {
         match prometheus::serve(address, ready.clone()) {
             Ok(bound) => log::info!("metrics at http://{bound}/metrics"),

@@ -16,10 +16,10 @@
 //!   [`guard_std::THROTTLE_INTERVAL`] with the count of the ones not
 //!   logged.
 
+use crate::readiness::Readiness;
 use std::convert::Infallible;
 use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::Duration;
 
@@ -43,10 +43,11 @@ pub const MAX_CONNECTIONS: usize = 64;
 
 /// Installs the Prometheus recorder for this process and serves it on
 /// `address` from a background thread; `/readyz` answers 200 while
-/// `ready` is set. Returns the bound address.
+/// `ready` says so, else 503 with what the replica waits for. Returns the
+/// bound address.
 pub fn serve(
     address: SocketAddr,
-    ready: Arc<AtomicBool>,
+    ready: Arc<Readiness>,
 ) -> Result<SocketAddr, Box<dyn std::error::Error>> {
     let handle = PrometheusBuilder::new().install_recorder()?;
     let listener = Async::<TcpListener>::bind(address)?;
@@ -57,7 +58,7 @@ pub fn serve(
     Ok(bound)
 }
 
-async fn accept(listener: Async<TcpListener>, handle: PrometheusHandle, ready: Arc<AtomicBool>) {
+async fn accept(listener: Async<TcpListener>, handle: PrometheusHandle, ready: Arc<Readiness>) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let errors = Throttle::new();
     let mut backoff = Duration::from_millis(10);
@@ -109,7 +110,7 @@ async fn accept(listener: Async<TcpListener>, handle: PrometheusHandle, ready: A
 fn respond(
     request: &Request<Incoming>,
     handle: &PrometheusHandle,
-    ready: &AtomicBool,
+    ready: &Readiness,
 ) -> Response<Full<Bytes>> {
     let (status, content_type, body) = if request.method() != Method::GET {
         (
@@ -121,14 +122,14 @@ fn respond(
         match request.uri().path() {
             "/metrics" => (StatusCode::OK, "text/plain; version=0.0.4", handle.render()),
             "/healthz" => (StatusCode::OK, "text/plain", "ok\n".to_owned()),
-            "/readyz" if ready.load(Ordering::Acquire) => {
-                (StatusCode::OK, "text/plain", "ready\n".to_owned())
-            }
-            "/readyz" => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "text/plain",
-                "not ready: connecting\n".to_owned(),
-            ),
+            "/readyz" => match ready.check() {
+                Ok(()) => (StatusCode::OK, "text/plain", "ready\n".to_owned()),
+                Err(waiting) => (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "text/plain",
+                    format!("not ready: {waiting}\n"),
+                ),
+            },
             _ => (
                 StatusCode::NOT_FOUND,
                 "text/plain",

@@ -2,7 +2,6 @@
 //! the summary `guard-gateway check` prints.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::admission::{Admission, Verdict};
 use crate::config::{Backend, Config, Locker, PolicyAlgorithm, Source, Timing, WhenLimited};
@@ -13,6 +12,7 @@ pub use crate::built::{Built, build};
 use crate::endpoint;
 pub use crate::error::GatewayError;
 pub use crate::event::{Content, Event};
+use crate::readiness::Readiness;
 
 /// Makes every documented metric family visible from the start (at zero
 /// for what has not happened yet), so a dashboard or an alert never
@@ -34,13 +34,14 @@ fn announce_metrics(config: &Config, built: &Built) {
 /// Runs one replica until `control` stops it, reporting every event to
 /// `emit`. `identity` tells this replica from the others that run the
 /// same file: it names its stream consumers and MQTT clients. `ready` is
-/// set once the locker has answered.
+/// started once the locker has answered and the tasks run, and watches
+/// every endpoint's source.
 pub async fn run(
     config: &Config,
     identity: &str,
     control: Control,
     emit: Arc<dyn Fn(Event) + Send + Sync>,
-    ready: Arc<AtomicBool>,
+    ready: Arc<Readiness>,
 ) -> Result<(), GatewayError> {
     // A stop asked while connecting (a Redis that accepts but never
     // answers) ends the start at once, not after the request timeout.
@@ -162,6 +163,7 @@ pub async fn run(
             identity,
             control.clone(),
             emit.clone(),
+            &ready,
         )
         .await?;
         tasks.push(executor.spawn(task));
@@ -185,7 +187,7 @@ pub async fn run(
     }
     tasks.push(executor.spawn(scheduler.run(control)));
     // Everything is connected and the locker has answered.
-    ready.store(true, Ordering::Release);
+    ready.set_started(true);
     executor
         .run(async {
             for task in tasks {
@@ -193,7 +195,7 @@ pub async fn run(
             }
         })
         .await;
-    ready.store(false, Ordering::Release);
+    ready.set_started(false);
     Ok(())
 }
 

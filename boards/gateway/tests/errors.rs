@@ -4,7 +4,6 @@
 
 use std::error::Error;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 
 use guard_gateway::config::Config;
 use guard_gateway::replica::{self, Event, GatewayError};
@@ -21,7 +20,7 @@ fn start(config: &Config) -> Result<(), GatewayError> {
         "replica-1",
         control,
         emit,
-        Arc::new(AtomicBool::new(false)),
+        Arc::new(guard_gateway::readiness::Readiness::new()),
     ))
 }
 

@@ -2074,3 +2074,66 @@ fn no_password_of_a_url_is_printed_by_check_or_run() {
     }
     leaked("`run`", &printed);
 }
+
+/// With the MQTT broker unreachable, `/readyz` says so (naming the
+/// endpoint), its failed connections are counted, and the warning about
+/// them is throttled; once a broker answers on that port the replica is
+/// ready again.
+#[test]
+fn an_unreachable_broker_makes_the_replica_not_ready_counted_and_logged_once_per_interval() {
+    let server = RedisServer::start().expect("redis-server");
+    let broker_port = free_port().unwrap();
+    let metrics = free_port().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("unreachable.toml");
+    std::fs::write(
+        &path,
+        base_config(&server.url())
+            + &format!(
+                "\n[[endpoints]]\nname = \"telemetry\"\nkind = \"mqtt\"\nhost = \"127.0.0.1\"\nport = {broker_port}\nfilter = \"sensors/#\"\nshare_group = \"gateways\"\n\n[metrics]\nprometheus = \"127.0.0.1:{metrics}\"\n"
+            ),
+    )
+    .unwrap();
+    let log_path = dir.path().join("stderr.log");
+    let child = Command::new(env!("CARGO_BIN_EXE_guard-gateway"))
+        .args(["run", "--config"])
+        .arg(&path)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .unwrap();
+    let _process = Process(child);
+    assert!(
+        wait_for(Duration::from_secs(10), || {
+            TcpStream::connect(("127.0.0.1", metrics)).is_ok()
+        }),
+        "no metrics endpoint"
+    );
+    // Four seconds of failed connections, one a second.
+    thread::sleep(Duration::from_secs(4));
+    let (status, body) = http_get(metrics, "/readyz");
+    assert!(status.contains("503"), "{status}: {body}");
+    assert!(body.contains("telemetry"), "names the endpoint: {body}");
+    let (_, text) = http_get(metrics, "/metrics");
+    let failed = sample(
+        &text,
+        "guard_source_disconnects_total{source=\"telemetry\"}",
+    );
+    assert!(failed.is_some_and(|n| n >= 3.0), "{failed:?}");
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    let lines = log.lines().filter(|l| l.contains("telemetry")).count();
+    assert!(
+        lines <= 2,
+        "one warning per interval, not per attempt:\n{log}"
+    );
+    // A broker on that port: ready again.
+    let _broker = Mosquitto::start_on(broker_port).expect("mosquitto");
+    assert!(
+        wait_for(Duration::from_secs(10), || http_get(metrics, "/readyz")
+            .0
+            .contains("200")),
+        "never ready again: {:?}",
+        http_get(metrics, "/readyz")
+    );
+}

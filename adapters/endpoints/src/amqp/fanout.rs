@@ -13,8 +13,8 @@ use futures_lite::{StreamExt as _, future};
 use guard_core::guard::ActiveConfig;
 use guard_core::lock::Scope;
 use guard_core::retry::{Classifier, RetryPolicy};
+use guard_std::GuardConfig;
 use guard_std::run::Control;
-use guard_std::{GuardConfig, Throttle};
 use lapin::Consumer;
 use lapin::options::{BasicAckOptions, BasicNackOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
@@ -271,17 +271,12 @@ impl FanoutConsumer {
     {
         let label = format!("exchange {}", self.exchange);
         let unhandled = self.unhandled_sink(&label);
-        let failures = Throttle::new();
+        let link = self.options.link(&label);
         metrics::counter!(guard_std::metrics::ENDPOINT_DISCONNECTS, "key" => label.clone())
             .increment(0);
         loop {
-            let opened = session::until_done(
-                &self.options,
-                &control,
-                &label,
-                &self.counters,
-                &failures,
-                || {
+            let opened =
+                session::until_done(&self.options, &control, &self.counters, &link, || {
                     subscribe(
                         &self.options,
                         &self.exchange,
@@ -291,9 +286,8 @@ impl FanoutConsumer {
                         &label,
                         &unhandled,
                     )
-                },
-            )
-            .await?;
+                })
+                .await?;
             let Attempt::Done(mut subscription) = opened else {
                 break;
             };
@@ -314,12 +308,11 @@ impl FanoutConsumer {
                     self.counters.failed();
                     metrics::counter!(guard_std::metrics::ENDPOINT_DISCONNECTS, "key" => label.clone())
                         .increment(1);
-                    if let Some(held) = failures.admit() {
-                        log::warn!(
-                            "AMQP {label}: {e}; what was published meanwhile is lost to this replica; reconnecting in {:?} ({held} more failures not logged)",
-                            self.options.reconnect_delay
-                        );
-                    }
+                    let then = format!(
+                        "what was published meanwhile is lost to this replica; reconnecting in {:?}",
+                        self.options.reconnect_delay
+                    );
+                    link.down(&e, &then);
                     session::pause(&control, self.options.reconnect_delay).await;
                 }
             }
@@ -350,9 +343,8 @@ impl FanoutConsumer {
         let declared = session::until_done(
             &self.options,
             &control,
-            &label,
             &self.counters,
-            &Throttle::new(),
+            &self.options.link(&label),
             || self.declare(),
         )
         .await?;

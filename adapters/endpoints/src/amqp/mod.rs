@@ -165,6 +165,7 @@ use lapin::uri::{AMQPScheme, AMQPUri};
 
 use crate::deliver;
 use crate::delivery::ElectedLease;
+use crate::link::Link;
 use crate::parameter::{Parameter, redacted};
 
 pub use error::AmqpError;
@@ -188,6 +189,7 @@ pub struct AmqpOptions {
     connect_timeout: Duration,
     reconnect_delay: Duration,
     connection_name: Option<String>,
+    link: Option<Link>,
 }
 
 impl fmt::Debug for AmqpOptions {
@@ -236,6 +238,7 @@ impl AmqpOptions {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             reconnect_delay: DEFAULT_RECONNECT_DELAY,
             connection_name: None,
+            link: None,
         })
     }
 
@@ -256,6 +259,22 @@ impl AmqpOptions {
     pub fn with_connection_name(mut self, name: &str) -> Self {
         self.connection_name = Some(name.to_owned());
         self
+    }
+
+    /// Reports the consumer's connection to `link` (see [`crate::link`]):
+    /// down from a failed connect or a connection that ended, up again
+    /// when it is consuming.
+    pub fn with_link(mut self, link: Link) -> Self {
+        self.link = Some(link);
+        self
+    }
+
+    /// The link set with [`with_link`](Self::with_link), or one named
+    /// `AMQP <label>`.
+    pub(crate) fn link(&self, label: &str) -> Link {
+        self.link
+            .clone()
+            .unwrap_or_else(|| Link::new(&format!("AMQP {label}")))
     }
 
     /// `host:port/vhost`, without the credentials.

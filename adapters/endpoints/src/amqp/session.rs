@@ -5,8 +5,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::link::Link;
 use futures_lite::future;
-use guard_std::Throttle;
 use guard_std::run::CallerRuntime;
 use guard_std::run::{Control, Runtime as _};
 use lapin::options::{
@@ -199,14 +199,14 @@ pub(crate) enum Attempt<T> {
 
 /// Runs `attempt` until it works, `control` stops, or the broker refuses
 /// a declaration for good (returned: no reconnection fixes it). Other
-/// failures are counted, logged under `label` (the first of a burst, then
-/// a count), and tried again after the options' reconnect delay.
+/// failures are counted and reported to `link` (which logs the first of a
+/// burst, then a count), and tried again after the options' reconnect
+/// delay.
 pub(crate) async fn until_done<T, A, Fut>(
     options: &AmqpOptions,
     control: &Control,
-    label: &str,
     counters: &Counters,
-    failures: &Throttle,
+    link: &Link,
     mut attempt: A,
 ) -> Result<Attempt<T>, AmqpError>
 where
@@ -228,20 +228,15 @@ where
         match tried {
             None => return Ok(Attempt::Stopped),
             Some(Ok(done)) => {
-                if counters.connected() {
-                    log::info!("AMQP {label}: connected again");
-                }
+                counters.connected();
+                link.up();
                 return Ok(Attempt::Done(done));
             }
             Some(Err(e)) if e.is_refused_declaration() => return Err(e),
             Some(Err(e)) => {
                 counters.failed();
-                if let Some(held) = failures.admit() {
-                    log::warn!(
-                        "AMQP {label}: {e}; trying again every {:?} ({held} more failures not logged)",
-                        options.reconnect_delay
-                    );
-                }
+                let then = format!("trying again every {:?}", options.reconnect_delay);
+                link.down(&e, &then);
                 pause(control, options.reconnect_delay).await;
             }
         }

@@ -8,7 +8,6 @@ use std::sync::Arc;
 
 use futures_lite::{StreamExt as _, future};
 use guard_core::retry::{Classifier, RetryPolicy};
-use guard_std::Throttle;
 use guard_std::run::Control;
 use lapin::options::{BasicAckOptions, BasicNackOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
@@ -229,19 +228,15 @@ impl WorkQueueConsumer {
         E: fmt::Display,
     {
         let label = format!("queue {}", self.queue);
-        let failures = Throttle::new();
+        let link = self.options.link(&label);
         metrics::counter!(guard_std::metrics::ENDPOINT_DISCONNECTS, "key" => self.queue.to_string())
             .increment(0);
         loop {
-            let opened = session::until_done(
-                &self.options,
-                &control,
-                &label,
-                &self.counters,
-                &failures,
-                || self.open(),
-            )
-            .await?;
+            let opened =
+                session::until_done(&self.options, &control, &self.counters, &link, || {
+                    self.open()
+                })
+                .await?;
             let Attempt::Done((session, mut consumer)) = opened else {
                 break;
             };
@@ -257,12 +252,11 @@ impl WorkQueueConsumer {
                     self.counters.failed();
                     metrics::counter!(guard_std::metrics::ENDPOINT_DISCONNECTS, "key" => self.queue.to_string())
                         .increment(1);
-                    if let Some(held) = failures.admit() {
-                        log::warn!(
-                            "AMQP {label}: {e}; unacknowledged messages go back to the queue; reconnecting in {:?} ({held} more failures not logged)",
-                            self.options.reconnect_delay
-                        );
-                    }
+                    let then = format!(
+                        "unacknowledged messages go back to the queue; reconnecting in {:?}",
+                        self.options.reconnect_delay
+                    );
+                    link.down(&e, &then);
                     session::pause(&control, self.options.reconnect_delay).await;
                 }
             }

@@ -8,6 +8,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use crate::delivery::{ElectedLease, InHand, Unhandled, UnhandledReason, UnhandledSink};
+use crate::link::Link;
 use async_channel::Sender;
 use async_compat::Compat;
 use futures_lite::future;
@@ -87,6 +88,7 @@ impl Connection {
         self,
         filter: &str,
         lease: Option<(&ElectedLease, &UnhandledSink)>,
+        link: &Link,
         handler: &mut H,
         subscribed: Sender<Result<(), MqttError>>,
     ) -> Ended
@@ -134,6 +136,7 @@ impl Connection {
                             .all(|c| matches!(c, SubscribeReasonCode::Success(_)))
                         {
                             confirmed = true;
+                            link.up();
                             subscribed.try_send(Ok(())).ok();
                         } else {
                             let refused = MqttError::SubscriptionRefused {

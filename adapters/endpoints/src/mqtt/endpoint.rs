@@ -24,6 +24,7 @@ use crate::delivery::{
     self, Delivered, ElectedLease, Unhandled, UnhandledFn, UnhandledReason, UnhandledSink,
 };
 use crate::lease_thread::{self, StopOnDrop};
+use crate::link::Link;
 use crate::parameter::Parameter;
 
 /// An MQTT subscription served by one replica; see the crate
@@ -34,6 +35,7 @@ pub struct MqttEndpoint {
     guard: Option<ActiveRunner>,
     retry: RetryPolicy,
     unhandled: Option<UnhandledFn>,
+    link: Link,
 }
 
 impl std::fmt::Debug for MqttEndpoint {
@@ -44,6 +46,7 @@ impl std::fmt::Debug for MqttEndpoint {
             .field("guard", &self.guard)
             .field("retry", &self.retry)
             .field("unhandled", &self.unhandled.is_some())
+            .field("link", &self.link)
             .finish()
     }
 }
@@ -66,13 +69,23 @@ impl MqttEndpoint {
     /// An endpoint that always subscribes, with the original's retry
     /// policy for [`try_run`](Self::try_run).
     pub fn new(options: MqttOptions, subscription: Subscription) -> Self {
+        let link = Link::new(&format!("MQTT {}", subscription.topic_filter()));
         MqttEndpoint {
             options,
             subscription,
             guard: None,
             retry: RetryPolicy::new(),
             unhandled: None,
+            link,
         }
+    }
+
+    /// Reports the connection to `link` (see [`crate::link`]): down from
+    /// a failed connect, a refused subscription or a connection that
+    /// ended, up again at the next confirmed subscription.
+    pub fn with_link(mut self, link: Link) -> Self {
+        self.link = link;
+        self
     }
 
     /// How [`try_run`](Self::try_run) retries a failing handler before the
@@ -226,7 +239,7 @@ impl MqttEndpoint {
                 let (subscribed, _) = async_channel::bounded(1);
                 Err::<(), _>(
                     connection
-                        .serve(&filter, None, &mut handler, subscribed)
+                        .serve(&filter, None, &self.link, &mut handler, subscribed)
                         .await
                         .error,
                 )
@@ -236,7 +249,8 @@ impl MqttEndpoint {
                 Ok(())
             };
             if let Err(e) = future::or(stopped, attempt).await {
-                log::warn!("MQTT {filter}: {e}; reconnecting");
+                let then = format!("reconnecting in {:?}", self.options.reconnect_delay);
+                self.link.down(&e, &then);
                 future::or(control.stopped(), async {
                     CallerRuntime.sleep(self.options.reconnect_delay).await;
                 })
@@ -267,17 +281,20 @@ impl MqttEndpoint {
         let unhandled = UnhandledSink::new(&format!("MQTT {filter}"), &key, self.unhandled.clone());
         unhandled.register();
         let options = self.options.clone();
+        let link = self.link.clone();
         let (tx, rx) = async_channel::unbounded::<Option<Promotion>>();
         let elect = move || async move {
             let (promoted, demoted) = (tx.clone(), tx);
-            let options = &options;
+            let (options, link) = (&options, &link);
             runner
                 .run(
                     linked,
                     move |fence| {
                         let tx = promoted.clone();
                         async move {
-                            let connection = Connection::open(options).await?;
+                            let connection = Connection::open(options).await.inspect_err(|e| {
+                                link.down(e, "the promotion fails, the lease is released");
+                            })?;
                             let (confirm, confirmed) = async_channel::bounded(1);
                             // The receiver lives until the runner returns.
                             tx.send(Some((Box::new(connection), fence, confirm)))
@@ -330,6 +347,7 @@ impl MqttEndpoint {
                             .serve(
                                 &filter,
                                 Some((&ElectedLease::new(lease.clone(), fence, &key), &unhandled)),
+                                &self.link,
                                 &mut handler,
                                 confirm,
                             )
@@ -341,7 +359,7 @@ impl MqttEndpoint {
             .await;
             match next {
                 Next::Ended(ended) => {
-                    log::warn!("MQTT {filter}: {}", ended.error);
+                    self.link.down(&ended.error, "stepping down");
                     // An unconfirmed subscription failed the promotion
                     // already; a confirmed one that ended steps down.
                     if ended.confirmed {

@@ -5,17 +5,35 @@ use guard_std::run::CallerRuntime;
 use guard_std::run::{Control, Runtime as _};
 
 use super::{NatsError, NatsOptions};
+use crate::link::Link;
 
 pub(crate) use crate::runtime::on_tokio;
 
-/// One attempt to connect.
-pub(crate) async fn connect(options: &NatsOptions) -> Result<async_nats::Client, NatsError> {
+/// One attempt to connect; the client reports its own disconnections and
+/// reconnections after it to `link`.
+pub(crate) async fn connect(
+    options: &NatsOptions,
+    link: &Link,
+) -> Result<async_nats::Client, NatsError> {
+    let events = link.clone();
     let mut connect = async_nats::ConnectOptions::new()
         .connection_timeout(options.connect_timeout)
         // After the first connection the client reconnects by itself,
         // forever, and subscribes again; a pause between attempts keeps a
         // server that is down from being hammered.
-        .max_reconnects(None);
+        .max_reconnects(None)
+        .event_callback(move |event| {
+            let events = events.clone();
+            async move {
+                match event {
+                    async_nats::Event::Connected => events.up(),
+                    async_nats::Event::Disconnected => {
+                        events.down(&"disconnected", "the client reconnects by itself");
+                    }
+                    _ => {}
+                }
+            }
+        });
     if let Some(name) = &options.name {
         connect = connect.name(name);
     }
@@ -29,22 +47,23 @@ pub(crate) async fn connect(options: &NatsOptions) -> Result<async_nats::Client,
 pub(crate) async fn connect_until_stopped(
     options: &NatsOptions,
     control: &Control,
-    what: &str,
+    link: &Link,
 ) -> Option<async_nats::Client> {
-    let failures = guard_std::Throttle::new();
     while !control.is_stopped() {
-        let attempt = async { Some(connect(options).await) };
+        let attempt = async { Some(connect(options, link).await) };
         let stopped = async {
             control.stopped().await;
             None
         };
         match future::or(stopped, attempt).await {
             None => return None,
-            Some(Ok(client)) => return Some(client),
+            Some(Ok(client)) => {
+                link.up();
+                return Some(client);
+            }
             Some(Err(e)) => {
-                if let Some(held) = failures.admit() {
-                    log::warn!("{what}: {e}; trying again ({held} more not logged)");
-                }
+                let then = format!("trying again in {:?}", options.reconnect_delay);
+                link.down(&e, &then);
                 future::or(control.stopped(), async {
                     CallerRuntime.sleep(options.reconnect_delay).await;
                 })

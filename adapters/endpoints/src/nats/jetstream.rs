@@ -49,6 +49,7 @@ use super::{
     ORIGIN_SUBJECT, checked_subject, header_value,
 };
 use crate::deliver::{self, GaveUp};
+use crate::link::Link;
 use crate::parameter::Parameter;
 
 /// How long the server waits for an acknowledgement before it delivers a
@@ -168,6 +169,7 @@ pub struct JetStreamConsumer {
     redelivery_delay: Duration,
     retry: RetryPolicy,
     dead_letters: String,
+    link: Option<Link>,
 }
 
 impl fmt::Debug for JetStreamConsumer {
@@ -195,6 +197,7 @@ impl JetStreamConsumer {
         Ok(JetStreamConsumer {
             options,
             dead_letters: format!("dead-letters.{stream}"),
+            link: None,
             stream,
             subjects: Vec::new(),
             durable: checked_name(Parameter::DurableName, durable)?,
@@ -269,6 +272,13 @@ impl JetStreamConsumer {
     pub fn with_retry(mut self, policy: RetryPolicy) -> Result<Self, NatsError> {
         self.retry = deliver::checked(policy).map_err(NatsError::retry)?;
         Ok(self)
+    }
+
+    /// Reports the connection to `link` (see [`crate::link`]): down from
+    /// a failed connect, pull or disconnection, up again when connected.
+    pub fn with_link(mut self, link: Link) -> Self {
+        self.link = Some(link);
+        self
     }
 
     /// Dead letters go to `subject` (no wildcards, outside the stream's
@@ -346,12 +356,12 @@ impl JetStreamConsumer {
         let counters = Counters::default();
         let handler = RefCell::new(handler);
         let what = format!("jetstream {}/{}", self.stream, self.durable);
-        let Some(client) = connect_until_stopped(&self.options, &control, &what).await else {
+        let link = self.link.clone().unwrap_or_else(|| Link::new(&what));
+        let Some(client) = connect_until_stopped(&self.options, &control, &link).await else {
             return counters.stats();
         };
         // The context starts a task of its own, on tokio.
         let context = on_tokio(async { js::new(client) }).await;
-        let failures = guard_std::Throttle::new();
         // The delivery in the handler, for the progress reports.
         let in_flight: RefCell<Option<Rc<js::Message>>> = RefCell::new(None);
         let consume = async {
@@ -367,11 +377,13 @@ impl JetStreamConsumer {
                 })
                 .await;
                 let mut messages = match pulled {
-                    Ok(messages) => messages,
+                    Ok(messages) => {
+                        link.up();
+                        messages
+                    }
                     Err(e) => {
-                        if let Some(held) = failures.admit() {
-                            log::warn!("{what}: {e}; trying again ({held} more not logged)");
-                        }
+                        let then = format!("trying again in {:?}", self.options.reconnect_delay);
+                        link.down(&e, &then);
                         future::or(control.stopped(), async {
                             CallerRuntime.sleep(self.options.reconnect_delay).await;
                         })
@@ -390,6 +402,8 @@ impl JetStreamConsumer {
                         // Stopped.
                         Some(None) => return,
                         Some(Some(Ok(message))) => {
+                            // A pull that failed before has recovered.
+                            link.up();
                             let delivered = Rc::new(message);
                             *in_flight.borrow_mut() = Some(Rc::clone(&delivered));
                             let handled =
@@ -403,9 +417,7 @@ impl JetStreamConsumer {
                             // Missed heartbeats (a server restarting) and
                             // failed pulls: the pull stream asks again by
                             // itself; a deleted consumer needs preparing.
-                            if let Some(held) = failures.admit() {
-                                log::warn!("{what}: {e} ({held} more not logged)");
-                            }
+                            link.down(&e, "the pull asks again by itself");
                             if matches!(e.kind(), pull::MessagesErrorKind::ConsumerDeleted) {
                                 break;
                             }

@@ -22,6 +22,7 @@ use crate::delivery::{
     self, Delivered, ElectedLease, InHand, Unhandled, UnhandledFn, UnhandledReason, UnhandledSink,
 };
 use crate::elected::serve_while_leading;
+use crate::link::Link;
 use crate::parameter::Parameter;
 use crate::runtime::ActiveRunner;
 
@@ -84,6 +85,7 @@ pub struct NatsSubscriber {
     dead_letters: Option<String>,
     guard: Option<ActiveRunner>,
     unhandled: Option<UnhandledFn>,
+    link: Option<Link>,
 }
 
 impl fmt::Debug for NatsSubscriber {
@@ -111,6 +113,7 @@ impl NatsSubscriber {
             dead_letters: None,
             guard: None,
             unhandled: None,
+            link: None,
         })
     }
 
@@ -171,6 +174,13 @@ impl NatsSubscriber {
         self
     }
 
+    /// Reports the connection to `link` (see [`crate::link`]): down from
+    /// a failed connect or a disconnection, up again when connected.
+    pub fn with_link(mut self, link: Link) -> Self {
+        self.link = Some(link);
+        self
+    }
+
     /// The subject.
     pub fn subject(&self) -> &str {
         &self.subject
@@ -208,7 +218,8 @@ impl NatsSubscriber {
         );
         unhandled.register();
         let unhandled = &unhandled;
-        let Some(client) = connect_until_stopped(&self.options, &control, &what).await else {
+        let link = self.link.clone().unwrap_or_else(|| Link::new(&what));
+        let Some(client) = connect_until_stopped(&self.options, &control, &link).await else {
             return counters.stats();
         };
         match (&self.delivery, &self.guard) {

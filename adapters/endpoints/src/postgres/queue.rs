@@ -10,6 +10,8 @@ use async_compat::Compat;
 use futures_lite::future;
 use guard_core::retry::{Classifier, RetryPolicy};
 use guard_std::Throttle;
+
+use crate::link::Link;
 use guard_std::run::CallerRuntime;
 use guard_std::run::{Control, Runtime as _};
 use tokio_postgres::config::SslMode;
@@ -173,6 +175,7 @@ pub struct PgQueue {
     retry: RetryPolicy,
     max_deliveries: u32,
     reconnect_delay: Duration,
+    link: Option<Link>,
 }
 
 impl fmt::Debug for PgQueue {
@@ -246,6 +249,7 @@ impl PgQueue {
             retry: RetryPolicy::new(),
             max_deliveries: DEFAULT_MAX_DELIVERIES,
             reconnect_delay: DEFAULT_RECONNECT_DELAY,
+            link: None,
         })
     }
 
@@ -263,6 +267,13 @@ impl PgQueue {
         }
         self.batch = batch;
         Ok(self)
+    }
+
+    /// Reports the connection to `link` (see [`crate::link`]): down from
+    /// a failed connect or a session that ended, up again when connected.
+    pub fn with_link(mut self, link: Link) -> Self {
+        self.link = Some(link);
+        self
     }
 
     /// The wait after a round that claimed nothing.
@@ -488,6 +499,10 @@ impl PgQueue {
     {
         let mut stats = PgQueueStats::default();
         let failures = Throttle::new();
+        let link = self
+            .link
+            .clone()
+            .unwrap_or_else(|| Link::new(&format!("table {}", self.table)));
         let mut connected_before = false;
         while !control.is_stopped() {
             let session = async {
@@ -502,9 +517,9 @@ impl PgQueue {
                 let (client, connection) = connected?;
                 if connected_before {
                     stats.reconnects += 1;
-                    log::info!("table {}: connected again to {}", self.table, self.server);
                 }
                 connected_before = true;
+                link.up();
                 // The connection is driven here, beside the consumer, never
                 // spawned. When it ends it does not cut a handler short: the
                 // consumer's next statement fails on the closed client and
@@ -537,13 +552,8 @@ impl PgQueue {
             let ended = Compat::new(Box::pin(session)).await;
             if let Err(e) = ended {
                 // A server that is down fails every reconnect delay.
-                if let Some(held) = failures.admit() {
-                    log::warn!(
-                        "table {}: {e}; connecting again in {:?} ({held} more not logged)",
-                        self.table,
-                        self.reconnect_delay
-                    );
-                }
+                let then = format!("connecting again in {:?}", self.reconnect_delay);
+                link.down(&e, &then);
                 future::or(control.stopped(), async {
                     CallerRuntime.sleep(self.reconnect_delay).await;
                 })

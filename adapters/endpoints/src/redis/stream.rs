@@ -47,6 +47,7 @@ use guard_redis::{DeadLetter, RedisConnection, RedisGuardError, StreamDlq};
 
 use super::EndpointError;
 use crate::deliver;
+use crate::link::Link;
 use crate::parameter::Parameter;
 
 /// Entries read per round, new or claimed.
@@ -151,6 +152,7 @@ pub struct StreamConsumer {
     start: GroupStart,
     retry: RetryPolicy,
     dead_letters: Option<(StreamDlq, String)>,
+    link: Option<Link>,
 }
 
 impl fmt::Debug for StreamConsumer {
@@ -236,6 +238,7 @@ impl StreamConsumer {
             start: GroupStart::Beginning,
             retry: RetryPolicy::new(),
             dead_letters: None,
+            link: None,
         })
     }
 
@@ -268,6 +271,13 @@ impl StreamConsumer {
         }
         self.concurrency = concurrency;
         Ok(self)
+    }
+
+    /// Reports the connection to `link` (see [`crate::link`]): down from
+    /// a round that failed at Redis, up again at the next that did not.
+    pub fn with_link(mut self, link: Link) -> Self {
+        self.link = Some(link);
+        self
     }
 
     /// The wait after a round that found nothing.
@@ -553,7 +563,10 @@ impl StreamConsumer {
     {
         let mut stats = ConsumeStats::default();
         let mut group_ready = false;
-        let failures = guard_std::Throttle::new();
+        let link = self
+            .link
+            .clone()
+            .unwrap_or_else(|| Link::new(&format!("stream {} group {}", self.stream, self.group)));
         let mut next_claim = std::time::Instant::now();
         while !control.is_stopped() {
             let claim = std::time::Instant::now() >= next_claim;
@@ -571,7 +584,10 @@ impl StreamConsumer {
             // Boxed: the nested handler, retry and request futures are
             // deep, and a caller's future would carry all of them inline.
             let idle = match Box::pin(round).await {
-                Ok(handled) => handled == 0,
+                Ok(handled) => {
+                    link.up();
+                    handled == 0
+                }
                 Err(e) => {
                     // The group is gone (Redis lost its data: a restart
                     // without persistence, a failover to a replica that
@@ -582,13 +598,8 @@ impl StreamConsumer {
                         group_ready = false;
                     }
                     // A Redis that is down fails every poll interval.
-                    if let Some(held) = failures.admit() {
-                        log::warn!(
-                            "stream {} group {}: {e} ({held} more not logged)",
-                            self.stream,
-                            self.group
-                        );
-                    }
+                    let then = format!("trying again every {:?}", self.poll_interval);
+                    link.down(&e, &then);
                     true
                 }
             };

@@ -197,6 +197,9 @@ impl<R: Runtime> ActiveRunner<R> {
         let clock = &self.clock;
         let runtime = clock.runtime();
         let failures = Throttle::new();
+        // A promotion that fails every interval (a source that cannot
+        // connect) is one line per throttle interval, with the count.
+        let activations = Throttle::new();
         let ttl = self.timing.ttl();
         // From validated timing: the error type is `Infallible`.
         let Ok(mut machine) = ActiveGuard::new(self.timing, locker.can_renew(), clock.now());
@@ -364,8 +367,15 @@ impl<R: Runtime> ActiveRunner<R> {
                 }
                 Wake::Promoted(result) => {
                     callbacks.promoted = None;
-                    if let Err(e) = result {
-                        log::warn!("active guard {} activate: {e}", self.key);
+                    if let Err(e) = &result
+                        && let Some(held) = activations.admit()
+                    {
+                        log::warn!(
+                            "active guard {} activate: {e} ({held} more not logged)",
+                            self.key
+                        );
+                    }
+                    if result.is_err() {
                         // Demotes, then releases, if this leadership is
                         // still on; nothing once it has ended.
                         machine.handle_promote_failed(now);

@@ -37,7 +37,8 @@ pub(super) fn start(cx: Assembly<'_>, source: &AmqpSource) -> Result<Task, Gatew
     let scope = |kind: &str| elected_scope(built, kind, &name);
     let options = AmqpOptions::new(&source.url)
         .map_err(|e| context(e.into()))?
-        .with_connection_name(&format!("{name}-{identity}"));
+        .with_connection_name(&format!("{name}-{identity}"))
+        .with_link(cx.link);
     match &source.delivery {
         AmqpDelivery::WorkQueue {
             queue,

@@ -31,6 +31,7 @@ use guard_core::guard::ActiveConfig;
 use guard_core::lock::Scope;
 use guard_core::retry::Classifier;
 use guard_endpoints::delivery::{ElectedLease, Unhandled, UnhandledReason};
+use guard_endpoints::link::Link;
 use guard_endpoints::redis::StreamMessage;
 use guard_smol::Control;
 use guard_std::metered::MeteredDeadLetterQueue;
@@ -41,6 +42,7 @@ use crate::built::{Built, limiter};
 use crate::config::{Config, Endpoint, LimitKey, Source};
 use crate::error::GatewayError;
 use crate::event::{Content, Event};
+use crate::readiness::Readiness;
 
 /// A task of the replica.
 pub(crate) type Task = Pin<Box<dyn Future<Output = ()>>>;
@@ -335,6 +337,8 @@ struct Assembly<'a> {
     inbox: Arc<Inbox>,
     emit: Emit,
     control: Control,
+    /// Whether the source reaches its server, watched by `/readyz`.
+    link: Link,
 }
 
 /// An error of endpoint `name`, with its cause.
@@ -364,7 +368,10 @@ pub(crate) async fn start(
     identity: &str,
     control: Control,
     emit: Emit,
+    ready: &Readiness,
 ) -> Result<Task, GatewayError> {
+    let link = Link::new(&entry.name);
+    ready.watch(link.clone());
     let cx = Assembly {
         name: entry.name.clone(),
         identity,
@@ -374,6 +381,7 @@ pub(crate) async fn start(
         inbox: Arc::new(Inbox::new(built, entry)?),
         emit,
         control,
+        link,
     };
     match &entry.source {
         Source::RedisPubsub(source) => redis::pubsub(cx, source),

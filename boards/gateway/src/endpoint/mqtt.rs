@@ -29,7 +29,7 @@ pub(super) fn start(cx: Assembly<'_>, source: &MqttSource) -> Result<Task, Gatew
         MqttDelivery::Broadcast | MqttDelivery::Elected => Subscription::plain(&source.filter),
     }
     .map_err(|e| context(e.into()))?;
-    let mut endpoint = MqttEndpoint::new(options, subscription);
+    let mut endpoint = MqttEndpoint::new(options, subscription).with_link(cx.link);
     if source.delivery == MqttDelivery::Elected {
         let scope = scope("mqtt")?;
         endpoint = endpoint

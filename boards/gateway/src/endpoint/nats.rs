@@ -40,7 +40,8 @@ pub(super) fn subject(cx: Assembly<'_>, source: &NatsSource) -> Result<Task, Gat
     };
     let mut subscriber = NatsSubscriber::new(options, &source.subject, delivery)
         .and_then(|s| s.with_retry(source.retry))
-        .map_err(|e| context(e.into()))?;
+        .map_err(|e| context(e.into()))?
+        .with_link(cx.link);
     if let Some(subject) = &source.dead_letter_subject {
         subscriber = subscriber
             .with_dead_letters(subject)
@@ -83,7 +84,8 @@ pub(super) fn jetstream(cx: Assembly<'_>, source: &JetStreamSource) -> Result<Ta
         .and_then(|c| c.with_max_deliver(source.max_deliver))
         .and_then(|c| c.with_batch(source.batch))
         .and_then(|c| c.with_retry(source.retry))
-        .map_err(|e| context(e.into()))?;
+        .map_err(|e| context(e.into()))?
+        .with_link(cx.link);
     if let Some(subject) = &source.dead_letter_subject {
         consumer = consumer
             .with_dead_letters(subject)

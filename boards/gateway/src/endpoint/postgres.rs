@@ -25,7 +25,8 @@ pub(super) async fn start(cx: Assembly<'_>, source: &PgQueueSource) -> Result<Ta
         .and_then(|q| q.with_retry(source.retry))
         .and_then(|q| q.with_consumer_name(&format!("{name}-{identity}")))
         .map_err(|e| context(e.into()))?
-        .with_poll_interval(source.poll_interval);
+        .with_poll_interval(source.poll_interval)
+        .with_link(cx.link);
     if let Some(table) = &source.dead_letter_table {
         queue = queue
             .with_dead_letter_table(table)

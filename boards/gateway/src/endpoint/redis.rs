@@ -81,7 +81,8 @@ pub(super) async fn stream(cx: Assembly<'_>, source: &StreamSource) -> Result<Ta
         .with_claim_idle(source.claim_idle)
         .and_then(|c| c.with_batch(source.batch))
         .and_then(|c| c.with_concurrency(source.concurrency))
-        .map_err(|e| context(e.into()))?;
+        .map_err(|e| context(e.into()))?
+        .with_link(cx.link);
     if let Some(topic) = &source.dead_letter_topic {
         consumer = consumer
             .with_dead_letters(StreamDlq::new(conn), topic)

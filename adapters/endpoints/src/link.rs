@@ -1,0 +1,147 @@
+//! Whether a source reaches its server: what a replica's readiness is
+//! made of, and the one place a source's connection losses are counted
+//! and logged.
+//!
+//! Every source reports each failed connection (a connect refused, a
+//! subscription refused, a connection that ended) and each success to its
+//! [`Link`]: a failure is counted in `guard_source_disconnects_total{source}`,
+//! sets `guard_source_up{source}` to 0 and is logged at most once per
+//! interval with the count held back (a broker that is down for an hour
+//! is one line a minute, not one a second); the next success sets it back
+//! to 1 and is logged once. A link starts up: a source that has not tried
+//! yet (an elected standby, which subscribes only when it leads) is not
+//! failing.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use guard_std::Throttle;
+
+/// Failed connections of a source, by `source`.
+pub const SOURCE_DISCONNECTS: &str = "guard_source_disconnects_total";
+/// 1 while a source's last connection attempt succeeded (or none was
+/// made), 0 while it fails, by `source`.
+pub const SOURCE_UP: &str = "guard_source_up";
+
+/// A source's connection state, shared by the source and whoever reports
+/// readiness (cheap to clone).
+///
+/// ```
+/// use guard_endpoints::link::Link;
+///
+/// let link = Link::new("telemetry");
+/// assert!(link.is_up(), "nothing has failed yet");
+/// ```
+#[derive(Clone)]
+pub struct Link(Arc<Inner>);
+
+struct Inner {
+    name: String,
+    /// Whether it is down: read on every message of a source that reports
+    /// each one, so no lock is taken while it is up.
+    down: AtomicBool,
+    /// The last failure while the link is down.
+    failing: Mutex<Option<String>>,
+    throttle: Throttle,
+}
+
+impl fmt::Debug for Link {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Link")
+            .field("name", &self.0.name)
+            .field("failing", &self.failure())
+            .finish()
+    }
+}
+
+impl Link {
+    /// The link of source `name` (the label of its metrics), up, its
+    /// metrics published.
+    pub fn new(name: &str) -> Self {
+        metrics::counter!(SOURCE_DISCONNECTS, "source" => name.to_owned()).increment(0);
+        metrics::gauge!(SOURCE_UP, "source" => name.to_owned()).set(1.0);
+        Link(Arc::new(Inner {
+            name: name.to_owned(),
+            down: AtomicBool::new(false),
+            failing: Mutex::new(None),
+            throttle: Throttle::new(),
+        }))
+    }
+
+    /// The source's name.
+    pub fn name(&self) -> &str {
+        &self.0.name
+    }
+
+    /// Whether the source's last connection attempt succeeded, or none
+    /// has failed.
+    pub fn is_up(&self) -> bool {
+        !self.0.down.load(Ordering::Acquire)
+    }
+
+    /// The last failure while the link is down.
+    pub fn failure(&self) -> Option<String> {
+        self.0
+            .failing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// A connection (or subscription) is in place.
+    pub(crate) fn up(&self) {
+        if self.is_up() {
+            return;
+        }
+        self.0.down.store(false, Ordering::Release);
+        let was = self
+            .0
+            .failing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(failure) = was {
+            metrics::gauge!(SOURCE_UP, "source" => self.0.name.clone()).set(1.0);
+            log::info!("{}: connected again (after: {failure})", self.0.name);
+        }
+    }
+
+    /// A connection failed or ended with `error`; the source tries again
+    /// (`then` says how, for the log).
+    pub(crate) fn down(&self, error: &dyn fmt::Display, then: &str) {
+        let error = error.to_string();
+        metrics::counter!(SOURCE_DISCONNECTS, "source" => self.0.name.clone()).increment(1);
+        metrics::gauge!(SOURCE_UP, "source" => self.0.name.clone()).set(0.0);
+        if let Some(held) = self.0.throttle.admit() {
+            log::warn!(
+                "{}: {error}; {then} ({held} more failures not logged)",
+                self.0.name
+            );
+        }
+        *self
+            .0
+            .failing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(error);
+        self.0.down.store(true, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_link_is_down_from_a_failure_to_the_next_success() {
+        let link = Link::new("test");
+        assert!(link.is_up());
+        link.down(&"refused", "trying again");
+        link.down(&"refused again", "trying again");
+        assert_eq!(link.failure().as_deref(), Some("refused again"));
+        let shared = link.clone();
+        assert!(!shared.is_up(), "clones share the state");
+        link.up();
+        assert!(shared.is_up());
+    }
+}
