@@ -110,7 +110,14 @@ impl Mosquitto {
             AsyncClient, Event, Incoming, MqttOptions, QoS, TlsConfiguration, Transport,
         };
         let failed = |e: &dyn fmt::Display| HarnessError::NotReady(format!("publish: {e}"));
-        let mut options = MqttOptions::new("testkit-publisher", "127.0.0.1", self.port);
+        // A client id of its own for each call: a broker takes a second
+        // connection under one id over from the first, and resets the
+        // first if it is still open (a publish from another thread, or
+        // one whose DISCONNECT the broker has not read yet).
+        static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let id = format!("testkit-publisher-{}-{call}", std::process::id());
+        let mut options = MqttOptions::new(id, "127.0.0.1", self.port);
         if let Some(config) = &self.tls {
             options.set_transport(Transport::tls_with_config(TlsConfiguration::Rustls(
                 config.clone(),

@@ -523,3 +523,87 @@ async fn a_send_locker_s_calls_can_be_spawned() {
     let shared = Arc::new(SharedLocker::new(LocalLocker::new()));
     assert!(spawn_try_lock(shared, "k").await.unwrap());
 }
+
+/// Tokio's virtual time with a wall clock that can be stepped forward.
+#[derive(Clone)]
+struct SteppedWall {
+    tokio: Tokio,
+    ahead_ms: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl guard_std::run::Runtime for SteppedWall {
+    fn now(&self) -> std::time::Instant {
+        self.tokio.now()
+    }
+
+    fn wall(&self) -> guard_core::slot::UnixMillis {
+        let ahead = self.ahead_ms.load(std::sync::atomic::Ordering::Relaxed);
+        guard_core::slot::UnixMillis(self.tokio.wall().0 + ahead)
+    }
+
+    fn sleep_until(&self, at: std::time::Instant) -> impl std::future::Future<Output = ()> + Send {
+        self.tokio.sleep_until(at)
+    }
+}
+
+/// The stated behaviour of a wall clock that steps: slots are the
+/// replica's wall-clock times, so a replica whose clock steps forward 10 s
+/// runs the next slots up to 10 s before they are due on the true clock,
+/// never earlier than the step; the slot claim keeps each slot to one run
+/// across the replicas all the same.
+#[tokio::test(start_paused = true)]
+async fn a_wall_clock_stepped_forward_runs_slots_early_by_the_step_and_each_once() {
+    use guard_std::run::Runtime as _;
+    let config = GuardConfig::new().with_locker(SharedLocker::new(virtual_locker()));
+    let truth = Tokio::with_virtual_wall();
+    let ahead_ms = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let stepped = SteppedWall {
+        tokio: truth,
+        ahead_ms: ahead_ms.clone(),
+    };
+    // (replica, slot, true wall clock at the run), all in ms.
+    let runs: Arc<Mutex<Vec<(usize, u64, u64)>>> = Arc::default();
+    let every = Every::new(Duration::from_secs(60)).unwrap();
+    let job = |id: usize| {
+        let runs = runs.clone();
+        move |run: guard_std::run::JobRun| {
+            let runs = runs.clone();
+            async move {
+                runs.lock().unwrap().push((id, run.slot.0, truth.wall().0));
+            }
+        }
+    };
+    let mut normal = guard_std::run::Scheduler::with_runtime(config.clone(), truth);
+    normal.add_job("report", "", every, job(0)).unwrap();
+    let mut ahead = guard_std::run::Scheduler::with_runtime(config.clone(), stepped);
+    ahead.add_job("report", "", every, job(1)).unwrap();
+    let (h0, c0) = control();
+    let (h1, c1) = control();
+    let t0 = tokio::spawn(normal.run(c0));
+    let t1 = tokio::spawn(ahead.run(c1));
+    sleep(Duration::from_secs(600)).await;
+    ahead_ms.store(10_000, std::sync::atomic::Ordering::Relaxed);
+    sleep(Duration::from_secs(600)).await;
+    h0.stop();
+    h1.stop();
+    t0.await.unwrap();
+    t1.await.unwrap();
+    let runs = runs.lock().unwrap().clone();
+    let mut slots: Vec<u64> = runs.iter().map(|(_, slot, _)| *slot).collect();
+    slots.sort_unstable();
+    let distinct = slots.len();
+    slots.dedup();
+    assert_eq!(slots.len(), distinct, "a slot ran twice: {runs:?}");
+    assert!(distinct >= 19, "{distinct} slots in 20 minutes");
+    // Early by at most the step; the stepped replica took slots early.
+    let early: Vec<i64> = runs
+        .iter()
+        .map(|(_, slot, at)| *slot as i64 - *at as i64)
+        .collect();
+    assert!(early.iter().all(|e| *e <= 10_000), "{runs:?}");
+    assert!(
+        runs.iter()
+            .any(|(id, slot, at)| *id == 1 && slot - at >= 9_000),
+        "the stepped replica ran a slot about 10 s before it was due: {runs:?}"
+    );
+}
