@@ -32,6 +32,7 @@
 pub mod contract;
 pub mod etcd;
 mod faulty;
+pub mod http;
 pub mod mariadb;
 mod mosquitto;
 pub mod nats;
@@ -45,7 +46,10 @@ mod waiters;
 
 pub use faulty::{FaultyLocker, RenewFault};
 pub use mosquitto::Mosquitto;
-pub use process::{HarnessError, binary, find_binary, free_port, thread_names, wait_until};
+pub use process::{
+    HarnessError, KillOnDrop, binary, find_binary, free_port, holds_within, thread_names,
+    wait_until,
+};
 pub use redis::{RedisCluster, RedisSentinel, RedisServer, SENTINEL_SERVICE};
 pub use tls::TestCerts;
 pub use waiters::{Finished, finish_order};

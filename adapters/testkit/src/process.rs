@@ -114,6 +114,23 @@ fn ephemeral_low() -> Option<u32> {
         .ok()
 }
 
+/// A child process, killed (by PID) and reaped when dropped, even when
+/// the test fails.
+#[derive(Debug)]
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Whether `done` came to hold within `limit` (polled every 20 ms).
+pub fn holds_within(limit: Duration, done: impl FnMut() -> bool) -> bool {
+    wait_until("condition", limit, done).is_ok()
+}
+
 /// Polls `ready` every 20 ms until it holds or `timeout` passes.
 pub fn wait_until(
     what: &str,

@@ -10,8 +10,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use guard_testkit::Mosquitto;
+use guard_testkit::http::sample;
 use guard_testkit::nats::NatsServer;
-use guard_testkit::{RedisServer, free_port};
+use guard_testkit::{KillOnDrop as Process, RedisServer, free_port, holds_within as wait_for};
 
 const TTL_MS: u64 = 2_000;
 const INTERVAL_MS: u64 = 250;
@@ -53,15 +54,6 @@ name = "sensors"
     let path = dir.join(format!("gateway-{}.toml", metrics.unwrap_or(0)));
     std::fs::write(&path, text).unwrap();
     path
-}
-
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 fn start(id: usize, config: &std::path::Path, lines: &Lines) -> Process {
@@ -258,24 +250,7 @@ fn the_example_configuration_is_valid() {
 
 /// A GET of `path` on 127.0.0.1:`port`: the status line and the body.
 fn http_get(port: u16, path: &str) -> (String, String) {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("metrics endpoint");
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
-    (
-        head.lines().next().unwrap_or("").to_owned(),
-        body.to_owned(),
-    )
-}
-
-/// The value of the first sample of `series` (a metric name with its
-/// labels, as Prometheus prints them) in `text`.
-fn sample(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find(|l| l.starts_with(series))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
+    guard_testkit::http::get(port, path).expect("metrics endpoint")
 }
 
 fn run_command(args: &[&str], config: &std::path::Path) -> std::process::Output {
@@ -671,10 +646,6 @@ fn received(lines: &Lines, endpoint: &str) -> BTreeMap<String, Vec<usize>> {
         }
     }
     by
-}
-
-fn wait_for(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
-    guard_testkit::wait_until("condition", limit, &mut done).is_ok()
 }
 
 #[test]

@@ -58,7 +58,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::{Child, ChildStdout, Command, Stdio};
@@ -67,7 +67,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use guard_testkit::{Mosquitto, RedisServer, free_port};
+use guard_testkit::http::get as http_get;
+use guard_testkit::{Mosquitto, RedisServer, free_port, holds_within as wait_for};
 
 /// The variable that sets the soak's duration, in seconds.
 const DURATION_VARIABLE: &str = "GUARD_SOAK_SECS";
@@ -502,23 +503,6 @@ impl Drop for Replica {
     }
 }
 
-/// A GET of `path` on 127.0.0.1:`port`: the status line and the body,
-/// with timeouts so a stuck replica fails the call instead of the test
-/// hanging.
-fn http_get(port: u16, path: &str) -> std::io::Result<(String, String)> {
-    let address = SocketAddr::from(([127, 0, 0, 1], port));
-    let mut stream = TcpStream::connect_timeout(&address, Duration::from_secs(5))?;
-    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n")?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response)?;
-    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
-    Ok((
-        head.lines().next().unwrap_or_default().to_owned(),
-        body.to_owned(),
-    ))
-}
-
 /// The sum of the samples of metric `family` whose labels contain
 /// `label` (a lease key, `reason="demoted"`, ...) in Prometheus text.
 fn metric(text: &str, family: &str, label: &str) -> f64 {
@@ -538,20 +522,6 @@ fn pubsub_leader(replicas: &[Replica]) -> Option<usize> {
         r.metrics()
             .is_ok_and(|text| metric(&text, "guard_active_leader", ALERTS_KEY) == 1.0)
     })
-}
-
-/// Polls `done` every 50 ms until it holds or `limit` passes.
-fn wait_for(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
-    let start = Instant::now();
-    loop {
-        if done() {
-            return true;
-        }
-        if start.elapsed() > limit {
-            return false;
-        }
-        thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// Sleeps until `when` (at once if it has passed).

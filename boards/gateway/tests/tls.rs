@@ -7,27 +7,15 @@
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
 use guard_redis::RedisTls;
-use guard_testkit::{Mosquitto, RedisServer, TestCerts};
-
-/// A child process, killed (by PID) and reaped when dropped.
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn wait_for(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
-    guard_testkit::wait_until("condition", limit, &mut done).is_ok()
-}
+use guard_testkit::{
+    KillOnDrop as Process, Mosquitto, RedisServer, TestCerts, holds_within as wait_for,
+};
 
 fn config(redis_url: &str, ca: &std::path::Path, mqtt_port: u16) -> String {
     let ca = ca.display();
