@@ -82,6 +82,9 @@ fn main() -> ExitCode {
                 record.args()
             )
         })
+        // async-nats logs its connection attempts at debug with the
+        // server's URL whole, password included: never below info.
+        .filter_module("async_nats", log::LevelFilter::Info)
         .init();
     match cli.command {
         Command::Demo { replicas, seconds } => run_demo(replicas, seconds, status_line),
