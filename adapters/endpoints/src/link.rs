@@ -94,13 +94,17 @@ impl Link {
         if self.is_up() {
             return;
         }
-        self.0.down.store(false, Ordering::Release);
-        let was = self
-            .0
-            .failing
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
+        // The flag changes under the lock, as in `down`: the two never
+        // interleave into a link down with no failure or up with one.
+        let was = {
+            let mut failing = self
+                .0
+                .failing
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            self.0.down.store(false, Ordering::Release);
+            failing.take()
+        };
         if let Some(failure) = was {
             metrics::gauge!(SOURCE_UP, "source" => self.0.name.clone()).set(1.0);
             log::info!("{}: connected again (after: {failure})", self.0.name);
@@ -119,11 +123,12 @@ impl Link {
                 self.0.name
             );
         }
-        *self
+        let mut failing = self
             .0
             .failing
             .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(error);
+            .unwrap_or_else(PoisonError::into_inner);
+        *failing = Some(error);
         self.0.down.store(true, Ordering::Release);
     }
 }

@@ -1301,6 +1301,13 @@ fn mistakes_that_once_passed_check_are_refused_with_their_key() {
         let e = error_with_job(text);
         assert!(e.contains(&format!("`{key}`")), "{text:?}\n gave: {e}");
     }
+    // A container's name is a host name all the same.
+    assert!(
+        Config::from_toml(&format!(
+            "{JOB}[[endpoints]]\nname = \"m\"\nkind = \"mqtt\"\nhost = \"mqtt_broker\"\nfilter = \"t\"\n"
+        ))
+        .is_ok()
+    );
     // A long owner is blamed on the owner, not on the first schedule.
     let e = error_with_job(&format!("[guards]\nowner = \"{}\"\n", "o".repeat(5_000)));
     assert!(e.contains("`guards.owner`"), "{e}");

@@ -315,6 +315,8 @@ impl MqttEndpoint {
                     },
                     move |_reason| {
                         let tx = demoted.clone();
+                        // A standby connects to nothing: not failing.
+                        link.up();
                         async move {
                             tx.send(None).await.ok();
                         }

@@ -47,8 +47,9 @@ fn heap_slots<A: Algorithm, const S: usize>() -> Box<KeyedSlots<String, A, S>> {
 /// The keys are spread over shards of guard-core's [`Keyed`] table
 /// (`S` keys each, [`SHARD_KEYS`] by default), each behind its own mutex, so threads on
 /// different keys rarely contend. A shard's table is built when its first
-/// key arrives, so memory follows the keys: a limiter nothing uses costs a
-/// pointer a shard, and a full one `capacity` slots. Only keys whose state
+/// key arrives, so memory follows the keys: a limiter nothing uses costs
+/// each shard's header (its lock and one state of `A`), a full one
+/// `capacity` slots besides. Only keys whose state
 /// equals a new key's are ever replaced, and a full shard applies the
 /// [`FullPolicy`].
 ///

@@ -1165,12 +1165,15 @@ fn endpoint(
         raw::Endpoint::Mqtt(m) => {
             let host = expand(&key("host"), &m.host, env)?;
             let host = non_empty("host", &host, "the broker's host")?;
-            // A host name (ASCII letters, digits, `-` and `.`; an
-            // international name in its `xn--` form) or an IP address.
+            // A host name (ASCII letters, digits, `-`, `_` as container
+            // names have, and `.`; an international name in its `xn--`
+            // form) or an IP address.
             let name = |h: &str| {
                 h.split('.').all(|label| {
                     !label.is_empty()
-                        && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+                        && label
+                            .chars()
+                            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
                 })
             };
             if !(name(&host) || host.parse::<std::net::IpAddr>().is_ok()) {
