@@ -2,8 +2,8 @@
 //! configuration that loads builds its consumer. Refused, naming the
 //! feature, in a build without `amqp`.
 
+use super::check::{Env, expand, retry};
 use super::raw;
-use super::resolve::{Env, expand, retry};
 use super::{AmqpDelivery, AmqpSource, ConfigError, RedactedUrl, Source, invalid};
 
 /// `kind = "rabbitmq"`.
@@ -18,14 +18,14 @@ pub(super) fn source(
     };
     let refused = |field: &str, e: AmqpError| match e {
         AmqpError::InvalidInput { value, rule, .. } => {
-            super::resolve::refused(field, key, &value, &rule)
+            super::check::refused(field, key, &value, &rule)
         }
         other => invalid(key(field), "set", other.to_string()),
     };
     let url = RedactedUrl::new(expand(&key("url"), &r.url, env)?, &r.url);
     let options = AmqpOptions::new(&url).map_err(|e| match e {
         AmqpError::InvalidInput { rule, .. } => {
-            super::resolve::refused_url(&key("url"), &url, &r.url, &rule)
+            super::check::refused_url(&key("url"), &url, &r.url, &rule)
         }
         other => refused("url", other),
     })?;
@@ -105,5 +105,5 @@ pub(super) fn source(
     _env: Env<'_>,
 ) -> Result<Source, ConfigError> {
     retry(r.retries, r.retry_delay_ms, key)?;
-    Err(super::resolve::unsupported("rabbitmq", "amqp", key))
+    Err(super::check::unsupported("rabbitmq", "amqp", key))
 }

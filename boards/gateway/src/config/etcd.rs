@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
+use super::check::{Env, MAX_TIMEOUT_MS, bounded, expand};
 use super::raw;
-use super::resolve::{Env, MAX_TIMEOUT_MS, bounded, expand};
 use super::{ConfigError, EtcdLocker, Locker, invalid};
 use guard_endpoints::redacted;
 

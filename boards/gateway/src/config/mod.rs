@@ -44,6 +44,7 @@
 //! # Ok::<(), guard_gateway::config::ConfigError>(())
 //! ```
 
+mod check;
 mod connect;
 // Without its feature a kind is read, then refused.
 #[cfg_attr(not(feature = "amqp"), allow(dead_code, unused_imports))]

@@ -2,8 +2,8 @@
 //! a configuration that loads builds its reader. Refused, naming the
 //! feature, in a build without `mysql`.
 
+use super::check::{Env, expand, retry};
 use super::raw;
-use super::resolve::{Env, expand, retry};
 use super::{BinlogSource, BinlogStart, ConfigError, RedactedUrl, Source, invalid};
 
 /// `kind = "mysql-binlog"`.
@@ -13,12 +13,12 @@ pub(super) fn source(
     key: &dyn Fn(&str) -> String,
     env: Env<'_>,
 ) -> Result<Source, ConfigError> {
-    use super::resolve::refused_url;
+    use super::check::refused_url;
     use guard_endpoints::Parameter;
     use guard_endpoints::mysql::{BinlogError, BinlogReader};
     let refused = |field: &str, e: BinlogError| match e {
         BinlogError::InvalidInput { value, rule, .. } => {
-            super::resolve::refused(field, key, &value, &rule)
+            super::check::refused(field, key, &value, &rule)
         }
         other => invalid(key(field), "set", other.to_string()),
     };
@@ -80,5 +80,5 @@ pub(super) fn source(
     _env: Env<'_>,
 ) -> Result<Source, ConfigError> {
     retry(m.retries, m.retry_delay_ms, key)?;
-    Err(super::resolve::unsupported("mysql-binlog", "mysql", key))
+    Err(super::check::unsupported("mysql-binlog", "mysql", key))
 }

@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
+use super::check::{Env, MAX_BATCH, MAX_TIMEOUT_MS, bounded, expand, retry};
 use super::raw;
-use super::resolve::{Env, MAX_BATCH, MAX_TIMEOUT_MS, bounded, expand, retry};
 use super::{ConfigError, JetStreamSource, NatsDelivery, NatsSource, RedactedUrl, Source, invalid};
 
 /// The longest ack wait: an hour.
@@ -21,7 +21,7 @@ fn refused(
 ) -> ConfigError {
     match e {
         guard_endpoints::nats::NatsError::InvalidInput { value, rule, .. } => {
-            super::resolve::refused(field, key, &value, &rule)
+            super::check::refused(field, key, &value, &rule)
         }
         other => invalid(key(field), "set", other.to_string()),
     }
@@ -39,7 +39,7 @@ fn url(
     let url = RedactedUrl::new(expand(&key("url"), value, env)?, value);
     guard_endpoints::nats::NatsOptions::new(&url).map_err(|e| match e {
         NatsError::InvalidInput { rule, .. } => {
-            super::resolve::refused_url(&key("url"), &url, value, &rule)
+            super::check::refused_url(&key("url"), &url, value, &rule)
         }
         other => refused("url", key, other),
     })?;
@@ -182,7 +182,7 @@ pub(super) fn subject(
     _env: Env<'_>,
 ) -> Result<Source, ConfigError> {
     retry(n.retries, n.retry_delay_ms, key)?;
-    Err(super::resolve::unsupported("nats", "nats", key))
+    Err(super::check::unsupported("nats", "nats", key))
 }
 
 /// `kind = "nats-jetstream"`: refused in this build.
@@ -193,5 +193,5 @@ pub(super) fn jetstream(
     _env: Env<'_>,
 ) -> Result<Source, ConfigError> {
     retry(j.retries, j.retry_delay_ms, key)?;
-    Err(super::resolve::unsupported("nats-jetstream", "nats", key))
+    Err(super::check::unsupported("nats-jetstream", "nats", key))
 }

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
+use super::check::{Env, MAX_BATCH, MAX_TIMEOUT_MS, bounded, expand, retry};
 use super::raw;
-use super::resolve::{Env, MAX_BATCH, MAX_TIMEOUT_MS, bounded, expand, retry};
 use super::{ConfigError, PgQueueSource, RedactedUrl, Source, invalid};
 
 /// `kind = "postgres-queue"`.
@@ -21,7 +21,7 @@ pub(super) fn source(
     };
     let refused = |field: &str, e: PgQueueError| match e {
         PgQueueError::InvalidInput { value, rule, .. } => {
-            super::resolve::refused(field, key, &value, &rule)
+            super::check::refused(field, key, &value, &rule)
         }
         other => invalid(key(field), "set", other.to_string()),
     };
@@ -34,7 +34,7 @@ pub(super) fn source(
             parameter: guard_endpoints::Parameter::ServerUrl,
             rule,
             ..
-        } => super::resolve::refused_url(&key("url"), &url, &p.url, &rule),
+        } => super::check::refused_url(&key("url"), &url, &p.url, &rule),
         other => refused("url", other),
     })?;
     if let Some(table) = &p.dead_letter_table {
@@ -97,11 +97,7 @@ pub(super) fn source(
     _env: Env<'_>,
 ) -> Result<Source, ConfigError> {
     retry(p.retries, p.retry_delay_ms, key)?;
-    Err(super::resolve::unsupported(
-        "postgres-queue",
-        "postgres",
-        key,
-    ))
+    Err(super::check::unsupported("postgres-queue", "postgres", key))
 }
 
 /// `[locker] kind = "postgres"`: a lease table, checked with
@@ -112,7 +108,7 @@ pub(super) fn locker(l: &raw::Locker, env: Env<'_>) -> Result<super::Locker, Con
     let key = |field: &str| format!("locker.{field}");
     let refused = |field: &str, e: PgLockError| match e {
         PgLockError::InvalidInput { value, rule, .. } => {
-            super::resolve::refused(field, &key, &value, &rule)
+            super::check::refused(field, &key, &value, &rule)
         }
         other => invalid(key(field), "set", other.to_string()),
     };
@@ -163,7 +159,7 @@ pub(super) fn locker(l: &raw::Locker, env: Env<'_>) -> Result<super::Locker, Con
 /// `[locker] kind = "postgres"`: refused in this build.
 #[cfg(not(feature = "postgres"))]
 pub(super) fn locker(_l: &raw::Locker, _env: Env<'_>) -> Result<super::Locker, ConfigError> {
-    Err(super::resolve::unsupported(
+    Err(super::check::unsupported(
         "postgres",
         "postgres",
         &|field| format!("locker.{field}"),

@@ -9,11 +9,13 @@ use guard_core::limit::{LeakyBucket, Rate, SlidingWindow, TokenBucket};
 use guard_core::lock::{
     DEFAULT_PREFIX, KeyError, MAX_KEY_LEN, MAX_SCOPE_LEN, Scope, Ttl, once_key,
 };
-use guard_core::retry::RetryPolicy;
 use guard_core::slot::{Every, Schedule as _, UnixMillis};
 use guard_redis::Topology;
 use guard_std::CronSchedule;
 
+use super::check::{
+    Env, MAX_BATCH, MAX_LEASE_MS, MAX_TIMEOUT_MS, bounded, expand, printable, retry,
+};
 use super::raw;
 use super::tls::{self, TlsFiles, TlsKeys};
 use super::{
@@ -30,18 +32,14 @@ const MQTT_PORT: u16 = 1883;
 const MQTTS_PORT: u16 = 8883;
 /// How long a limited message waits by default before it is dead-lettered.
 const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(5);
-/// The stream consumer's defaults (the original's).
+/// The stream consumer's default claim idle (the original's).
 const DEFAULT_CLAIM_IDLE: Duration = Duration::from_secs(30);
-const DEFAULT_RETRIES: u32 = 3;
-const DEFAULT_RETRY_DELAY: Duration = Duration::from_millis(100);
 
 /// Upper bounds of durations, so that a typo (an extra digit, a value in
 /// the wrong unit) is an error rather than a job that never runs or a
 /// lease Redis cannot store.
 const MAX_PERIOD_MS: u64 = 366 * 24 * 3600 * 1000; // a year
 const MAX_ONCE_TTL_S: u64 = 366 * 24 * 3600; // a year
-pub(super) const MAX_LEASE_MS: u64 = 24 * 3600 * 1000; // a day
-pub(super) const MAX_TIMEOUT_MS: u64 = 3600 * 1000; // an hour
 const MAX_WINDOW_MS: u64 = 7 * 24 * 3600 * 1000; // a week
 /// A Redis locker's request timeout unless `request_timeout_ms` is set
 /// (the other kinds take their crate's own default).
@@ -49,90 +47,6 @@ const REDIS_LOCKER_TIMEOUT_MS: u64 = 500;
 const MAX_WAIT_MS: u64 = 24 * 3600 * 1000; // a day
 const MAX_PAYLOAD_BYTES: u64 = 512 << 20; // Redis's own limit for a value
 const MAX_QUEUE: u64 = 1 << 20; // messages; a GiB at a KiB each
-pub(super) const MAX_BATCH: u64 = 10_000; // entries a round: one reply of a few MiB
-
-/// The retry policy of `retries` and `retry_delay_ms` (the original's
-/// defaults), the delay bounded.
-pub(super) fn retry(
-    retries: Option<u32>,
-    delay_ms: Option<u64>,
-    key: &dyn Fn(&str) -> String,
-) -> Result<RetryPolicy, ConfigError> {
-    if let Some(ms) = delay_ms {
-        bounded(&key("retry_delay_ms"), ms, MAX_TIMEOUT_MS, "milliseconds")?;
-    }
-    Ok(RetryPolicy::new()
-        .with_max_attempts(retries.unwrap_or(DEFAULT_RETRIES))
-        .with_initial_delay(delay_ms.map_or(DEFAULT_RETRY_DELAY, Duration::from_millis)))
-}
-
-/// The refusal of an endpoint kind whose feature this build lacks.
-#[allow(dead_code)] // Used only in builds without some source's feature.
-pub(super) fn unsupported(kind: &str, feature: &str, key: &dyn Fn(&str) -> String) -> ConfigError {
-    invalid(
-        key("kind"),
-        format!("{kind:?}"),
-        format!("a gateway built with its `{feature}` feature"),
-    )
-}
-
-/// A builder's refusal (`value` breaks `rule`) as the configuration key
-/// `field` that gave the value.
-#[allow(dead_code)] // Used only in builds with some source's feature.
-pub(super) fn refused(
-    field: &str,
-    key: &dyn Fn(&str) -> String,
-    value: &str,
-    rule: &str,
-) -> ConfigError {
-    invalid(key(field), format!("{value:?}"), rule)
-}
-
-/// `url`'s refusal by its endpoint's builder (`rule`) as the
-/// configuration key `key`: the URL named as written with its password
-/// hidden, never as expanded (a `${NAME}` may hold a secret, and the
-/// builder's own error names the URL it was given).
-#[allow(dead_code)] // Used only in builds with some source's feature.
-pub(super) fn refused_url(
-    key: &str,
-    url: &RedactedUrl,
-    as_written: &str,
-    rule: &str,
-) -> ConfigError {
-    let expanded = if url.as_str() == as_written {
-        ""
-    } else {
-        " (after expanding the environment variables, whose values are not shown)"
-    };
-    invalid(key, format!("{url:?}"), format!("{rule}{expanded}"))
-}
-
-pub(super) type Env<'e> = &'e dyn Fn(&str) -> Option<String>;
-
-/// `value` if it is in `1..=max`, else an error naming `key`.
-pub(super) fn bounded(key: &str, value: u64, max: u64, unit: &str) -> Result<u64, ConfigError> {
-    if value == 0 || value > max {
-        return Err(invalid(
-            key,
-            value,
-            format!("a positive number of {unit}, at most {max}"),
-        ));
-    }
-    Ok(value)
-}
-
-/// A name that ends up in keys, client ids and printed lines: no control
-/// characters (a newline would break a log line, a NUL a Redis key).
-fn printable(key: &str, value: &str) -> Result<(), ConfigError> {
-    if value.chars().any(char::is_control) {
-        return Err(invalid(
-            key,
-            format!("{value:?}"),
-            "no control characters (newlines, tabs, NUL)",
-        ));
-    }
-    Ok(())
-}
 
 /// Checks that `scope`, with a delivery key as long as a slot's, still
 /// fits the guards' key limit, so a name that is too long is refused here
@@ -286,41 +200,6 @@ pub(super) fn config(
         endpoints,
         metrics,
     })
-}
-
-/// `value` with every `${NAME}` replaced from `env`.
-pub(super) fn expand(key: &str, value: &str, env: Env<'_>) -> Result<String, ConfigError> {
-    let mut out = String::new();
-    let mut rest = value;
-    while let Some(start) = rest.find("${") {
-        let Some(len) = rest[start + 2..].find('}') else {
-            return Err(invalid(
-                key,
-                format!("{value:?}"),
-                "`${NAME}` closed by `}`",
-            ));
-        };
-        let name = &rest[start + 2..start + 2 + len];
-        if name.is_empty() {
-            return Err(invalid(
-                key,
-                format!("{value:?}"),
-                "a variable name inside `${}`",
-            ));
-        }
-        let found = env(name).ok_or_else(|| {
-            invalid(
-                key,
-                format!("{value:?}"),
-                format!("the environment variable {name} to be set"),
-            )
-        })?;
-        out.push_str(&rest[..start]);
-        out.push_str(&found);
-        rest = &rest[start + 3 + len..];
-    }
-    out.push_str(rest);
-    Ok(out)
 }
 
 /// A Redis URL, expanded and checked (scheme, host, port).
