@@ -21,6 +21,11 @@
 //!   leads again: the new lease reads with a subscription of its own);
 //! - at most one subscription is open at a time.
 //!
+//! The source's [`Link`] follows the promotions: a failed `open` is a
+//! failed connection (down, counted, logged once per interval), a
+//! successful one is up, and a demotion is up too (a standby connects to
+//! nothing, so it is not failing).
+//!
 //! Messages published while no replica is subscribed (a takeover) reach
 //! nobody: the guard removes duplicate consumption, it adds no
 //! persistence.
@@ -33,6 +38,7 @@ use guard_std::run::Control;
 
 use crate::delivery::ElectedLease;
 use crate::lease_thread::{self, StopOnDrop};
+use crate::link::Link;
 use crate::runtime::ActiveRunner;
 
 /// What woke the serving side.
@@ -50,11 +56,12 @@ enum Next<S> {
 /// caller's task until it ends or a demotion drops it. `open` is given
 /// the new lease's fence (the [`LeaseCheck`] shows it only once the
 /// promotion succeeded). `what` names the source in logs and the lease
-/// thread.
+/// thread, and `link` takes each promotion's connection.
 pub(crate) async fn serve_while_leading<S, E, Open, OpenFut, Serve, ServeFut>(
     runner: &ActiveRunner,
     control: Control,
     what: &str,
+    link: &Link,
     open: Open,
     mut serve: Serve,
 ) where
@@ -74,16 +81,20 @@ pub(crate) async fn serve_while_leading<S, E, Open, OpenFut, Serve, ServeFut>(
     let lease = runner.lease_check();
     let key = runner.key().to_owned();
     let (tx, rx) = async_channel::unbounded::<Option<(S, u64)>>();
+    let link = link.clone();
     let elect = move || async move {
         let (promoted, demoted) = (tx.clone(), tx);
-        let open = &open;
+        let (open, link) = (&open, &link);
         runner
             .run(
                 linked,
                 move |fence| {
                     let tx = promoted.clone();
                     async move {
-                        let subscription = open(fence).await?;
+                        let subscription = open(fence).await.inspect_err(|e| {
+                            link.down(e, "the promotion fails, the lease is released");
+                        })?;
+                        link.up();
                         // The receiver lives until this runner returns.
                         tx.send(Some((subscription, fence))).await.ok();
                         Ok::<(), E>(())
@@ -91,6 +102,8 @@ pub(crate) async fn serve_while_leading<S, E, Open, OpenFut, Serve, ServeFut>(
                 },
                 move |_reason| {
                     let tx = demoted.clone();
+                    // A standby connects to nothing: not failing.
+                    link.up();
                     async move {
                         tx.send(None).await.ok();
                     }

@@ -10,7 +10,9 @@
 //! is one line a minute, not one a second); the next success sets it back
 //! to 1 and is logged once. A link starts up: a source that has not tried
 //! yet (an elected standby, which subscribes only when it leads) is not
-//! failing.
+//! failing. A source that ends while it should run (a declaration the
+//! server refuses for good, a subscription that cannot be made) is
+//! [`Link::stopped`]: down for good, whatever its connection does after.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -41,6 +43,9 @@ struct Inner {
     /// Whether it is down: read on every message of a source that reports
     /// each one, so no lock is taken while it is up.
     down: AtomicBool,
+    /// Whether the source has stopped while it should run: no later
+    /// success (a client's own reconnection) sets the link up again.
+    stopped: AtomicBool,
     /// The last failure while the link is down.
     failing: Mutex<Option<String>>,
     throttle: Throttle,
@@ -64,6 +69,7 @@ impl Link {
         Link(Arc::new(Inner {
             name: name.to_owned(),
             down: AtomicBool::new(false),
+            stopped: AtomicBool::new(false),
             failing: Mutex::new(None),
             throttle: Throttle::new(),
         }))
@@ -102,6 +108,10 @@ impl Link {
                 .failing
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
+            // A stopped source stays down (set under this lock).
+            if self.0.stopped.load(Ordering::Acquire) {
+                return;
+            }
             self.0.down.store(false, Ordering::Release);
             failing.take()
         };
@@ -131,6 +141,29 @@ impl Link {
         *failing = Some(error);
         self.0.down.store(true, Ordering::Release);
     }
+
+    /// The source stopped while it should run, for `why` (which no retry
+    /// fixes): the link is down for good, counted once and logged at
+    /// error, so a replica whose endpoint ended is not ready.
+    pub fn stopped(&self, why: &dyn fmt::Display) {
+        let failure = format!("stopped: {why}");
+        metrics::counter!(SOURCE_DISCONNECTS, "source" => self.0.name.clone()).increment(1);
+        metrics::gauge!(SOURCE_UP, "source" => self.0.name.clone()).set(0.0);
+        log::error!("{}: {failure}", self.0.name);
+        let mut failing = self
+            .0
+            .failing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        *failing = Some(failure);
+        self.0.stopped.store(true, Ordering::Release);
+        self.0.down.store(true, Ordering::Release);
+    }
+
+    /// Whether the source has stopped for good ([`Link::stopped`]).
+    pub fn has_stopped(&self) -> bool {
+        self.0.stopped.load(Ordering::Acquire)
+    }
 }
 
 #[cfg(test)]
@@ -148,5 +181,18 @@ mod tests {
         assert!(!shared.is_up(), "clones share the state");
         link.up();
         assert!(shared.is_up());
+    }
+
+    #[test]
+    fn a_stopped_link_stays_down_whatever_succeeds_after() {
+        let link = Link::new("test");
+        link.stopped(&"queue declaration refused");
+        link.up();
+        assert!(!link.is_up());
+        assert!(link.has_stopped());
+        assert_eq!(
+            link.failure().as_deref(),
+            Some("stopped: queue declaration refused")
+        );
     }
 }

@@ -185,7 +185,7 @@ pub async fn run(
             }
         }));
     }
-    tasks.push(executor.spawn(scheduler.run(control)));
+    tasks.push(executor.spawn(scheduler.run(control.clone())));
     // Everything is connected and the locker has answered.
     ready.set_started(true);
     executor
@@ -193,6 +193,10 @@ pub async fn run(
             for task in tasks {
                 task.await;
             }
+            // A replica runs until it is stopped, even when every task has
+            // ended (an endpoint refused for good, nothing scheduled): it
+            // keeps answering `/readyz` with what ended.
+            control.stopped().await;
         })
         .await;
     ready.set_started(false);

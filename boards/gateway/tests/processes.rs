@@ -2108,3 +2108,82 @@ fn an_unreachable_broker_makes_the_replica_not_ready_counted_and_logged_once_per
         http_get(metrics, "/readyz")
     );
 }
+
+/// An endpoint whose task ends while the replica runs (here a RabbitMQ
+/// queue declared before with other properties, which the broker refuses
+/// for good) leaves the replica not ready, naming the endpoint and why,
+/// with the refusal logged; its source is counted down.
+#[test]
+fn an_endpoint_that_ends_while_the_replica_runs_makes_it_not_ready() {
+    use lapin::options::QueueDeclareOptions;
+    use lapin::types::FieldTable;
+    use lapin::{Connection, ConnectionProperties};
+
+    let server = RedisServer::start().expect("redis-server");
+    let vhost = guard_testkit::rabbitmq::Vhost::create().expect("a RabbitMQ vhost");
+    // `orders` exists, not durable: the gateway's durable declaration of
+    // it is refused (PRECONDITION_FAILED), which no reconnection fixes.
+    let amqp = smol::block_on(Connection::connect(
+        &vhost.url(),
+        ConnectionProperties::default(),
+    ))
+    .expect("amqp connect");
+    let channel = smol::block_on(amqp.create_channel()).unwrap();
+    smol::block_on(channel.queue_declare(
+        "orders".into(),
+        QueueDeclareOptions {
+            durable: false,
+            ..Default::default()
+        },
+        FieldTable::default(),
+    ))
+    .unwrap();
+    let metrics = free_port().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("refused.toml");
+    std::fs::write(
+        &path,
+        base_config(&server.url())
+            + &format!(
+                "\n[[endpoints]]\nname = \"orders\"\nkind = \"rabbitmq\"\nurl = \"{}\"\nqueue = \"orders\"\n\n[metrics]\nprometheus = \"127.0.0.1:{metrics}\"\n",
+                vhost.url()
+            ),
+    )
+    .unwrap();
+    let log_path = dir.path().join("stderr.log");
+    let child = Command::new(env!("CARGO_BIN_EXE_guard-gateway"))
+        .args(["run", "--config"])
+        .arg(&path)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .unwrap();
+    let mut process = Process(child);
+    let refused = || {
+        guard_testkit::http::get(metrics, "/readyz").is_ok_and(|(status, body)| {
+            status.contains("503") && body.contains("endpoint orders: stopped")
+        })
+    };
+    assert!(
+        wait_for(Duration::from_secs(20), refused),
+        "ready with a dead endpoint: {:?} (exited: {:?})\n{}",
+        guard_testkit::http::get(metrics, "/readyz"),
+        process.0.try_wait(),
+        std::fs::read_to_string(&log_path).unwrap_or_default()
+    );
+    // It stays so: nothing the connection does after sets it up again.
+    thread::sleep(Duration::from_secs(2));
+    assert!(refused(), "{:?}", http_get(metrics, "/readyz"));
+    let (_, text) = http_get(metrics, "/metrics");
+    assert_eq!(
+        sample(&text, "guard_source_up{source=\"orders\"}"),
+        Some(0.0),
+        "{text}"
+    );
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    assert!(
+        log.contains("PRECONDITION_FAILED") || log.contains("inequivalent"),
+        "the refusal is logged:\n{log}"
+    );
+}

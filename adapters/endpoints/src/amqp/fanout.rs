@@ -340,13 +340,10 @@ impl FanoutConsumer {
         let label = format!("exchange {} (lease {key})", self.exchange);
         // Declared before the election, so a refusal is returned rather
         // than failing every promotion.
-        let declared = session::until_done(
-            &self.options,
-            &control,
-            &self.counters,
-            &self.options.link(&label),
-            || self.declare(),
-        )
+        let link = self.options.link(&label);
+        let declared = session::until_done(&self.options, &control, &self.counters, &link, || {
+            self.declare()
+        })
         .await?;
         if let Attempt::Stopped = declared {
             return Ok(self.stats());
@@ -377,13 +374,11 @@ impl FanoutConsumer {
                         &unhandled,
                     )
                     .await;
-                    match &subscribed {
-                        Ok(_) => {
-                            if counters.connected() {
-                                log::info!("AMQP {label}: connected again");
-                            }
-                        }
-                        Err(_) => counters.failed(),
+                    // The link logs the connection coming back, once.
+                    if subscribed.is_ok() {
+                        counters.connected();
+                    } else {
+                        counters.failed();
                     }
                     subscribed
                 }
@@ -418,8 +413,15 @@ impl FanoutConsumer {
             }
             // Returning steps down, which releases the lease.
         };
-        elected::serve_while_leading(runner, control, &format!("AMQP {label}"), open, serve_one)
-            .await;
+        elected::serve_while_leading(
+            runner,
+            control,
+            &format!("AMQP {label}"),
+            &link,
+            open,
+            serve_one,
+        )
+        .await;
         Ok(self.stats())
     }
 

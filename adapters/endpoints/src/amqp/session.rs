@@ -232,7 +232,10 @@ where
                 link.up();
                 return Ok(Attempt::Done(done));
             }
-            Some(Err(e)) if e.is_refused_declaration() => return Err(e),
+            Some(Err(e)) if e.is_refused_declaration() => {
+                link.stopped(&e);
+                return Err(e);
+            }
             Some(Err(e)) => {
                 counters.failed();
                 let then = format!("trying again every {:?}", options.reconnect_delay);

@@ -26,6 +26,7 @@ use super::{
 use crate::deliver::{self, GaveUp};
 use crate::delivery::{self, Delivered, ElectedLease, UnhandledReason};
 use crate::elected::serve_while_leading;
+use crate::link::Link;
 use crate::parameter::{Parameter, redacted};
 use crate::runtime::ActiveRunner;
 use crate::runtime::on_tokio;
@@ -137,6 +138,7 @@ pub struct BinlogReader {
     request_timeout: Duration,
     heartbeat: Duration,
     runner: ActiveRunner,
+    link: Option<Link>,
 }
 
 impl fmt::Debug for BinlogReader {
@@ -220,6 +222,7 @@ impl BinlogReader {
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             heartbeat: DEFAULT_HEARTBEAT,
             runner: ActiveRunner::new(config, scope).map_err(BinlogError::Guard)?,
+            link: None,
         })
     }
 
@@ -360,6 +363,14 @@ impl BinlogReader {
         Ok(self)
     }
 
+    /// Reports the connection to `link` (see [`crate::link`]): down from
+    /// a promotion whose stream cannot be opened, up from one that opens
+    /// it or a demotion (a standby reads nothing).
+    pub fn with_link(mut self, link: Link) -> Self {
+        self.link = Some(link);
+        self
+    }
+
     /// How long the stream waits for an event, a heartbeat included,
     /// before its connection is taken for dead:
     /// [`HEARTBEATS_BEFORE_DEAD`](super::HEARTBEATS_BEFORE_DEAD) heartbeat
@@ -417,7 +428,8 @@ impl BinlogReader {
         };
         let (handler, counters) = (&handler, &counters);
         let serve = move |opened, lease| self.serve(opened, lease, classifier, handler, counters);
-        serve_while_leading(&self.runner, control, &what, open, serve).await;
+        let link = self.link.clone().unwrap_or_else(|| Link::new(&what));
+        serve_while_leading(&self.runner, control, &what, &link, open, serve).await;
         counters.stats()
     }
 

@@ -224,7 +224,7 @@ impl NatsSubscriber {
         };
         match (&self.delivery, &self.guard) {
             (Delivery::Elected, None) => {
-                log::error!("{what}: an elected subscriber needs with_guard; not subscribing");
+                link.stopped(&"an elected subscriber needs with_guard; not subscribing");
             }
             (Delivery::Elected, Some(runner)) => {
                 let (subject, opener) = (self.subject.clone(), client.clone());
@@ -257,7 +257,7 @@ impl NatsSubscriber {
                         unhandled,
                     )
                 };
-                serve_while_leading(runner, control, &what, open, serve).await;
+                serve_while_leading(runner, control, &what, &link, open, serve).await;
             }
             (delivery, _) => {
                 let subscribed = on_tokio(async {
@@ -279,7 +279,7 @@ impl NatsSubscriber {
                         );
                         future::or(control.stopped(), serve).await;
                     }
-                    Err(e) => log::error!("{what}: {e}"),
+                    Err(e) => link.stopped(&e),
                 }
             }
         }

@@ -372,6 +372,7 @@ pub(crate) async fn start(
 ) -> Result<Task, GatewayError> {
     let link = Link::new(&entry.name);
     ready.watch(link.clone());
+    let (watched, stop) = (link.clone(), control.clone());
     let cx = Assembly {
         name: entry.name.clone(),
         identity,
@@ -383,7 +384,7 @@ pub(crate) async fn start(
         control,
         link,
     };
-    match &entry.source {
+    let task = match &entry.source {
         Source::RedisPubsub(source) => redis::pubsub(cx, source),
         Source::RedisStream(source) => redis::stream(cx, source).await,
         Source::Mqtt(source) => mqtt::start(cx, source),
@@ -397,7 +398,16 @@ pub(crate) async fn start(
         Source::PostgresQueue(source) => postgres::start(cx, source).await,
         #[cfg(feature = "mysql")]
         Source::MysqlBinlog(source) => mysql::start(cx, source),
-    }
+    }?;
+    // An endpoint runs until the replica stops; one that ends before
+    // (a declaration refused for good, a subscription that cannot be
+    // made) leaves the replica not ready, whatever the source reported.
+    Ok(Box::pin(async move {
+        task.await;
+        if !stop.is_stopped() && !watched.has_stopped() {
+            watched.stopped(&"the endpoint ended while the replica runs (see the lines above)");
+        }
+    }))
 }
 
 /// What `check` prints of `source`'s kind and delivery (no URLs: they

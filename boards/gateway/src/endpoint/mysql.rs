@@ -28,7 +28,8 @@ pub(super) fn start(cx: Assembly<'_>, source: &BinlogSource) -> Result<Task, Gat
         .with_start(match source.start {
             BinlogStart::Current => Start::Current,
             BinlogStart::Beginning => Start::Beginning,
-        });
+        })
+        .with_link(cx.link);
     if let Some(id) = source.server_id {
         reader = reader.with_server_id(id).map_err(|e| context(e.into()))?;
     }
