@@ -23,8 +23,8 @@
 //!
 //! The source's [`Link`] follows the promotions: a failed `open` is a
 //! failed connection (down, counted, logged once per interval), a
-//! successful one is up, and a demotion is up too (a standby connects to
-//! nothing, so it is not failing).
+//! successful one is up, and a demotion other than that failure is up too
+//! (a standby connects to nothing, so it is not failing).
 //!
 //! Messages published while no replica is subscribed (a takeover) reach
 //! nobody: the guard removes duplicate consumption, it adds no
@@ -35,6 +35,8 @@ use std::future::Future;
 
 use futures_lite::future;
 use guard_std::run::Control;
+
+use guard_core::guard::DemoteReason;
 
 use crate::delivery::ElectedLease;
 use crate::lease_thread::{self, StopOnDrop};
@@ -100,10 +102,13 @@ pub(crate) async fn serve_while_leading<S, E, Open, OpenFut, Serve, ServeFut>(
                         Ok::<(), E>(())
                     }
                 },
-                move |_reason| {
+                move |reason| {
                     let tx = demoted.clone();
-                    // A standby connects to nothing: not failing.
-                    link.up();
+                    // A standby connects to nothing: not failing, unless
+                    // its last attempt (this promotion) failed.
+                    if reason != DemoteReason::PromoteFailed {
+                        link.up();
+                    }
                     async move {
                         tx.send(None).await.ok();
                     }
@@ -153,5 +158,88 @@ pub(crate) async fn serve_while_leading<S, E, Open, OpenFut, Serve, ServeFut>(
     // The runner has returned once the channel closed.
     if !task.join().await {
         log::error!("{what}: its lease thread panicked");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::time::{Duration, Instant};
+
+    use guard_core::guard::ActiveConfig;
+    use guard_core::lock::Ttl;
+    use guard_std::{GuardConfig, LocalLocker, SharedLocker};
+
+    use super::*;
+
+    /// Polls `done` every 10 ms for up to `limit`.
+    fn within(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            if done() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        done()
+    }
+
+    #[test]
+    fn failed_promotions_take_the_link_down_and_the_first_that_opens_brings_it_up() {
+        let config = GuardConfig::new().with_locker(SharedLocker::new(LocalLocker::new()));
+        let scope = config.scope("endpoint/test").unwrap();
+        let ttl = Duration::from_millis(300);
+        let runner = ActiveRunner::new(&config, &scope)
+            .unwrap()
+            .with_settings(
+                ActiveConfig::new()
+                    .with_ttl(Ttl::new(ttl).unwrap())
+                    .with_interval(ttl / 3),
+            )
+            .unwrap();
+        let link = Link::new("elected-test");
+        // The first three promotions cannot subscribe; the fourth can.
+        let attempts = Arc::new(AtomicU32::new(0));
+        let open = {
+            let attempts = attempts.clone();
+            move |_fence| {
+                let n = attempts.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    if n < 3 {
+                        Err("subscription refused")
+                    } else {
+                        Ok(())
+                    }
+                }
+            }
+        };
+        let (handle, control) = guard_smol::control();
+        let serving = {
+            let link = link.clone();
+            std::thread::spawn(move || {
+                smol::block_on(serve_while_leading(
+                    &runner,
+                    control,
+                    "elected-test",
+                    &link,
+                    open,
+                    |(), _lease| future::pending::<()>(),
+                ))
+            })
+        };
+        assert!(
+            within(Duration::from_secs(10), || link.failure().as_deref()
+                == Some("subscription refused")),
+            "a failed promotion is a failed connection: {link:?}"
+        );
+        assert!(
+            within(Duration::from_secs(10), || attempts.load(Ordering::SeqCst)
+                >= 4
+                && link.is_up()),
+            "the promotion that opened brings the link up: {link:?}"
+        );
+        handle.stop();
+        serving.join().unwrap();
     }
 }

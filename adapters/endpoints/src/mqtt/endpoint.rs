@@ -9,7 +9,7 @@ use std::cell::RefCell;
 use std::fmt;
 
 use futures_lite::future;
-use guard_core::guard::ActiveConfig;
+use guard_core::guard::{ActiveConfig, DemoteReason};
 use guard_core::lock::Scope;
 use guard_core::retry::{Classifier, RetryPolicy};
 use guard_std::run::Control;
@@ -313,10 +313,13 @@ impl MqttEndpoint {
                             .await
                         }
                     },
-                    move |_reason| {
+                    move |reason| {
                         let tx = demoted.clone();
-                        // A standby connects to nothing: not failing.
-                        link.up();
+                        // A standby connects to nothing: not failing,
+                        // unless its last attempt (this promotion) failed.
+                        if reason != DemoteReason::PromoteFailed {
+                            link.up();
+                        }
                         async move {
                             tx.send(None).await.ok();
                         }
