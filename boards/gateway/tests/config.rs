@@ -1347,3 +1347,42 @@ fn check_shows_the_values_that_came_from_defaults() {
         "{shown}"
     );
 }
+
+/// An owner too long for any key the replica will build is refused as
+/// `guards.owner`, never blamed on the endpoint beside it; an owner the
+/// check lets through fits every elected endpoint's lease key (the
+/// longest kind, the binlog's, with a one-letter name).
+#[test]
+fn an_owner_that_fits_the_schedules_but_not_an_endpoint_is_refused_as_the_owner() {
+    use guard_core::lock::{DEFAULT_PREFIX, Scope, once_key};
+    for len in 60..140 {
+        let owner = "o".repeat(len);
+        let text = format!(
+            "[guards]\nowner = \"{owner}\"\n\n[[endpoints]]\nname = \"n\"\nkind = \"mysql-binlog\"\nurl = \"mysql://root@127.0.0.1:3306/app\"\n"
+        );
+        match Config::from_toml(&text) {
+            Ok(_) => {
+                let scope = Scope::new("endpoint/binlog")
+                    .and_then(|s| s.segment("owner", &owner))
+                    .and_then(|s| s.segment("node", "n"));
+                assert!(
+                    scope.is_ok_and(|s| once_key(DEFAULT_PREFIX, &s, "18446744073709551615").is_ok()),
+                    "an owner of {len} bytes passes the check and cannot make the binlog's lease key"
+                );
+            }
+            Err(e) => assert!(
+                e.to_string().contains("guards.owner"),
+                "an owner of {len} bytes blamed elsewhere: {e}"
+            ),
+        }
+    }
+}
+
+/// A fully qualified MQTT host (a trailing dot) is a host name.
+#[test]
+fn an_mqtt_host_with_a_trailing_dot_is_accepted() {
+    let config = Config::from_toml(&format!(
+        "{JOB}[[endpoints]]\nname = \"t\"\nkind = \"mqtt\"\nhost = \"broker.example.com.\"\nfilter = \"a/#\"\n"
+    ));
+    assert!(config.is_ok(), "{config:?}");
+}

@@ -15,6 +15,22 @@ use super::{ConfigError, RedactedUrl, invalid};
 pub(super) const MAX_TIMEOUT_MS: u64 = 3600 * 1000; // an hour
 pub(super) const MAX_BATCH: u64 = 10_000; // entries a round: one reply of a few MiB
 pub(super) const MAX_LEASE_MS: u64 = 24 * 3600 * 1000; // a day
+/// The kinds in the lease scopes of the gateway's elected endpoints
+/// (`endpoint/<kind>`, built by the endpoint modules): an owner and an
+/// endpoint name are checked against the longest, so that what the
+/// check lets through makes every key at start.
+pub(crate) const ENDPOINT_SCOPE_KINDS: [&str; 5] = ["redis", "mqtt", "nats", "amqp", "binlog"];
+
+/// The longest elected endpoint scope component (see
+/// [`ENDPOINT_SCOPE_KINDS`]).
+pub(super) fn longest_endpoint_component() -> String {
+    let kind = ENDPOINT_SCOPE_KINDS
+        .iter()
+        .max_by_key(|kind| kind.len())
+        .unwrap_or(&"");
+    format!("endpoint/{kind}")
+}
+
 /// The retry defaults of every source that retries (the original's).
 const DEFAULT_RETRIES: u32 = 3;
 const DEFAULT_RETRY_DELAY: Duration = Duration::from_millis(100);

@@ -45,6 +45,7 @@
 //! ```
 
 mod check;
+pub(crate) use check::ENDPOINT_SCOPE_KINDS;
 mod connect;
 // Without its feature a kind is read, then refused.
 #[cfg_attr(not(feature = "amqp"), allow(dead_code, unused_imports))]

@@ -14,7 +14,8 @@ use guard_redis::Topology;
 use guard_std::CronSchedule;
 
 use super::check::{
-    Env, MAX_BATCH, MAX_LEASE_MS, MAX_TIMEOUT_MS, bounded, expand, printable, retry,
+    Env, MAX_BATCH, MAX_LEASE_MS, MAX_TIMEOUT_MS, bounded, expand, longest_endpoint_component,
+    printable, retry,
 };
 use super::raw;
 use super::tls::{self, TlsFiles, TlsKeys};
@@ -116,6 +117,16 @@ pub(super) fn config(
             .and_then(|s| s.segment("owner", &guards.owner))
             .and_then(|s| s.segment("router", "r")),
     )?;
+    let endpoint_component = longest_endpoint_component();
+    if !entries.is_empty() {
+        fits_key(
+            "guards.owner",
+            &guards.owner,
+            Scope::new(&endpoint_component)
+                .and_then(|s| s.segment("owner", &guards.owner))
+                .and_then(|s| s.segment("node", "n")),
+        )?;
+    }
     let schedules = schedules(&file.schedules, &limiters, &guards.owner)?;
     let mut active: Vec<String> = Vec::new();
     for (i, a) in file.active.iter().enumerate() {
@@ -166,7 +177,7 @@ pub(super) fn config(
         fits_key(
             &key("name"),
             e.name(),
-            Scope::new("endpoint/redis")
+            Scope::new(&endpoint_component)
                 .and_then(|s| s.segment("owner", &guards.owner))
                 .and_then(|s| s.segment("node", e.name())),
         )?;
@@ -1046,8 +1057,10 @@ fn endpoint(
             let host = non_empty("host", &host, "the broker's host")?;
             // A host name (ASCII letters, digits, `-`, `_` as container
             // names have, and `.`; an international name in its `xn--`
-            // form) or an IP address.
+            // form; fully qualified with a trailing dot or not) or an IP
+            // address.
             let name = |h: &str| {
+                let h = h.strip_suffix('.').unwrap_or(h);
                 h.split('.').all(|label| {
                     !label.is_empty()
                         && label

@@ -351,6 +351,11 @@ fn failed(name: &str, source: Box<dyn std::error::Error + Send + Sync>) -> Gatew
 
 /// An elected endpoint's lease scope: its kind and its name.
 fn elected_scope(built: &Built, kind: &str, name: &str) -> Result<Scope, GatewayError> {
+    // The configuration checked the owner and the name against these.
+    debug_assert!(
+        crate::config::ENDPOINT_SCOPE_KINDS.contains(&kind),
+        "{kind}"
+    );
     built
         .guards
         .scope(&format!("endpoint/{kind}"))
