@@ -159,9 +159,11 @@ fn a_request_to_a_server_that_does_not_answer_times_out() {
 #[test]
 fn ended_leases_are_purged_after_their_grace() {
     let db = PgDatabase::create().unwrap();
+    // A generous timeout: the test judges what is purged, not how fast
+    // (a busy machine took more than 100 ms for one acquire).
     let locker = PgLocker::new(&db.url())
         .unwrap()
-        .with_request_timeout(Duration::from_millis(100))
+        .with_request_timeout(Duration::from_secs(5))
         .unwrap()
         .with_purge_grace(Duration::from_millis(300))
         .unwrap();
