@@ -8,7 +8,8 @@
 //! sets `guard_source_up{source}` to 0 and is logged at most once per
 //! interval with the count held back (a broker that is down for an hour
 //! is one line a minute, not one a second); the next success sets it back
-//! to 1 and is logged once. A link starts up: a source that has not tried
+//! to 1 and is logged, also at most once per interval (a connection that
+//! flaps is two lines an interval). A link starts up: a source that has not tried
 //! yet (an elected standby, which subscribes only when it leads) is not
 //! failing. A source that ends while it should run (a declaration the
 //! server refuses for good, a subscription that cannot be made) is
@@ -48,7 +49,11 @@ struct Inner {
     stopped: AtomicBool,
     /// The last failure while the link is down.
     failing: Mutex<Option<String>>,
+    /// The failures' log lines: one per interval.
     throttle: Throttle,
+    /// The recoveries' log lines: one per interval too, so a connection
+    /// that flaps is not a line a second either way.
+    recoveries: Throttle,
 }
 
 impl fmt::Debug for Link {
@@ -72,6 +77,7 @@ impl Link {
             stopped: AtomicBool::new(false),
             failing: Mutex::new(None),
             throttle: Throttle::new(),
+            recoveries: Throttle::new(),
         }))
     }
 
@@ -117,7 +123,12 @@ impl Link {
         };
         if let Some(failure) = was {
             metrics::gauge!(SOURCE_UP, "source" => self.0.name.clone()).set(1.0);
-            log::info!("{}: connected again (after: {failure})", self.0.name);
+            if let Some(held) = self.0.recoveries.admit() {
+                log::info!(
+                    "{}: connected again (after: {failure}; {held} more reconnections not logged)",
+                    self.0.name
+                );
+            }
         }
     }
 
@@ -181,6 +192,46 @@ mod tests {
         assert!(!shared.is_up(), "clones share the state");
         link.up();
         assert!(shared.is_up());
+    }
+
+    /// The lines logged by this test binary, by level.
+    struct Logged(Mutex<Vec<(log::Level, String)>>);
+
+    impl log::Log for Logged {
+        fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+            true
+        }
+        fn log(&self, record: &log::Record<'_>) {
+            let line = record.args().to_string();
+            self.0.lock().unwrap().push((record.level(), line));
+        }
+        fn flush(&self) {}
+    }
+
+    static LOGGED: Logged = Logged(Mutex::new(Vec::new()));
+
+    #[test]
+    fn a_flapping_link_logs_one_failure_and_one_recovery_per_interval() {
+        log::set_logger(&LOGGED).unwrap();
+        log::set_max_level(log::LevelFilter::Info);
+        let link = Link::new("flapping");
+        for _ in 0..100 {
+            link.down(&"connection reset", "reconnecting");
+            link.up();
+        }
+        assert!(link.is_up());
+        let logged = LOGGED.0.lock().unwrap();
+        let of = |level| {
+            logged
+                .iter()
+                .filter(|(l, line)| *l == level && line.starts_with("flapping"))
+                .count()
+        };
+        assert_eq!(
+            (of(log::Level::Warn), of(log::Level::Info)),
+            (1, 1),
+            "{logged:#?}"
+        );
     }
 
     #[test]
