@@ -189,3 +189,43 @@ fn a_registry_s_named_limiter_counts_every_decision() {
         assert_eq!((named.allowed(), named.denied()), (1, 1));
     });
 }
+
+/// Two reconfigurations race on a built shard: the parameters the
+/// limiter reports (which a shard built later starts with) and those the
+/// built shard decides with end the same, the last one's.
+#[test]
+fn two_reconfigurations_leave_the_built_shards_on_the_last_parameters() {
+    use guard_std::ratelimit::{Quota, RateLimiter};
+    let bucket =
+        |capacity| TokenBucket::new(capacity, Rate::per(1, Duration::from_secs(60))).unwrap();
+    loom::model(move || {
+        // Eight keys: one shard, built by the first key.
+        let limiter: Arc<MemoryLimiter<_, _, 8>> = Arc::new(MemoryLimiter::with_clock(
+            bucket(1),
+            8,
+            FullPolicy::DenyNewKeys,
+            ManualClock::new(UnixMillis(0)),
+        ));
+        assert!(limiter.check_now("built").is_allowed());
+        let threads: Vec<_> = [2, 3]
+            .into_iter()
+            .map(|capacity| {
+                let limiter = limiter.clone();
+                thread::spawn(move || limiter.reconfigure_with(bucket(capacity)))
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let Quota::TokenBucket { capacity, .. } = RateLimiter::quota(&*limiter) else {
+            panic!("a token bucket");
+        };
+        let admitted = (0..4)
+            .filter(|_| limiter.check_now("fresh").is_allowed())
+            .count();
+        assert_eq!(
+            admitted, capacity as usize,
+            "the shard decides with other parameters"
+        );
+    });
+}

@@ -79,6 +79,11 @@ pub struct MemoryLimiter<A: Algorithm, C: Clock = QuantaClock, const S: usize = 
     /// own lock: a shard built during a reconfiguration gets the new
     /// parameters, or the old ones and then the reconfiguration.
     algorithm: Mutex<A>,
+    /// Held through a whole reconfiguration, so two of them never
+    /// interleave (the earlier would finish on shards the later already
+    /// changed, leaving them on parameters no longer in force). Taken
+    /// before any other lock, and only here.
+    reconfiguring: Mutex<()>,
     policy: FullPolicy,
     /// Seeds each shard's hasher (its hash of the shard's number).
     seeds: RandomState,
@@ -114,6 +119,7 @@ where
         MemoryLimiter {
             shards: (0..count).map(|_| Mutex::new(None)).collect(),
             algorithm: Mutex::new(algorithm),
+            reconfiguring: Mutex::new(()),
             policy,
             seeds,
             router,
@@ -202,8 +208,13 @@ where
     /// `Keyed::reconfigure`). Shards change one after the other: a
     /// decision made meanwhile on a shard not yet changed uses the old
     /// parameters, one made after its shard changed the new; a shard
-    /// built from now on starts with the new.
+    /// built from now on starts with the new. Concurrent reconfigurations
+    /// take turns: every shard ends on the last one's parameters.
     pub fn reconfigure_with(&self, algorithm: A) {
+        let _one_at_a_time = self
+            .reconfiguring
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         // Set first, then released before any shard's lock is taken (a
         // shard being built holds its lock, then this one): never the
         // two in both orders.
