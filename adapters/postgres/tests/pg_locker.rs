@@ -159,13 +159,15 @@ fn a_request_to_a_server_that_does_not_answer_times_out() {
 #[test]
 fn ended_leases_are_purged_after_their_grace() {
     let db = PgDatabase::create().unwrap();
-    // A generous timeout: the test judges what is purged, not how fast
-    // (a busy machine took more than 100 ms for one acquire).
+    // Generous: the test judges what is purged, not how fast (a busy
+    // machine took more than 100 ms for one acquire). The grace is at
+    // least twice the timeout, the locker's own rule.
+    const GRACE: Duration = Duration::from_secs(2);
     let locker = PgLocker::new(&db.url())
         .unwrap()
-        .with_request_timeout(Duration::from_secs(5))
+        .with_request_timeout(GRACE / 2)
         .unwrap()
-        .with_purge_grace(Duration::from_millis(300))
+        .with_purge_grace(GRACE)
         .unwrap();
     smol::block_on(async {
         for i in 0..10 {
@@ -187,7 +189,7 @@ fn ended_leases_are_purged_after_their_grace() {
             0,
             "a row is kept for the grace after its lease ended"
         );
-        async_io::Timer::after(Duration::from_millis(400)).await;
+        async_io::Timer::after(GRACE + Duration::from_millis(200)).await;
         assert_eq!(
             locker.purge_expired().await.unwrap(),
             11,
@@ -201,7 +203,7 @@ fn ended_leases_are_purged_after_their_grace() {
                 .unwrap()
                 .unwrap();
         }
-        async_io::Timer::after(Duration::from_millis(400)).await;
+        async_io::Timer::after(GRACE + Duration::from_millis(200)).await;
         for i in 0..PURGE_EVERY {
             locker
                 .try_lock(&format!("later:{i}"), ttl(1))
