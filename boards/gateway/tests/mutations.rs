@@ -264,7 +264,7 @@ fn what_check_accepts_from_ten_thousand_mutations_run_accepts() {
     let mosquitto = Mosquitto::start().expect("mosquitto");
     let base = shipped(&redis.url(), mosquitto.port());
     Config::from_toml(&toml::to_string(&base).unwrap()).expect("the shipped file, on our servers");
-    let seed = from_env("GUARD_MUTATION_SEED", 0x5eed_0f_c0ff);
+    let seed = from_env("GUARD_MUTATION_SEED", 0x005e_ed0f_c0ff);
     let (mutations, starts, runs) = (
         from_env("GUARD_MUTATIONS", 10_000),
         from_env("GUARD_MUTATION_STARTS", 400),
