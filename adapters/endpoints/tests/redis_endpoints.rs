@@ -13,6 +13,7 @@ use guard_core::lock::Ttl;
 use guard_core::retry::{Classifier, JitterNeedsRandom, RetryPolicy};
 use guard_endpoints::Parameter;
 use guard_endpoints::delivery::{Unhandled, UnhandledReason};
+use guard_endpoints::link::Link;
 use guard_endpoints::redis::{
     ConsumeStats, EndpointError, PubSubEndpoint, PubSubStats, StreamConsumer, StreamMessage,
     WhenFull,
@@ -52,6 +53,23 @@ fn pubsub_replica(
     id: usize,
     received: &Received,
 ) -> (RunHandle, thread::JoinHandle<()>) {
+    pubsub_replica_on(
+        server,
+        url,
+        id,
+        received,
+        Link::new(&format!("replica {id}")),
+    )
+}
+
+/// A replica whose subscription reports to `link`.
+fn pubsub_replica_on(
+    server: &RedisServer,
+    url: &str,
+    id: usize,
+    received: &Received,
+    link: Link,
+) -> (RunHandle, thread::JoinHandle<()>) {
     let config =
         GuardConfig::new().with_locker(SharedLocker::new(RedisLocker::new(connect(server))));
     let scope = config
@@ -66,7 +84,8 @@ fn pubsub_replica(
                 .with_interval(Duration::from_millis(100)),
         )
         .unwrap()
-        .with_confirm_timeout(Duration::from_millis(500));
+        .with_confirm_timeout(Duration::from_millis(500))
+        .with_link(link);
     let received = received.clone();
     let (handle, ctl) = control();
     let thread = thread::spawn(move || {
@@ -300,10 +319,16 @@ fn pubsub_a_replica_that_cannot_subscribe_releases_the_lease() {
     let received: Received = Arc::new(Mutex::new(vec![Vec::new(); 2]));
     // Replica 0 locks on the real server but subscribes on a closed port.
     let dead_url = format!("redis://127.0.0.1:{}/", free_port().unwrap());
-    let broken = pubsub_replica(&server, &dead_url, 0, &received);
-    // Alone, it takes the lease (and fails to subscribe) several times.
-    thread::sleep(Duration::from_millis(500));
-    let healthy = pubsub_replica(&server, &server.url(), 1, &received);
+    let (broken_link, healthy_link) = (Link::new("broken"), Link::new("healthy"));
+    let broken = pubsub_replica_on(&server, &dead_url, 0, &received, broken_link.clone());
+    // Alone, it takes the lease (and fails to subscribe) several times,
+    // each a failed connection of its source.
+    assert!(
+        wait_until(Duration::from_secs(5), || broken_link.failure().is_some()),
+        "{broken_link:?}"
+    );
+    thread::sleep(Duration::from_millis(300));
+    let healthy = pubsub_replica_on(&server, &server.url(), 1, &received, healthy_link.clone());
     assert!(
         wait_until(Duration::from_secs(5), || pattern_subscribers(
             &mut publisher
@@ -316,6 +341,11 @@ fn pubsub_a_replica_that_cannot_subscribe_releases_the_lease() {
         received.lock().unwrap()[1].len() == 5
     }));
     assert_eq!(only_receiver(&received, &payloads), 1);
+    assert!(healthy_link.is_up(), "{healthy_link:?}");
+    assert!(
+        !broken_link.is_up(),
+        "its last attempt failed: {broken_link:?}"
+    );
     for (handle, thread) in [broken, healthy] {
         handle.stop();
         thread.join().unwrap();

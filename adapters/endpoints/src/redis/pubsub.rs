@@ -61,7 +61,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures_lite::future;
-use guard_core::guard::ActiveConfig;
+use guard_core::guard::{ActiveConfig, DemoteReason};
 use guard_core::lock::Scope;
 use guard_std::run::{Control, LeaseState, RunHandle};
 
@@ -73,6 +73,7 @@ use guard_redis::RedisGuardError;
 use super::EndpointError;
 use crate::delivery::{ElectedLease, Unhandled, UnhandledFn, UnhandledReason, UnhandledSink};
 use crate::lease_thread::{self, StopOnDrop};
+use crate::link::Link;
 use crate::parameter::Parameter;
 use crate::queue::{DEFAULT_QUEUE, Feeder, WhenFull};
 
@@ -125,6 +126,7 @@ pub struct PubSubEndpoint {
     when_full: WhenFull,
     counters: Arc<Counters>,
     unhandled: Option<UnhandledFn>,
+    link: Option<Link>,
 }
 
 impl fmt::Debug for PubSubEndpoint {
@@ -239,7 +241,17 @@ impl PubSubEndpoint {
             when_full: WhenFull::default(),
             counters: Arc::default(),
             unhandled: None,
+            link: None,
         })
+    }
+
+    /// Reports the subscription to `link` (see [`crate::link`]): down
+    /// from a promotion that cannot subscribe or a subscription closed
+    /// while leading, up from one that subscribes or a demotion (a
+    /// standby subscribes to nothing).
+    pub fn with_link(mut self, link: Link) -> Self {
+        self.link = Some(link);
+        self
     }
 
     /// Subscribes over TLS with `tls`'s certificates (a private CA, a
@@ -339,7 +351,12 @@ impl PubSubEndpoint {
             self.unhandled.clone(),
         );
         unhandled.register();
+        let link = self
+            .link
+            .clone()
+            .unwrap_or_else(|| Link::new(&format!("Pub/Sub {:?}", self.patterns)));
         let keeper = LeaseKeeper {
+            link: link.clone(),
             reader: Arc::new(Reader {
                 client: self.client.clone(),
                 patterns: self.patterns.clone(),
@@ -349,6 +366,7 @@ impl PubSubEndpoint {
                 key: key.clone(),
                 feeder,
                 own,
+                link,
             }),
             queue: queue.clone(),
         };
@@ -444,6 +462,8 @@ fn unhandled_message(msg: &redis::Msg, fence: Option<u64>, reason: UnhandledReas
 /// starts a [`Reader`] on a thread of its own, and the demotion stops it.
 struct LeaseKeeper {
     reader: Arc<Reader>,
+    /// Takes each promotion's subscription.
+    link: Link,
     /// The queue's receiving side, to empty it at a demotion.
     queue: async_channel::Receiver<Queued>,
 }
@@ -458,12 +478,21 @@ impl LeaseKeeper {
             .run(
                 control,
                 move |fence| async move {
-                    let subscription = this.reader.subscribe(fence).await?;
+                    let subscription = this.reader.subscribe(fence).await.inspect_err(|e| {
+                        this.link
+                            .down(e, "the promotion fails, the lease is released");
+                    })?;
+                    this.link.up();
                     log::info!("Pub/Sub {:?} subscribed", this.reader.patterns);
                     *current.lock().unwrap_or_else(PoisonError::into_inner) = Some(subscription);
                     Ok::<(), RedisGuardError>(())
                 },
-                move |_reason| async move {
+                move |reason| async move {
+                    // A standby subscribes to nothing: not failing, unless
+                    // its last attempt (this promotion) failed.
+                    if reason != DemoteReason::PromoteFailed {
+                        this.link.up();
+                    }
                     // Stops the reader, which unsubscribes.
                     drop(
                         current
@@ -520,6 +549,8 @@ struct Reader {
     feeder: Feeder<Queued>,
     /// Demotes the runner when the subscription dies while leading.
     own: RunHandle,
+    /// Takes a subscription closed while leading.
+    link: Link,
 }
 
 impl Reader {
@@ -616,9 +647,9 @@ impl Reader {
                     Counters::add(&self.counters.disconnects, 1);
                     metrics::counter!(guard_std::metrics::ENDPOINT_DISCONNECTS, "key" => self.key.clone())
                         .increment(1);
-                    log::warn!(
-                        "Pub/Sub {:?}: subscription closed while leading ({e}; the server's client-output-buffer-limit, a CLIENT KILL, the network); what it held is lost; stepping down",
-                        self.patterns
+                    self.link.down(
+                        &format!("subscription closed while leading ({e}; the server's client-output-buffer-limit, a CLIENT KILL, the network); what it held is lost"),
+                        "stepping down",
                     );
                     self.own.demote();
                     return;

@@ -32,7 +32,8 @@ pub(super) fn pubsub(cx: Assembly<'_>, source: &PubSubSource) -> Result<Task, Ga
         .endpoint(&built.guards, &scope)
         .and_then(|e| e.with_settings(timing))
         .map_err(|e| context(e.into()))?
-        .with_unhandled(inbox.unhandled_to(&emit));
+        .with_unhandled(inbox.unhandled_to(&emit))
+        .with_link(cx.link);
     Ok(Box::pin(async move {
         endpoint
             .run(control, |message| {
