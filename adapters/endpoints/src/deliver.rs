@@ -10,6 +10,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::sync::Arc;
 
 use guard_core::retry::{
     Classifier, GiveUpReason, Interrupted, Jitter, JitterNeedsRandom, RetryExecutor, RetryPolicy,
@@ -17,36 +18,24 @@ use guard_core::retry::{
 use guard_std::run::CallerRuntime;
 use guard_std::run::Runtime as _;
 
-/// Why a [`RetryPolicy`] cannot drive an endpoint's retries.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct RetryRefused {
-    /// The policy's jitter, which needs random bits the endpoint lacks.
-    pub(crate) jitter: Jitter,
-}
-
-impl RetryRefused {
-    /// The refused value, as an `InvalidInput` error shows it.
-    pub(crate) fn value(&self) -> String {
-        format!("with {:?} jitter", self.jitter)
-    }
-
-    /// The rule the policy breaks.
-    pub(crate) const RULE: &'static str =
-        "an endpoint draws no random bits, so its retry policy takes no jitter";
-
-    /// The cause, for the error's `source`.
-    pub(crate) fn cause(&self) -> JitterNeedsRandom {
-        JitterNeedsRandom
-    }
-}
+use crate::parameter::{InvalidInput, Parameter};
 
 /// `policy` if an endpoint can run it: endpoints draw no random bits, so
-/// a policy with jitter is refused (a retry delay is the same on every
-/// replica; the source's own redelivery spreads replicas apart).
-pub(crate) fn checked(policy: RetryPolicy) -> Result<RetryPolicy, RetryRefused> {
+/// a policy with jitter is refused, with [`JitterNeedsRandom`] as its
+/// cause (a retry delay is the same on every replica; the source's own
+/// redelivery spreads replicas apart). Every source wraps the refusal in
+/// its error's `InvalidInput`.
+pub(crate) fn checked(policy: RetryPolicy) -> Result<RetryPolicy, InvalidInput> {
     match policy.jitter() {
         Jitter::None => Ok(policy),
-        jitter => Err(RetryRefused { jitter }),
+        jitter => Err(InvalidInput {
+            source: Some(Arc::new(JitterNeedsRandom)),
+            ..InvalidInput::new(
+                Parameter::RetryPolicy,
+                format!("with {jitter:?} jitter"),
+                "an endpoint draws no random bits, so its retry policy takes no jitter",
+            )
+        }),
     }
 }
 
@@ -224,7 +213,8 @@ mod tests {
     fn a_policy_with_jitter_is_refused_with_its_jitter() {
         let policy = RetryPolicy::new().with_jitter(Jitter::Full);
         let refused = checked(policy).unwrap_err();
-        assert_eq!(refused.jitter, Jitter::Full);
+        assert_eq!(refused.parameter, Parameter::RetryPolicy);
+        assert_eq!(refused.value, "with Full jitter");
         assert!(checked(RetryPolicy::new()).is_ok());
     }
 }

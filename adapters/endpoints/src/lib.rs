@@ -70,4 +70,4 @@ pub mod queue;
 pub mod redis;
 mod runtime;
 
-pub use parameter::{Parameter, redacted};
+pub use parameter::{InvalidInput, Parameter, Refusal, redacted};

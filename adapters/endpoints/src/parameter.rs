@@ -4,7 +4,9 @@
 //! AMQP, PostgreSQL and binlog endpoints), and how a URL is shown in
 //! them.
 
+use std::error::Error;
 use std::fmt;
+use std::sync::Arc;
 
 /// A parameter of an endpoint, as named in an `InvalidInput` error.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -157,9 +159,88 @@ impl fmt::Display for Parameter {
     }
 }
 
+/// A value a source's builder refused: which parameter, the value as
+/// given (as text; a URL without its password or token) and the rule it
+/// breaks, with the cause where a library gave one. Every source's error
+/// carries it as its `InvalidInput` variant, so a caller maps any of them
+/// to its own names (a configuration key) in one place.
+///
+/// ```
+/// use guard_endpoints::Parameter;
+/// use guard_endpoints::mqtt::{MqttError, Subscription};
+///
+/// let Err(MqttError::InvalidInput(refused)) = Subscription::plain("") else {
+///     panic!("an empty filter is refused");
+/// };
+/// assert_eq!(refused.parameter, Parameter::TopicFilter);
+/// ```
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct InvalidInput {
+    /// What was refused.
+    pub parameter: Parameter,
+    /// The value given, as text.
+    pub value: String,
+    /// The rule it breaks.
+    pub rule: String,
+    /// The library's own error, where it gave one (a URL parser's, a
+    /// client's), shared so the error stays `Clone`.
+    pub source: Option<Arc<dyn Error + Send + Sync>>,
+}
+
+impl InvalidInput {
+    /// `value` of `parameter` breaks `rule`.
+    pub(crate) fn new(
+        parameter: Parameter,
+        value: impl Into<String>,
+        rule: impl Into<String>,
+    ) -> Self {
+        InvalidInput {
+            parameter,
+            value: value.into(),
+            rule: rule.into(),
+            source: None,
+        }
+    }
+}
+
+impl fmt::Display for InvalidInput {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write_invalid(f, self.parameter, &self.value, &self.rule)
+    }
+}
+
+impl Error for InvalidInput {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        self.source.as_deref().map(|e| e as &(dyn Error + 'static))
+    }
+}
+
+/// A source's error that may be a refused parameter: lets a caller map
+/// every source's refusals to its own names in one place.
+pub trait Refusal: fmt::Display {
+    /// The refused parameter, when that is what this error is.
+    fn invalid_input(&self) -> Option<&InvalidInput>;
+}
+
+/// `Refusal` for a source's error enum with an `InvalidInput` variant.
+macro_rules! refusal {
+    ($error:ty) => {
+        impl $crate::parameter::Refusal for $error {
+            fn invalid_input(&self) -> Option<&$crate::parameter::InvalidInput> {
+                match self {
+                    Self::InvalidInput(input) => Some(input),
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+pub(crate) use refusal;
+
 /// `invalid <parameter> <value>: <rule>`; a text value is quoted, an
 /// empty quantity left out.
-pub(crate) fn write_invalid(
+fn write_invalid(
     f: &mut fmt::Formatter<'_>,
     parameter: Parameter,
     value: &str,

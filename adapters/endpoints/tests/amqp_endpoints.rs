@@ -877,12 +877,12 @@ fn bad_parameters_are_refused_naming_the_parameter_the_value_and_the_rule() {
     fn refused(err: AmqpError) -> (Parameter, String, String, String) {
         let text = err.to_string();
         match err {
-            AmqpError::InvalidInput {
+            AmqpError::InvalidInput(guard_endpoints::InvalidInput {
                 parameter,
                 value,
                 rule,
                 ..
-            } => (parameter, value, rule, text),
+            }) => (parameter, value, rule, text),
             other => panic!("not an invalid input: {other:?}"),
         }
     }
@@ -1013,10 +1013,10 @@ fn bad_parameters_are_refused_naming_the_parameter_the_value_and_the_rule() {
     assert!(
         matches!(
             &long,
-            AmqpError::InvalidInput {
+            AmqpError::InvalidInput(guard_endpoints::InvalidInput {
                 parameter: Parameter::Exchange,
                 ..
-            }
+            })
         ),
         "{long:?}"
     );

@@ -491,12 +491,12 @@ fn bad_parameters_are_refused_naming_the_parameter_the_value_and_the_rule() {
     let config = GuardConfig::new().with_locker(SharedLocker::new(LocalLocker::new()));
     let scope = config.scope("endpoint/binlog").unwrap();
     let invalid = |e: BinlogError| match e {
-        BinlogError::InvalidInput {
+        BinlogError::InvalidInput(guard_endpoints::InvalidInput {
             parameter,
             value,
             rule,
             ..
-        } => (parameter, value, rule),
+        }) => (parameter, value, rule),
         other => panic!("{other}"),
     };
     let (parameter, value, _) =

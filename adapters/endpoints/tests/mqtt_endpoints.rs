@@ -285,17 +285,17 @@ fn bad_input_is_refused_with_a_reason() {
     assert!(
         matches!(
             err,
-            MqttError::InvalidInput {
+            MqttError::InvalidInput(guard_endpoints::InvalidInput {
                 parameter: Parameter::GuardedSubscription,
                 ..
-            }
+            })
         ),
         "{err}"
     );
     assert!(err.to_string().contains("no guard"), "{err}");
     let err = MqttOptions::new("", 1883, "x").unwrap_err();
     assert!(
-        matches!(&err, MqttError::InvalidInput { parameter: Parameter::BrokerHost, value, .. } if value.is_empty()),
+        matches!(&err, MqttError::InvalidInput(guard_endpoints::InvalidInput { parameter: Parameter::BrokerHost, value, .. }) if value.is_empty()),
         "{err}"
     );
 }

@@ -763,12 +763,12 @@ fn queue_groups_and_jetstream_pullers_carry_on_after_the_server_restarts() {
 fn bad_parameters_are_refused_naming_the_parameter_the_value_and_the_rule() {
     let options = NatsOptions::new("nats://127.0.0.1:4222").unwrap();
     let invalid = |e: NatsError| match e {
-        NatsError::InvalidInput {
+        NatsError::InvalidInput(guard_endpoints::InvalidInput {
             parameter,
             value,
             rule,
             ..
-        } => (parameter, value, rule),
+        }) => (parameter, value, rule),
         other => panic!("{other}"),
     };
     let (parameter, value, _) = invalid(NatsOptions::new("nats://[::1").unwrap_err());

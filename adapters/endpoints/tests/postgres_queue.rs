@@ -493,12 +493,12 @@ fn a_consumer_reconnects_after_the_server_restarts_and_handles_each_row_once() {
 fn assert_refused(err: PgQueueError, parameter: Parameter, value: &str, rule: &str) {
     let text = err.to_string();
     match &err {
-        PgQueueError::InvalidInput {
+        PgQueueError::InvalidInput(guard_endpoints::InvalidInput {
             parameter: p,
             value: v,
             rule: r,
             ..
-        } => {
+        }) => {
             assert_eq!((*p, v.as_str()), (parameter, value), "{text}");
             assert!(r.contains(rule), "{r}");
         }

@@ -361,10 +361,10 @@ fn pubsub_endpoint_rejects_bad_input() {
     assert!(
         matches!(
             err,
-            EndpointError::InvalidInput {
+            EndpointError::InvalidInput(guard_endpoints::InvalidInput {
                 parameter: Parameter::Patterns,
                 ..
-            }
+            })
         ),
         "{err}"
     );
@@ -1051,10 +1051,10 @@ fn stream_consumer_rejects_bad_input() {
     assert!(
         matches!(
             err,
-            EndpointError::InvalidInput {
+            EndpointError::InvalidInput(guard_endpoints::InvalidInput {
                 parameter: Parameter::Stream,
                 ..
-            }
+            })
         ),
         "{err}"
     );

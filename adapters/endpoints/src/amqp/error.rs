@@ -8,7 +8,7 @@ use std::time::Duration;
 use guard_std::run::RunnerError;
 use lapin::protocol::AMQPErrorKind;
 
-use crate::parameter::{Parameter, write_invalid};
+use crate::parameter::Parameter;
 
 /// A RabbitMQ failure, or input that cannot work.
 ///
@@ -26,7 +26,7 @@ use crate::parameter::{Parameter, write_invalid};
 /// let err = WorkQueueConsumer::new(options, "").unwrap_err();
 /// assert!(matches!(
 ///     err,
-///     AmqpError::InvalidInput { parameter: Parameter::AmqpQueue, .. }
+///     AmqpError::InvalidInput(guard_endpoints::InvalidInput { parameter: Parameter::AmqpQueue, .. })
 /// ));
 /// # Ok::<(), AmqpError>(())
 /// ```
@@ -34,17 +34,7 @@ use crate::parameter::{Parameter, write_invalid};
 #[non_exhaustive]
 pub enum AmqpError {
     /// A parameter that cannot be used.
-    #[non_exhaustive]
-    InvalidInput {
-        /// What was refused.
-        parameter: Parameter,
-        /// The value given, as text (a URL without its password).
-        value: String,
-        /// The rule it breaks.
-        rule: String,
-        /// The check that refused it, where another crate's check did.
-        source: Option<Arc<dyn Error + Send + Sync>>,
-    },
+    InvalidInput(crate::InvalidInput),
     /// The endpoint's guard (its lease runner) cannot be built.
     Guard(RunnerError),
     /// The broker could not be reached, or refused the connection or a
@@ -93,12 +83,7 @@ impl AmqpError {
         value: impl Into<String>,
         rule: impl Into<String>,
     ) -> Self {
-        AmqpError::InvalidInput {
-            parameter,
-            value: value.into(),
-            rule: rule.into(),
-            source: None,
-        }
+        AmqpError::InvalidInput(crate::InvalidInput::new(parameter, value, rule))
     }
 
     /// The lapin error behind this one, if any.
@@ -140,15 +125,12 @@ impl AmqpError {
     }
 }
 
+crate::parameter::refusal!(AmqpError);
+
 impl fmt::Display for AmqpError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            AmqpError::InvalidInput {
-                parameter,
-                value,
-                rule,
-                ..
-            } => write_invalid(f, *parameter, value, rule),
+            AmqpError::InvalidInput(e) => fmt::Display::fmt(e, f),
             AmqpError::Guard(e) => write!(f, "AMQP endpoint guard: {e}"),
             AmqpError::Connect { server, source } => write!(f, "amqp connect: {server}: {source}"),
             AmqpError::Declare { what, name, source } => {
@@ -175,9 +157,7 @@ impl fmt::Display for AmqpError {
 impl Error for AmqpError {
     fn source(&self) -> Option<&(dyn Error + 'static)> {
         match self {
-            AmqpError::InvalidInput { source, .. } => {
-                source.as_deref().map(|e| e as &(dyn Error + 'static))
-            }
+            AmqpError::InvalidInput(e) => Error::source(e),
             AmqpError::Guard(e) => Some(e),
             _ => self.lapin().map(|e| e as &(dyn Error + 'static)),
         }

@@ -22,7 +22,7 @@ use lapin::types::{AMQPValue, FieldTable, ShortString};
 use super::session::{self, Attempt, Session};
 use super::{
     AmqpError, AmqpMessage, AmqpOptions, AmqpStats, Counters, DEFAULT_PREFETCH, checked_name,
-    checked_prefetch, default_dead_letters, retry_refused, why_not_sent,
+    checked_prefetch, default_dead_letters, why_not_sent,
 };
 use crate::deliver;
 use crate::delivery::{
@@ -176,7 +176,7 @@ impl FanoutConsumer {
     /// broker's `consumer_timeout` (30 minutes by default) the broker
     /// closes the channel, and the exclusive queue goes with it.
     pub fn with_retry(mut self, policy: RetryPolicy) -> Result<Self, AmqpError> {
-        self.retry = deliver::checked(policy).map_err(retry_refused)?;
+        self.retry = deliver::checked(policy).map_err(AmqpError::InvalidInput)?;
         Ok(self)
     }
 

@@ -163,7 +163,6 @@ use std::time::Duration;
 use lapin::types::ShortString;
 use lapin::uri::{AMQPScheme, AMQPUri};
 
-use crate::deliver;
 use crate::delivery::ElectedLease;
 use crate::link::Link;
 use crate::parameter::{Parameter, redacted};
@@ -211,14 +210,14 @@ impl AmqpOptions {
     /// none; the broker's proposal otherwise, 60 s by default) and
     /// `frame_max`.
     pub fn new(url: &str) -> Result<Self, AmqpError> {
-        let uri = url
-            .parse::<AMQPUri>()
-            .map_err(|e| AmqpError::InvalidInput {
+        let uri = url.parse::<AMQPUri>().map_err(|e| {
+            AmqpError::InvalidInput(crate::InvalidInput {
                 parameter: Parameter::ServerUrl,
                 value: redacted(url),
                 rule: "must be an AMQP URL: amqp://user:password@host:port/vhost".to_owned(),
                 source: Some(Arc::new(UrlError(e))),
-            })?;
+            })
+        })?;
         if uri.scheme == AMQPScheme::AMQPS {
             return Err(AmqpError::invalid(
                 Parameter::ServerUrl,
@@ -312,11 +311,13 @@ fn checked_name(parameter: Parameter, name: &str) -> Result<ShortString, AmqpErr
             "must not start with \"amq.\" (reserved by the broker)",
         ));
     }
-    ShortString::try_new(name).map_err(|e| AmqpError::InvalidInput {
-        parameter,
-        value: name.to_owned(),
-        rule: "must be at most 255 bytes".to_owned(),
-        source: Some(Arc::new(e)),
+    ShortString::try_new(name).map_err(|e| {
+        AmqpError::InvalidInput(crate::InvalidInput {
+            parameter,
+            value: name.to_owned(),
+            rule: "must be at most 255 bytes".to_owned(),
+            source: Some(Arc::new(e)),
+        })
     })
 }
 
@@ -351,16 +352,6 @@ fn default_dead_letters(
             ),
         )
     })
-}
-
-/// A retry policy a consumer cannot run: it draws no random bits.
-fn retry_refused(refused: deliver::RetryRefused) -> AmqpError {
-    AmqpError::InvalidInput {
-        parameter: Parameter::RetryPolicy,
-        value: refused.value(),
-        rule: deliver::RetryRefused::RULE.to_owned(),
-        source: Some(Arc::new(refused.cause())),
-    }
 }
 
 /// Why an acknowledgement or rejection was not sent.
@@ -516,10 +507,10 @@ mod tests {
         assert!(
             matches!(
                 &err,
-                AmqpError::InvalidInput {
+                AmqpError::InvalidInput(crate::InvalidInput {
                     parameter: Parameter::ServerUrl,
                     ..
-                }
+                })
             ),
             "{err:?}"
         );
@@ -543,7 +534,7 @@ mod tests {
         for bad in ["", "amq.orders"] {
             let err = checked_name(Parameter::AmqpQueue, bad).unwrap_err();
             assert!(
-                matches!(&err, AmqpError::InvalidInput { value, .. } if value == bad),
+                matches!(&err, AmqpError::InvalidInput(crate::InvalidInput { value, .. }) if value == bad),
                 "{err:?}"
             );
         }

@@ -16,7 +16,7 @@ use lapin::{Channel, Consumer};
 use super::session::{self, Attempt, Session};
 use super::{
     AmqpError, AmqpMessage, AmqpOptions, AmqpStats, Counters, DEFAULT_PREFETCH, checked_name,
-    checked_prefetch, default_dead_letters, retry_refused, why_not_sent,
+    checked_prefetch, default_dead_letters, why_not_sent,
 };
 use crate::deliver;
 use crate::parameter::Parameter;
@@ -108,7 +108,7 @@ impl WorkQueueConsumer {
     /// default): past it, the broker closes the channel of a consumer that
     /// holds a delivery unacknowledged, and delivers the message again.
     pub fn with_retry(mut self, policy: RetryPolicy) -> Result<Self, AmqpError> {
-        self.retry = deliver::checked(policy).map_err(retry_refused)?;
+        self.retry = deliver::checked(policy).map_err(AmqpError::InvalidInput)?;
         Ok(self)
     }
 

@@ -92,13 +92,7 @@ impl MqttEndpoint {
     /// message is given up. Endpoints draw no random bits, so a policy
     /// with jitter is refused.
     pub fn with_retry(mut self, policy: RetryPolicy) -> Result<Self, MqttError> {
-        self.retry = deliver::checked(policy).map_err(|refused| {
-            MqttError::invalid(
-                Parameter::RetryPolicy,
-                refused.value(),
-                deliver::RetryRefused::RULE,
-            )
-        })?;
+        self.retry = deliver::checked(policy).map_err(MqttError::InvalidInput)?;
         Ok(self)
     }
 

@@ -45,7 +45,7 @@ use std::time::Duration;
 use guard_std::run::RunnerError;
 
 use crate::delivery::ElectedLease;
-use crate::parameter::{Parameter, write_invalid};
+use crate::parameter::Parameter;
 
 pub use endpoint::MqttEndpoint;
 #[cfg(feature = "tls")]
@@ -71,15 +71,7 @@ pub const DEFAULT_RECONNECT_DELAY: Duration = Duration::from_secs(1);
 #[non_exhaustive]
 pub enum MqttError {
     /// A parameter that cannot be used.
-    #[non_exhaustive]
-    InvalidInput {
-        /// What was refused.
-        parameter: Parameter,
-        /// The value given, as text.
-        value: String,
-        /// The rule it breaks.
-        rule: String,
-    },
+    InvalidInput(crate::InvalidInput),
     /// The endpoint's guard (its lease runner) cannot be built.
     Guard(RunnerError),
     /// The broker could not be reached or refused the connection.
@@ -121,22 +113,16 @@ impl MqttError {
         value: impl Into<String>,
         rule: impl Into<String>,
     ) -> Self {
-        MqttError::InvalidInput {
-            parameter,
-            value: value.into(),
-            rule: rule.into(),
-        }
+        MqttError::InvalidInput(crate::InvalidInput::new(parameter, value, rule))
     }
 }
+
+crate::parameter::refusal!(MqttError);
 
 impl fmt::Display for MqttError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            MqttError::InvalidInput {
-                parameter,
-                value,
-                rule,
-            } => write_invalid(f, *parameter, value, rule),
+            MqttError::InvalidInput(e) => fmt::Display::fmt(e, f),
             MqttError::Guard(e) => write!(f, "MQTT endpoint guard: {e}"),
             MqttError::Connect { broker, source } => write!(f, "mqtt connect: {broker}: {source}"),
             MqttError::Subscribe { filter, source } => {
@@ -346,10 +332,10 @@ mod subscription_tests {
             assert!(
                 matches!(
                     &err,
-                    MqttError::InvalidInput {
+                    MqttError::InvalidInput(crate::InvalidInput {
                         parameter: Parameter::TopicFilter,
                         ..
-                    }
+                    })
                 ),
                 "{filter:?}: {err}"
             );
@@ -359,10 +345,10 @@ mod subscription_tests {
             assert!(
                 matches!(
                     &err,
-                    MqttError::InvalidInput {
+                    MqttError::InvalidInput(crate::InvalidInput {
                         parameter: Parameter::ShareGroup,
                         ..
-                    }
+                    })
                 ),
                 "{group:?}: {err}"
             );

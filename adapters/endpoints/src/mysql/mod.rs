@@ -66,9 +66,8 @@ use std::time::Duration;
 
 use guard_std::run::RunnerError;
 
-use crate::deliver::RetryRefused;
 use crate::delivery::ElectedLease;
-use crate::parameter::{Parameter, write_invalid};
+use crate::parameter::Parameter;
 
 pub use checkpoint::{BinlogPosition, CheckpointError, Checkpoints};
 pub use reader::{BinlogReader, BinlogStats, Start, json_array};
@@ -95,15 +94,7 @@ pub const HEARTBEATS_BEFORE_DEAD: u32 = 3;
 #[non_exhaustive]
 pub enum BinlogError {
     /// A parameter that cannot be used.
-    #[non_exhaustive]
-    InvalidInput {
-        /// What was refused.
-        parameter: Parameter,
-        /// The value given, as text (a URL without its password).
-        value: String,
-        /// The rule it breaks.
-        rule: String,
-    },
+    InvalidInput(crate::InvalidInput),
     /// The reader's guard (its lease runner) cannot be built.
     Guard(RunnerError),
     /// The server refused or failed a request.
@@ -129,11 +120,7 @@ impl BinlogError {
         value: impl Into<String>,
         rule: impl Into<String>,
     ) -> Self {
-        BinlogError::InvalidInput {
-            parameter,
-            value: value.into(),
-            rule: rule.into(),
-        }
+        BinlogError::InvalidInput(crate::InvalidInput::new(parameter, value, rule))
     }
 
     pub(crate) fn server(
@@ -152,20 +139,14 @@ impl BinlogError {
             after,
         }
     }
-
-    pub(crate) fn retry(refused: RetryRefused) -> Self {
-        BinlogError::invalid(Parameter::RetryPolicy, refused.value(), RetryRefused::RULE)
-    }
 }
+
+crate::parameter::refusal!(BinlogError);
 
 impl fmt::Display for BinlogError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            BinlogError::InvalidInput {
-                parameter,
-                value,
-                rule,
-            } => write_invalid(f, *parameter, value, rule),
+            BinlogError::InvalidInput(e) => fmt::Display::fmt(e, f),
             BinlogError::Guard(e) => write!(f, "binlog reader guard: {e}"),
             BinlogError::Server { what, source } => write!(f, "binlog: {what}: {source}"),
             BinlogError::Timeout { what, after } => {
@@ -180,7 +161,7 @@ impl std::error::Error for BinlogError {
         match self {
             BinlogError::Guard(e) => Some(e),
             BinlogError::Server { source, .. } => Some(&**source),
-            BinlogError::InvalidInput { .. } | BinlogError::Timeout { .. } => None,
+            BinlogError::InvalidInput(_) | BinlogError::Timeout { .. } => None,
         }
     }
 }

@@ -318,7 +318,7 @@ impl BinlogReader {
     /// dead-lettered. Endpoints draw no random bits, so a policy with
     /// jitter is refused.
     pub fn with_retry(mut self, policy: RetryPolicy) -> Result<Self, BinlogError> {
-        self.retry = deliver::checked(policy).map_err(BinlogError::retry)?;
+        self.retry = deliver::checked(policy).map_err(BinlogError::InvalidInput)?;
         Ok(self)
     }
 

@@ -56,9 +56,8 @@ use std::time::Duration;
 
 use guard_std::run::RunnerError;
 
-use crate::deliver::RetryRefused;
 use crate::delivery::ElectedLease;
-use crate::parameter::{Parameter, redacted, write_invalid};
+use crate::parameter::{Parameter, redacted};
 
 pub use jetstream::{
     DEFAULT_ACK_WAIT, DEFAULT_BATCH, DEFAULT_MAX_DELIVER, DEFAULT_REDELIVERY_DELAY,
@@ -94,16 +93,7 @@ pub const DELIVERIES: &str = "Guard-Deliveries";
 #[non_exhaustive]
 pub enum NatsError {
     /// A parameter that cannot be used.
-    #[non_exhaustive]
-    InvalidInput {
-        /// What was refused.
-        parameter: Parameter,
-        /// The value given, as text (a URL without its password or
-        /// token).
-        value: String,
-        /// The rule it breaks.
-        rule: String,
-    },
+    InvalidInput(crate::InvalidInput),
     /// The endpoint's guard (its lease runner) cannot be built.
     Guard(RunnerError),
     /// A request to the server failed: connecting, subscribing, flushing,
@@ -122,11 +112,7 @@ impl NatsError {
         value: impl Into<String>,
         rule: impl Into<String>,
     ) -> Self {
-        NatsError::InvalidInput {
-            parameter,
-            value: value.into(),
-            rule: rule.into(),
-        }
+        NatsError::InvalidInput(crate::InvalidInput::new(parameter, value, rule))
     }
 
     pub(crate) fn server(
@@ -138,20 +124,14 @@ impl NatsError {
             source: Arc::new(source),
         }
     }
-
-    pub(crate) fn retry(refused: RetryRefused) -> Self {
-        NatsError::invalid(Parameter::RetryPolicy, refused.value(), RetryRefused::RULE)
-    }
 }
+
+crate::parameter::refusal!(NatsError);
 
 impl fmt::Display for NatsError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            NatsError::InvalidInput {
-                parameter,
-                value,
-                rule,
-            } => write_invalid(f, *parameter, value, rule),
+            NatsError::InvalidInput(e) => fmt::Display::fmt(e, f),
             NatsError::Guard(e) => write!(f, "NATS endpoint guard: {e}"),
             NatsError::Server { what, source } => write!(f, "nats: {what}: {source}"),
         }
@@ -163,7 +143,7 @@ impl std::error::Error for NatsError {
         match self {
             NatsError::Guard(e) => Some(e),
             NatsError::Server { source, .. } => Some(&**source),
-            NatsError::InvalidInput { .. } => None,
+            NatsError::InvalidInput(_) => None,
         }
     }
 }

@@ -149,7 +149,7 @@ impl NatsSubscriber {
     /// How a failing handler is retried before the message is given up.
     /// Endpoints draw no random bits, so a policy with jitter is refused.
     pub fn with_retry(mut self, policy: RetryPolicy) -> Result<Self, NatsError> {
-        self.retry = deliver::checked(policy).map_err(NatsError::retry)?;
+        self.retry = deliver::checked(policy).map_err(NatsError::InvalidInput)?;
         Ok(self)
     }
 

@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::parameter::{Parameter, write_invalid};
+use crate::parameter::Parameter;
 
 /// A queue that cannot be built, or a request to the server that failed.
 ///
@@ -21,24 +21,14 @@ use crate::parameter::{Parameter, write_invalid};
 /// let err = PgQueue::new("postgres://127.0.0.1/app", "jobs; drop table x").unwrap_err();
 /// assert!(matches!(
 ///     err,
-///     PgQueueError::InvalidInput { parameter: Parameter::Table, .. }
+///     PgQueueError::InvalidInput(guard_endpoints::InvalidInput { parameter: Parameter::Table, .. })
 /// ));
 /// ```
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub enum PgQueueError {
     /// A parameter that cannot be used.
-    #[non_exhaustive]
-    InvalidInput {
-        /// What was refused.
-        parameter: Parameter,
-        /// The value given, as text (a URL's password hidden).
-        value: String,
-        /// The rule it breaks.
-        rule: String,
-        /// The check that refused it, where another crate's check did.
-        source: Option<Arc<dyn Error + Send + Sync>>,
-    },
+    InvalidInput(crate::InvalidInput),
     /// The server could not be reached or refused the connection.
     Connect {
         /// Where: `host:port/database`.
@@ -70,12 +60,7 @@ impl PgQueueError {
         value: impl Into<String>,
         rule: impl Into<String>,
     ) -> Self {
-        PgQueueError::InvalidInput {
-            parameter,
-            value: value.into(),
-            rule: rule.into(),
-            source: None,
-        }
+        PgQueueError::InvalidInput(crate::InvalidInput::new(parameter, value, rule))
     }
 
     /// `statement` failed with `source`.
@@ -95,20 +80,17 @@ impl PgQueueError {
                 source.is_closed()
             }
             PgQueueError::Timeout { .. } => true,
-            PgQueueError::InvalidInput { .. } => false,
+            PgQueueError::InvalidInput(_) => false,
         }
     }
 }
 
+crate::parameter::refusal!(PgQueueError);
+
 impl fmt::Display for PgQueueError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            PgQueueError::InvalidInput {
-                parameter,
-                value,
-                rule,
-                ..
-            } => write_invalid(f, *parameter, value, rule),
+            PgQueueError::InvalidInput(e) => fmt::Display::fmt(e, f),
             PgQueueError::Connect { server, source } => {
                 write!(f, "postgres connect: {server}: {source}")
             }
@@ -125,9 +107,7 @@ impl fmt::Display for PgQueueError {
 impl Error for PgQueueError {
     fn source(&self) -> Option<&(dyn Error + 'static)> {
         match self {
-            PgQueueError::InvalidInput { source, .. } => {
-                source.as_deref().map(|e| e as &(dyn Error + 'static))
-            }
+            PgQueueError::InvalidInput(e) => Error::source(e),
             PgQueueError::Connect { source, .. } | PgQueueError::Query { source, .. } => {
                 Some(&**source)
             }

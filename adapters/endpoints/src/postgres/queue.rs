@@ -206,12 +206,12 @@ impl PgQueue {
     /// `sslmode` that requires TLS is refused.
     pub fn new(url: &str, table: &str) -> Result<Self, PgQueueError> {
         let mut config: Config = url.parse().map_err(|e: tokio_postgres::Error| {
-            PgQueueError::InvalidInput {
+            PgQueueError::InvalidInput(crate::InvalidInput {
                 parameter: Parameter::ServerUrl,
                 value: redacted(url),
                 rule: "must be a PostgreSQL URL (postgres://user@host:port/database) or key=value connection string".to_owned(),
                 source: Some(Arc::new(e)),
-            }
+            })
         })?;
         if config.get_hosts().is_empty() {
             return Err(PgQueueError::invalid(
@@ -301,12 +301,7 @@ impl PgQueue {
     /// How a failing row is retried before it is dead-lettered. The
     /// queue draws no random bits, so a policy with jitter is refused.
     pub fn with_retry(mut self, policy: RetryPolicy) -> Result<Self, PgQueueError> {
-        self.retry = deliver::checked(policy).map_err(|refused| PgQueueError::InvalidInput {
-            parameter: Parameter::RetryPolicy,
-            value: refused.value(),
-            rule: deliver::RetryRefused::RULE.to_owned(),
-            source: Some(Arc::new(refused.cause())),
-        })?;
+        self.retry = deliver::checked(policy).map_err(PgQueueError::InvalidInput)?;
         Ok(self)
     }
 
@@ -826,10 +821,10 @@ mod tests {
         assert!(
             matches!(
                 &err,
-                PgQueueError::InvalidInput {
+                PgQueueError::InvalidInput(crate::InvalidInput {
                     parameter: Parameter::ServerUrl,
                     ..
-                }
+                })
             ),
             "{err}"
         );
@@ -859,10 +854,10 @@ mod tests {
         let err = queue.clone().with_dead_letter_table("jobs").unwrap_err();
         assert!(matches!(
             &err,
-            PgQueueError::InvalidInput {
+            PgQueueError::InvalidInput(crate::InvalidInput {
                 parameter: Parameter::Table,
                 ..
-            }
+            })
         ));
         let queue = queue
             .with_dead_letter_table("failed")

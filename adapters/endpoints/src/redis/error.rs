@@ -6,7 +6,7 @@ use std::fmt;
 use guard_redis::RedisGuardError;
 use guard_std::run::RunnerError;
 
-use crate::parameter::{Parameter, write_invalid};
+use crate::parameter::Parameter;
 
 /// A Redis endpoint that cannot be built, or a round of a stream consumer
 /// that failed.
@@ -25,7 +25,7 @@ use crate::parameter::{Parameter, write_invalid};
 /// let err = PubSubEndpoint::new("redis://127.0.0.1:6379/", &config, &scope, &[]).unwrap_err();
 /// assert!(matches!(
 ///     err,
-///     EndpointError::InvalidInput { parameter: Parameter::Patterns, .. }
+///     EndpointError::InvalidInput(guard_endpoints::InvalidInput { parameter: Parameter::Patterns, .. })
 /// ));
 /// # Ok::<(), guard_core::lock::KeyError>(())
 /// ```
@@ -33,17 +33,7 @@ use crate::parameter::{Parameter, write_invalid};
 #[non_exhaustive]
 pub enum EndpointError {
     /// A parameter that cannot be used.
-    #[non_exhaustive]
-    InvalidInput {
-        /// What was refused.
-        parameter: Parameter,
-        /// The value given, as text.
-        value: String,
-        /// The rule it breaks.
-        rule: String,
-        /// The check that refused it, where another crate's check did.
-        source: Option<Box<dyn Error + Send + Sync>>,
-    },
+    InvalidInput(crate::InvalidInput),
     /// The endpoint's guard (its lease runner) cannot be built.
     Guard(RunnerError),
     /// The Redis backend refused or failed: a URL it cannot use, a
@@ -58,24 +48,16 @@ impl EndpointError {
         value: impl Into<String>,
         rule: impl Into<String>,
     ) -> Self {
-        EndpointError::InvalidInput {
-            parameter,
-            value: value.into(),
-            rule: rule.into(),
-            source: None,
-        }
+        EndpointError::InvalidInput(crate::InvalidInput::new(parameter, value, rule))
     }
 }
+
+crate::parameter::refusal!(EndpointError);
 
 impl fmt::Display for EndpointError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            EndpointError::InvalidInput {
-                parameter,
-                value,
-                rule,
-                ..
-            } => write_invalid(f, *parameter, value, rule),
+            EndpointError::InvalidInput(e) => fmt::Display::fmt(e, f),
             EndpointError::Guard(e) => write!(f, "endpoint guard: {e}"),
             EndpointError::Redis(e) => fmt::Display::fmt(e, f),
         }
@@ -85,9 +67,7 @@ impl fmt::Display for EndpointError {
 impl Error for EndpointError {
     fn source(&self) -> Option<&(dyn Error + 'static)> {
         match self {
-            EndpointError::InvalidInput { source, .. } => {
-                source.as_deref().map(|e| e as &(dyn Error + 'static))
-            }
+            EndpointError::InvalidInput(e) => Error::source(e),
             EndpointError::Guard(e) => Some(e),
             EndpointError::Redis(e) => Some(e),
         }

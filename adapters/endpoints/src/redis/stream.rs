@@ -179,16 +179,6 @@ fn named(parameter: Parameter, value: &str) -> Result<String, EndpointError> {
     Ok(value.to_owned())
 }
 
-/// A retry policy the consumer cannot run: it draws no random bits.
-fn retry_refused(refused: deliver::RetryRefused) -> EndpointError {
-    EndpointError::InvalidInput {
-        parameter: Parameter::RetryPolicy,
-        value: refused.value(),
-        rule: deliver::RetryRefused::RULE.to_owned(),
-        source: Some(Box::new(refused.cause())),
-    }
-}
-
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
@@ -309,7 +299,7 @@ impl StreamConsumer {
     /// How a failing entry is retried before it is given up. The
     /// consumer draws no random bits, so a policy with jitter is refused.
     pub fn with_retry(mut self, policy: RetryPolicy) -> Result<Self, EndpointError> {
-        self.retry = deliver::checked(policy).map_err(retry_refused)?;
+        self.retry = deliver::checked(policy).map_err(EndpointError::InvalidInput)?;
         Ok(self)
     }
 

@@ -16,19 +16,10 @@ pub(super) fn source(
     use guard_endpoints::amqp::{
         AmqpError, AmqpOptions, DEFAULT_PREFETCH, FanoutConsumer, WorkQueueConsumer,
     };
-    let refused = |field: &str, e: AmqpError| match e {
-        AmqpError::InvalidInput { value, rule, .. } => {
-            super::check::refused(field, key, &value, &rule)
-        }
-        other => invalid(key(field), "set", other.to_string()),
-    };
+    let refused = |field: &str, e: AmqpError| super::check::refused(field, key, &e);
     let url = RedactedUrl::new(expand(&key("url"), &r.url, env)?, &r.url);
-    let options = AmqpOptions::new(&url).map_err(|e| match e {
-        AmqpError::InvalidInput { rule, .. } => {
-            super::check::refused_url(&key("url"), &url, &r.url, &rule)
-        }
-        other => refused("url", other),
-    })?;
+    let options =
+        AmqpOptions::new(&url).map_err(|e| super::check::refused_url(key, &url, &r.url, &e))?;
     let delivery = match (&r.queue, &r.exchange) {
         (Some(queue), None) => {
             if r.guard {

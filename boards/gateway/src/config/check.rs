@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use guard_core::retry::RetryPolicy;
 
+use guard_endpoints::{Parameter, Refusal};
+
 use super::{ConfigError, RedactedUrl, invalid};
 
 /// Upper bounds of durations and sizes shared by several kinds, so that
@@ -50,6 +52,36 @@ pub(super) fn retry(
         .with_initial_delay(delay_ms.map_or(DEFAULT_RETRY_DELAY, Duration::from_millis)))
 }
 
+/// A source builder's refusal as the configuration key `field` that gave
+/// the value: the value with the rule it breaks; any other error (a
+/// builder that does not connect gives none) with its message. One
+/// mapping for every source, through [`Refusal`].
+#[allow(dead_code)] // Used only in builds with some source's feature.
+pub(super) fn refused(field: &str, key: &dyn Fn(&str) -> String, e: &dyn Refusal) -> ConfigError {
+    match e.invalid_input() {
+        Some(input) => refused_value(field, key, &input.value, &input.rule),
+        None => invalid(key(field), "set", e.to_string()),
+    }
+}
+
+/// A source builder's refusal of the URL in `url` (expanded from
+/// `as_written`): named as written, its password hidden; a refusal of
+/// another parameter as [`refused`] names it.
+#[allow(dead_code)] // Used only in builds with some source's feature.
+pub(super) fn refused_url(
+    key: &dyn Fn(&str) -> String,
+    url: &RedactedUrl,
+    as_written: &str,
+    e: &dyn Refusal,
+) -> ConfigError {
+    match e.invalid_input() {
+        Some(input) if input.parameter == Parameter::ServerUrl => {
+            refused_url_rule(&key("url"), url, as_written, &input.rule)
+        }
+        _ => refused("url", key, e),
+    }
+}
+
 /// The refusal of an endpoint kind whose feature this build lacks.
 #[allow(dead_code)] // Used only in builds without some source's feature.
 pub(super) fn unsupported(kind: &str, feature: &str, key: &dyn Fn(&str) -> String) -> ConfigError {
@@ -63,7 +95,7 @@ pub(super) fn unsupported(kind: &str, feature: &str, key: &dyn Fn(&str) -> Strin
 /// A builder's refusal (`value` breaks `rule`) as the configuration key
 /// `field` that gave the value.
 #[allow(dead_code)] // Used only in builds with some source's feature.
-pub(super) fn refused(
+pub(super) fn refused_value(
     field: &str,
     key: &dyn Fn(&str) -> String,
     value: &str,
@@ -77,7 +109,7 @@ pub(super) fn refused(
 /// hidden, never as expanded (a `${NAME}` may hold a secret, and the
 /// builder's own error names the URL it was given).
 #[allow(dead_code)] // Used only in builds with some source's feature.
-pub(super) fn refused_url(
+pub(super) fn refused_url_rule(
     key: &str,
     url: &RedactedUrl,
     as_written: &str,

@@ -14,28 +14,16 @@ pub(super) fn source(
     env: Env<'_>,
 ) -> Result<Source, ConfigError> {
     use super::check::refused_url;
-    use guard_endpoints::Parameter;
     use guard_endpoints::mysql::{BinlogError, BinlogReader};
-    let refused = |field: &str, e: BinlogError| match e {
-        BinlogError::InvalidInput { value, rule, .. } => {
-            super::check::refused(field, key, &value, &rule)
-        }
-        other => invalid(key(field), "set", other.to_string()),
-    };
+    let refused = |field: &str, e: BinlogError| super::check::refused(field, key, &e);
     let url = RedactedUrl::new(expand(&key("url"), &m.url, env)?, &m.url);
     // The reader's own checks, on a reader that is never run (no locker).
     let unguarded = guard_std::GuardConfig::new();
     let scope = unguarded
         .scope("endpoint/binlog")
         .map_err(|e| invalid(key("name"), format!("{:?}", m.name), e.to_string()))?;
-    let reader = BinlogReader::new(&url, &m.name, &unguarded, &scope).map_err(|e| match e {
-        BinlogError::InvalidInput {
-            parameter: Parameter::ServerUrl,
-            rule,
-            ..
-        } => refused_url(&key("url"), &url, &m.url, &rule),
-        other => refused("url", other),
-    })?;
+    let reader = BinlogReader::new(&url, &m.name, &unguarded, &scope)
+        .map_err(|e| refused_url(key, &url, &m.url, &e))?;
     let reader = match m.server_id {
         Some(id) => reader
             .with_server_id(id)

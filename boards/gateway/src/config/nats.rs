@@ -5,27 +5,12 @@
 
 use std::time::Duration;
 
-use super::check::{Env, MAX_BATCH, MAX_TIMEOUT_MS, bounded, expand, retry};
+use super::check::{Env, MAX_BATCH, MAX_TIMEOUT_MS, bounded, expand, refused, retry};
 use super::raw;
 use super::{ConfigError, JetStreamSource, NatsDelivery, NatsSource, RedactedUrl, Source, invalid};
 
 /// The longest ack wait: an hour.
 const MAX_ACK_WAIT_MS: u64 = MAX_TIMEOUT_MS;
-
-/// A builder's refusal, as the configuration key that caused it.
-#[cfg(feature = "nats")]
-fn refused(
-    field: &str,
-    key: &dyn Fn(&str) -> String,
-    e: guard_endpoints::nats::NatsError,
-) -> ConfigError {
-    match e {
-        guard_endpoints::nats::NatsError::InvalidInput { value, rule, .. } => {
-            super::check::refused(field, key, &value, &rule)
-        }
-        other => invalid(key(field), "set", other.to_string()),
-    }
-}
 
 /// The server's URL, expanded and checked; refused as written, its
 /// password or token hidden.
@@ -35,14 +20,9 @@ fn url(
     key: &dyn Fn(&str) -> String,
     env: Env<'_>,
 ) -> Result<RedactedUrl, ConfigError> {
-    use guard_endpoints::nats::NatsError;
     let url = RedactedUrl::new(expand(&key("url"), value, env)?, value);
-    guard_endpoints::nats::NatsOptions::new(&url).map_err(|e| match e {
-        NatsError::InvalidInput { rule, .. } => {
-            super::check::refused_url(&key("url"), &url, value, &rule)
-        }
-        other => refused("url", key, other),
-    })?;
+    guard_endpoints::nats::NatsOptions::new(&url)
+        .map_err(|e| super::check::refused_url(key, &url, value, &e))?;
     Ok(url)
 }
 
@@ -60,7 +40,7 @@ fn subject_of(
         Parameter::DeadLetterSubject
     };
     guard_endpoints::nats::checked_subject(parameter, value, wildcards)
-        .map_err(|e| refused(field, key, e))
+        .map_err(|e| refused(field, key, &e))
 }
 
 /// `kind = "nats"`.
@@ -80,7 +60,7 @@ pub(super) fn subject(
         }
         (Some(group), false) => match guard_endpoints::nats::Delivery::queue_group(group) {
             Ok(_) => NatsDelivery::QueueGroup(group.clone()),
-            Err(e) => return Err(refused("queue_group", key, e)),
+            Err(e) => return Err(refused("queue_group", key, &e)),
         },
         (None, true) => NatsDelivery::Elected,
         (None, false) => NatsDelivery::Broadcast,
@@ -110,12 +90,12 @@ pub(super) fn jetstream(
     };
     let url = url(&j.url, key, env)?;
     let options =
-        guard_endpoints::nats::NatsOptions::new(&url).map_err(|e| refused("url", key, e))?;
+        guard_endpoints::nats::NatsOptions::new(&url).map_err(|e| refused("url", key, &e))?;
     // The builder checks the names as the server would.
     let consumer = JetStreamConsumer::new(options.clone(), &j.stream, "durable")
-        .map_err(|e| refused("stream", key, e))?;
+        .map_err(|e| refused("stream", key, &e))?;
     JetStreamConsumer::new(options, &j.stream, &j.durable)
-        .map_err(|e| refused("durable", key, e))?;
+        .map_err(|e| refused("durable", key, &e))?;
     let subjects = match &j.subjects {
         None => Vec::new(),
         Some(subjects) if subjects.is_empty() => {
@@ -137,7 +117,7 @@ pub(super) fn jetstream(
             let ack_wait = Duration::from_millis(ms);
             consumer
                 .with_ack_wait(ack_wait)
-                .map_err(|e| refused("ack_wait_ms", key, e))?;
+                .map_err(|e| refused("ack_wait_ms", key, &e))?;
             ack_wait
         }
     };

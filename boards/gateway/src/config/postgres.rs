@@ -19,24 +19,13 @@ pub(super) fn source(
         DEFAULT_BATCH, DEFAULT_CLAIM_LEASE, DEFAULT_MAX_DELIVERIES, DEFAULT_POLL_INTERVAL, PgQueue,
         PgQueueError,
     };
-    let refused = |field: &str, e: PgQueueError| match e {
-        PgQueueError::InvalidInput { value, rule, .. } => {
-            super::check::refused(field, key, &value, &rule)
-        }
-        other => invalid(key(field), "set", other.to_string()),
-    };
+    let refused = |field: &str, e: PgQueueError| super::check::refused(field, key, &e);
     let url = RedactedUrl::with_shown(
         expand(&key("url"), &p.url, env)?,
         guard_postgres::server::redacted(&p.url),
     );
-    let mut queue = PgQueue::new(&url, &p.table).map_err(|e| match e {
-        PgQueueError::InvalidInput {
-            parameter: guard_endpoints::Parameter::ServerUrl,
-            rule,
-            ..
-        } => super::check::refused_url(&key("url"), &url, &p.url, &rule),
-        other => refused("url", other),
-    })?;
+    let mut queue = PgQueue::new(&url, &p.table)
+        .map_err(|e| super::check::refused_url(key, &url, &p.url, &e))?;
     if let Some(table) = &p.dead_letter_table {
         queue = queue
             .with_dead_letter_table(table)
@@ -108,7 +97,7 @@ pub(super) fn locker(l: &raw::Locker, env: Env<'_>) -> Result<super::Locker, Con
     let key = |field: &str| format!("locker.{field}");
     let refused = |field: &str, e: PgLockError| match e {
         PgLockError::InvalidInput { value, rule, .. } => {
-            super::check::refused(field, &key, &value, &rule)
+            super::check::refused_value(field, &key, &value, &rule)
         }
         other => invalid(key(field), "set", other.to_string()),
     };

@@ -1084,12 +1084,12 @@ fn endpoint(
                 Some(group) => Subscription::shared(group, &filter),
                 None => Subscription::plain(&filter),
             };
-            if let Err(MqttError::InvalidInput {
+            if let Err(MqttError::InvalidInput(guard_endpoints::InvalidInput {
                 parameter,
                 value,
                 rule,
                 ..
-            }) = subscription
+            })) = subscription
             {
                 let field = match parameter {
                     Parameter::ShareGroup => "share_group",
