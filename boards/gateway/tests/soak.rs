@@ -813,6 +813,9 @@ impl FaultKind {
 #[derive(Clone, Debug)]
 struct Fault {
     kind: FaultKind,
+    /// The one endpoint it excuses losses of (an unplanned takeover is
+    /// one endpoint's), or `None`: every endpoint (a planned fault).
+    affects: Option<Endpoint>,
     started: Instant,
     ended: Instant,
     /// What happened, for the report.
@@ -871,8 +874,8 @@ fn unplanned_takeovers(lines: &[Line], faults: &[Fault], findings: &mut Findings
             }
             match last {
                 Some((highest, at)) if fence > highest => {
-                    let planned =
-                        in_fault_window(faults, at) || in_fault_window(faults, line.arrival);
+                    let planned = in_fault_window(faults, endpoint, at)
+                        || in_fault_window(faults, endpoint, line.arrival);
                     if !planned {
                         let gap = line.arrival.saturating_duration_since(at);
                         if gap > UNPLANNED_TAKEOVER_BOUND {
@@ -883,6 +886,7 @@ fn unplanned_takeovers(lines: &[Line], faults: &[Fault], findings: &mut Findings
                         }
                         found.push(Fault {
                             kind: FaultKind::UnplannedTakeover,
+                            affects: Some(endpoint),
                             started: at,
                             ended: line.arrival,
                             note: format!(
@@ -902,10 +906,12 @@ fn unplanned_takeovers(lines: &[Line], faults: &[Fault], findings: &mut Findings
     found
 }
 
-/// Whether `at` lies in one of the faults' windows.
-fn in_fault_window(faults: &[Fault], at: Instant) -> bool {
+/// Whether `at` lies in the window of one of the faults that affect
+/// `endpoint`.
+fn in_fault_window(faults: &[Fault], endpoint: Endpoint, at: Instant) -> bool {
     faults
         .iter()
+        .filter(|f| f.affects.is_none_or(|e| e == endpoint))
         .filter_map(Fault::window)
         .any(|(from, to)| from <= at && at <= to)
 }
@@ -1004,6 +1010,7 @@ fn restart_redis(
     }
     Fault {
         kind: FaultKind::RedisRestart,
+        affects: None,
         started,
         ended,
         note: format!(
@@ -1032,6 +1039,7 @@ fn pause_leader(replicas: &[Replica]) -> Fault {
     let ended = Instant::now();
     Fault {
         kind: FaultKind::LeaderPause,
+        affects: None,
         started,
         ended,
         note: format!("replica-{leader} stopped {:?}", ended - started),
@@ -1078,6 +1086,7 @@ fn flood_metrics(replicas: &[Replica]) -> Fault {
     );
     Fault {
         kind: FaultKind::MetricsFlood,
+        affects: None,
         started,
         ended,
         note: format!(
@@ -1519,7 +1528,9 @@ fn check_pubsub(
     // Outside the faults' windows, one subscriber and one handling each.
     let outside: Vec<(u64, u64, u64)> = known
         .iter()
-        .filter(|(p, r)| !in_fault_window(faults, p.at) && (*r != 1 || times(p.seq) != 1))
+        .filter(|(p, r)| {
+            !in_fault_window(faults, Endpoint::Alerts, p.at) && (*r != 1 || times(p.seq) != 1)
+        })
         .map(|(p, r)| (p.seq, *r, times(p.seq)))
         .collect();
     if !outside.is_empty() {
@@ -1676,7 +1687,7 @@ fn check_mqtt(
     let outside: Vec<(u64, usize)> = commands
         .sent
         .iter()
-        .filter(|(seq, at)| !in_fault_window(faults, *at) && times(seq) != 1)
+        .filter(|(seq, at)| !in_fault_window(faults, Endpoint::Commands, *at) && times(seq) != 1)
         .map(|(seq, _)| (*seq, times(seq)))
         .collect();
     if !outside.is_empty() {
