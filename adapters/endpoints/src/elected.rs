@@ -164,7 +164,7 @@ pub(crate) async fn serve_while_leading<S, E, Open, OpenFut, Serve, ServeFut>(
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
-    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
     use std::time::{Duration, Instant};
 
     use guard_core::guard::ActiveConfig;
@@ -199,14 +199,16 @@ mod tests {
             )
             .unwrap();
         let link = Link::new("elected-test");
-        // The first three promotions cannot subscribe; the fourth can.
+        // Promotions cannot subscribe until the test lets them.
         let attempts = Arc::new(AtomicU32::new(0));
+        let refusing = Arc::new(AtomicBool::new(true));
         let open = {
-            let attempts = attempts.clone();
+            let (attempts, refusing) = (attempts.clone(), refusing.clone());
             move |_fence| {
-                let n = attempts.fetch_add(1, Ordering::SeqCst);
+                attempts.fetch_add(1, Ordering::SeqCst);
+                let refused = refusing.load(Ordering::SeqCst);
                 async move {
-                    if n < 3 {
+                    if refused {
                         Err("subscription refused")
                     } else {
                         Ok(())
@@ -228,15 +230,21 @@ mod tests {
                 ))
             })
         };
-        assert!(
-            within(Duration::from_secs(10), || link.failure().as_deref()
-                == Some("subscription refused")),
-            "a failed promotion is a failed connection: {link:?}"
-        );
+        // Two failed promotions: the demotion after the first did not
+        // set the link up again.
         assert!(
             within(Duration::from_secs(10), || attempts.load(Ordering::SeqCst)
-                >= 4
-                && link.is_up()),
+                >= 2),
+            "promoted again"
+        );
+        assert_eq!(
+            link.failure().as_deref(),
+            Some("subscription refused"),
+            "a failed promotion is a failed connection"
+        );
+        refusing.store(false, Ordering::SeqCst);
+        assert!(
+            within(Duration::from_secs(10), || link.is_up()),
             "the promotion that opened brings the link up: {link:?}"
         );
         handle.stop();
