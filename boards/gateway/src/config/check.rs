@@ -14,9 +14,9 @@ use super::{ConfigError, RedactedUrl, invalid};
 
 /// Upper bounds of durations and sizes shared by several kinds, so that
 /// a typo (an extra digit, a value in the wrong unit) is an error.
-pub(super) const MAX_TIMEOUT_MS: u64 = 3600 * 1000; // an hour
-pub(super) const MAX_BATCH: u64 = 10_000; // entries a round: one reply of a few MiB
-pub(super) const MAX_LEASE_MS: u64 = 24 * 3600 * 1000; // a day
+pub(crate) const MAX_TIMEOUT_MS: u64 = 3600 * 1000; // an hour
+pub(crate) const MAX_BATCH: u64 = 10_000; // entries a round: one reply of a few MiB
+pub(crate) const MAX_LEASE_MS: u64 = 24 * 3600 * 1000; // a day
 /// The kinds in the lease scopes of the gateway's elected endpoints
 /// (`endpoint/<kind>`, built by the endpoint modules): an owner and an
 /// endpoint name are checked against the longest, so that what the
@@ -25,7 +25,7 @@ pub(crate) const ENDPOINT_SCOPE_KINDS: [&str; 5] = ["redis", "mqtt", "nats", "am
 
 /// The longest elected endpoint scope component (see
 /// [`ENDPOINT_SCOPE_KINDS`]).
-pub(super) fn longest_endpoint_component() -> String {
+pub(crate) fn longest_endpoint_component() -> String {
     let kind = ENDPOINT_SCOPE_KINDS
         .iter()
         .max_by_key(|kind| kind.len())
@@ -39,7 +39,7 @@ const DEFAULT_RETRY_DELAY: Duration = Duration::from_millis(100);
 
 /// The retry policy of `retries` and `retry_delay_ms` (the original's
 /// defaults), the delay bounded.
-pub(super) fn retry(
+pub(crate) fn retry(
     retries: Option<u32>,
     delay_ms: Option<u64>,
     key: &dyn Fn(&str) -> String,
@@ -57,7 +57,7 @@ pub(super) fn retry(
 /// builder that does not connect gives none) with its message. One
 /// mapping for every source, through [`Refusal`].
 #[allow(dead_code)] // Used only in builds with some source's feature.
-pub(super) fn refused(field: &str, key: &dyn Fn(&str) -> String, e: &dyn Refusal) -> ConfigError {
+pub(crate) fn refused(field: &str, key: &dyn Fn(&str) -> String, e: &dyn Refusal) -> ConfigError {
     match e.invalid_input() {
         Some(input) => refused_value(field, key, &input.value, &input.rule),
         None => invalid(key(field), "set", e.to_string()),
@@ -68,7 +68,7 @@ pub(super) fn refused(field: &str, key: &dyn Fn(&str) -> String, e: &dyn Refusal
 /// `as_written`): named as written, its password hidden; a refusal of
 /// another parameter as [`refused`] names it.
 #[allow(dead_code)] // Used only in builds with some source's feature.
-pub(super) fn refused_url(
+pub(crate) fn refused_url(
     key: &dyn Fn(&str) -> String,
     url: &RedactedUrl,
     as_written: &str,
@@ -84,7 +84,7 @@ pub(super) fn refused_url(
 
 /// The refusal of an endpoint kind whose feature this build lacks.
 #[allow(dead_code)] // Used only in builds without some source's feature.
-pub(super) fn unsupported(kind: &str, feature: &str, key: &dyn Fn(&str) -> String) -> ConfigError {
+pub(crate) fn unsupported(kind: &str, feature: &str, key: &dyn Fn(&str) -> String) -> ConfigError {
     invalid(
         key("kind"),
         format!("{kind:?}"),
@@ -95,7 +95,7 @@ pub(super) fn unsupported(kind: &str, feature: &str, key: &dyn Fn(&str) -> Strin
 /// A builder's refusal (`value` breaks `rule`) as the configuration key
 /// `field` that gave the value.
 #[allow(dead_code)] // Used only in builds with some source's feature.
-pub(super) fn refused_value(
+pub(crate) fn refused_value(
     field: &str,
     key: &dyn Fn(&str) -> String,
     value: &str,
@@ -109,7 +109,7 @@ pub(super) fn refused_value(
 /// hidden, never as expanded (a `${NAME}` may hold a secret, and the
 /// builder's own error names the URL it was given).
 #[allow(dead_code)] // Used only in builds with some source's feature.
-pub(super) fn refused_url_rule(
+pub(crate) fn refused_url_rule(
     key: &str,
     url: &RedactedUrl,
     as_written: &str,
@@ -123,10 +123,10 @@ pub(super) fn refused_url_rule(
     invalid(key, format!("{url:?}"), format!("{rule}{expanded}"))
 }
 
-pub(super) type Env<'e> = &'e dyn Fn(&str) -> Option<String>;
+pub(crate) type Env<'e> = &'e dyn Fn(&str) -> Option<String>;
 
 /// `value` if it is in `1..=max`, else an error naming `key`.
-pub(super) fn bounded(key: &str, value: u64, max: u64, unit: &str) -> Result<u64, ConfigError> {
+pub(crate) fn bounded(key: &str, value: u64, max: u64, unit: &str) -> Result<u64, ConfigError> {
     if value == 0 || value > max {
         return Err(invalid(
             key,
@@ -139,7 +139,7 @@ pub(super) fn bounded(key: &str, value: u64, max: u64, unit: &str) -> Result<u64
 
 /// A name that ends up in keys, client ids and printed lines: no control
 /// characters (a newline would break a log line, a NUL a Redis key).
-pub(super) fn printable(key: &str, value: &str) -> Result<(), ConfigError> {
+pub(crate) fn printable(key: &str, value: &str) -> Result<(), ConfigError> {
     if value.chars().any(char::is_control) {
         return Err(invalid(
             key,
@@ -151,7 +151,7 @@ pub(super) fn printable(key: &str, value: &str) -> Result<(), ConfigError> {
 }
 
 /// `value` with every `${NAME}` replaced from `env`.
-pub(super) fn expand(key: &str, value: &str, env: Env<'_>) -> Result<String, ConfigError> {
+pub(crate) fn expand(key: &str, value: &str, env: Env<'_>) -> Result<String, ConfigError> {
     let mut out = String::new();
     let mut rest = value;
     while let Some(start) = rest.find("${") {

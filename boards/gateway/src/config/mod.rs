@@ -44,7 +44,8 @@
 //! # Ok::<(), guard_gateway::config::ConfigError>(())
 //! ```
 
-mod check;
+pub(crate) mod check;
+pub use crate::endpoint::nats::{JetStreamSource, NatsDelivery, NatsSource};
 pub(crate) use check::ENDPOINT_SCOPE_KINDS;
 mod connect;
 // Without its feature a kind is read, then refused.
@@ -54,11 +55,9 @@ mod amqp;
 mod etcd;
 #[cfg_attr(not(feature = "mysql"), allow(dead_code, unused_imports))]
 mod mysql;
-#[cfg_attr(not(feature = "nats"), allow(dead_code, unused_imports))]
-mod nats;
 #[cfg_attr(not(feature = "postgres"), allow(dead_code, unused_imports))]
 mod postgres;
-mod raw;
+pub(crate) mod raw;
 mod resolve;
 mod tls;
 
@@ -551,58 +550,6 @@ pub struct BinlogSource {
     pub dead_letter_table: Option<String>,
     /// Retries of a failing change.
     pub retry: RetryPolicy,
-}
-
-/// `kind = "nats"`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NatsSource {
-    /// The server.
-    pub url: RedactedUrl,
-    /// The subject (wildcards allowed).
-    pub subject: String,
-    /// Who receives each message.
-    pub delivery: NatsDelivery,
-    /// Retries of a failing message.
-    pub retry: RetryPolicy,
-    /// Where given-up messages are published; without one they are
-    /// counted and logged as lost.
-    pub dead_letter_subject: Option<String>,
-}
-
-/// How a NATS endpoint subscribes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum NatsDelivery {
-    /// A queue group: the server gives each message to one member; no
-    /// guard.
-    QueueGroup(String),
-    /// A plain subscription on every replica: a broadcast.
-    Broadcast,
-    /// A plain subscription on the elected replica only.
-    Elected,
-}
-
-/// `kind = "nats-jetstream"`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct JetStreamSource {
-    /// The server.
-    pub url: RedactedUrl,
-    /// The stream.
-    pub stream: String,
-    /// Subjects of a stream to create if it does not exist (empty: it
-    /// must exist).
-    pub subjects: Vec<String>,
-    /// The durable consumer, the same on every replica.
-    pub durable: String,
-    /// How long the server waits for an acknowledgement.
-    pub ack_wait: Duration,
-    /// Deliveries before a failing message is dead-lettered.
-    pub max_deliver: u32,
-    /// Messages pulled per request.
-    pub batch: usize,
-    /// Retries of a failing message within one delivery.
-    pub retry: RetryPolicy,
-    /// Where dead letters go (`dead-letters.<stream>` unless given).
-    pub dead_letter_subject: Option<String>,
 }
 
 /// `kind = "redis-pubsub"`.

@@ -196,7 +196,7 @@ pub(super) struct Active {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub(super) enum WhenLimited {
+pub(crate) enum WhenLimited {
     Wait,
     DeadLetter,
 }
@@ -215,8 +215,8 @@ pub(super) enum Endpoint {
     RedisPubsub(PubSub),
     RedisStream(Stream),
     Mqtt(Mqtt),
-    Nats(Nats),
-    NatsJetStream(NatsJetStream),
+    Nats(crate::endpoint::nats::NatsEntry),
+    NatsJetStream(crate::endpoint::nats::JetStreamEntry),
     Rabbitmq(Rabbitmq),
     PostgresQueue(PostgresQueue),
     MysqlBinlog(MysqlBinlog),
@@ -299,48 +299,6 @@ pub(super) struct Mqtt {
     pub tls_ca: Option<String>,
     pub tls_cert: Option<String>,
     pub tls_key: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-#[cfg_attr(not(feature = "nats"), allow(dead_code))]
-pub(super) struct Nats {
-    pub name: String,
-    pub url: String,
-    pub subject: String,
-    pub queue_group: Option<String>,
-    #[serde(default)]
-    pub guard: bool,
-    pub retries: Option<u32>,
-    pub retry_delay_ms: Option<u64>,
-    pub dead_letter_subject: Option<String>,
-    pub limit: Option<String>,
-    pub limit_key: Option<String>,
-    pub when_limited: Option<WhenLimited>,
-    pub max_wait_ms: Option<u64>,
-    pub max_payload_bytes: Option<u64>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-#[cfg_attr(not(feature = "nats"), allow(dead_code))]
-pub(super) struct NatsJetStream {
-    pub name: String,
-    pub url: String,
-    pub stream: String,
-    pub subjects: Option<Vec<String>>,
-    pub durable: String,
-    pub ack_wait_ms: Option<u64>,
-    pub max_deliver: Option<u32>,
-    pub batch: Option<u64>,
-    pub retries: Option<u32>,
-    pub retry_delay_ms: Option<u64>,
-    pub dead_letter_subject: Option<String>,
-    pub limit: Option<String>,
-    pub limit_key: Option<String>,
-    pub when_limited: Option<WhenLimited>,
-    pub max_wait_ms: Option<u64>,
-    pub max_payload_bytes: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]

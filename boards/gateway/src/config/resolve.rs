@@ -1140,11 +1140,19 @@ fn endpoint(
         }
         raw::Endpoint::Nats(n) => {
             let limit = endpoint_limit(limit_keys!(n), key, false, limiters)?;
-            (&n.name, super::nats::subject(n, key, env)?, limit)
+            (
+                &n.name,
+                crate::endpoint::nats::resolve_subject(n, key, env)?,
+                limit,
+            )
         }
         raw::Endpoint::NatsJetStream(j) => {
             let limit = endpoint_limit(limit_keys!(j), key, false, limiters)?;
-            (&j.name, super::nats::jetstream(j, key, env)?, limit)
+            (
+                &j.name,
+                crate::endpoint::nats::resolve_jetstream(j, key, env)?,
+                limit,
+            )
         }
         raw::Endpoint::Rabbitmq(r) => {
             let limit = endpoint_limit(limit_keys!(r), key, false, limiters)?;

@@ -10,8 +10,8 @@ mod amqp;
 mod mqtt;
 #[cfg(feature = "mysql")]
 mod mysql;
-#[cfg(feature = "nats")]
-mod nats;
+#[cfg_attr(not(feature = "nats"), allow(dead_code, unused_imports))]
+pub(crate) mod nats;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod redis;
