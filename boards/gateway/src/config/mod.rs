@@ -45,21 +45,21 @@
 //! ```
 
 pub(crate) mod check;
-pub use crate::endpoint::nats::{JetStreamSource, NatsDelivery, NatsSource};
-pub(crate) use check::ENDPOINT_SCOPE_KINDS;
 mod connect;
 // Without its feature a kind is read, then refused.
-#[cfg_attr(not(feature = "amqp"), allow(dead_code, unused_imports))]
-mod amqp;
 #[cfg_attr(not(feature = "etcd"), allow(dead_code, unused_imports))]
 mod etcd;
-#[cfg_attr(not(feature = "mysql"), allow(dead_code, unused_imports))]
-mod mysql;
 #[cfg_attr(not(feature = "postgres"), allow(dead_code, unused_imports))]
 mod postgres;
 pub(crate) mod raw;
 mod resolve;
 mod tls;
+
+pub(crate) use check::ENDPOINT_SCOPE_KINDS;
+// Each source kind's validated configuration lives with its assembly.
+pub use crate::endpoint::amqp::{AmqpDelivery, AmqpSource};
+pub use crate::endpoint::mysql::{BinlogSource, BinlogStart};
+pub use crate::endpoint::nats::{JetStreamSource, NatsDelivery, NatsSource};
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -465,43 +465,6 @@ pub enum Source {
     MysqlBinlog(BinlogSource),
 }
 
-/// `kind = "rabbitmq"`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AmqpSource {
-    /// The broker (`amqp://user:password@host:port/vhost`).
-    pub url: RedactedUrl,
-    /// What is consumed, and who receives each message.
-    pub delivery: AmqpDelivery,
-    /// Messages delivered before any is acknowledged.
-    pub prefetch: u16,
-    /// Retries of a failing message.
-    pub retry: RetryPolicy,
-    /// Where given-up messages go (`<queue or exchange>.dead-letters`
-    /// unless given).
-    pub dead_letter_queue: Option<String>,
-}
-
-/// What a RabbitMQ endpoint consumes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AmqpDelivery {
-    /// A queue every replica consumes: the broker delivers each message to
-    /// one of them; no guard.
-    WorkQueue {
-        /// The queue.
-        queue: String,
-        /// The broker's single-active-consumer queue: one replica at a
-        /// time receives.
-        single_active: bool,
-    },
-    /// A fanout exchange: every bound queue gets every message.
-    Fanout {
-        /// The exchange.
-        exchange: String,
-        /// Only the elected replica binds a queue (`guard = true`).
-        elected: bool,
-    },
-}
-
 /// `kind = "postgres-queue"`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PgQueueSource {
@@ -520,35 +483,6 @@ pub struct PgQueueSource {
     /// How long to wait after a poll that found nothing.
     pub poll_interval: Duration,
     /// Retries of a failing row within one claim.
-    pub retry: RetryPolicy,
-}
-
-/// Where a binlog reader without a checkpoint starts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BinlogStart {
-    /// The server's current end of the binlog.
-    Current,
-    /// The server's first binlog still kept.
-    Beginning,
-}
-
-/// `kind = "mysql-binlog"`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BinlogSource {
-    /// The server (`mysql://user:password@host:port/database`).
-    pub url: RedactedUrl,
-    /// The server id the reader registers with (derived from the name
-    /// unless given).
-    pub server_id: Option<u32>,
-    /// Where a reader without a checkpoint starts.
-    pub start: BinlogStart,
-    /// A checkpoint after this many transactions.
-    pub checkpoint_every: u32,
-    /// The checkpoints table (the default unless given).
-    pub checkpoint_table: Option<String>,
-    /// The dead-letter table (the default unless given).
-    pub dead_letter_table: Option<String>,
-    /// Retries of a failing change.
     pub retry: RetryPolicy,
 }
 

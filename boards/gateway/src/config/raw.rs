@@ -217,9 +217,9 @@ pub(super) enum Endpoint {
     Mqtt(Mqtt),
     Nats(crate::endpoint::nats::NatsEntry),
     NatsJetStream(crate::endpoint::nats::JetStreamEntry),
-    Rabbitmq(Rabbitmq),
+    Rabbitmq(crate::endpoint::amqp::RabbitmqEntry),
     PostgresQueue(PostgresQueue),
-    MysqlBinlog(MysqlBinlog),
+    MysqlBinlog(crate::endpoint::mysql::BinlogEntry),
 }
 
 impl Endpoint {
@@ -303,29 +303,6 @@ pub(super) struct Mqtt {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-#[cfg_attr(not(feature = "amqp"), allow(dead_code))]
-pub(super) struct Rabbitmq {
-    pub name: String,
-    pub url: String,
-    pub queue: Option<String>,
-    pub exchange: Option<String>,
-    #[serde(default)]
-    pub guard: bool,
-    #[serde(default)]
-    pub single_active: bool,
-    pub prefetch: Option<u16>,
-    pub retries: Option<u32>,
-    pub retry_delay_ms: Option<u64>,
-    pub dead_letter_queue: Option<String>,
-    pub limit: Option<String>,
-    pub limit_key: Option<String>,
-    pub when_limited: Option<WhenLimited>,
-    pub max_wait_ms: Option<u64>,
-    pub max_payload_bytes: Option<u64>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub(super) struct PostgresQueue {
     pub name: String,
@@ -345,29 +322,9 @@ pub(super) struct PostgresQueue {
     pub max_payload_bytes: Option<u64>,
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
-pub(super) struct MysqlBinlog {
-    pub name: String,
-    pub url: String,
-    pub server_id: Option<u32>,
-    pub start: Option<BinlogStart>,
-    pub checkpoint_every: Option<u32>,
-    pub checkpoint_table: Option<String>,
-    pub dead_letter_table: Option<String>,
-    pub retries: Option<u32>,
-    pub retry_delay_ms: Option<u64>,
-    pub limit: Option<String>,
-    pub limit_key: Option<String>,
-    pub when_limited: Option<WhenLimited>,
-    pub max_wait_ms: Option<u64>,
-    pub max_payload_bytes: Option<u64>,
-}
-
 #[derive(Debug, Clone, Copy, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub(super) enum BinlogStart {
+pub(crate) enum BinlogStart {
     Current,
     Beginning,
 }

@@ -1156,7 +1156,7 @@ fn endpoint(
         }
         raw::Endpoint::Rabbitmq(r) => {
             let limit = endpoint_limit(limit_keys!(r), key, false, limiters)?;
-            (&r.name, super::amqp::source(r, key, env)?, limit)
+            (&r.name, crate::endpoint::amqp::resolve(r, key, env)?, limit)
         }
         raw::Endpoint::PostgresQueue(p) => {
             let limit = endpoint_limit(limit_keys!(p), key, false, limiters)?;
@@ -1164,7 +1164,11 @@ fn endpoint(
         }
         raw::Endpoint::MysqlBinlog(m) => {
             let limit = endpoint_limit(limit_keys!(m), key, false, limiters)?;
-            (&m.name, super::mysql::source(m, &key, env)?, limit)
+            (
+                &m.name,
+                crate::endpoint::mysql::resolve(m, &key, env)?,
+                limit,
+            )
         }
     };
     Ok(Endpoint {

@@ -5,11 +5,11 @@
 //! shares (the [`Inbox`] a message passes, the report of a handled
 //! message) is here.
 
-#[cfg(feature = "amqp")]
-mod amqp;
+#[cfg_attr(not(feature = "amqp"), allow(dead_code, unused_imports))]
+pub(crate) mod amqp;
 mod mqtt;
-#[cfg(feature = "mysql")]
-mod mysql;
+#[cfg_attr(not(feature = "mysql"), allow(dead_code, unused_imports))]
+pub(crate) mod mysql;
 #[cfg_attr(not(feature = "nats"), allow(dead_code, unused_imports))]
 pub(crate) mod nats;
 #[cfg(feature = "postgres")]
