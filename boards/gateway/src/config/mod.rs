@@ -60,6 +60,7 @@ pub(crate) use check::ENDPOINT_SCOPE_KINDS;
 pub use crate::endpoint::amqp::{AmqpDelivery, AmqpSource};
 pub use crate::endpoint::mysql::{BinlogSource, BinlogStart};
 pub use crate::endpoint::nats::{JetStreamSource, NatsDelivery, NatsSource};
+pub use crate::endpoint::postgres::PgQueueSource;
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -463,27 +464,6 @@ pub enum Source {
     /// MariaDB/MySQL binlog change data capture: one elected reader.
     #[cfg(feature = "mysql")]
     MysqlBinlog(BinlogSource),
-}
-
-/// `kind = "postgres-queue"`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PgQueueSource {
-    /// The server (`postgres://user@host:port/database`).
-    pub url: RedactedUrl,
-    /// The table of work.
-    pub table: String,
-    /// Where given-up rows go (`<table>_dead_letters` unless given).
-    pub dead_letter_table: Option<String>,
-    /// Rows claimed at once.
-    pub batch: usize,
-    /// How long a claim lasts.
-    pub claim_lease: Duration,
-    /// Claims of a row before it is dead-lettered unhandled.
-    pub max_deliveries: u32,
-    /// How long to wait after a poll that found nothing.
-    pub poll_interval: Duration,
-    /// Retries of a failing row within one claim.
-    pub retry: RetryPolicy,
 }
 
 /// `kind = "redis-pubsub"`.

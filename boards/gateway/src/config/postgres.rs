@@ -1,93 +1,12 @@
-//! `kind = "postgres-queue"`: checked with [`guard_endpoints::postgres`]'s own
-//! rules, so a configuration that loads builds its queue. Refused, naming
-//! the feature, in a build without `postgres`.
+//! `[locker] kind = "postgres"`: checked with guard-postgres's own rules,
+//! so a configuration that loads builds its locker. Refused, naming the
+//! feature, in a build without `postgres`.
 
 use std::time::Duration;
 
-use super::check::{Env, MAX_BATCH, MAX_TIMEOUT_MS, bounded, expand, retry};
+use super::check::{Env, MAX_TIMEOUT_MS, bounded, expand};
 use super::raw;
-use super::{ConfigError, PgQueueSource, RedactedUrl, Source, invalid};
-
-/// `kind = "postgres-queue"`.
-#[cfg(feature = "postgres")]
-pub(super) fn source(
-    p: &raw::PostgresQueue,
-    key: &dyn Fn(&str) -> String,
-    env: Env<'_>,
-) -> Result<Source, ConfigError> {
-    use guard_endpoints::postgres::{
-        DEFAULT_BATCH, DEFAULT_CLAIM_LEASE, DEFAULT_MAX_DELIVERIES, DEFAULT_POLL_INTERVAL, PgQueue,
-        PgQueueError,
-    };
-    let refused = |field: &str, e: PgQueueError| super::check::refused(field, key, &e);
-    let url = RedactedUrl::with_shown(
-        expand(&key("url"), &p.url, env)?,
-        guard_postgres::server::redacted(&p.url),
-    );
-    let mut queue = PgQueue::new(&url, &p.table)
-        .map_err(|e| super::check::refused_url(key, &url, &p.url, &e))?;
-    if let Some(table) = &p.dead_letter_table {
-        queue = queue
-            .with_dead_letter_table(table)
-            .map_err(|e| refused("dead_letter_table", e))?;
-    }
-    let batch = match p.batch {
-        None => DEFAULT_BATCH,
-        Some(n) => {
-            usize::try_from(bounded(&key("batch"), n, MAX_BATCH, "rows")?).unwrap_or(usize::MAX)
-        }
-    };
-    let claim_lease = match p.claim_lease_ms {
-        None => DEFAULT_CLAIM_LEASE,
-        Some(ms) => {
-            let lease = Duration::from_millis(ms);
-            queue
-                .clone()
-                .with_claim_lease(lease)
-                .map_err(|e| refused("claim_lease_ms", e))?;
-            lease
-        }
-    };
-    let max_deliveries = match p.max_deliveries {
-        None => DEFAULT_MAX_DELIVERIES,
-        Some(n) => {
-            queue
-                .with_max_deliveries(n)
-                .map_err(|e| refused("max_deliveries", e))?;
-            n
-        }
-    };
-    let poll_interval = match p.poll_interval_ms {
-        None => DEFAULT_POLL_INTERVAL,
-        Some(ms) => Duration::from_millis(bounded(
-            &key("poll_interval_ms"),
-            ms,
-            MAX_TIMEOUT_MS,
-            "milliseconds",
-        )?),
-    };
-    Ok(Source::PostgresQueue(PgQueueSource {
-        url,
-        table: p.table.clone(),
-        dead_letter_table: p.dead_letter_table.clone(),
-        batch,
-        claim_lease,
-        max_deliveries,
-        poll_interval,
-        retry: retry(p.retries, p.retry_delay_ms, key)?,
-    }))
-}
-
-/// `kind = "postgres-queue"`: refused in this build.
-#[cfg(not(feature = "postgres"))]
-pub(super) fn source(
-    p: &raw::PostgresQueue,
-    key: &dyn Fn(&str) -> String,
-    _env: Env<'_>,
-) -> Result<Source, ConfigError> {
-    retry(p.retries, p.retry_delay_ms, key)?;
-    Err(super::check::unsupported("postgres-queue", "postgres", key))
-}
+use super::{ConfigError, RedactedUrl, invalid};
 
 /// `[locker] kind = "postgres"`: a lease table, checked with
 /// guard-postgres's own rules.

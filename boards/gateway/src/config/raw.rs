@@ -218,7 +218,7 @@ pub(super) enum Endpoint {
     Nats(crate::endpoint::nats::NatsEntry),
     NatsJetStream(crate::endpoint::nats::JetStreamEntry),
     Rabbitmq(crate::endpoint::amqp::RabbitmqEntry),
-    PostgresQueue(PostgresQueue),
+    PostgresQueue(crate::endpoint::postgres::PgQueueEntry),
     MysqlBinlog(crate::endpoint::mysql::BinlogEntry),
 }
 
@@ -299,27 +299,6 @@ pub(super) struct Mqtt {
     pub tls_ca: Option<String>,
     pub tls_cert: Option<String>,
     pub tls_key: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-pub(super) struct PostgresQueue {
-    pub name: String,
-    pub url: String,
-    pub table: String,
-    pub dead_letter_table: Option<String>,
-    pub batch: Option<u64>,
-    pub claim_lease_ms: Option<u64>,
-    pub max_deliveries: Option<u32>,
-    pub poll_interval_ms: Option<u64>,
-    pub retries: Option<u32>,
-    pub retry_delay_ms: Option<u64>,
-    pub limit: Option<String>,
-    pub limit_key: Option<String>,
-    pub when_limited: Option<WhenLimited>,
-    pub max_wait_ms: Option<u64>,
-    pub max_payload_bytes: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]

@@ -1160,7 +1160,11 @@ fn endpoint(
         }
         raw::Endpoint::PostgresQueue(p) => {
             let limit = endpoint_limit(limit_keys!(p), key, false, limiters)?;
-            (&p.name, super::postgres::source(p, key, env)?, limit)
+            (
+                &p.name,
+                crate::endpoint::postgres::resolve(p, key, env)?,
+                limit,
+            )
         }
         raw::Endpoint::MysqlBinlog(m) => {
             let limit = endpoint_limit(limit_keys!(m), key, false, limiters)?;

@@ -12,8 +12,8 @@ mod mqtt;
 pub(crate) mod mysql;
 #[cfg_attr(not(feature = "nats"), allow(dead_code, unused_imports))]
 pub(crate) mod nats;
-#[cfg(feature = "postgres")]
-mod postgres;
+#[cfg_attr(not(feature = "postgres"), allow(dead_code, unused_imports))]
+pub(crate) mod postgres;
 mod redis;
 #[cfg(any(
     feature = "nats",
