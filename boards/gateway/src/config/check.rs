@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use guard_core::retry::RetryPolicy;
 
-use guard_endpoints::{Parameter, Refusal};
+use guard_endpoints::{Parameter, Refusal, redacted};
 
+use super::tls::{self, TlsFiles, TlsKeys};
 use super::{ConfigError, RedactedUrl, invalid};
 
 /// Upper bounds of durations and sizes shared by several kinds, so that
@@ -183,4 +184,118 @@ pub(crate) fn expand(key: &str, value: &str, env: Env<'_>) -> Result<String, Con
     }
     out.push_str(rest);
     Ok(out)
+}
+
+/// `value` of `field`, if not empty and free of control characters (a
+/// name that reaches keys, subscriptions and log lines).
+pub(crate) fn non_empty(
+    key: &dyn Fn(&str) -> String,
+    field: &str,
+    value: &str,
+    what: &str,
+) -> Result<String, ConfigError> {
+    if value.is_empty() {
+        return Err(invalid(key(field), "\"\"", what));
+    }
+    printable(&key(field), value)?;
+    Ok(value.to_owned())
+}
+
+/// A Redis URL, expanded and checked (scheme, host, port).
+pub(crate) fn redis_url(key: &str, value: &str, env: Env<'_>) -> Result<String, ConfigError> {
+    let url = expand(key, value, env)?;
+    if url.chars().any(char::is_control) {
+        return Err(invalid(
+            key,
+            format!("{:?}", redacted(value)),
+            "a URL without control characters",
+        ));
+    }
+    // The value as written in the errors, its password hidden: an
+    // expanded secret is never echoed.
+    let expanded = if url == value {
+        ""
+    } else {
+        " (after expanding the environment variables, whose values are not shown)"
+    };
+    let shown = format!("{:?}", redacted(value));
+    let Some(parsed) = redis::parse_redis_url(&url) else {
+        return Err(invalid(
+            key,
+            shown,
+            format!(
+                "a Redis URL: redis://host:port/, rediss:// (TLS), redis+unix:///path or unix:///path{expanded}"
+            ),
+        ));
+    };
+    if let Err(e) = redis::IntoConnectionInfo::into_connection_info(url.as_str()) {
+        let expected = if parsed.scheme().starts_with("rediss") {
+            "redis:// (this build has no TLS support for rediss://)".to_owned()
+        } else {
+            format!(
+                "a usable Redis URL ({})",
+                e.detail().unwrap_or("not understood")
+            )
+        };
+        return Err(invalid(key, shown, expected));
+    }
+    Ok(url)
+}
+
+/// Whether a Redis URL is `rediss://` (TLS).
+pub(crate) fn is_tls(url: &str) -> bool {
+    redis::parse_redis_url(url).is_some_and(|u| matches!(u.scheme(), "rediss" | "valkeys"))
+}
+
+/// The TLS settings of a Redis connection to `urls` (each with its key
+/// and its value as written, checked already): `None` for `redis://`
+/// URLs, which take no TLS keys; for `rediss://` ones, the files `keys`
+/// name (none: the system's roots). A deployment's URLs are all TLS or
+/// none.
+pub(crate) fn redis_tls(
+    urls: &[(String, &str, String)],
+    keys: &TlsKeys<'_>,
+    key: &dyn Fn(&str) -> String,
+    env: Env<'_>,
+) -> Result<Option<TlsFiles>, ConfigError> {
+    let Some((first_key, _, first)) = urls.first() else {
+        return Ok(None);
+    };
+    let tls = is_tls(first);
+    if let Some((at, as_written, _)) = urls.iter().find(|(_, _, url)| is_tls(url) != tls) {
+        let scheme = if tls { "rediss://" } else { "redis://" };
+        return Err(invalid(
+            at.as_str(),
+            format!("{:?}", redacted(as_written)),
+            format!("{scheme} like `{first_key}` (a deployment's URLs are all TLS or none)"),
+        ));
+    }
+    // Without TLS support, a TLS key is refused as such, whatever the URL.
+    if tls || (!cfg!(feature = "tls") && keys.first().is_some()) {
+        return tls::read(keys, key, &|at, value| expand(at, value, env)).map(Some);
+    }
+    match keys.first() {
+        Some((field, value)) => Err(invalid(
+            key(field),
+            format!("{value:?}"),
+            "no TLS files with a redis:// URL (use rediss:// for TLS)",
+        )),
+        None => Ok(None),
+    }
+}
+
+/// An endpoint that shares the locker's Redis takes its TLS settings too:
+/// keys of its own are refused.
+pub(crate) fn no_tls_without_url(
+    keys: &TlsKeys<'_>,
+    key: &dyn Fn(&str) -> String,
+) -> Result<(), ConfigError> {
+    match keys.first() {
+        Some((field, value)) => Err(invalid(
+            key(field),
+            format!("{value:?}"),
+            "no TLS keys without `url`: the locker's connection and its TLS settings are used",
+        )),
+        None => Ok(()),
+    }
 }

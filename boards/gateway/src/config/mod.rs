@@ -45,7 +45,7 @@
 //! ```
 
 pub(crate) mod check;
-mod connect;
+pub(crate) mod connect;
 // Without its feature a kind is read, then refused.
 #[cfg_attr(not(feature = "etcd"), allow(dead_code, unused_imports))]
 mod etcd;
@@ -53,14 +53,16 @@ mod etcd;
 mod postgres;
 pub(crate) mod raw;
 mod resolve;
-mod tls;
+pub(crate) mod tls;
 
 pub(crate) use check::ENDPOINT_SCOPE_KINDS;
 // Each source kind's validated configuration lives with its assembly.
 pub use crate::endpoint::amqp::{AmqpDelivery, AmqpSource};
+pub use crate::endpoint::mqtt::{MqttDelivery, MqttSource};
 pub use crate::endpoint::mysql::{BinlogSource, BinlogStart};
 pub use crate::endpoint::nats::{JetStreamSource, NatsDelivery, NatsSource};
 pub use crate::endpoint::postgres::PgQueueSource;
+pub use crate::endpoint::redis::{PubSubSource, StreamSource};
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -70,7 +72,6 @@ use std::time::Duration;
 use guard_core::guard::{ActiveTiming, FailPolicy};
 use guard_core::limit::{LeakyBucket, SlidingWindow, TokenBucket};
 use guard_core::lock::Ttl;
-use guard_core::retry::RetryPolicy;
 use guard_core::slot::Every;
 use guard_redis::Topology;
 use guard_std::CronSchedule;
@@ -464,81 +465,6 @@ pub enum Source {
     /// MariaDB/MySQL binlog change data capture: one elected reader.
     #[cfg(feature = "mysql")]
     MysqlBinlog(BinlogSource),
-}
-
-/// `kind = "redis-pubsub"`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PubSubSource {
-    /// The server (the locker's URL unless given).
-    pub url: RedactedUrl,
-    /// TLS, when the URL is `rediss://`: the `tls_*` files (the locker's
-    /// when its URL is shared).
-    pub tls: Option<TlsFiles>,
-    /// Channel patterns (`PSUBSCRIBE` syntax), at least one.
-    pub patterns: Vec<String>,
-    /// Messages that may wait for the handler
-    /// ([`DEFAULT_QUEUE`](guard_endpoints::queue::DEFAULT_QUEUE) unless configured).
-    pub queue: usize,
-    /// Which message a full queue drops.
-    pub when_full: guard_endpoints::queue::WhenFull,
-}
-
-/// `kind = "redis-stream"`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StreamSource {
-    /// The server; `None`: the locker's connection.
-    pub url: Option<RedactedUrl>,
-    /// TLS, when the URL is `rediss://`: the `tls_*` files.
-    pub tls: Option<TlsFiles>,
-    /// The stream key.
-    pub stream: String,
-    /// The consumer group, the same on every replica.
-    pub group: String,
-    /// Entries idle this long on a dead consumer are taken over.
-    pub claim_idle: Duration,
-    /// Retries of a failing entry.
-    pub retry: RetryPolicy,
-    /// Dead-letter topic for entries whose retries are spent; without
-    /// one they stay pending.
-    pub dead_letter_topic: Option<String>,
-    /// Fields every entry must have (`["payload"]` unless configured); an
-    /// entry without one is dead-lettered, never handled as empty.
-    pub fields: Vec<String>,
-    /// Entries read per round ([`DEFAULT_BATCH`](guard_endpoints::redis::DEFAULT_BATCH)
-    /// unless configured).
-    pub batch: usize,
-    /// Entries in the handler at once (1 unless configured; at most the
-    /// batch): see [`StreamConsumer`](guard_endpoints::redis::StreamConsumer) for
-    /// the order this gives.
-    pub concurrency: usize,
-}
-
-/// `kind = "mqtt"`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MqttSource {
-    /// The broker's host.
-    pub host: String,
-    /// The broker's port.
-    pub port: u16,
-    /// The topic filter.
-    pub filter: String,
-    /// Who receives each message.
-    pub delivery: MqttDelivery,
-    /// TLS, when `tls = true` or a `tls_*` file is given: the files
-    /// (none: the system's roots).
-    pub tls: Option<TlsFiles>,
-}
-
-/// How an MQTT endpoint subscribes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum MqttDelivery {
-    /// `$share/<group>/<filter>`: the broker gives each message to one
-    /// member; no guard.
-    Shared(String),
-    /// A plain subscription on every replica: a broadcast.
-    Broadcast,
-    /// A plain subscription on the elected replica only.
-    Elected,
 }
 
 /// The limiter an endpoint's messages must pass.

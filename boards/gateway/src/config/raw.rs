@@ -203,7 +203,7 @@ pub(crate) enum WhenLimited {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub(super) enum WhenFull {
+pub(crate) enum WhenFull {
     DropNewest,
     DropOldest,
 }
@@ -212,9 +212,9 @@ pub(super) enum WhenFull {
 /// own keys only.
 #[derive(Debug)]
 pub(super) enum Endpoint {
-    RedisPubsub(PubSub),
-    RedisStream(Stream),
-    Mqtt(Mqtt),
+    RedisPubsub(crate::endpoint::redis::PubSubEntry),
+    RedisStream(crate::endpoint::redis::StreamEntry),
+    Mqtt(crate::endpoint::mqtt::MqttEntry),
     Nats(crate::endpoint::nats::NatsEntry),
     NatsJetStream(crate::endpoint::nats::JetStreamEntry),
     Rabbitmq(crate::endpoint::amqp::RabbitmqEntry),
@@ -235,70 +235,6 @@ impl Endpoint {
             Endpoint::MysqlBinlog(e) => &e.name,
         }
     }
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct PubSub {
-    pub name: String,
-    pub url: Option<String>,
-    #[serde(default)]
-    pub patterns: Vec<String>,
-    pub limit: Option<String>,
-    pub limit_key: Option<String>,
-    pub when_limited: Option<WhenLimited>,
-    pub max_wait_ms: Option<u64>,
-    pub max_payload_bytes: Option<u64>,
-    pub queue: Option<u64>,
-    pub when_full: Option<WhenFull>,
-    pub tls_ca: Option<String>,
-    pub tls_cert: Option<String>,
-    pub tls_key: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct Stream {
-    pub name: String,
-    pub url: Option<String>,
-    pub stream: String,
-    pub group: String,
-    pub claim_idle_ms: Option<u64>,
-    pub retries: Option<u32>,
-    pub retry_delay_ms: Option<u64>,
-    pub dead_letter_topic: Option<String>,
-    pub fields: Option<Vec<String>>,
-    pub batch: Option<u64>,
-    pub concurrency: Option<u64>,
-    pub limit: Option<String>,
-    pub limit_key: Option<String>,
-    pub when_limited: Option<WhenLimited>,
-    pub max_wait_ms: Option<u64>,
-    pub max_payload_bytes: Option<u64>,
-    pub tls_ca: Option<String>,
-    pub tls_cert: Option<String>,
-    pub tls_key: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct Mqtt {
-    pub name: String,
-    pub host: String,
-    pub port: Option<u16>,
-    pub filter: String,
-    pub share_group: Option<String>,
-    #[serde(default)]
-    pub guard: bool,
-    pub limit: Option<String>,
-    pub limit_key: Option<String>,
-    pub when_limited: Option<WhenLimited>,
-    pub max_wait_ms: Option<u64>,
-    pub max_payload_bytes: Option<u64>,
-    pub tls: Option<bool>,
-    pub tls_ca: Option<String>,
-    pub tls_cert: Option<String>,
-    pub tls_key: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]

@@ -14,27 +14,19 @@ use guard_redis::Topology;
 use guard_std::CronSchedule;
 
 use super::check::{
-    Env, MAX_BATCH, MAX_LEASE_MS, MAX_TIMEOUT_MS, bounded, expand, longest_endpoint_component,
-    printable, retry,
+    Env, MAX_LEASE_MS, MAX_TIMEOUT_MS, bounded, longest_endpoint_component, printable, redis_tls,
+    redis_url,
 };
 use super::raw;
-use super::tls::{self, TlsFiles, TlsKeys};
+use super::tls::{TlsFiles, TlsKeys};
 use super::{
     Backend, Config, ConfigError, Endpoint, EndpointLimit, Guards, LimitKey, Locker, Metrics,
-    MqttDelivery, MqttSource, Policy, PolicyAlgorithm, PubSubSource, RateLimits, RedactedUrl,
-    RedisLocker, Schedule, ScheduleLimit, Source, StreamSource, Timing, WhenLimited, invalid,
+    Policy, PolicyAlgorithm, RateLimits, RedactedUrl, RedisLocker, Schedule, ScheduleLimit, Timing,
+    WhenLimited, invalid,
 };
-use guard_endpoints::mqtt::{MqttError, Subscription};
-use guard_endpoints::{Parameter, redacted};
 
-/// The default MQTT port.
-const MQTT_PORT: u16 = 1883;
-/// The default MQTT port over TLS.
-const MQTTS_PORT: u16 = 8883;
 /// How long a limited message waits by default before it is dead-lettered.
 const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(5);
-/// The stream consumer's default claim idle (the original's).
-const DEFAULT_CLAIM_IDLE: Duration = Duration::from_secs(30);
 
 /// Upper bounds of durations, so that a typo (an extra digit, a value in
 /// the wrong unit) is an error rather than a job that never runs or a
@@ -47,7 +39,6 @@ const MAX_WINDOW_MS: u64 = 7 * 24 * 3600 * 1000; // a week
 const REDIS_LOCKER_TIMEOUT_MS: u64 = 500;
 const MAX_WAIT_MS: u64 = 24 * 3600 * 1000; // a day
 const MAX_PAYLOAD_BYTES: u64 = 512 << 20; // Redis's own limit for a value
-const MAX_QUEUE: u64 = 1 << 20; // messages; a GiB at a KiB each
 
 /// Checks that `scope`, with a delivery key as long as a slot's, still
 /// fits the guards' key limit, so a name that is too long is refused here
@@ -211,89 +202,6 @@ pub(super) fn config(
         endpoints,
         metrics,
     })
-}
-
-/// A Redis URL, expanded and checked (scheme, host, port).
-fn redis_url(key: &str, value: &str, env: Env<'_>) -> Result<String, ConfigError> {
-    let url = expand(key, value, env)?;
-    if url.chars().any(char::is_control) {
-        return Err(invalid(
-            key,
-            format!("{:?}", redacted(value)),
-            "a URL without control characters",
-        ));
-    }
-    // The value as written in the errors, its password hidden: an
-    // expanded secret is never echoed.
-    let expanded = if url == value {
-        ""
-    } else {
-        " (after expanding the environment variables, whose values are not shown)"
-    };
-    let shown = format!("{:?}", redacted(value));
-    let Some(parsed) = redis::parse_redis_url(&url) else {
-        return Err(invalid(
-            key,
-            shown,
-            format!(
-                "a Redis URL: redis://host:port/, rediss:// (TLS), redis+unix:///path or unix:///path{expanded}"
-            ),
-        ));
-    };
-    if let Err(e) = redis::IntoConnectionInfo::into_connection_info(url.as_str()) {
-        let expected = if parsed.scheme().starts_with("rediss") {
-            "redis:// (this build has no TLS support for rediss://)".to_owned()
-        } else {
-            format!(
-                "a usable Redis URL ({})",
-                e.detail().unwrap_or("not understood")
-            )
-        };
-        return Err(invalid(key, shown, expected));
-    }
-    Ok(url)
-}
-
-/// Whether a Redis URL is `rediss://` (TLS).
-fn is_tls(url: &str) -> bool {
-    redis::parse_redis_url(url).is_some_and(|u| matches!(u.scheme(), "rediss" | "valkeys"))
-}
-
-/// The TLS settings of a Redis connection to `urls` (each with its key
-/// and its value as written, checked already): `None` for `redis://`
-/// URLs, which take no TLS keys; for `rediss://` ones, the files `keys`
-/// name (none: the system's roots). A deployment's URLs are all TLS or
-/// none.
-fn redis_tls(
-    urls: &[(String, &str, String)],
-    keys: &TlsKeys<'_>,
-    key: &dyn Fn(&str) -> String,
-    env: Env<'_>,
-) -> Result<Option<TlsFiles>, ConfigError> {
-    let Some((first_key, _, first)) = urls.first() else {
-        return Ok(None);
-    };
-    let tls = is_tls(first);
-    if let Some((at, as_written, _)) = urls.iter().find(|(_, _, url)| is_tls(url) != tls) {
-        let scheme = if tls { "rediss://" } else { "redis://" };
-        return Err(invalid(
-            at.as_str(),
-            format!("{:?}", redacted(as_written)),
-            format!("{scheme} like `{first_key}` (a deployment's URLs are all TLS or none)"),
-        ));
-    }
-    // Without TLS support, a TLS key is refused as such, whatever the URL.
-    if tls || (!cfg!(feature = "tls") && keys.first().is_some()) {
-        return tls::read(keys, key, &|at, value| expand(at, value, env)).map(Some);
-    }
-    match keys.first() {
-        Some((field, value)) => Err(invalid(
-            key(field),
-            format!("{value:?}"),
-            "no TLS files with a redis:// URL (use rediss:// for TLS)",
-        )),
-        None => Ok(None),
-    }
 }
 
 fn locker(l: &raw::Locker, env: Env<'_>) -> Result<Locker, ConfigError> {
@@ -885,15 +793,6 @@ fn endpoint(
     has_redis: bool,
     limiters: &[&str],
 ) -> Result<Endpoint, ConfigError> {
-    // A name that reaches keys, subscriptions and log lines: no control
-    // character either.
-    let non_empty = |field: &str, value: &str, what: &str| {
-        if value.is_empty() {
-            return Err(invalid(key(field), "\"\"", what));
-        }
-        printable(&key(field), value)?;
-        Ok(value.to_owned())
-    };
     let max_payload = match e {
         raw::Endpoint::RedisPubsub(p) => p.max_payload_bytes,
         raw::Endpoint::RedisStream(s) => s.max_payload_bytes,
@@ -916,227 +815,18 @@ fn endpoint(
     };
     let (name, source, limit) = match e {
         raw::Endpoint::RedisPubsub(p) => {
-            let keys = TlsKeys {
-                ca: &p.tls_ca,
-                cert: &p.tls_cert,
-                key: &p.tls_key,
-            };
-            let (url, tls) = match (&p.url, locker_url) {
-                (Some(url), _) => {
-                    let checked = redis_url(&key("url"), url, env)?;
-                    let tls = redis_tls(&[(key("url"), url, checked.clone())], &keys, key, env)?;
-                    (RedactedUrl::new(checked, url), tls)
-                }
-                (None, Some((url, tls))) => {
-                    no_tls_without_url(&keys, key)?;
-                    (url.clone(), tls.cloned())
-                }
-                (None, None) => {
-                    return Err(invalid(
-                        key("url"),
-                        "missing",
-                        "a Redis URL (or a standalone Redis [locker] to share)",
-                    ));
-                }
-            };
-            if p.patterns.is_empty() || p.patterns.iter().any(String::is_empty) {
-                return Err(invalid(
-                    key("patterns"),
-                    format!("{:?}", p.patterns),
-                    "at least one channel pattern, none empty",
-                ));
-            }
             let limit = endpoint_limit(limit_keys!(p), key, false, limiters)?;
-            let queue = match p.queue {
-                None => guard_endpoints::queue::DEFAULT_QUEUE,
-                Some(n) => usize::try_from(bounded(&key("queue"), n, MAX_QUEUE, "messages")?)
-                    .unwrap_or(usize::MAX),
-            };
-            let source = Source::RedisPubsub(PubSubSource {
-                url,
-                tls,
-                patterns: p.patterns.clone(),
-                queue,
-                when_full: match p.when_full {
-                    None => guard_endpoints::queue::WhenFull::default(),
-                    Some(raw::WhenFull::DropNewest) => guard_endpoints::queue::WhenFull::DropNewest,
-                    Some(raw::WhenFull::DropOldest) => guard_endpoints::queue::WhenFull::DropOldest,
-                },
-            });
+            let source = crate::endpoint::redis::resolve_pubsub(p, key, env, locker_url)?;
             (&p.name, source, limit)
         }
         raw::Endpoint::RedisStream(s) => {
-            let keys = TlsKeys {
-                ca: &s.tls_ca,
-                cert: &s.tls_cert,
-                key: &s.tls_key,
-            };
-            let mut tls = None;
-            let url = match &s.url {
-                Some(url) => {
-                    let checked = redis_url(&key("url"), url, env)?;
-                    tls = redis_tls(&[(key("url"), url, checked.clone())], &keys, key, env)?;
-                    Some(RedactedUrl::new(checked, url))
-                }
-                None if has_redis => {
-                    no_tls_without_url(&keys, key)?;
-                    None
-                }
-                None => {
-                    return Err(invalid(
-                        key("url"),
-                        "missing",
-                        "a Redis URL (or a Redis [locker] to share)",
-                    ));
-                }
-            };
-            if let Some(ms) = s.claim_idle_ms {
-                bounded(&key("claim_idle_ms"), ms, MAX_LEASE_MS, "milliseconds")?;
-            }
-            if let Some(topic) = &s.dead_letter_topic
-                && (topic.is_empty()
-                    || topic.contains(['{', '}', '*', '?', '[', ']'])
-                    || topic.chars().any(char::is_control))
-            {
-                return Err(invalid(
-                    key("dead_letter_topic"),
-                    format!("{topic:?}"),
-                    "a non-empty topic without braces, glob or control characters",
-                ));
-            }
-            let retry = retry(s.retries, s.retry_delay_ms, key)?;
             let limit = endpoint_limit(limit_keys!(s), key, true, limiters)?;
-            let batch = match s.batch {
-                None => guard_endpoints::redis::DEFAULT_BATCH,
-                Some(n) => usize::try_from(bounded(&key("batch"), n, MAX_BATCH, "entries")?)
-                    .unwrap_or(usize::MAX),
-            };
-            let concurrency = match s.concurrency {
-                None => 1,
-                Some(n) if n == 0 || n > batch as u64 => {
-                    return Err(invalid(
-                        key("concurrency"),
-                        n,
-                        format!("from 1 to the batch ({batch}): a round holds at most a batch"),
-                    ));
-                }
-                Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
-            };
-            let source = Source::RedisStream(StreamSource {
-                url,
-                tls,
-                batch,
-                concurrency,
-                stream: non_empty("stream", &s.stream, "the stream key")?,
-                group: non_empty(
-                    "group",
-                    &s.group,
-                    "the consumer group, the same on every replica",
-                )?,
-                claim_idle: s
-                    .claim_idle_ms
-                    .map_or(DEFAULT_CLAIM_IDLE, Duration::from_millis),
-                retry,
-                dead_letter_topic: s.dead_letter_topic.clone(),
-                fields: match &s.fields {
-                    None => vec!["payload".to_owned()],
-                    Some(fields) if fields.iter().any(String::is_empty) => {
-                        return Err(invalid(
-                            key("fields"),
-                            format!("{fields:?}"),
-                            "field names, none empty (or [] to require none)",
-                        ));
-                    }
-                    Some(fields) => fields.clone(),
-                },
-            });
+            let source = crate::endpoint::redis::resolve_stream(s, key, env, has_redis)?;
             (&s.name, source, limit)
         }
         raw::Endpoint::Mqtt(m) => {
-            let host = expand(&key("host"), &m.host, env)?;
-            let host = non_empty("host", &host, "the broker's host")?;
-            // A host name (ASCII letters, digits, `-`, `_` as container
-            // names have, and `.`; an international name in its `xn--`
-            // form; fully qualified with a trailing dot or not) or an IP
-            // address.
-            let name = |h: &str| {
-                let h = h.strip_suffix('.').unwrap_or(h);
-                h.split('.').all(|label| {
-                    !label.is_empty()
-                        && label
-                            .chars()
-                            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-                })
-            };
-            if !(name(&host) || host.parse::<std::net::IpAddr>().is_ok()) {
-                return Err(invalid(
-                    key("host"),
-                    format!("{:?}", m.host),
-                    "a host name or IP address alone (no scheme, path or port: the port is `port`; an international name in its xn-- form)",
-                ));
-            }
-            if m.port == Some(0) {
-                return Err(invalid(key("port"), 0, "a port from 1 to 65535"));
-            }
-            let filter = non_empty("filter", &m.filter, "a topic filter")?;
-            // The endpoint's own rules, named by the key they refuse.
-            let subscription = match &m.share_group {
-                Some(group) => Subscription::shared(group, &filter),
-                None => Subscription::plain(&filter),
-            };
-            if let Err(MqttError::InvalidInput(guard_endpoints::InvalidInput {
-                parameter,
-                value,
-                rule,
-                ..
-            })) = subscription
-            {
-                let field = match parameter {
-                    Parameter::ShareGroup => "share_group",
-                    _ => "filter",
-                };
-                return Err(invalid(key(field), value, rule));
-            }
-            let delivery = match (&m.share_group, m.guard) {
-                (Some(_), true) => {
-                    return Err(invalid(
-                        key("guard"),
-                        true,
-                        "no guard with `share_group`: the broker delivers each message to one member already",
-                    ));
-                }
-                (Some(group), false) => MqttDelivery::Shared(group.clone()),
-                (None, true) => MqttDelivery::Elected,
-                (None, false) => MqttDelivery::Broadcast,
-            };
             let limit = endpoint_limit(limit_keys!(m), key, false, limiters)?;
-            let keys = TlsKeys {
-                ca: &m.tls_ca,
-                cert: &m.tls_cert,
-                key: &m.tls_key,
-            };
-            let tls = match (m.tls, keys.first()) {
-                (Some(false), Some((field, value))) => {
-                    return Err(invalid(
-                        key(field),
-                        format!("{value:?}"),
-                        "no TLS files with tls = false",
-                    ));
-                }
-                (Some(false), None) | (None, None) => None,
-                (Some(true), _) | (None, Some(_)) => {
-                    Some(tls::read(&keys, key, &|at, value| expand(at, value, env))?)
-                }
-            };
-            let default_port = if tls.is_some() { MQTTS_PORT } else { MQTT_PORT };
-            let source = Source::Mqtt(MqttSource {
-                host,
-                port: m.port.unwrap_or(default_port),
-                filter,
-                delivery,
-                tls,
-            });
-            (&m.name, source, limit)
+            (&m.name, crate::endpoint::mqtt::resolve(m, key, env)?, limit)
         }
         raw::Endpoint::Nats(n) => {
             let limit = endpoint_limit(limit_keys!(n), key, false, limiters)?;
@@ -1181,17 +871,4 @@ fn endpoint(
         limit,
         max_payload_bytes,
     })
-}
-
-/// An endpoint that shares the locker's Redis takes its TLS settings too:
-/// keys of its own are refused.
-fn no_tls_without_url(keys: &TlsKeys<'_>, key: &dyn Fn(&str) -> String) -> Result<(), ConfigError> {
-    match keys.first() {
-        Some((field, value)) => Err(invalid(
-            key(field),
-            format!("{value:?}"),
-            "no TLS keys without `url`: the locker's connection and its TLS settings are used",
-        )),
-        None => Ok(()),
-    }
 }

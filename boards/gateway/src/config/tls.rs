@@ -72,7 +72,7 @@ impl TlsFiles {
 
 /// A connection's TLS keys as written (paths, with `${NAME}` not yet
 /// expanded).
-pub(super) struct TlsKeys<'a> {
+pub(crate) struct TlsKeys<'a> {
     pub ca: &'a Option<String>,
     pub cert: &'a Option<String>,
     pub key: &'a Option<String>,
@@ -101,7 +101,7 @@ const NO_TLS: &str =
 /// TLS connection (with no files: the system's roots). Without TLS
 /// support, an error naming the first key set (or `tls`).
 #[cfg(not(feature = "tls"))]
-pub(super) fn read(
+pub(crate) fn read(
     keys: &TlsKeys<'_>,
     key: &dyn Fn(&str) -> String,
     _expand: &dyn Fn(&str, &str) -> Result<String, ConfigError>,
@@ -118,7 +118,7 @@ pub(super) fn read(
 /// dotted key; `expand` resolves `${NAME}` in a path): the settings of a
 /// TLS connection (with no files: the system's roots).
 #[cfg(feature = "tls")]
-pub(super) fn read(
+pub(crate) fn read(
     keys: &TlsKeys<'_>,
     key: &dyn Fn(&str) -> String,
     expand: &dyn Fn(&str, &str) -> Result<String, ConfigError>,

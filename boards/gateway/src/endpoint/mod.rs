@@ -7,14 +7,14 @@
 
 #[cfg_attr(not(feature = "amqp"), allow(dead_code, unused_imports))]
 pub(crate) mod amqp;
-mod mqtt;
+pub(crate) mod mqtt;
 #[cfg_attr(not(feature = "mysql"), allow(dead_code, unused_imports))]
 pub(crate) mod mysql;
 #[cfg_attr(not(feature = "nats"), allow(dead_code, unused_imports))]
 pub(crate) mod nats;
 #[cfg_attr(not(feature = "postgres"), allow(dead_code, unused_imports))]
 pub(crate) mod postgres;
-mod redis;
+pub(crate) mod redis;
 #[cfg(any(
     feature = "nats",
     feature = "amqp",
