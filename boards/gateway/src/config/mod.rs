@@ -7,9 +7,16 @@
 //! keys of another endpoint kind and a file that configures nothing are
 //! refused. Nothing falls back silently (the original warned and used
 //! defaults). What comes out cannot be invalid: a [`Config`] holds
-//! guard-core's validated values (a [`Ttl`], an [`ActiveConfig`] that
+//! guard-core's validated values (a [`Ttl`], an [`ActiveTiming`] that
 //! passed `validate`, limiter parameters), so its users have no "refused
 //! by validation" branches.
+//!
+//! The file-wide parts (locker, guards, schedules, rate limits, metrics)
+//! are checked here; each `[[endpoints]]` kind is read, checked and
+//! assembled in its own module of `endpoint` (`endpoint/<kind>.rs`),
+//! whose validated types this module re-exports. The checks they share
+//! (bounds, `${NAME}`, retries, Redis URLs, a builder's refusal named by
+//! its key) are in a leaf module, `check`.
 //!
 //! URL and host values may name environment variables, `${NAME}`, so that
 //! a secret (a Redis URL with a password) stays out of the file; an unset

@@ -14,6 +14,7 @@ use super::retrying::Report;
 #[cfg(feature = "amqp")]
 use super::{Assembly, Task, elected_scope, failed, never_invalid};
 use crate::config::check::{Env, expand, retry};
+use crate::config::raw;
 use crate::config::{ConfigError, RedactedUrl, Source, invalid};
 #[cfg(feature = "amqp")]
 use crate::error::GatewayError;
@@ -57,6 +58,8 @@ pub enum AmqpDelivery {
     },
 }
 
+/// A `kind = "rabbitmq"` entry of `[[endpoints]]` as written (an unknown key
+/// is refused).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RabbitmqEntry {
@@ -74,7 +77,7 @@ pub(crate) struct RabbitmqEntry {
     pub dead_letter_queue: Option<String>,
     pub limit: Option<String>,
     pub limit_key: Option<String>,
-    pub when_limited: Option<crate::config::raw::WhenLimited>,
+    pub when_limited: Option<raw::WhenLimited>,
     pub max_wait_ms: Option<u64>,
     pub max_payload_bytes: Option<u64>,
 }

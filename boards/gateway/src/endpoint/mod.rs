@@ -1,9 +1,12 @@
 //! `[[endpoints]]`: each configured source becomes a task of the replica
 //! that reports every handled message as an [`Event::Received`], after
-//! its limiter (if any) admitted it. Each source kind is assembled in a
-//! module of its own, from its validated configuration; what every kind
-//! shares (the [`Inbox`] a message passes, the report of a handled
-//! message) is here.
+//! its limiter (if any) admitted it. Each source kind is one module: its
+//! entry as written, its check, its validated source (re-exported by
+//! [`crate::config`]), what `check` prints of it and its assembly; what
+//! every kind shares (the [`Inbox`] a message passes, the report of a
+//! handled message) is here. Adding a kind is its module plus one line in
+//! each enum that lists the kinds (`raw::Endpoint`, [`Source`]) and in
+//! the matches over them, which are exhaustive.
 
 #[cfg_attr(not(feature = "amqp"), allow(dead_code, unused_imports))]
 pub(crate) mod amqp;

@@ -9,6 +9,7 @@ use serde::Deserialize;
 
 use super::{Assembly, Content, Event, Task, elected_scope, failed, text};
 use crate::config::check::{Env, expand, non_empty};
+use crate::config::raw;
 use crate::config::tls::{self, TlsFiles, TlsKeys};
 use crate::config::{ConfigError, Source, invalid};
 use crate::error::GatewayError;
@@ -47,6 +48,8 @@ pub enum MqttDelivery {
     Elected,
 }
 
+/// A `kind = "mqtt"` entry of `[[endpoints]]` as written (an unknown key
+/// is refused).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct MqttEntry {
@@ -59,7 +62,7 @@ pub(crate) struct MqttEntry {
     pub guard: bool,
     pub limit: Option<String>,
     pub limit_key: Option<String>,
-    pub when_limited: Option<crate::config::raw::WhenLimited>,
+    pub when_limited: Option<raw::WhenLimited>,
     pub max_wait_ms: Option<u64>,
     pub max_payload_bytes: Option<u64>,
     pub tls: Option<bool>,

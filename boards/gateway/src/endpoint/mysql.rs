@@ -47,13 +47,15 @@ pub enum BinlogStart {
     Beginning,
 }
 
+/// A `kind = "mysql-binlog"` entry of `[[endpoints]]` as written (an unknown key
+/// is refused).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct BinlogEntry {
     pub name: String,
     pub url: String,
     pub server_id: Option<u32>,
-    pub start: Option<crate::config::raw::BinlogStart>,
+    pub start: Option<raw::BinlogStart>,
     pub checkpoint_every: Option<u32>,
     pub checkpoint_table: Option<String>,
     pub dead_letter_table: Option<String>,
@@ -61,7 +63,7 @@ pub(crate) struct BinlogEntry {
     pub retry_delay_ms: Option<u64>,
     pub limit: Option<String>,
     pub limit_key: Option<String>,
-    pub when_limited: Option<crate::config::raw::WhenLimited>,
+    pub when_limited: Option<raw::WhenLimited>,
     pub max_wait_ms: Option<u64>,
     pub max_payload_bytes: Option<u64>,
 }

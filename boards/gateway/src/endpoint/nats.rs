@@ -16,6 +16,7 @@ use super::retrying::Report;
 #[cfg(feature = "nats")]
 use super::{Assembly, Task, elected_scope, failed, never_invalid};
 use crate::config::check::{Env, MAX_BATCH, MAX_TIMEOUT_MS, bounded, expand, refused, retry};
+use crate::config::raw;
 use crate::config::{ConfigError, RedactedUrl, Source, invalid};
 #[cfg(feature = "nats")]
 use crate::error::GatewayError;
@@ -74,6 +75,8 @@ pub struct JetStreamSource {
     pub dead_letter_subject: Option<String>,
 }
 
+/// A `kind = "nats"` entry of `[[endpoints]]` as written (an unknown key
+/// is refused).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct NatsEntry {
@@ -88,11 +91,13 @@ pub(crate) struct NatsEntry {
     pub dead_letter_subject: Option<String>,
     pub limit: Option<String>,
     pub limit_key: Option<String>,
-    pub when_limited: Option<crate::config::raw::WhenLimited>,
+    pub when_limited: Option<raw::WhenLimited>,
     pub max_wait_ms: Option<u64>,
     pub max_payload_bytes: Option<u64>,
 }
 
+/// A `kind = "nats-jetstream"` entry of `[[endpoints]]` as written (an unknown key
+/// is refused).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct JetStreamEntry {
@@ -109,7 +114,7 @@ pub(crate) struct JetStreamEntry {
     pub dead_letter_subject: Option<String>,
     pub limit: Option<String>,
     pub limit_key: Option<String>,
-    pub when_limited: Option<crate::config::raw::WhenLimited>,
+    pub when_limited: Option<raw::WhenLimited>,
     pub max_wait_ms: Option<u64>,
     pub max_payload_bytes: Option<u64>,
 }

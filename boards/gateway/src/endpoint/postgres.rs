@@ -15,6 +15,7 @@ use super::retrying::Report;
 #[cfg(feature = "postgres")]
 use super::{Assembly, Task, failed, never_invalid};
 use crate::config::check::{Env, MAX_BATCH, MAX_TIMEOUT_MS, bounded, expand, retry};
+use crate::config::raw;
 use crate::config::{ConfigError, RedactedUrl, Source};
 #[cfg(feature = "postgres")]
 use crate::error::GatewayError;
@@ -42,6 +43,8 @@ pub struct PgQueueSource {
     pub retry: RetryPolicy,
 }
 
+/// A `kind = "postgres-queue"` entry of `[[endpoints]]` as written (an unknown key
+/// is refused).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct PgQueueEntry {
@@ -57,7 +60,7 @@ pub(crate) struct PgQueueEntry {
     pub retry_delay_ms: Option<u64>,
     pub limit: Option<String>,
     pub limit_key: Option<String>,
-    pub when_limited: Option<crate::config::raw::WhenLimited>,
+    pub when_limited: Option<raw::WhenLimited>,
     pub max_wait_ms: Option<u64>,
     pub max_payload_bytes: Option<u64>,
 }

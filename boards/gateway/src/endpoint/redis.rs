@@ -78,6 +78,8 @@ pub struct StreamSource {
     pub concurrency: usize,
 }
 
+/// A `kind = "redis-pubsub"` entry of `[[endpoints]]` as written (an unknown key
+/// is refused).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct PubSubEntry {
@@ -87,16 +89,18 @@ pub(crate) struct PubSubEntry {
     pub patterns: Vec<String>,
     pub limit: Option<String>,
     pub limit_key: Option<String>,
-    pub when_limited: Option<crate::config::raw::WhenLimited>,
+    pub when_limited: Option<raw::WhenLimited>,
     pub max_wait_ms: Option<u64>,
     pub max_payload_bytes: Option<u64>,
     pub queue: Option<u64>,
-    pub when_full: Option<crate::config::raw::WhenFull>,
+    pub when_full: Option<raw::WhenFull>,
     pub tls_ca: Option<String>,
     pub tls_cert: Option<String>,
     pub tls_key: Option<String>,
 }
 
+/// A `kind = "redis-stream"` entry of `[[endpoints]]` as written (an unknown key
+/// is refused).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct StreamEntry {
@@ -113,7 +117,7 @@ pub(crate) struct StreamEntry {
     pub concurrency: Option<u64>,
     pub limit: Option<String>,
     pub limit_key: Option<String>,
-    pub when_limited: Option<crate::config::raw::WhenLimited>,
+    pub when_limited: Option<raw::WhenLimited>,
     pub max_wait_ms: Option<u64>,
     pub max_payload_bytes: Option<u64>,
     pub tls_ca: Option<String>,
