@@ -239,7 +239,7 @@ fn a_postgres_locker_is_checked_with_its_own_rules() {
     for (text, expected) in [
         (
             "url = \"postgres://app@db/app\"\ntable = \"locks; drop table x\"\n",
-            "`locker.table` = \"locks; drop table x\": expected must be a plain SQL identifier",
+            "`locker.table` = \"locks; drop table x\": expected a plain SQL identifier",
         ),
         ("", "`locker.url` = missing"),
         (
@@ -784,7 +784,7 @@ fn mqtt_endpoints_refuse_what_a_broker_would() {
         "[[endpoints]]\nname = \"m\"\nkind = \"mqtt\"\nhost = \"h\"\nfilter = \"a/#/b\"\n",
     );
     assert!(
-        e.contains("`endpoints[0].filter` = \"a/#/b\": expected must be a valid MQTT topic filter"),
+        e.contains("`endpoints[0].filter` = \"a/#/b\": expected a valid MQTT topic filter"),
         "{e}"
     );
     let e = mqtt("share_group = \"a/b\"\n");
@@ -1385,4 +1385,28 @@ fn an_mqtt_host_with_a_trailing_dot_is_accepted() {
         "{JOB}[[endpoints]]\nname = \"t\"\nkind = \"mqtt\"\nhost = \"broker.example.com.\"\nfilter = \"a/#\"\n"
     ));
     assert!(config.is_ok(), "{config:?}");
+    // An address with a trailing dot is neither an address nor a name.
+    let err = error(&format!(
+        "{JOB}[[endpoints]]\nname = \"t\"\nkind = \"mqtt\"\nhost = \"127.0.0.1.\"\nfilter = \"a/#\"\n"
+    ));
+    assert!(err.contains("endpoints[0].host"), "{err}");
+}
+
+/// A syntax error names its line and column, and never echoes the line:
+/// it may hold a password (an unclosed quote after a URL) or a control
+/// byte a terminal would act on.
+#[test]
+fn a_syntax_error_names_its_place_and_echoes_no_line() {
+    let text =
+        "[locker]\nkind = \"redis\"\nurl = \"redis://:HunterPW2@127.0.0.1:6379/ prefix=\"p\"\n";
+    let err = Config::from_toml(text).unwrap_err().to_string();
+    assert!(err.contains("line 3"), "{err}");
+    assert!(!err.contains("HunterPW2"), "the line was echoed: {err}");
+    let text = "[locker]\nkind = \"redis\" \u{1b}[31m oops\n";
+    let err = Config::from_toml(text).unwrap_err().to_string();
+    assert!(err.contains("line 2"), "{err}");
+    assert!(
+        !err.contains('\u{1b}'),
+        "a raw escape byte was printed: {err:?}"
+    );
 }

@@ -2057,7 +2057,7 @@ fn an_unreachable_broker_makes_the_replica_not_ready_counted_and_logged_once_per
         &path,
         base_config(&server.url())
             + &format!(
-                "\n[[endpoints]]\nname = \"telemetry\"\nkind = \"mqtt\"\nhost = \"127.0.0.1\"\nport = {broker_port}\nfilter = \"sensors/#\"\nshare_group = \"gateways\"\n\n[metrics]\nprometheus = \"127.0.0.1:{metrics}\"\n"
+                "\n[[endpoints]]\nname = \"telemetry\"\nkind = \"mqtt\"\nhost = \"127.0.0.1\"\nport = {broker_port}\nfilter = \"sensors/#\"\nshare_group = \"gateways\"\n\n[[endpoints]]\nname = \"commands\"\nkind = \"mqtt\"\nhost = \"127.0.0.1\"\nport = {broker_port}\nfilter = \"commands/#\"\nguard = true\n\n[metrics]\nprometheus = \"127.0.0.1:{metrics}\"\n"
             ),
     )
     .unwrap();
@@ -2065,7 +2065,7 @@ fn an_unreachable_broker_makes_the_replica_not_ready_counted_and_logged_once_per
     let child = Command::new(env!("CARGO_BIN_EXE_guard-gateway"))
         .args(["run", "--config"])
         .arg(&path)
-        .env("RUST_LOG", "warn")
+        .env("RUST_LOG", "info")
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log_path).unwrap())
         .spawn()
@@ -2088,11 +2088,28 @@ fn an_unreachable_broker_makes_the_replica_not_ready_counted_and_logged_once_per
         "guard_source_disconnects_total{source=\"telemetry\"}",
     );
     assert!(failed.is_some_and(|n| n >= 3.0), "{failed:?}");
+    // One series per endpoint, by its name: no second one a library
+    // default left behind (it read 1 while the broker was down).
+    assert!(
+        !text.contains("source=\"MQTT "),
+        "a source series not named after its endpoint:\n{text}"
+    );
     let log = std::fs::read_to_string(&log_path).unwrap();
     let lines = log.lines().filter(|l| l.contains("telemetry")).count();
     assert!(
         lines <= 2,
         "one warning per interval, not per attempt:\n{log}"
+    );
+    // The elected endpoint's promotions fail every interval (16 in four
+    // seconds): its lines are throttled too, the promotions and demotions
+    // themselves at debug while they fail.
+    let elected = log
+        .lines()
+        .filter(|l| l.contains("commands") || l.contains("endpoint/mqtt"))
+        .count();
+    assert!(
+        elected <= 4,
+        "a line or two per interval, not per promotion:\n{log}"
     );
     // A broker on that port: ready again.
     let _broker = Mosquitto::start_on(broker_port).expect("mosquitto");

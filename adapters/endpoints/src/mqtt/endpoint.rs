@@ -35,7 +35,10 @@ pub struct MqttEndpoint {
     guard: Option<ActiveRunner>,
     retry: RetryPolicy,
     unhandled: Option<UnhandledFn>,
-    link: Link,
+    /// Made at the run unless given: a link publishes its metrics when
+    /// made, and one replaced by [`with_link`](Self::with_link) would
+    /// leave a stale series.
+    link: Option<Link>,
 }
 
 impl std::fmt::Debug for MqttEndpoint {
@@ -69,14 +72,13 @@ impl MqttEndpoint {
     /// An endpoint that always subscribes, with the original's retry
     /// policy for [`try_run`](Self::try_run).
     pub fn new(options: MqttOptions, subscription: Subscription) -> Self {
-        let link = Link::new(&format!("MQTT {}", subscription.topic_filter()));
         MqttEndpoint {
             options,
             subscription,
             guard: None,
             retry: RetryPolicy::new(),
             unhandled: None,
-            link,
+            link: None,
         }
     }
 
@@ -84,8 +86,15 @@ impl MqttEndpoint {
     /// a failed connect, a refused subscription or a connection that
     /// ended, up again at the next confirmed subscription.
     pub fn with_link(mut self, link: Link) -> Self {
-        self.link = link;
+        self.link = Some(link);
         self
+    }
+
+    /// The link given, or one of this run's own named after the filter.
+    fn link(&self) -> Link {
+        self.link
+            .clone()
+            .unwrap_or_else(|| Link::new(&format!("MQTT {}", self.subscription.topic_filter())))
     }
 
     /// How [`try_run`](Self::try_run) retries a failing handler before the
@@ -227,13 +236,14 @@ impl MqttEndpoint {
         F: Future<Output = ()>,
     {
         let filter = self.subscription.topic_filter();
+        let link = self.link();
         while !control.is_stopped() {
             let attempt = async {
                 let connection = Connection::open(&self.options).await?;
                 let (subscribed, _) = async_channel::bounded(1);
                 Err::<(), _>(
                     connection
-                        .serve(&filter, None, &self.link, &mut handler, subscribed)
+                        .serve(&filter, None, &link, &mut handler, subscribed)
                         .await
                         .error,
                 )
@@ -244,7 +254,7 @@ impl MqttEndpoint {
             };
             if let Err(e) = future::or(stopped, attempt).await {
                 let then = format!("reconnecting in {:?}", self.options.reconnect_delay);
-                self.link.down(&e, &then);
+                link.down(&e, &then);
                 future::or(control.stopped(), async {
                     CallerRuntime.sleep(self.options.reconnect_delay).await;
                 })
@@ -275,11 +285,12 @@ impl MqttEndpoint {
         let unhandled = UnhandledSink::new(&format!("MQTT {filter}"), &key, self.unhandled.clone());
         unhandled.register();
         let options = self.options.clone();
-        let link = self.link.clone();
+        let link = self.link();
+        let lease_link = link.clone();
         let (tx, rx) = async_channel::unbounded::<Option<Promotion>>();
         let elect = move || async move {
             let (promoted, demoted) = (tx.clone(), tx);
-            let (options, link) = (&options, &link);
+            let (options, link) = (&options, &lease_link);
             runner
                 .run(
                     linked,
@@ -346,7 +357,7 @@ impl MqttEndpoint {
                             .serve(
                                 &filter,
                                 Some((&ElectedLease::new(lease.clone(), fence, &key), &unhandled)),
-                                &self.link,
+                                &link,
                                 &mut handler,
                                 confirm,
                             )
@@ -358,7 +369,7 @@ impl MqttEndpoint {
             .await;
             match next {
                 Next::Ended(ended) => {
-                    self.link.down(&ended.error, "stepping down");
+                    link.down(&ended.error, "stepping down");
                     // An unconfirmed subscription failed the promotion
                     // already; a confirmed one that ended steps down.
                     if ended.confirmed {

@@ -200,6 +200,11 @@ impl<R: Runtime> ActiveRunner<R> {
         // A promotion that fails every interval (a source that cannot
         // connect) is one line per throttle interval, with the count.
         let activations = Throttle::new();
+        // While promotions fail, their "promoted" and "demoted" lines go
+        // to debug (the throttled warning above counts them); the first
+        // that succeeds after them is logged at info.
+        let mut promotions_failing = false;
+        let mut last_fence = 0;
         let ttl = self.timing.ttl();
         // From validated timing: the error type is `Infallible`.
         let Ok(mut machine) = ActiveGuard::new(self.timing, locker.can_renew(), clock.now());
@@ -253,7 +258,12 @@ impl<R: Runtime> ActiveRunner<R> {
                             self.lease.publish(machine.lease());
                             continue;
                         }
-                        log::info!("active guard {} promoted (fence {fence})", self.key);
+                        last_fence = fence;
+                        log::log!(
+                            quiet_while(promotions_failing),
+                            "active guard {} promoted (fence {fence})",
+                            self.key
+                        );
                         crate::metrics::record_promoted(&self.key);
                         // Polled beside the lease loop, which keeps
                         // renewing (and keeps the renew deadline) however
@@ -267,7 +277,11 @@ impl<R: Runtime> ActiveRunner<R> {
                         // Tells a running `on_promoted` (its `LeaseCheck`
                         // gives no fence and `lost` resolves).
                         self.lease.publish(None);
-                        log::info!("active guard {} demoted: {reason:?}", self.key);
+                        log::log!(
+                            quiet_while(promotions_failing),
+                            "active guard {} demoted: {reason:?}",
+                            self.key
+                        );
                         crate::metrics::record_demoted(&self.key, reason);
                         if callbacks.promoted.is_some() {
                             self.report_demoted_while_running(reason);
@@ -376,9 +390,16 @@ impl<R: Runtime> ActiveRunner<R> {
                         );
                     }
                     if result.is_err() {
+                        promotions_failing = true;
                         // Demotes, then releases, if this leadership is
                         // still on; nothing once it has ended.
                         machine.handle_promote_failed(now);
+                    } else if promotions_failing {
+                        promotions_failing = false;
+                        log::info!(
+                            "active guard {} promoted (fence {last_fence}) after failed promotions",
+                            self.key
+                        );
                     }
                 }
                 Wake::Demoted => callbacks.demoted = None,
@@ -499,6 +520,17 @@ impl<PF, DF> Callbacks<PF, DF> {
     /// A demotion's `on_demoted` waits or runs: a release waits for it.
     fn demoting(&self) -> bool {
         self.demotion.is_some() || self.demoted.is_some()
+    }
+}
+
+/// The level of a promotion's and a demotion's line: debug while
+/// promotions fail (a source that cannot connect would otherwise log two
+/// lines each interval), info otherwise.
+fn quiet_while(failing: bool) -> log::Level {
+    if failing {
+        log::Level::Debug
+    } else {
+        log::Level::Info
     }
 }
 

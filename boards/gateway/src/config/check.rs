@@ -102,7 +102,13 @@ pub(crate) fn refused_value(
     value: &str,
     rule: &str,
 ) -> ConfigError {
-    invalid(key(field), format!("{value:?}"), rule)
+    invalid(key(field), format!("{value:?}"), as_expected(rule))
+}
+
+/// A builder's rule as what the configuration expects: "must be X" reads
+/// "expected X".
+pub(crate) fn as_expected(rule: &str) -> &str {
+    rule.strip_prefix("must be ").unwrap_or(rule)
 }
 
 /// `url`'s refusal by its endpoint's builder (`rule`) as the
@@ -121,7 +127,11 @@ pub(crate) fn refused_url_rule(
     } else {
         " (after expanding the environment variables, whose values are not shown)"
     };
-    invalid(key, format!("{url:?}"), format!("{rule}{expanded}"))
+    invalid(
+        key,
+        format!("{url:?}"),
+        format!("{}{expanded}", as_expected(rule)),
+    )
 }
 
 pub(crate) type Env<'e> = &'e dyn Fn(&str) -> Option<String>;

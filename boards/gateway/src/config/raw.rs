@@ -250,11 +250,27 @@ pub(super) struct Metrics {
     pub prometheus: Option<String>,
 }
 
+/// A TOML syntax error at its line and column, with the parser's message
+/// alone: the line itself is not echoed, since it may hold a password
+/// (a URL with an unclosed quote) or bytes a terminal would act on.
+fn syntax(text: &str, e: &toml::de::Error) -> ConfigError {
+    let at = e
+        .span()
+        .and_then(|span| text.get(..span.start))
+        .map(|before| {
+            let line = before.matches('\n').count() + 1;
+            let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+            format!("line {line}, column {column}: ")
+        })
+        .unwrap_or_default();
+    let message = e.message().trim_end().escape_debug().to_string();
+    ConfigError::Syntax(format!("{at}{message}"))
+}
+
 /// Parses TOML text into the file's structs and its endpoints; a type
 /// error, an unknown key or a missing one names its dotted key.
 pub(super) fn parse(text: &str) -> Result<(File, Vec<Endpoint>), ConfigError> {
-    let deserializer =
-        toml::Deserializer::parse(text).map_err(|e| ConfigError::Syntax(e.to_string()))?;
+    let deserializer = toml::Deserializer::parse(text).map_err(|e| syntax(text, &e))?;
     let mut file: File = serde_path_to_error::deserialize(deserializer).map_err(|e| {
         let path = e.path().to_string();
         translate(&path, e.inner().message())

@@ -8,7 +8,7 @@ use guard_endpoints::mqtt::{MqttError, MqttOptions};
 use serde::Deserialize;
 
 use super::{Assembly, Content, Event, Task, elected_scope, failed, text};
-use crate::config::check::{Env, expand, non_empty};
+use crate::config::check::{Env, as_expected, expand, non_empty};
 use crate::config::raw;
 use crate::config::tls::{self, TlsFiles, TlsKeys};
 use crate::config::{ConfigError, Source, invalid};
@@ -91,6 +91,12 @@ pub(crate) fn resolve(
                     .chars()
                     .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
         })
+        // A name's last label is never all digits: `127.0.0.1.` is no
+        // host name (and no address either).
+        && h
+            .rsplit('.')
+            .next()
+            .is_some_and(|tld| !tld.chars().all(|c| c.is_ascii_digit()))
     };
     if !(name(&host) || host.parse::<std::net::IpAddr>().is_ok()) {
         return Err(invalid(
@@ -119,7 +125,7 @@ pub(crate) fn resolve(
             Parameter::ShareGroup => "share_group",
             _ => "filter",
         };
-        return Err(invalid(key(field), value, rule));
+        return Err(invalid(key(field), value, as_expected(&rule)));
     }
     let delivery = match (&m.share_group, m.guard) {
         (Some(_), true) => {
