@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use embassy_sync::blocking_mutex::raw::CriticalSectionRawMutex;
 use guard_core::limit::{
-    Algorithm, AtomicTokenBucket, CostAboveLimit, FullPolicy, Keyed, LeakyBucket, Limiter, Rate,
-    SharedKeyed, SlidingWindow, TokenBucket, WindowLog,
+    Algorithm, AtomicTokenBucket, CostAboveLimit, FixedWindow, FullPolicy, Keyed, LeakyBucket,
+    Limiter, Rate, SharedKeyed, SlidingWindow, TokenBucket, WindowLog,
 };
 use guard_core::time::Instant;
 use proptest::prelude::*;
@@ -135,6 +135,26 @@ proptest! {
             format!("{held:?}")
         };
         check_n_matches_singles(&window, &calls, inside);
+    }
+
+    #[test]
+    fn a_fixed_window_decides_a_cost_as_that_many_single_checks(
+        limit in 1u32..16,
+        period_ms in 1u64..200,
+        offset_ms in 0u64..400,
+        calls in prop::collection::vec((0u32..20, 0u64..60_000_000), 1..60),
+    ) {
+        let window = FixedWindow::new(Duration::from_millis(period_ms), limit)
+            .expect("valid")
+            .with_offset(Duration::from_millis(offset_ms));
+        let charged = |count: &guard_core::limit::WindowCount, at: Instant| {
+            if window.is_fresh(count, at) {
+                "new".to_owned()
+            } else {
+                format!("{count:?}")
+            }
+        };
+        check_n_matches_singles(&window, &calls, charged);
     }
 
     #[test]

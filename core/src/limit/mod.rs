@@ -11,6 +11,7 @@
 //! | [`TokenBucket`] | starts full (an initial burst of `capacity`) | a whole token is available |
 //! | [`LeakyBucket`] | starts empty | `water + 1 <= capacity` |
 //! | [`SlidingWindow`] | has no timestamps | fewer than `limit` timestamps are newer than `now - window` |
+//! | [`FixedWindow`] | has used nothing | fewer than `limit` units were used in the aligned window of `now` |
 //!
 //! A denial is an outcome, not an error: [`Decision::Denied`] carries the
 //! time until the next admission can succeed. Only impossible parameters are
@@ -30,10 +31,12 @@
 //! [`Algorithm::carry_over`] moves a key's state to new parameters without
 //! forgetting it: a bucket keeps the units its key has used (rescaled to
 //! the new interval, never more than one full bucket), a sliding window
-//! keeps its admissions, measured against the new window and limit.
+//! keeps its admissions, measured against the new window and limit, and a
+//! fixed window keeps what its key used in the window of the moment.
 
 #[cfg(any(target_has_atomic = "ptr", feature = "critical-section"))]
 mod atomic;
+mod fixed_window;
 mod gcra;
 mod keyed;
 mod sliding_window;
@@ -41,6 +44,7 @@ pub mod wait;
 
 #[cfg(any(target_has_atomic = "ptr", feature = "critical-section"))]
 pub use atomic::AtomicTokenBucket;
+pub use fixed_window::{FixedWindow, WindowCount};
 pub use gcra::{Bucket, BucketState, LeakyBucket, TokenBucket, Tokens, Water};
 pub use keyed::{
     DefaultHashState, FullPolicy, Keyed, KeyedSlot, KeyedSlots, KeyedStats, SharedKeyed,
@@ -193,6 +197,14 @@ pub enum LimiterError {
         /// The largest limit this type can store (its const parameter).
         maximum: usize,
     },
+    /// A window's alignment is as long as the window or longer (a time
+    /// zone's offset from UTC of a day or more).
+    OffsetAboveWindow {
+        /// The offset asked for, in seconds.
+        offset_secs: i64,
+        /// The window's length, in seconds.
+        window_secs: u64,
+    },
     /// A bucket's capacity times its interval (the time an emptied bucket
     /// takes to refill) does not fit in the clock's range: it must not
     /// exceed [`BucketState::LATEST`] (about 584 years in nanoseconds). The
@@ -224,6 +236,13 @@ impl fmt::Display for LimiterError {
             LimiterError::LimitAboveMaximum { limit, maximum } => write!(
                 f,
                 "limit {limit} exceeds the maximum {maximum} this sliding window can store"
+            ),
+            LimiterError::OffsetAboveWindow {
+                offset_secs,
+                window_secs,
+            } => write!(
+                f,
+                "an offset of {offset_secs} s must be shorter than the window of {window_secs} s"
             ),
             LimiterError::CapacityTimesIntervalTooLong {
                 capacity,
