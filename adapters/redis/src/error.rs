@@ -69,6 +69,10 @@ pub enum Parameter {
     BucketSpan,
     /// A sliding window's width.
     SlidingWindow,
+    /// A fixed window's length.
+    FixedWindowPeriod,
+    /// Where a fixed window's windows start.
+    FixedWindowOffset,
     /// A request's cost in a limiter's units.
     Cost,
     /// How long an exact deduplicator remembers an item.
@@ -123,6 +127,8 @@ impl fmt::Display for Parameter {
             Parameter::RefillInterval => "refill interval",
             Parameter::BucketSpan => "capacity × interval",
             Parameter::SlidingWindow => "sliding window",
+            Parameter::FixedWindowPeriod => "fixed window period",
+            Parameter::FixedWindowOffset => "fixed window offset",
             Parameter::Cost => "cost",
             Parameter::DedupTtl => "deduplication TTL",
             Parameter::DedupWindow => "deduplication window",

@@ -5,12 +5,13 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use guard_core::limit::{
-    Decision, LeakyBucket, Limiter, LimiterError, Rate, SlidingWindow, TokenBucket,
+    Decision, FixedWindow, LeakyBucket, Limiter, LimiterError, Rate, SlidingWindow, TokenBucket,
 };
 use guard_core::time::Instant;
 use guard_redis::{
-    CALLER_OFFSET_BOUND, CALLER_RATE_BOUND_PPM, Clock, Parameter, RedisConnection, RedisGuardError,
-    RedisLeakyBucket, RedisSlidingWindow, RedisTokenBucket, Topology,
+    CALLER_OFFSET_BOUND, CALLER_RATE_BOUND_PPM, Clock, Parameter, RedisConnection,
+    RedisFixedWindow, RedisGuardError, RedisLeakyBucket, RedisSlidingWindow, RedisTokenBucket,
+    Topology,
 };
 use guard_testkit::{RedisCluster, RedisServer};
 
@@ -83,9 +84,12 @@ fn redis_limiters_match_guard_core_on_shared_vectors() {
     let token = TokenBucket::new(3, Rate::per_second(5)).unwrap();
     let leaky = LeakyBucket::new(2, Rate::per(1, Duration::from_millis(300))).unwrap();
     let window = SlidingWindow::<8>::new(Duration::from_millis(1_000), 3).unwrap();
+    let fixed = FixedWindow::new(Duration::from_millis(700), 3)
+        .unwrap()
+        .with_offset(Duration::from_millis(250));
     let mut vectors = vec![seed_vector()];
     vectors.extend((1..=5).map(|seed| trace(seed * 7919, 400)));
-    let mut totals = [(0, 0); 3];
+    let mut totals = [(0, 0); 4];
     let mut add = |i: usize, (a, d): (usize, usize)| {
         totals[i].0 += a;
         totals[i].1 += d;
@@ -105,6 +109,10 @@ fn redis_limiters_match_guard_core_on_shared_vectors() {
             .unwrap()
             .with_prefix(&prefix("rl"))
             .unwrap();
+        let rf = RedisFixedWindow::new(conn.clone(), fixed)
+            .unwrap()
+            .with_prefix(&prefix("fw"))
+            .unwrap();
         add(
             0,
             compare("token bucket", token, calls, |k, now| {
@@ -123,8 +131,14 @@ fn redis_limiters_match_guard_core_on_shared_vectors() {
                 smol::block_on(rw.check(k, Clock::Caller(now))).unwrap()
             }),
         );
+        add(
+            3,
+            compare("fixed window", fixed, calls, |k, now| {
+                smol::block_on(rf.check(k, Clock::Caller(now))).unwrap()
+            }),
+        );
     }
-    for (name, (allowed, denied)) in ["token", "leaky", "window"].iter().zip(totals) {
+    for (name, (allowed, denied)) in ["token", "leaky", "window", "fixed"].iter().zip(totals) {
         assert!(
             allowed > 100 && denied > 100,
             "{name}: {allowed} allowed, {denied} denied: the vectors exercise both"
@@ -162,6 +176,31 @@ fn server_time_limits_clients_whatever_their_clocks() {
         })
         .count();
     assert_eq!(allowed, 2);
+    // A day's window on the server's clock: epoch-aligned, so the count
+    // is the day's, whoever asks.
+    let day = RedisFixedWindow::new(
+        connect(Topology::Standalone { url: server.url() }),
+        FixedWindow::days_at_utc_offset(0, 4).unwrap(),
+    )
+    .unwrap();
+    let report = smol::block_on(day.check_n("k", 3, Clock::Server)).unwrap();
+    let since_midnight = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        % 86_400;
+    let until_midnight = 86_400 - since_midnight;
+    assert!(
+        report.reset_after.as_secs().abs_diff(until_midnight) <= 2,
+        "the window ends at the next midnight UTC: {:?}, expected about {until_midnight} s",
+        report.reset_after
+    );
+    assert_eq!(report.remaining, 1);
+    assert!(
+        smol::block_on(day.check_n("k", 2, Clock::Server))
+            .unwrap()
+            .is_denied()
+    );
 }
 
 #[test]
@@ -365,6 +404,7 @@ struct Parity {
     token: (Limiter<TokenBucket>, RedisTokenBucket),
     leaky: (Limiter<LeakyBucket>, RedisLeakyBucket),
     window: (Limiter<SlidingWindow<8>>, RedisSlidingWindow),
+    fixed: (Limiter<FixedWindow>, RedisFixedWindow),
 }
 
 impl Parity {
@@ -372,7 +412,15 @@ impl Parity {
         let token = TokenBucket::new(2, Rate::per(1, interval)).unwrap();
         let leaky = LeakyBucket::new(2, Rate::per(1, interval)).unwrap();
         let window = SlidingWindow::<8>::new(interval, 2).unwrap();
+        let fixed = FixedWindow::new(interval, 2).unwrap();
         Parity {
+            fixed: (
+                Limiter::new(fixed),
+                RedisFixedWindow::new(conn.clone(), fixed)
+                    .unwrap()
+                    .with_prefix(&format!("{prefix}fw"))
+                    .unwrap(),
+            ),
             token: (
                 Limiter::new(token),
                 RedisTokenBucket::new(conn.clone(), token)
@@ -405,6 +453,8 @@ impl Parity {
         assert_eq!(leaky, self.leaky.0.check(now), "leaky bucket: {what}");
         let window = smol::block_on(self.window.1.check("k", clock)).unwrap();
         assert_eq!(window, self.window.0.check(now), "sliding window: {what}");
+        let fixed = smol::block_on(self.fixed.1.check("k", clock)).unwrap();
+        assert_eq!(fixed, self.fixed.0.check(now), "fixed window: {what}");
     }
 }
 

@@ -8,12 +8,13 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant as StdInstant};
 
 use guard_core::limit::{
-    Algorithm, CostAboveLimit, LeakyBucket, Limiter, Rate, Report, SlidingWindow, TokenBucket,
+    Algorithm, CostAboveLimit, FixedWindow, LeakyBucket, Limiter, Rate, Report, SlidingWindow,
+    TokenBucket,
 };
 use guard_core::time::Instant;
 use guard_redis::{
-    Clock, Parameter, RedisConnection, RedisGuardError, RedisLeakyBucket, RedisSlidingWindow,
-    RedisTokenBucket, Topology,
+    Clock, Parameter, RedisConnection, RedisFixedWindow, RedisGuardError, RedisLeakyBucket,
+    RedisSlidingWindow, RedisTokenBucket, Topology,
 };
 use guard_std::ratelimit::{LimitError, Quota, RateLimiter, ReconfigureError};
 use guard_testkit::RedisServer;
@@ -100,7 +101,13 @@ fn costs_and_reports_match_guard_core_across_new_parameters() {
     let leaky_after = LeakyBucket::new(5, Rate::per(1, Duration::from_millis(600))).unwrap();
     let window = SlidingWindow::<8>::new(Duration::from_millis(1_000), 4).unwrap();
     let window_after = SlidingWindow::<8>::new(Duration::from_millis(1_500), 5).unwrap();
-    let mut totals = [[0usize; 2]; 3];
+    let fixed = FixedWindow::new(Duration::from_millis(700), 4)
+        .unwrap()
+        .with_offset(Duration::from_millis(250));
+    let fixed_after = FixedWindow::new(Duration::from_millis(1_100), 5)
+        .unwrap()
+        .with_offset(Duration::from_millis(100));
+    let mut totals = [[0usize; 2]; 4];
     for seed in 1..=4u64 {
         let calls = trace(seed * 7_919, 400);
         let rt = RedisTokenBucket::new(conn.clone(), token)
@@ -114,6 +121,10 @@ fn costs_and_reports_match_guard_core_across_new_parameters() {
         let rw = RedisSlidingWindow::new(conn.clone(), window)
             .unwrap()
             .with_prefix(&format!("rl{seed}"))
+            .unwrap();
+        let rf = RedisFixedWindow::new(conn.clone(), fixed)
+            .unwrap()
+            .with_prefix(&format!("fw{seed}"))
             .unwrap();
         let counts = [
             compare(
@@ -140,13 +151,21 @@ fn costs_and_reports_match_guard_core_across_new_parameters() {
                 |k, now, cost| smol::block_on(rw.check_n(k, cost, Clock::Caller(now))).unwrap(),
                 || rw.reconfigure(window_after).unwrap(),
             ),
+            compare(
+                "fixed window",
+                fixed,
+                fixed_after,
+                &calls,
+                |k, now, cost| smol::block_on(rf.check_n(k, cost, Clock::Caller(now))).unwrap(),
+                || rf.reconfigure(fixed_after).unwrap(),
+            ),
         ];
         for (total, count) in totals.iter_mut().zip(counts) {
             total[0] += count[0];
             total[1] += count[1];
         }
     }
-    for (name, [allowed, denied]) in ["token", "leaky", "window"].iter().zip(totals) {
+    for (name, [allowed, denied]) in ["token", "leaky", "window", "fixed"].iter().zip(totals) {
         assert!(
             allowed > 200 && denied > 200,
             "{name}: {allowed} allowed, {denied} denied: the traces exercise both"

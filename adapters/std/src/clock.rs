@@ -114,6 +114,33 @@ impl Clock for QuantaClock {
     }
 }
 
+/// The operating system's wall clock as the limiters' time: nanoseconds
+/// since the Unix epoch (UTC).
+///
+/// The clock of a limiter whose windows align to the calendar, such as
+/// guard-core's `FixedWindow` (on a monotonic clock its windows would
+/// align to the moment the process started). A wall clock can step back
+/// (an NTP correction, a clock set by hand); a limiter takes a reading out
+/// of order without freeing room, so a step back never gives a key its
+/// quota again. A step forward ends the windows it passes. A clock set
+/// before 1970 reads as the epoch.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct EpochClock;
+
+impl Clock for EpochClock {
+    fn now(&self) -> Instant {
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        // u64 nanoseconds reach the year 2554.
+        Instant::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+    }
+
+    fn wall(&self) -> UnixMillis {
+        system_wall()
+    }
+}
+
 /// A clock moved by hand, for tests: both readings advance together.
 #[derive(Clone, Debug, Default)]
 pub struct ManualClock {

@@ -39,7 +39,7 @@ mod sync;
 mod throttle;
 mod token_ids;
 
-pub use clock::{Clock, ManualClock, QuantaClock, SystemClock};
+pub use clock::{Clock, EpochClock, ManualClock, QuantaClock, SystemClock};
 pub use cron_schedule::{CronError, CronSchedule};
 pub use local_locker::{DEFAULT_SWEEP_INTERVAL, LocalLocker};
 pub use shared::{BackendError, BoxFuture, DynLocker, GuardConfig, LockerError, SharedLocker};

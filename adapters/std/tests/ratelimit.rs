@@ -393,3 +393,57 @@ fn a_memory_limiter_builds_a_shard_when_its_first_key_arrives() {
     }
     assert!(limiter.shards_built() > 1);
 }
+
+/// Fixed windows on the wall clock: a day's window ends at the next
+/// midnight UTC, the quota names the algorithm, and new parameters keep
+/// what a key used in the day.
+#[test]
+fn an_aligned_fixed_window_ends_at_midnight_and_takes_new_quotas() {
+    use guard_core::limit::FixedWindow;
+    let day = FixedWindow::days_at_utc_offset(0, 10).unwrap();
+    let limiter = MemoryLimiter::aligned(day, 64, FullPolicy::DenyNewKeys);
+    let report = limiter.check_n_now("uplink", 4).unwrap();
+    let since_midnight = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        % 86_400;
+    assert!(
+        report
+            .reset_after
+            .as_secs()
+            .abs_diff(86_400 - since_midnight)
+            <= 2,
+        "{:?} until the window ends, {since_midnight} s since midnight UTC",
+        report.reset_after
+    );
+    let dynamic: &dyn RateLimiter = &limiter;
+    assert_eq!(
+        dynamic.quota(),
+        Quota::FixedWindow {
+            limit: 10,
+            period: Duration::from_secs(86_400),
+            offset: Duration::ZERO,
+        }
+    );
+    dynamic
+        .reconfigure(Quota::FixedWindow {
+            limit: 6,
+            period: Duration::from_secs(86_400),
+            offset: Duration::ZERO,
+        })
+        .unwrap();
+    let report = limiter.check_n_now("uplink", 0).unwrap();
+    assert_eq!(report.remaining, 2, "4 of the day's 6 already used");
+    let other = dynamic
+        .reconfigure(Quota::SlidingWindow {
+            limit: 6,
+            window: Duration::from_secs(1),
+        })
+        .unwrap_err();
+    assert_eq!(
+        other.to_string(),
+        "a fixed window limiter cannot take a sliding window quota: a limiter changes its \
+         parameters, not its algorithm"
+    );
+}

@@ -60,7 +60,7 @@ pub(crate) fn sf_string(name: &str) -> Result<String, ConfigError> {
 /// The `w` of a quota: the seconds its `q` units are spread over, rounded
 /// up to at least one (the draft's window is a positive whole number of
 /// seconds). A bucket's is the time an emptied bucket takes to refill
-/// (`capacity` intervals); a window's is its width. `None` for a rate the
+/// (`capacity` intervals); a window's is its width or length. `None` for a rate the
 /// limiter would have refused.
 pub(crate) fn window_secs(quota: &Quota) -> Option<u64> {
     let nanos: u128 = match quota {
@@ -69,6 +69,7 @@ pub(crate) fn window_secs(quota: &Quota) -> Option<u64> {
             u128::from(interval).saturating_mul(u128::from(*capacity))
         }
         Quota::SlidingWindow { window, .. } => window.as_nanos(),
+        Quota::FixedWindow { period, .. } => period.as_nanos(),
     };
     let secs = nanos.div_ceil(1_000_000_000).max(1);
     Some(u64::try_from(secs).unwrap_or(u64::MAX))
@@ -279,6 +280,13 @@ mod tests {
             rate: Rate::per(1, Duration::from_millis(300)),
         };
         assert_eq!(window_secs(&bucket), Some(2));
+        // A fixed window's is its length.
+        let day = Quota::FixedWindow {
+            limit: 50_000_000,
+            period: Duration::from_secs(86_400),
+            offset: Duration::from_secs(79_200),
+        };
+        assert_eq!(policy_value("\"p\"", &day), "\"p\";q=50000000;w=86400");
         // A rate no limiter accepts has no window: `w` is left out.
         let broken = Quota::LeakyBucket {
             capacity: 5,

@@ -15,7 +15,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::extract::ConnectInfo;
-use guard_core::limit::{FullPolicy, LeakyBucket, Rate, SlidingWindow, TokenBucket};
+use guard_core::limit::{FixedWindow, FullPolicy, LeakyBucket, Rate, SlidingWindow, TokenBucket};
 use guard_std::BackendError;
 use guard_std::ManualClock;
 use guard_std::ratelimit::{
@@ -474,6 +474,53 @@ async fn costs_are_counted_and_a_cost_above_the_quota_is_413() {
         send(&layer, &inner, costing("2")).await.header("ratelimit"),
         Some(r#""default";r=0;t=5"#)
     );
+}
+
+/// A quota of bytes an hour: the cost is the declared length, the quota
+/// comes back whole at the next boundary, and the fields say when.
+#[tokio::test]
+async fn a_fixed_window_meters_bytes_and_resets_at_its_boundary() {
+    let clock = ManualClock::default();
+    let hour = FixedWindow::new(Duration::from_secs(3_600), 1_000).unwrap();
+    let limiter =
+        MemoryLimiter::<_, _, 64>::with_clock(hour, 64, FullPolicy::DenyNewKeys, clock.clone());
+    let layer = RateLimitLayer::builder(Arc::new(limiter))
+        .cost(|request| {
+            request
+                .headers
+                .get(http::header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok()?.parse().ok())
+                .unwrap_or(u32::MAX)
+        })
+        .build()
+        .unwrap();
+    let inner = Hello::default();
+    let sized = |bytes: usize| {
+        let mut request = from("192.0.2.1");
+        request
+            .headers_mut()
+            .insert(http::header::CONTENT_LENGTH, bytes.into());
+        *request.body_mut() = "x".repeat(bytes);
+        request
+    };
+    // 40 minutes into the first hour.
+    clock.advance(Duration::from_secs(2_400));
+    let a = send(&layer, &inner, sized(600)).await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(
+        a.header("ratelimit-policy"),
+        Some(r#""default";q=1000;w=3600"#)
+    );
+    assert_eq!(a.header("ratelimit"), Some(r#""default";r=400;t=1200"#));
+    let refused = send(&layer, &inner, sized(500)).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.header("retry-after"), Some("1200"));
+    // At the boundary the whole quota is back at once.
+    clock.advance(Duration::from_secs(1_200));
+    let a = send(&layer, &inner, sized(1_000)).await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(a.header("ratelimit"), Some(r#""default";r=0;t=3600"#));
+    assert_eq!(inner.calls(), 2);
 }
 
 #[tokio::test]

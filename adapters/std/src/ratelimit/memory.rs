@@ -6,12 +6,12 @@ use std::hash::BuildHasher;
 use std::sync::PoisonError;
 
 use guard_core::limit::{
-    Algorithm, CostAboveLimit, Decision, DefaultHashState, FullPolicy, Keyed, KeyedSlot,
-    KeyedSlots, Report,
+    Algorithm, CostAboveLimit, Decision, DefaultHashState, FixedWindow, FullPolicy, Keyed,
+    KeyedSlot, KeyedSlots, Report,
 };
 
 use super::{FromQuota, KeysHeld, LimitFuture, Quota, RateLimiter, ReconfigureError};
-use crate::clock::{Clock, QuantaClock};
+use crate::clock::{Clock, EpochClock, QuantaClock};
 use crate::sync::Mutex;
 
 /// Keys per shard by default.
@@ -103,6 +103,16 @@ where
     /// the counter clock ([`QuantaClock`]).
     pub fn new(algorithm: A, capacity: usize, policy: FullPolicy) -> Self {
         Self::with_clock(algorithm, capacity, policy, QuantaClock::new())
+    }
+}
+
+impl MemoryLimiter<FixedWindow, EpochClock, SHARD_KEYS> {
+    /// Fixed windows aligned to the calendar: as [`MemoryLimiter::new`],
+    /// on the wall clock read from the Unix epoch ([`EpochClock`]), so a
+    /// window of a day starts at midnight UTC (or at the window's offset)
+    /// and every replica's windows start together.
+    pub fn aligned(window: FixedWindow, capacity: usize, policy: FullPolicy) -> Self {
+        Self::with_clock(window, capacity, policy, EpochClock)
     }
 }
 

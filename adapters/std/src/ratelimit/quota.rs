@@ -4,7 +4,7 @@ use std::fmt;
 use std::time::Duration;
 
 use guard_core::limit::{
-    Algorithm, Bucket, LimiterError, Rate, SlidingWindow, TokenBucket, Tokens, Water,
+    Algorithm, Bucket, FixedWindow, LimiterError, Rate, SlidingWindow, TokenBucket, Tokens, Water,
 };
 
 use crate::shared::BackendError;
@@ -36,6 +36,17 @@ pub enum Quota {
         /// The window's width.
         window: Duration,
     },
+    /// At most `limit` units in each aligned window of `period`, given
+    /// back all at once at its end.
+    FixedWindow {
+        /// Units per window.
+        limit: u32,
+        /// The window's length.
+        period: Duration,
+        /// Where windows start past each multiple of `period` from the
+        /// clock's origin (the Unix epoch on an [`crate::EpochClock`]).
+        offset: Duration,
+    },
 }
 
 impl Quota {
@@ -43,7 +54,7 @@ impl Quota {
     pub const fn limit(&self) -> u32 {
         match self {
             Quota::TokenBucket { capacity, .. } | Quota::LeakyBucket { capacity, .. } => *capacity,
-            Quota::SlidingWindow { limit, .. } => *limit,
+            Quota::SlidingWindow { limit, .. } | Quota::FixedWindow { limit, .. } => *limit,
         }
     }
 
@@ -53,6 +64,7 @@ impl Quota {
             Quota::TokenBucket { .. } => "token bucket",
             Quota::LeakyBucket { .. } => "leaky bucket",
             Quota::SlidingWindow { .. } => "sliding window",
+            Quota::FixedWindow { .. } => "fixed window",
         }
     }
 }
@@ -168,6 +180,29 @@ impl<const N: usize> FromQuota for SlidingWindow<N> {
                 SlidingWindow::new(window, limit).map_err(ReconfigureError::Invalid)
             }
             _ => Err(other("sliding window", quota)),
+        }
+    }
+}
+
+impl FromQuota for FixedWindow {
+    fn quota(&self) -> Quota {
+        Quota::FixedWindow {
+            limit: self.limit(),
+            period: self.period(),
+            offset: self.offset(),
+        }
+    }
+
+    fn from_quota(quota: Quota) -> Result<Self, ReconfigureError> {
+        match quota {
+            Quota::FixedWindow {
+                limit,
+                period,
+                offset,
+            } => FixedWindow::new(period, limit)
+                .map(|w| w.with_offset(offset))
+                .map_err(ReconfigureError::Invalid),
+            _ => Err(other("fixed window", quota)),
         }
     }
 }
