@@ -232,7 +232,8 @@ fn stream_guard(
                         .field("device")
                         .and_then(|d| std::str::from_utf8(d).ok())
                         .unwrap_or("");
-                    if let Verdict::Refused(why) = gate.admit(key).await {
+                    let size = message.fields.values().map(Vec::len).sum();
+                    if let Verdict::Refused(why) = gate.admit(key, size).await {
                         return Err(why.to_string());
                     }
                 }

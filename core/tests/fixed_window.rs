@@ -219,6 +219,16 @@ fn windows_align_to_calendar_days_at_an_offset_from_utc() {
             "{east}"
         );
     }
+    // Hours in a zone at +05:30 start at :30 UTC.
+    let hours = FixedWindow::new(Duration::from_secs(3_600), 1)
+        .unwrap()
+        .with_utc_offset(19_800)
+        .unwrap();
+    assert_eq!(hours.offset(), Duration::from_secs(1_800));
+    let hours = hours.with_utc_offset(-34_200).unwrap(); // UTC-09:30
+    assert_eq!(hours.offset(), Duration::from_secs(1_800));
+    let hours = hours.with_utc_offset(-3_600).unwrap();
+    assert_eq!(hours.offset(), Duration::ZERO);
     let e = FixedWindow::days_at_utc_offset(90_000, 1).unwrap_err();
     assert_eq!(
         e.to_string(),

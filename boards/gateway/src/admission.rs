@@ -9,6 +9,10 @@
 //! endpoint's in-memory dead letters ([`DEAD_LETTERS`]). A limiter that
 //! cannot answer (a Redis backend down) refuses, saying why.
 //!
+//! A message costs one unit, or its payload's size in bytes under a policy
+//! with `cost = "bytes"` ([`Admission::counting`]): a metered uplink's
+//! quota of bytes a day.
+//!
 //! ```
 //! # smol::block_on(async {
 //! use std::sync::Arc;
@@ -21,8 +25,8 @@
 //! let bucket = TokenBucket::new(1, Rate::per(1, Duration::from_secs(60)))?;
 //! let limiter = NamedRateLimiter::new("uplink", Arc::new(MemoryLimiter::new(bucket, 16, FullPolicy::DenyNewKeys)));
 //! let gate = Admission::new(Arc::new(limiter), WhenLimited::DeadLetter);
-//! assert!(matches!(gate.admit("sensors").await, Verdict::Admitted));
-//! assert!(matches!(gate.admit("sensors").await, Verdict::Refused(_)));
+//! assert!(matches!(gate.admit("sensors", 12).await, Verdict::Admitted));
+//! assert!(matches!(gate.admit("sensors", 12).await, Verdict::Refused(_)));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! # });
 //! ```
@@ -35,7 +39,7 @@ use std::time::{Duration, Instant};
 use guard_core::limit::Decision;
 use guard_std::ratelimit::{LimitError, NamedRateLimiter};
 
-use crate::config::WhenLimited;
+use crate::config::{Cost, WhenLimited};
 
 /// Why a message was not admitted.
 #[derive(Clone, Debug)]
@@ -85,15 +89,35 @@ pub enum Verdict {
 pub struct Admission {
     limiter: Arc<NamedRateLimiter>,
     when_limited: WhenLimited,
+    cost: Cost,
 }
 
 impl Admission {
     /// Messages pass `limiter` (its decisions counted under its name);
     /// a refused one waits or not as `when_limited` says.
+    /// Each message costs one unit.
     pub fn new(limiter: Arc<NamedRateLimiter>, when_limited: WhenLimited) -> Self {
         Admission {
             limiter,
             when_limited,
+            cost: Cost::Messages,
+        }
+    }
+
+    /// Messages cost what `cost` says: one unit each, or their size in
+    /// bytes.
+    #[must_use]
+    pub fn counting(mut self, cost: Cost) -> Self {
+        self.cost = cost;
+        self
+    }
+
+    /// The units a message of `size` bytes costs. A size beyond the
+    /// largest cost is that cost: more than any quota, refused as such.
+    fn units(&self, size: usize) -> u32 {
+        match self.cost {
+            Cost::Messages => 1,
+            Cost::Bytes => u32::try_from(size).unwrap_or(u32::MAX),
         }
     }
 
@@ -102,12 +126,19 @@ impl Admission {
         self.limiter.name()
     }
 
-    /// Asks until the limiter admits `key`, however long that takes
-    /// (back-pressure, for a message that has nowhere else to go); only a
-    /// failing limiter ends it, with its error.
-    pub async fn admit_eventually(&self, key: &str) -> Result<(), Refusal> {
+    /// Asks until the limiter admits a message of `size` bytes for `key`,
+    /// however long that takes (back-pressure, for a message that has
+    /// nowhere else to go); only a failing limiter ends it, with its error
+    /// (a message that costs more than the whole quota among them).
+    pub async fn admit_eventually(&self, key: &str, size: usize) -> Result<(), Refusal> {
+        let units = self.units(size);
         loop {
-            match self.limiter.check(key).await.map(|report| report.decision) {
+            match self
+                .limiter
+                .check_n(key, units)
+                .await
+                .map(|report| report.decision)
+            {
                 Ok(Decision::Allowed) => return Ok(()),
                 Ok(Decision::Denied { retry_after }) => {
                     CallerRuntime.sleep(retry_after).await;
@@ -117,16 +148,23 @@ impl Admission {
         }
     }
 
-    /// Asks the limiter for `key`, waiting between refusals for the time
-    /// it names, as long as the policy allows.
-    pub async fn admit(&self, key: &str) -> Verdict {
+    /// Asks the limiter for a message of `size` bytes for `key`, waiting
+    /// between refusals for the time it names, as long as the policy
+    /// allows.
+    pub async fn admit(&self, key: &str, size: usize) -> Verdict {
+        let units = self.units(size);
         let started = Instant::now();
         let max_wait = match self.when_limited {
             WhenLimited::Wait(max) => max,
             WhenLimited::DeadLetter => Duration::ZERO,
         };
         loop {
-            match self.limiter.check(key).await.map(|report| report.decision) {
+            match self
+                .limiter
+                .check_n(key, units)
+                .await
+                .map(|report| report.decision)
+            {
                 Ok(Decision::Allowed) => return Verdict::Admitted,
                 Ok(Decision::Denied { retry_after }) => {
                     let waited = started.elapsed();

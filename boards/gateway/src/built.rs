@@ -10,8 +10,8 @@ use guard_core::limit::{FullPolicy, SlidingWindow};
 #[cfg(feature = "postgres")]
 use guard_postgres::{PgLockError, PgLocker};
 use guard_redis::{
-    RedisConnection, RedisGuardError, RedisLeakyBucket, RedisLocker, RedisSlidingWindow,
-    RedisTokenBucket,
+    RedisConnection, RedisFixedWindow, RedisGuardError, RedisLeakyBucket, RedisLocker,
+    RedisSlidingWindow, RedisTokenBucket,
 };
 use guard_std::ratelimit::{MemoryLimiter, NamedRateLimiter, RateLimiter, RateLimiterRegistry};
 use guard_std::{GuardConfig, LocalLocker, SharedLocker, TokenIds};
@@ -163,6 +163,11 @@ fn memory(policy: &Policy, keys: usize) -> Arc<dyn RateLimiter> {
             .or_else(|| sliding::<128>(w, keys))
             .or_else(|| sliding::<1024>(w, keys))
             .unwrap_or_else(|| Arc::new(MemoryLimiter::new(w, keys, FullPolicy::DenyNewKeys))),
+        // On the wall clock, so that windows start on the epoch's
+        // boundaries as Redis's do.
+        PolicyAlgorithm::FixedWindow(w) => {
+            Arc::new(MemoryLimiter::aligned(w, keys, FullPolicy::DenyNewKeys))
+        }
         PolicyAlgorithm::TokenBucket(b) => {
             Arc::new(MemoryLimiter::new(b, keys, FullPolicy::DenyNewKeys))
         }
@@ -176,6 +181,9 @@ fn remote(policy: &Policy, conn: &RedisConnection) -> Result<Arc<dyn RateLimiter
     let name = &policy.name;
     let built: Result<Arc<dyn RateLimiter>, RedisGuardError> = match policy.algorithm {
         PolicyAlgorithm::Sliding(w) => RedisSlidingWindow::new(conn.clone(), w)
+            .and_then(|l| l.with_prefix(&policy.key_prefix))
+            .map(|l| Arc::new(l) as Arc<dyn RateLimiter>),
+        PolicyAlgorithm::FixedWindow(w) => RedisFixedWindow::new(conn.clone(), w)
             .and_then(|l| l.with_prefix(&policy.key_prefix))
             .map(|l| Arc::new(l) as Arc<dyn RateLimiter>),
         PolicyAlgorithm::TokenBucket(b) => RedisTokenBucket::new(conn.clone(), b)

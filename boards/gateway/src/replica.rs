@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use crate::admission::{Admission, Verdict};
-use crate::config::{Backend, Config, Locker, PolicyAlgorithm, Source, Timing, WhenLimited};
+use crate::config::{Backend, Config, Cost, Locker, PolicyAlgorithm, Source, Timing, WhenLimited};
 use guard_smol::{ActiveRunner, Control, RunnerError, Scheduler};
 
 use crate::built::limiter;
@@ -86,7 +86,7 @@ pub async fn run(
             let (emit, router, gate) = (emit.clone(), router.clone(), gate.clone());
             async move {
                 if let Some(gate) = &gate
-                    && let Verdict::Refused(why) = gate.admit(&router).await
+                    && let Verdict::Refused(why) = gate.admit(&router, 0).await
                 {
                     log::warn!("schedule {router} slot {}: {why}; skipped", run.slot);
                     emit(Event::Skipped {
@@ -263,6 +263,14 @@ pub fn summary(config: &Config) -> String {
                 PolicyAlgorithm::Sliding(w) => {
                     format!("sliding, {} per {:?}", w.limit(), w.window())
                 }
+                PolicyAlgorithm::FixedWindow(w) => {
+                    format!(
+                        "fixed-window, {} per {:?} from {:?} past each multiple since the epoch",
+                        w.limit(),
+                        w.period(),
+                        w.offset()
+                    )
+                }
                 PolicyAlgorithm::TokenBucket(b) => format!(
                     "token-bucket, {} deep, {} per {:?}",
                     b.capacity(),
@@ -280,7 +288,11 @@ pub fn summary(config: &Config) -> String {
                 Backend::Memory => "memory",
                 Backend::Redis => "redis",
             };
-            format!("{} ({algorithm}, {backend})", p.name)
+            let counting = match p.cost {
+                Cost::Messages => "",
+                Cost::Bytes => ", counting bytes",
+            };
+            format!("{} ({algorithm}{counting}, {backend})", p.name)
         })
         .collect();
     let list = |items: &[String]| {

@@ -6,8 +6,8 @@ use std::time::Duration;
 use guard_core::guard::FailPolicy;
 use guard_endpoints::queue::WhenFull;
 use guard_gateway::config::{
-    Backend, Config, ConfigError, EndpointLimit, LimitKey, Locker, MqttDelivery, PolicyAlgorithm,
-    Source, Timing, WhenLimited,
+    Backend, Config, ConfigError, Cost, EndpointLimit, LimitKey, Locker, MqttDelivery,
+    PolicyAlgorithm, Source, Timing, WhenLimited,
 };
 use guard_redis::Topology;
 
@@ -176,13 +176,13 @@ fn unknown_keys_are_named() {
 
 #[test]
 fn bad_enumerations_name_the_allowed_values() {
-    let e = error("[ratelimit.policies.x]\nalgorithm = \"fixed-window\"\n");
+    let e = error("[ratelimit.policies.x]\nalgorithm = \"gcra\"\n");
     assert!(
-        e.contains("`ratelimit.policies.x.algorithm` = \"fixed-window\""),
+        e.contains("`ratelimit.policies.x.algorithm` = \"gcra\""),
         "{e}"
     );
     assert!(
-        e.contains("fixed-window") && e.contains("`sliding`, `token-bucket`, `leaky-bucket`"),
+        e.contains("`sliding`, `fixed-window`, `token-bucket`, `leaky-bucket`"),
         "{e}"
     );
     let e = error("[ratelimit]\nbackend = \"postgres\"\n");
@@ -601,6 +601,7 @@ fn endpoints_name_a_limiter_that_exists() {
         Some(EndpointLimit {
             limiter: "uplink".into(),
             key: LimitKey::Field("device".into()),
+            cost: Cost::Messages,
             when_limited: WhenLimited::Wait(Duration::from_millis(250)),
         })
     );
@@ -1408,5 +1409,124 @@ fn a_syntax_error_names_its_place_and_echoes_no_line() {
     assert!(
         !err.contains('\u{1b}'),
         "a raw escape byte was printed: {err:?}"
+    );
+}
+
+/// A fixed-window policy: an uplink's quota of messages or bytes per
+/// aligned window, at a fixed offset from UTC.
+#[test]
+fn a_fixed_window_policy_states_its_quota_and_counts_bytes_when_asked() {
+    let policies = |body: &str| {
+        format!(
+            "{JOB}[ratelimit]\nenabled = true\n[ratelimit.policies.uplink]\nalgorithm = \"fixed-window\"\n{body}"
+        )
+    };
+    let c = Config::from_toml(&policies(
+        "window_ms = 86400000\nlimit = 50000000\nutc_offset = \"+02:00\"\ncost = \"bytes\"\n",
+    ))
+    .unwrap();
+    let uplink = &c.ratelimit.as_ref().unwrap().policies[0];
+    assert_eq!(uplink.cost, Cost::Bytes);
+    let PolicyAlgorithm::FixedWindow(w) = uplink.algorithm else {
+        panic!("{:?}", uplink.algorithm)
+    };
+    assert_eq!(w.limit(), 50_000_000);
+    assert_eq!(w.period(), Duration::from_secs(86_400));
+    assert_eq!(
+        w.offset(),
+        Duration::from_secs(22 * 3_600),
+        "local midnight at +02:00 is 22:00 UTC"
+    );
+    let c = Config::from_toml(&policies("window_ms = 3600000\nlimit = 10\n")).unwrap();
+    let hourly = &c.ratelimit.as_ref().unwrap().policies[0];
+    assert_eq!(
+        hourly.cost,
+        Cost::Messages,
+        "a message costs one by default"
+    );
+
+    // A quota states its numbers.
+    let e = error(&policies("limit = 10\n"));
+    assert!(
+        e.contains("`ratelimit.policies.uplink.window_ms` = missing")
+            && e.contains("states its window_ms and limit"),
+        "{e}"
+    );
+    let e = error(&policies("window_ms = 1000\n"));
+    assert!(
+        e.contains("`ratelimit.policies.uplink.limit` = missing"),
+        "{e}"
+    );
+    let e = error(&policies("window_ms = 1000\nlimit = 0\n"));
+    assert!(e.contains("`ratelimit.policies.uplink.limit` = 0"), "{e}");
+    let e = error(&policies("window_ms = 604800001\nlimit = 1\n"));
+    assert!(e.contains("`ratelimit.policies.uplink.window_ms`"), "{e}");
+    // Offsets are written one way, and a zone that moves is no offset.
+    for bad in ["Europe/Berlin", "+2:00", "+24:00", "UTC", ""] {
+        let e = error(&policies(&format!(
+            "window_ms = 1000\nlimit = 1\nutc_offset = {bad:?}\n"
+        )));
+        assert!(
+            e.contains(&format!("`ratelimit.policies.uplink.utc_offset` = {bad:?}"))
+                && e.contains("daylight saving"),
+            "{bad}: {e}"
+        );
+    }
+    // Keys of other algorithms are refused, not ignored.
+    let e = error(&policies("window_ms = 1000\nlimit = 1\ncapacity = 5\n"));
+    assert!(
+        e.contains("`ratelimit.policies.uplink.capacity`")
+            && e.contains("no `capacity` for algorithm fixed-window"),
+        "{e}"
+    );
+    let e = error(&format!(
+        "{JOB}[ratelimit]\nenabled = true\n[ratelimit.policies.b]\nalgorithm = \"token-bucket\"\ncapacity = 5\nrate_per_second = 5\nutc_offset = \"Z\"\n"
+    ));
+    assert!(
+        e.contains("no `utc_offset` for algorithm token-bucket"),
+        "{e}"
+    );
+    // A sliding window keeps an instant per unit: no bytes.
+    let e = error(&format!(
+        "{JOB}[ratelimit]\nenabled = true\n[ratelimit.policies.s]\ncost = \"bytes\"\n"
+    ));
+    assert!(
+        e.contains("`ratelimit.policies.s.cost` = \"bytes\"")
+            && e.contains("count bytes with fixed-window or a bucket"),
+        "{e}"
+    );
+    // On Redis too.
+    let c = Config::from_toml(&format!(
+        "[locker]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:6379\"\n{}",
+        policies("backend = \"redis\"\nwindow_ms = 1000\nlimit = 1\nutc_offset = \"-09:30\"\n")
+    ))
+    .unwrap();
+    let on_redis = &c.ratelimit.as_ref().unwrap().policies[0];
+    assert_eq!(on_redis.backend, Backend::Redis);
+}
+
+/// A policy that counts bytes must be able to pass the largest message of
+/// the endpoints it limits, and limits no schedule.
+#[test]
+fn a_bytes_quota_covers_one_message_and_limits_no_schedule() {
+    let file = |quota: u32, max_payload: u32| {
+        format!(
+            "{ENDPOINTS}\n[ratelimit]\nenabled = true\n[ratelimit.policies.uplink]\nalgorithm = \"fixed-window\"\nwindow_ms = 60000\nlimit = {quota}\ncost = \"bytes\"\n\n[[endpoints]]\nname = \"x\"\nkind = \"redis-stream\"\nstream = \"s\"\ngroup = \"g\"\nlimit = \"uplink\"\nwhen_limited = \"dead-letter\"\nmax_payload_bytes = {max_payload}\n"
+        )
+    };
+    let c = Config::from_toml(&file(4096, 4096)).unwrap();
+    assert_eq!(c.endpoints[3].limit.as_ref().unwrap().cost, Cost::Bytes);
+    let e = error(&file(4095, 4096));
+    assert!(
+        e.contains("`endpoints[3].limit` = \"uplink\"")
+            && e.contains("quota of 4095, below this endpoint's max_payload_bytes = 4096"),
+        "{e}"
+    );
+    let e = error(
+        "[ratelimit]\nenabled = true\n[ratelimit.policies.uplink]\nalgorithm = \"fixed-window\"\nwindow_ms = 60000\nlimit = 10\ncost = \"bytes\"\n\n[[schedules]]\nrouter = \"r\"\nevery_ms = 1000\nlimit = \"uplink\"\n",
+    );
+    assert!(
+        e.contains("`schedules[0].limit` = \"uplink\"") && e.contains("counts runs"),
+        "{e}"
     );
 }

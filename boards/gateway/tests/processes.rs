@@ -7,7 +7,7 @@ use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use guard_testkit::Mosquitto;
 use guard_testkit::http::sample;
@@ -575,6 +575,114 @@ fn a_rate_limited_stream_handles_at_the_limit_and_loses_nothing() {
         Some(&redis::Value::Int(0)),
         "nothing left pending: {pending:?}"
     );
+}
+
+/// Two replicas share one quota of bytes on Redis: a fixed window aligned
+/// to the epoch admits 100 bytes of payload between them, and what is
+/// over it is dead-lettered with the reason, nothing lost.
+#[test]
+fn replicas_share_a_fixed_window_quota_of_bytes_and_dead_letter_the_rest() {
+    const WEEK_S: u64 = 7 * 24 * 3_600;
+    // Epoch weeks start on a Thursday at 00:00 UTC: keep clear of one.
+    let into_week = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        % WEEK_S;
+    if into_week > WEEK_S - 120 {
+        thread::sleep(Duration::from_secs(WEEK_S - into_week + 1));
+    }
+    let server = RedisServer::start().expect("redis-server");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("quota.toml");
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+[locker]
+kind = "redis"
+url = "{}"
+
+[ratelimit]
+enabled = true
+[ratelimit.policies.uplink]
+algorithm = "fixed-window"
+backend = "redis"
+window_ms = 604800000
+limit = 100
+cost = "bytes"
+
+[[endpoints]]
+name = "orders"
+kind = "redis-stream"
+stream = "orders"
+group = "billing"
+dead_letter_topic = "orders"
+max_payload_bytes = 64
+limit = "uplink"
+when_limited = "dead-letter"
+"#,
+            server.url()
+        ),
+    )
+    .unwrap();
+    let lines: Lines = Arc::default();
+    let _processes: Vec<Process> = (0..2).map(|id| start(id, &path, &lines)).collect();
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    // Six entries of 30 bytes: three fit in 100.
+    for i in 0..6 {
+        let _: String = redis::cmd("XADD")
+            .arg("orders")
+            .arg("*")
+            .arg("payload")
+            .arg(format!("{i}{}", "x".repeat(29)))
+            .query(&mut conn)
+            .unwrap();
+    }
+    let dead_letters = |conn: &mut redis::Connection| -> Vec<(String, Vec<(String, String)>)> {
+        redis::cmd("XRANGE")
+            .arg("stream:topic:{orders}:dlq")
+            .arg("-")
+            .arg("+")
+            .query(conn)
+            .unwrap()
+    };
+    assert!(
+        wait_for(SETTLE, || received(&lines, "orders").len() == 3
+            && dead_letters(&mut conn).len() == 3),
+        "{:?} {:?}",
+        received(&lines, "orders"),
+        dead_letters(&mut conn)
+    );
+    let letters = dead_letters(&mut conn);
+    assert!(
+        letters.iter().all(|(_, fields)| fields
+            .iter()
+            .any(|(k, v)| k == "error" && v.contains("rate limited"))),
+        "{letters:?}"
+    );
+    let by = received(&lines, "orders");
+    assert!(
+        by.values().all(|ids| ids.len() == 1),
+        "handled twice: {by:?}"
+    );
+    // The quota is shared: one more byte is refused whoever asks.
+    let _: String = redis::cmd("XADD")
+        .arg("orders")
+        .arg("*")
+        .arg("payload")
+        .arg("y".repeat(11))
+        .query(&mut conn)
+        .unwrap();
+    assert!(
+        wait_for(SETTLE, || dead_letters(&mut conn).len() == 4),
+        "{:?}",
+        dead_letters(&mut conn)
+    );
+    assert_eq!(received(&lines, "orders").len(), 3);
 }
 
 #[test]

@@ -22,7 +22,7 @@ use crate::time::{Instant, nanos_saturating};
 /// epoch and a period of a day gives calendar days in UTC; an offset
 /// gives them in a time zone at a fixed offset from UTC: local midnight at
 /// UTC+02:00 is 22:00 UTC, so `with_offset(22 h)`
-/// ([`FixedWindow::days_at_utc_offset`] computes it). A zone that moves
+/// ([`FixedWindow::with_utc_offset`] computes it). A zone that moves
 /// its clocks (daylight saving time) has days of 23 and 25 hours, which
 /// a fixed period cannot follow: its windows start an hour off local
 /// midnight while the offset differs from the one given. Before the first
@@ -66,7 +66,8 @@ pub struct FixedWindow {
     limit: u32,
 }
 
-/// Seconds in a day, the period of [`FixedWindow::days_at_utc_offset`].
+/// Seconds in a day: the period of [`FixedWindow::days_at_utc_offset`],
+/// and the bound of a zone's offset from UTC.
 const DAY_SECS: u64 = 86_400;
 
 impl FixedWindow {
@@ -104,9 +105,43 @@ impl FixedWindow {
         self
     }
 
+    /// Windows aligned to local time in a zone `seconds_east` of UTC
+    /// (`7200` for UTC+02:00, `-18000` for UTC−05:00), on a clock read
+    /// from the Unix epoch: a day starts at local midnight, an hour at
+    /// local :00 (:30 in a zone at +05:30).
+    ///
+    /// Errors on an offset of a day or more either way (real zones lie
+    /// within −12 h and +14 h).
+    pub const fn with_utc_offset(self, seconds_east: i32) -> Result<Self, LimiterError> {
+        let east = seconds_east.unsigned_abs() as u64;
+        if east >= DAY_SECS {
+            return Err(LimiterError::OffsetAboveWindow {
+                offset_secs: seconds_east as i64,
+                window_secs: DAY_SECS,
+            });
+        }
+        // Local time east of UTC reaches a boundary that much earlier in
+        // UTC: the windows start at -east modulo the period. east is
+        // below a day, so its nanoseconds fit in a u64.
+        let east = match east.checked_mul(1_000_000_000) {
+            Some(nanos) => nanos,
+            None => 0,
+        };
+        let into = match east.checked_rem(self.period) {
+            Some(into) => into,
+            None => 0,
+        };
+        let offset = if seconds_east > 0 && into > 0 {
+            self.period.saturating_sub(into)
+        } else {
+            into
+        };
+        Ok(FixedWindow { offset, ..self })
+    }
+
     /// At most `limit` units per calendar day in a time zone
-    /// `seconds_east` of UTC (`7200` for UTC+02:00, `-18000` for
-    /// UTC−05:00), on a clock read from the Unix epoch.
+    /// `seconds_east` of UTC ([`Self::with_utc_offset`] of a day's
+    /// window).
     ///
     /// Errors on a zero limit, or an offset of a day or more either way.
     ///
@@ -121,22 +156,8 @@ impl FixedWindow {
     /// # Ok::<(), guard_core::limit::LimiterError>(())
     /// ```
     pub const fn days_at_utc_offset(seconds_east: i32, limit: u32) -> Result<Self, LimiterError> {
-        let east = seconds_east.unsigned_abs() as u64;
-        if east >= DAY_SECS {
-            return Err(LimiterError::OffsetAboveWindow {
-                offset_secs: seconds_east as i64,
-                window_secs: DAY_SECS,
-            });
-        }
-        // Local midnight east of UTC is that far before UTC midnight.
-        // east < DAY_SECS was checked above.
-        let offset = if seconds_east > 0 {
-            DAY_SECS.saturating_sub(east)
-        } else {
-            east
-        };
         match FixedWindow::new(Duration::from_secs(DAY_SECS), limit) {
-            Ok(days) => Ok(days.with_offset(Duration::from_secs(offset))),
+            Ok(days) => days.with_utc_offset(seconds_east),
             Err(e) => Err(e),
         }
     }

@@ -220,7 +220,9 @@ impl RedisFixedWindow {
 
     /// The Redis key of `key`.
     pub fn redis_key(&self, key: &str) -> Result<String, RedisGuardError> {
-        Ok(format!("{}:{{{}}}", self.prefix, checked_key(key)?))
+        // The suffix keeps it apart from a sliding window's log under the
+        // same prefix and key (the gateway's policies share one prefix).
+        Ok(format!("{}:{{{}}}:fw", self.prefix, checked_key(key)?))
     }
 
     /// Decides one unit for `key`: one round trip.

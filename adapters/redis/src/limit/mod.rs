@@ -29,8 +29,7 @@
 //!
 //! Keys (the hash tag keeps each key's data in one cluster slot):
 //! sliding window `<prefix>:{<key>}` and `<prefix>:{<key>}:seq`; buckets
-//! `<prefix>:{<key>}:tb` or `:lb`; fixed window `<prefix>:{<key>}`
-//! (prefix `guard:fw`). Keys expire once their state equals a
+//! `<prefix>:{<key>}:tb` or `:lb`; fixed window `<prefix>:{<key>}:fw`. Keys expire once their state equals a
 //! new key's, so memory follows the active keys.
 
 mod fixed_window;

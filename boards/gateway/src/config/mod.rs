@@ -58,6 +58,7 @@ pub(crate) mod connect;
 mod etcd;
 #[cfg_attr(not(feature = "postgres"), allow(dead_code, unused_imports))]
 mod postgres;
+mod ratelimit;
 pub(crate) mod raw;
 mod resolve;
 pub(crate) mod tls;
@@ -77,7 +78,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use guard_core::guard::{ActiveTiming, FailPolicy};
-use guard_core::limit::{LeakyBucket, SlidingWindow, TokenBucket};
+use guard_core::limit::{Algorithm as _, FixedWindow, LeakyBucket, SlidingWindow, TokenBucket};
 use guard_core::lock::Ttl;
 use guard_core::slot::Every;
 use guard_redis::Topology;
@@ -397,10 +398,36 @@ pub const MAX_SLIDING_LIMIT: usize = 4096;
 pub enum PolicyAlgorithm {
     /// A sliding window.
     Sliding(SlidingWindow<MAX_SLIDING_LIMIT>),
+    /// A fixed window aligned to the Unix epoch (or a UTC offset): a
+    /// quota given back all at once at each boundary.
+    FixedWindow(FixedWindow),
     /// A token bucket.
     TokenBucket(TokenBucket),
     /// A leaky bucket.
     LeakyBucket(LeakyBucket),
+}
+
+impl PolicyAlgorithm {
+    /// The units a key may use at once: a window's limit, a bucket's
+    /// capacity.
+    pub fn quota(&self) -> u32 {
+        match self {
+            PolicyAlgorithm::Sliding(w) => w.limit(),
+            PolicyAlgorithm::FixedWindow(w) => w.limit(),
+            PolicyAlgorithm::TokenBucket(b) => b.limit(),
+            PolicyAlgorithm::LeakyBucket(b) => b.limit(),
+        }
+    }
+}
+
+/// What a policy counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cost {
+    /// One unit per message (or schedule run).
+    Messages,
+    /// A message's payload size in bytes (`cost = "bytes"`): a metered
+    /// uplink's quota.
+    Bytes,
 }
 
 /// A named limiter, resolved against the defaults and validated.
@@ -414,6 +441,8 @@ pub struct Policy {
     pub algorithm: PolicyAlgorithm,
     /// Its Redis key prefix.
     pub key_prefix: String,
+    /// What it counts.
+    pub cost: Cost,
 }
 
 /// `[ratelimit]`, enabled.
@@ -481,6 +510,8 @@ pub struct EndpointLimit {
     pub limiter: String,
     /// What a message is limited by.
     pub key: LimitKey,
+    /// What a message costs (the limiter's policy's).
+    pub cost: Cost,
     /// What happens to a message the limiter refuses.
     pub when_limited: WhenLimited,
 }

@@ -43,8 +43,17 @@ pub(super) enum Backend {
 pub(super) enum Algorithm {
     #[default]
     Sliding,
+    FixedWindow,
     TokenBucket,
     LeakyBucket,
+}
+
+/// What a policy counts: each message, or its payload's bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(super) enum Cost {
+    Message,
+    Bytes,
 }
 
 #[derive(Debug, Deserialize)]
@@ -88,6 +97,8 @@ pub(super) struct Policy {
     pub capacity: Option<u32>,
     pub rate_per_second: Option<u32>,
     pub key_prefix: Option<String>,
+    pub utc_offset: Option<String>,
+    pub cost: Option<Cost>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]

@@ -5,7 +5,6 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use guard_core::guard::{ActiveConfig, ActiveTiming, FailPolicy};
-use guard_core::limit::{LeakyBucket, Rate, SlidingWindow, TokenBucket};
 use guard_core::lock::{
     DEFAULT_PREFIX, KeyError, MAX_KEY_LEN, MAX_SCOPE_LEN, Scope, Ttl, once_key,
 };
@@ -17,12 +16,12 @@ use super::check::{
     Env, MAX_LEASE_MS, MAX_TIMEOUT_MS, bounded, longest_endpoint_component, printable, redis_tls,
     redis_url,
 };
+use super::ratelimit::{bytes_fit, limiter, rate_limits};
 use super::raw;
 use super::tls::{TlsFiles, TlsKeys};
 use super::{
-    Backend, Config, ConfigError, Endpoint, EndpointLimit, Guards, LimitKey, Locker, Metrics,
-    Policy, PolicyAlgorithm, RateLimits, RedactedUrl, RedisLocker, Schedule, ScheduleLimit, Timing,
-    WhenLimited, invalid,
+    Backend, Config, ConfigError, Cost, Endpoint, EndpointLimit, Guards, LimitKey, Locker, Metrics,
+    Policy, RedactedUrl, RedisLocker, Schedule, ScheduleLimit, Timing, WhenLimited, invalid,
 };
 
 /// How long a limited message waits by default before it is dead-lettered.
@@ -33,7 +32,6 @@ const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(5);
 /// lease Redis cannot store.
 const MAX_PERIOD_MS: u64 = 366 * 24 * 3600 * 1000; // a year
 const MAX_ONCE_TTL_S: u64 = 366 * 24 * 3600; // a year
-const MAX_WINDOW_MS: u64 = 7 * 24 * 3600 * 1000; // a week
 /// A Redis locker's request timeout unless `request_timeout_ms` is set
 /// (the other kinds take their crate's own default).
 const REDIS_LOCKER_TIMEOUT_MS: u64 = 500;
@@ -80,10 +78,7 @@ pub(super) fn config(
         }
         None => None,
     };
-    let limiters: Vec<&str> = ratelimit
-        .iter()
-        .flat_map(|r| r.policies.iter().map(|p| p.name.as_str()))
-        .collect();
+    let limiters: Vec<&Policy> = ratelimit.iter().flat_map(|r| &r.policies).collect();
     if let Some(r) = &ratelimit
         && !r.fallback_to_memory
         && !matches!(locker, Locker::Redis(_))
@@ -414,7 +409,7 @@ fn active_timing(g: &raw::Guards) -> Result<ActiveTiming, ConfigError> {
 
 fn schedules(
     list: &[raw::Schedule],
-    limiters: &[&str],
+    limiters: &[&Policy],
     owner: &str,
 ) -> Result<Vec<Schedule>, ConfigError> {
     let mut routers = HashSet::new();
@@ -499,7 +494,17 @@ fn schedules(
                 None
             }
             Some(name) => Some(ScheduleLimit {
-                limiter: limiter_name(&key("limit"), name, limiters)?,
+                limiter: {
+                    let policy = limiter(&key("limit"), name, limiters)?;
+                    if policy.cost == Cost::Bytes {
+                        return Err(invalid(
+                            key("limit"),
+                            format!("{name:?}"),
+                            "a limiter that counts runs: a schedule's run has no bytes to count",
+                        ));
+                    }
+                    policy.name.clone()
+                },
                 max_wait: match s.max_wait_ms {
                     None => DEFAULT_MAX_WAIT,
                     Some(ms) => Duration::from_millis(bounded(
@@ -522,192 +527,6 @@ fn schedules(
 }
 
 /// A limiter a schedule or endpoint names: one that exists.
-fn limiter_name(key: &str, name: &str, limiters: &[&str]) -> Result<String, ConfigError> {
-    if limiters.contains(&name) {
-        return Ok(name.to_owned());
-    }
-    let expected = if limiters.is_empty() {
-        "a limiter, but none exists: set [ratelimit] enabled = true".to_owned()
-    } else {
-        format!("one of the limiters: {}", limiters.join(", "))
-    };
-    Err(invalid(key, format!("{name:?}"), expected))
-}
-
-fn rate_limits(r: &raw::RateLimit) -> Result<RateLimits, ConfigError> {
-    if r.memory_keys == 0 {
-        return Err(invalid(
-            "ratelimit.memory_keys",
-            0,
-            "a positive number of keys",
-        ));
-    }
-    let memory_keys = usize::try_from(r.memory_keys)
-        .map_err(|_| invalid("ratelimit.memory_keys", r.memory_keys, "fewer keys"))?;
-    if r.default_name.is_empty() {
-        return Err(invalid(
-            "ratelimit.default_name",
-            "\"\"",
-            "a non-empty name",
-        ));
-    }
-    printable("ratelimit.default_name", &r.default_name)?;
-    let mut policies = Vec::new();
-    for (name, p) in &r.policies {
-        let at = format!("ratelimit.policies.{name}");
-        if name.is_empty() || name.chars().any(char::is_control) {
-            return Err(invalid(
-                at,
-                format!("{name:?}"),
-                "a non-empty policy name without control characters",
-            ));
-        }
-        policies.push(policy(r, name, p, &at)?);
-    }
-    if !r.policies.contains_key(&r.default_name) {
-        // The top-level window and limit make the default limiter, as in
-        // the original starter.
-        let default = raw::Policy {
-            algorithm: raw::Algorithm::Sliding,
-            backend: None,
-            window_ms: None,
-            limit: None,
-            capacity: None,
-            rate_per_second: None,
-            key_prefix: None,
-        };
-        policies.push(policy(r, &r.default_name, &default, "ratelimit")?);
-    }
-    Ok(RateLimits {
-        policies,
-        default_name: r.default_name.clone(),
-        memory_keys,
-        fallback_to_memory: r.fallback_to_memory,
-    })
-}
-
-/// One policy; `at` is where its keys are written (`ratelimit` for the
-/// default one, built from the top-level keys).
-fn policy(
-    r: &raw::RateLimit,
-    name: &str,
-    p: &raw::Policy,
-    at: &str,
-) -> Result<Policy, ConfigError> {
-    let key = |field: &str| format!("{at}.{field}");
-    let only = |set: bool, field: &str, algorithm: &str| {
-        if set {
-            Err(invalid(
-                key(field),
-                "set",
-                format!("no `{field}` for algorithm {algorithm}"),
-            ))
-        } else {
-            Ok(())
-        }
-    };
-    let algorithm = match p.algorithm {
-        raw::Algorithm::Sliding => {
-            only(p.capacity.is_some(), "capacity", "sliding")?;
-            only(p.rate_per_second.is_some(), "rate_per_second", "sliding")?;
-            let window_ms = p.window_ms.unwrap_or(r.window_ms);
-            let limit = p.limit.unwrap_or(r.limit);
-            let window_key = if p.window_ms.is_some() {
-                key("window_ms")
-            } else {
-                "ratelimit.window_ms".to_owned()
-            };
-            bounded(&window_key, window_ms, MAX_WINDOW_MS, "milliseconds")?;
-            let window =
-                SlidingWindow::new(Duration::from_millis(window_ms), limit).map_err(|_| {
-                    invalid(
-                        key("limit"),
-                        limit,
-                        format!("between 1 and {}", super::MAX_SLIDING_LIMIT),
-                    )
-                })?;
-            PolicyAlgorithm::Sliding(window)
-        }
-        raw::Algorithm::TokenBucket | raw::Algorithm::LeakyBucket => {
-            let algorithm = if p.algorithm == raw::Algorithm::TokenBucket {
-                "token-bucket"
-            } else {
-                "leaky-bucket"
-            };
-            only(p.window_ms.is_some(), "window_ms", algorithm)?;
-            only(p.limit.is_some(), "limit", algorithm)?;
-            // A bucket states its numbers: none is made up for it.
-            let stated = |value: Option<u32>, field: &str| {
-                value.ok_or_else(|| {
-                    invalid(
-                        key(field),
-                        "missing",
-                        format!("a positive number: a {algorithm} policy states its capacity and rate_per_second"),
-                    )
-                })
-            };
-            let capacity = stated(p.capacity, "capacity")?;
-            let per_second = stated(p.rate_per_second, "rate_per_second")?;
-            if capacity == 0 {
-                return Err(invalid(key("capacity"), 0, "a positive number"));
-            }
-            if per_second == 0 {
-                return Err(invalid(key("rate_per_second"), 0, "a positive number"));
-            }
-            let rate = Rate::per_second(per_second);
-            let refused = |e: guard_core::limit::LimiterError| {
-                invalid(key("capacity"), capacity, e.to_string())
-            };
-            if p.algorithm == raw::Algorithm::TokenBucket {
-                PolicyAlgorithm::TokenBucket(TokenBucket::new(capacity, rate).map_err(refused)?)
-            } else {
-                PolicyAlgorithm::LeakyBucket(LeakyBucket::new(capacity, rate).map_err(refused)?)
-            }
-        }
-    };
-    let key_prefix = p.key_prefix.clone().unwrap_or_else(|| r.key_prefix.clone());
-    if key_prefix.trim().is_empty() || key_prefix.contains(['{', '}']) {
-        return Err(invalid(
-            key("key_prefix"),
-            format!("{key_prefix:?}"),
-            "a non-empty prefix without braces",
-        ));
-    }
-    let backend = match p.backend.unwrap_or(r.backend) {
-        raw::Backend::Memory => Backend::Memory,
-        raw::Backend::Redis => Backend::Redis,
-    };
-    if backend == Backend::Redis {
-        // Redis's own rule, applied here so that `run` starts what
-        // `check` accepts.
-        let runs = match &algorithm {
-            PolicyAlgorithm::Sliding(w) => guard_redis::RedisSlidingWindow::runs_on_redis(w),
-            PolicyAlgorithm::TokenBucket(b) => guard_redis::RedisTokenBucket::runs_on_redis(b),
-            PolicyAlgorithm::LeakyBucket(b) => guard_redis::RedisLeakyBucket::runs_on_redis(b),
-        };
-        if let Err(e) = runs {
-            let (field, value) = match (&algorithm, p.rate_per_second) {
-                (PolicyAlgorithm::Sliding(w), _) => {
-                    ("window_ms", w.window().as_millis().to_string())
-                }
-                (_, Some(rate)) => ("rate_per_second", rate.to_string()),
-                (_, None) => ("capacity", "set".to_owned()),
-            };
-            return Err(invalid(
-                key(field),
-                value,
-                format!("a value Redis can count: {e}"),
-            ));
-        }
-    }
-    Ok(Policy {
-        name: name.to_owned(),
-        backend,
-        algorithm,
-        key_prefix,
-    })
-}
-
 /// The limit keys of a raw endpoint `$e` (every kind has them).
 macro_rules! limit_keys {
     ($e:expr) => {
@@ -732,7 +551,8 @@ fn endpoint_limit(
     keys: LimitKeys<'_>,
     key: &dyn Fn(&str) -> String,
     fields_allowed: bool,
-    limiters: &[&str],
+    limiters: &[&Policy],
+    max_payload_bytes: usize,
 ) -> Result<Option<EndpointLimit>, ConfigError> {
     let Some(name) = keys.limit else {
         for (set, field) in [
@@ -778,9 +598,12 @@ fn endpoint_limit(
             "milliseconds",
         )?)),
     };
+    let policy = limiter(&key("limit"), name, limiters)?;
+    bytes_fit(&key("limit"), policy, max_payload_bytes)?;
     Ok(Some(EndpointLimit {
-        limiter: limiter_name(&key("limit"), name, limiters)?,
+        limiter: policy.name.clone(),
         key: limit_key,
+        cost: policy.cost,
         when_limited,
     }))
 }
@@ -791,7 +614,7 @@ fn endpoint(
     env: Env<'_>,
     locker_url: Option<&(RedactedUrl, Option<&TlsFiles>)>,
     has_redis: bool,
-    limiters: &[&str],
+    limiters: &[&Policy],
 ) -> Result<Endpoint, ConfigError> {
     let max_payload = match e {
         raw::Endpoint::RedisPubsub(p) => p.max_payload_bytes,
@@ -815,21 +638,21 @@ fn endpoint(
     };
     let (name, source, limit) = match e {
         raw::Endpoint::RedisPubsub(p) => {
-            let limit = endpoint_limit(limit_keys!(p), key, false, limiters)?;
+            let limit = endpoint_limit(limit_keys!(p), key, false, limiters, max_payload_bytes)?;
             let source = crate::endpoint::redis::resolve_pubsub(p, key, env, locker_url)?;
             (&p.name, source, limit)
         }
         raw::Endpoint::RedisStream(s) => {
-            let limit = endpoint_limit(limit_keys!(s), key, true, limiters)?;
+            let limit = endpoint_limit(limit_keys!(s), key, true, limiters, max_payload_bytes)?;
             let source = crate::endpoint::redis::resolve_stream(s, key, env, has_redis)?;
             (&s.name, source, limit)
         }
         raw::Endpoint::Mqtt(m) => {
-            let limit = endpoint_limit(limit_keys!(m), key, false, limiters)?;
+            let limit = endpoint_limit(limit_keys!(m), key, false, limiters, max_payload_bytes)?;
             (&m.name, crate::endpoint::mqtt::resolve(m, key, env)?, limit)
         }
         raw::Endpoint::Nats(n) => {
-            let limit = endpoint_limit(limit_keys!(n), key, false, limiters)?;
+            let limit = endpoint_limit(limit_keys!(n), key, false, limiters, max_payload_bytes)?;
             (
                 &n.name,
                 crate::endpoint::nats::resolve_subject(n, key, env)?,
@@ -837,7 +660,7 @@ fn endpoint(
             )
         }
         raw::Endpoint::NatsJetStream(j) => {
-            let limit = endpoint_limit(limit_keys!(j), key, false, limiters)?;
+            let limit = endpoint_limit(limit_keys!(j), key, false, limiters, max_payload_bytes)?;
             (
                 &j.name,
                 crate::endpoint::nats::resolve_jetstream(j, key, env)?,
@@ -845,11 +668,11 @@ fn endpoint(
             )
         }
         raw::Endpoint::Rabbitmq(r) => {
-            let limit = endpoint_limit(limit_keys!(r), key, false, limiters)?;
+            let limit = endpoint_limit(limit_keys!(r), key, false, limiters, max_payload_bytes)?;
             (&r.name, crate::endpoint::amqp::resolve(r, key, env)?, limit)
         }
         raw::Endpoint::PostgresQueue(p) => {
-            let limit = endpoint_limit(limit_keys!(p), key, false, limiters)?;
+            let limit = endpoint_limit(limit_keys!(p), key, false, limiters, max_payload_bytes)?;
             (
                 &p.name,
                 crate::endpoint::postgres::resolve(p, key, env)?,
@@ -857,7 +680,7 @@ fn endpoint(
             )
         }
         raw::Endpoint::MysqlBinlog(m) => {
-            let limit = endpoint_limit(limit_keys!(m), key, false, limiters)?;
+            let limit = endpoint_limit(limit_keys!(m), key, false, limiters, max_payload_bytes)?;
             (
                 &m.name,
                 crate::endpoint::mysql::resolve(m, &key, env)?,

@@ -115,7 +115,8 @@ impl Inbox {
     fn new(built: &Built, entry: &Endpoint) -> Result<Self, GatewayError> {
         let limit = match &entry.limit {
             Some(limit) => Some((
-                Admission::new(limiter(built, &limit.limiter)?, limit.when_limited),
+                Admission::new(limiter(built, &limit.limiter)?, limit.when_limited)
+                    .counting(limit.cost),
                 limit.key.clone(),
             )),
             None => None,
@@ -176,7 +177,7 @@ impl Inbox {
         }
         if let Some((admission, key)) = &self.limit
             && let Verdict::Refused(why) = admission
-                .admit(self.key_of(key, &message.id, Some(message)))
+                .admit(self.key_of(key, &message.id, Some(message)), size)
                 .await
         {
             return Err(Refused::Limited(why.to_string()));
@@ -292,7 +293,9 @@ impl Inbox {
             Some(why) => why,
             None => match &self.limit {
                 None => return true,
-                Some((admission, key)) => match admission.admit(self.key_of(key, from, None)).await
+                Some((admission, key)) => match admission
+                    .admit(self.key_of(key, from, None), payload.len())
+                    .await
                 {
                     Verdict::Admitted => return true,
                     Verdict::Refused(why) => why.to_string(),
@@ -311,7 +314,7 @@ impl Inbox {
                     );
                 }
                 admission
-                    .admit_eventually(self.key_of(key, from, None))
+                    .admit_eventually(self.key_of(key, from, None), payload.len())
                     .await
                     .map_err(|failed| failed.to_string())
             }

@@ -25,7 +25,7 @@ impl Inbox {
             return Err(Refused::Invalid(why));
         }
         if let Some((admission, key)) = &self.limit
-            && let Verdict::Refused(why) = admission.admit(self.key_of(key, from, None)).await
+            && let Verdict::Refused(why) = admission.admit(self.key_of(key, from, None), size).await
         {
             return Err(Refused::Limited(why.to_string()));
         }
