@@ -1530,3 +1530,28 @@ fn a_bytes_quota_covers_one_message_and_limits_no_schedule() {
         "{e}"
     );
 }
+
+/// The README's quota example is a policy `check` accepts, as written.
+#[test]
+fn the_readme_quota_example_parses() {
+    let readme = include_str!("../../../README.md");
+    let block: String = readme
+        .split("[ratelimit.policies.cellular]")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("the README's quota example")
+        .lines()
+        .map(|l| format!("{}\n", l.trim()))
+        .collect();
+    let file =
+        format!("{ENDPOINTS}\n[ratelimit]\nenabled = true\n[ratelimit.policies.cellular]\n{block}");
+    let c = Config::from_toml(&file).expect("the README's quota");
+    let cellular = &c.ratelimit.as_ref().unwrap().policies[0];
+    assert_eq!(
+        (cellular.backend, cellular.cost),
+        (Backend::Redis, Cost::Bytes)
+    );
+    assert!(
+        matches!(cellular.algorithm, PolicyAlgorithm::FixedWindow(w) if w.limit() == 50_000_000)
+    );
+}
