@@ -69,5 +69,6 @@ pub mod postgres;
 pub mod queue;
 pub mod redis;
 mod runtime;
+pub mod sink;
 
 pub use parameter::{InvalidInput, Parameter, Refusal, redacted};

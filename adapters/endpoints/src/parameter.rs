@@ -84,6 +84,10 @@ pub enum Parameter {
     RequestTimeout,
     /// How often a server sends a heartbeat on an idle stream.
     Heartbeat,
+    /// Where a sink sends messages (an HTTP URL).
+    SinkUrl,
+    /// The media type of what a sink sends.
+    ContentType,
 }
 
 impl Parameter {
@@ -112,6 +116,8 @@ impl Parameter {
                 | Parameter::Table
                 | Parameter::Checkpoint
                 | Parameter::LockService
+                | Parameter::SinkUrl
+                | Parameter::ContentType
         )
     }
 }
@@ -155,6 +161,8 @@ impl fmt::Display for Parameter {
             Parameter::LockService => "lock service",
             Parameter::RequestTimeout => "request timeout",
             Parameter::Heartbeat => "heartbeat period",
+            Parameter::SinkUrl => "sink URL",
+            Parameter::ContentType => "content type",
         })
     }
 }

@@ -33,6 +33,7 @@ pub mod contract;
 pub mod etcd;
 mod faulty;
 pub mod http;
+mod http_receiver;
 pub mod mariadb;
 mod mosquitto;
 pub mod nats;
@@ -45,6 +46,7 @@ mod tls;
 mod waiters;
 
 pub use faulty::{FaultyLocker, RenewFault};
+pub use http_receiver::{Answer, HttpReceiver, Received};
 pub use mosquitto::Mosquitto;
 pub use process::{
     HarnessError, KillOnDrop, binary, find_binary, free_port, holds_within, thread_names,

@@ -1,0 +1,164 @@
+//! Sinks: where a message a source received goes next (an HTTP endpoint,
+//! a broker, a stream), and the rule every sink follows.
+//!
+//! A sink takes one [`Outgoing`] message: its payload, a stable id (the
+//! same for every attempt, so a receiver can drop a repeat), the fence it
+//! was read under if elected, and its origin. It answers with one of
+//! three outcomes:
+//!
+//! - `Ok(())`: the receiver has it (an HTTP 2xx, a PUBACK, an `XADD` id);
+//! - [`SinkError::Transient`]: not this time, perhaps with the wait the
+//!   receiver asked for (`Retry-After`); sending again later may succeed;
+//! - [`SinkError::Permanent`]: never (a request the receiver refuses for
+//!   what it is): dead-letter it now, with the reason;
+//! - [`SinkError::StaleFence`]: a fenced sink refused a write under a
+//!   fence lower than one it has accepted: the sender is a stale leader.
+//!
+//! [`deliver`] sends a message through a sink with guard-core's
+//! [`RetryPolicy`]: transient failures are retried after the policy's
+//! delay or the receiver's, whichever is longer; the others end it at
+//! once.
+
+#[cfg(feature = "http")]
+pub mod http;
+
+use std::fmt;
+use std::time::Duration;
+
+use guard_core::retry::{Backoff, RandomSource, RetryPolicy};
+use guard_std::BoxFuture;
+use guard_std::run::{CallerRuntime, Runtime as _};
+
+/// One message on its way out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Outgoing<'a> {
+    /// A stable id: the same on every attempt and after a restart (a
+    /// stream entry's id with its stream, a queue's message id). Sent as
+    /// the idempotency key where the sink has one.
+    pub id: &'a str,
+    /// Where it came from (a channel, topic, subject or stream).
+    pub origin: &'a str,
+    /// The fence of the lease it was read under, if elected.
+    pub fence: Option<u64>,
+    /// The payload.
+    pub payload: &'a [u8],
+}
+
+/// Why a sink did not take a message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SinkError {
+    /// Not this time: the receiver is down, busy or slow. Sending the
+    /// same message again later may succeed.
+    Transient {
+        /// What happened.
+        reason: String,
+        /// How long the receiver asked to wait (`Retry-After`).
+        retry_after: Option<Duration>,
+    },
+    /// Never: the receiver refuses the message for what it is (an HTTP
+    /// 4xx other than 408 and 429). Dead-letter it.
+    Permanent {
+        /// What happened, with what the receiver said.
+        reason: String,
+    },
+    /// A fenced sink refused a write under a fence lower than one it has
+    /// accepted: the sender is no longer the leader it was.
+    StaleFence {
+        /// The fence the message carried.
+        fence: u64,
+        /// The highest fence the sink has accepted.
+        highest: u64,
+    },
+}
+
+impl SinkError {
+    /// Whether sending again later may succeed.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, SinkError::Transient { .. })
+    }
+
+    /// A short name for counters and dead letters: `transient`,
+    /// `permanent`, `stale_fence`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SinkError::Transient { .. } => "transient",
+            SinkError::Permanent { .. } => "permanent",
+            SinkError::StaleFence { .. } => "stale_fence",
+        }
+    }
+}
+
+impl fmt::Display for SinkError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SinkError::Transient {
+                reason,
+                retry_after: None,
+            } => write!(f, "not delivered, may be retried: {reason}"),
+            SinkError::Transient {
+                reason,
+                retry_after: Some(wait),
+            } => write!(
+                f,
+                "not delivered, may be retried after {wait:?} as asked: {reason}"
+            ),
+            SinkError::Permanent { reason } => write!(f, "refused for good: {reason}"),
+            SinkError::StaleFence { fence, highest } => write!(
+                f,
+                "refused: fence {fence} is below the {highest} the sink has accepted (a stale leader)"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for SinkError {}
+
+/// Somewhere messages go.
+pub trait MessageSink: Send + Sync {
+    /// Sends `message` once (a sink may reconnect within the call, never
+    /// send it twice on its own).
+    fn send<'a>(&'a self, message: &'a Outgoing<'a>) -> BoxFuture<'a, Result<(), SinkError>>;
+}
+
+/// How [`deliver`] ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Delivery {
+    /// Calls of [`MessageSink::send`] made.
+    pub attempts: u32,
+    /// `Ok` once the sink took it; the last error otherwise.
+    pub outcome: Result<(), SinkError>,
+}
+
+/// Sends `message` through `sink`, retrying transient failures as
+/// `policy` says, each after the policy's delay or the wait the receiver
+/// asked for, whichever is longer. A permanent refusal or a stale fence
+/// ends it at once, as does a transient failure once the policy's calls
+/// are spent.
+///
+/// `random` gives the jitter's random bits ([`WithoutRandom`] for a
+/// policy without jitter).
+///
+/// [`WithoutRandom`]: guard_core::retry::WithoutRandom
+pub async fn deliver(
+    sink: &dyn MessageSink,
+    message: &Outgoing<'_>,
+    policy: &RetryPolicy,
+    random: &mut impl RandomSource,
+) -> Delivery {
+    let mut backoff = Backoff::new(*policy);
+    let mut attempts = 0u32;
+    loop {
+        attempts = attempts.saturating_add(1);
+        let outcome = sink.send(message).await;
+        let retry_after = match &outcome {
+            Err(SinkError::Transient { retry_after, .. }) => *retry_after,
+            _ => return Delivery { attempts, outcome },
+        };
+        let Some(delay) = backoff.next_delay(random) else {
+            return Delivery { attempts, outcome };
+        };
+        CallerRuntime
+            .sleep(delay.max(retry_after.unwrap_or_default()))
+            .await;
+    }
+}

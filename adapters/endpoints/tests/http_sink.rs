@@ -1,0 +1,203 @@
+//! The HTTP sink against a receiver on loopback that records each request
+//! and answers as scripted: what a request carries, what each answer
+//! means, waits the receiver asks for, and connections that fail, close
+//! or never answer.
+
+use std::time::{Duration, Instant};
+
+use guard_core::retry::{RetryPolicy, WithoutRandom};
+use guard_endpoints::sink::http::HttpSink;
+use guard_endpoints::sink::{MessageSink, Outgoing, SinkError, deliver};
+use guard_testkit::{Answer, HttpReceiver, free_port};
+
+fn message<'a>(id: &'a str, payload: &'a [u8]) -> Outgoing<'a> {
+    Outgoing {
+        id,
+        origin: "orders",
+        fence: Some(42),
+        payload,
+    }
+}
+
+#[test]
+fn each_message_is_one_post_with_its_key_fence_and_origin_on_one_connection() {
+    let receiver = HttpReceiver::start().expect("receiver");
+    let sink = HttpSink::new(&receiver.url("/ingest?v=1"))
+        .unwrap()
+        .with_content_type("application/json")
+        .unwrap();
+    smol::block_on(async {
+        for i in 0..100 {
+            let id = format!("orders:1700000000000-{i}");
+            let payload = format!("{{\"n\":{i}}}");
+            sink.send(&message(&id, payload.as_bytes()))
+                .await
+                .expect("delivered");
+        }
+    });
+    let requests = receiver.requests();
+    assert_eq!(requests.len(), 100);
+    for (i, r) in requests.iter().enumerate() {
+        assert_eq!(
+            (r.method.as_str(), r.path.as_str()),
+            ("POST", "/ingest?v=1")
+        );
+        assert_eq!(
+            r.header("idempotency-key"),
+            Some(format!("orders:1700000000000-{i}").as_str())
+        );
+        assert_eq!(r.header("guard-fence"), Some("42"));
+        assert_eq!(r.header("guard-origin"), Some("orders"));
+        assert_eq!(r.header("content-type"), Some("application/json"));
+        assert_eq!(r.body, format!("{{\"n\":{i}}}").into_bytes(), "in order");
+    }
+    assert_eq!(receiver.connections(), 1, "one kept-alive connection");
+    // No fence, no header.
+    smol::block_on(sink.send(&Outgoing {
+        fence: None,
+        ..message("k", b"x")
+    }))
+    .unwrap();
+    assert_eq!(receiver.requests()[100].header("guard-fence"), None);
+}
+
+#[test]
+fn a_refusal_is_permanent_with_the_status_and_body_and_is_not_retried() {
+    let receiver = HttpReceiver::start().expect("receiver");
+    receiver.script([Answer::status(400).with_body("field `temp` is not a number")]);
+    let sink = HttpSink::new(&receiver.url("/")).unwrap();
+    let policy = RetryPolicy::fixed_delay(3, Duration::from_millis(10));
+    let delivery = smol::block_on(deliver(
+        &sink,
+        &message("a", b"{}"),
+        &policy,
+        &mut WithoutRandom,
+    ));
+    assert_eq!(delivery.attempts, 1);
+    assert_eq!(
+        delivery.outcome,
+        Err(SinkError::Permanent {
+            reason: "HTTP 400: field `temp` is not a number".into()
+        })
+    );
+    assert_eq!(receiver.requests().len(), 1);
+}
+
+#[test]
+fn a_429_and_a_503_are_retried_after_the_wait_the_receiver_asks_for() {
+    let receiver = HttpReceiver::start().expect("receiver");
+    receiver.script([
+        Answer::status(429).with_header("Retry-After", "1"),
+        Answer::status(503).with_header("Retry-After", "1"),
+        Answer::status(200),
+    ]);
+    let sink = HttpSink::new(&receiver.url("/")).unwrap();
+    // The policy alone would retry after 10 ms.
+    let policy = RetryPolicy::fixed_delay(5, Duration::from_millis(10));
+    let started = Instant::now();
+    let delivery = smol::block_on(deliver(
+        &sink,
+        &message("b", b"{}"),
+        &policy,
+        &mut WithoutRandom,
+    ));
+    let took = started.elapsed();
+    assert_eq!(delivery.outcome, Ok(()));
+    assert_eq!(delivery.attempts, 3);
+    assert!(took >= Duration::from_secs(2), "waited {took:?}, asked 2 s");
+    let requests = receiver.requests();
+    assert!(
+        requests
+            .iter()
+            .all(|r| r.header("idempotency-key") == Some("b")),
+        "the same key on every attempt"
+    );
+}
+
+#[test]
+fn server_errors_are_transient_and_retried_until_the_policy_is_spent() {
+    let receiver = HttpReceiver::start().expect("receiver");
+    receiver.script((0..3).map(|_| Answer::status(500).with_body("db down")));
+    let sink = HttpSink::new(&receiver.url("/")).unwrap();
+    let policy = RetryPolicy::fixed_delay(2, Duration::from_millis(10));
+    let delivery = smol::block_on(deliver(
+        &sink,
+        &message("c", b"{}"),
+        &policy,
+        &mut WithoutRandom,
+    ));
+    assert_eq!(delivery.attempts, 3, "1 + 2 retries");
+    assert_eq!(
+        delivery.outcome,
+        Err(SinkError::Transient {
+            reason: "HTTP 500: db down".into(),
+            retry_after: None
+        })
+    );
+}
+
+#[test]
+fn a_fenced_receiver_refusing_a_stale_fence_is_told_apart() {
+    let receiver = HttpReceiver::start().expect("receiver");
+    receiver.script([Answer::status(409).with_header("Guard-Highest-Fence", "57")]);
+    let sink = HttpSink::new(&receiver.url("/")).unwrap();
+    let outcome = smol::block_on(sink.send(&message("d", b"{}")));
+    assert_eq!(
+        outcome,
+        Err(SinkError::StaleFence {
+            fence: 42,
+            highest: 57
+        })
+    );
+}
+
+#[test]
+fn a_receiver_that_never_answers_times_out_and_the_next_request_gets_a_new_connection() {
+    let receiver = HttpReceiver::start().expect("receiver");
+    receiver.script([Answer::Silent]);
+    let sink = HttpSink::new(&receiver.url("/"))
+        .unwrap()
+        .with_timeout(Duration::from_millis(500))
+        .unwrap();
+    let started = Instant::now();
+    let outcome = smol::block_on(sink.send(&message("e", b"{}")));
+    let took = started.elapsed();
+    assert!(
+        matches!(&outcome, Err(SinkError::Transient { reason, .. }) if reason.contains("no answer within 500ms")),
+        "{outcome:?}"
+    );
+    assert!(
+        took >= Duration::from_millis(500) && took < Duration::from_secs(5),
+        "{took:?}"
+    );
+    smol::block_on(sink.send(&message("e", b"{}"))).expect("delivered on a new connection");
+    assert_eq!(receiver.connections(), 2);
+}
+
+#[test]
+fn a_connection_the_receiver_closed_while_idle_is_replaced_before_the_next_request() {
+    let receiver = HttpReceiver::start().expect("receiver");
+    receiver.script([Answer::status(200).then_close(), Answer::status(200)]);
+    let sink = HttpSink::new(&receiver.url("/")).unwrap();
+    smol::block_on(async {
+        sink.send(&message("f1", b"{}")).await.expect("first");
+        // The close reaches the client while it is idle.
+        async_io::Timer::after(Duration::from_millis(200)).await;
+        sink.send(&message("f2", b"{}"))
+            .await
+            .expect("no failure on the closed connection");
+    });
+    assert_eq!(receiver.connections(), 2);
+    assert_eq!(receiver.requests().len(), 2, "each sent once");
+}
+
+#[test]
+fn an_unreachable_receiver_is_transient_and_named() {
+    let port = free_port().unwrap();
+    let sink = HttpSink::new(&format!("http://127.0.0.1:{port}/")).unwrap();
+    let outcome = smol::block_on(sink.send(&message("g", b"{}")));
+    assert!(
+        matches!(&outcome, Err(SinkError::Transient { reason, .. }) if reason.contains(&format!("connect to 127.0.0.1:{port}"))),
+        "{outcome:?}"
+    );
+}
