@@ -296,11 +296,13 @@ impl HttpSink {
     }
 
     /// One exchange on `kept`: the answer's status, headers and body (up
-    /// to [`BODY_LIMIT`]), the connection driven meanwhile.
+    /// to [`BODY_LIMIT`]), the connection driven meanwhile, and whether
+    /// the connection is still open (a finished one is never polled
+    /// again).
     async fn exchange(
         kept: &mut Kept,
         request: Request<Full<Bytes>>,
-    ) -> Result<(StatusCode, hyper::HeaderMap, Bytes), String> {
+    ) -> Result<(StatusCode, hyper::HeaderMap, Bytes, bool), String> {
         let Kept { sender, driver } = kept;
         let answer = async {
             sender
@@ -319,13 +321,21 @@ impl HttpSink {
                 .to_bytes();
             Ok((head.status, head.headers, body))
         };
-        let closed = async {
-            match driver.as_mut().await {
-                Ok(()) => Err("the server closed the connection".to_owned()),
-                Err(e) => Err(format!("connection failed: {e}")),
-            }
-        };
-        future::or(answer, closed).await
+        let mut answer = std::pin::pin!(answer);
+        let driven = future::or(async { Some(answer.as_mut().await) }, async {
+            // The connection may end right after the answer (a server
+            // that closes once it has answered): what it read is already
+            // handed to the request side, which still completes, with
+            // the answer or with the reason it has none.
+            let _ = driver.as_mut().await;
+            None
+        })
+        .await;
+        match driven {
+            Some(result) => result.map(|answered| (answered, true)),
+            None => answer.await.map(|answered| (answered, false)),
+        }
+        .map(|((status, headers, body), open)| (status, headers, body, open))
     }
 
     async fn send_once(&self, message: &Outgoing<'_>) -> Result<(), SinkError> {
@@ -346,13 +356,13 @@ impl HttpSink {
             Some(k) => k,
             None => self.connect().await.map_err(transient)?,
         };
-        let (status, headers, body) = Self::exchange(&mut connection, request)
+        let (status, headers, body, open) = Self::exchange(&mut connection, request)
             .await
             .map_err(transient)?;
         let closing = headers
             .get(hyper::header::CONNECTION)
             .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"));
-        if !closing {
+        if open && !closing {
             *kept = Some(connection);
         }
         outcome(status, &headers, &body, message.fence)
