@@ -222,10 +222,9 @@ if [ "${GUARD_BENCH:-0}" = "1" ]; then
     cargo bench -p guard-sim --locked --bench slots
 else
     # Each benchmark once, as a test: proves they run without timing them.
-    for bench in limiters peers keyed redis_throughput endpoints tower_layer lockers; do
-        cargo bench -p guard-benches --locked --bench "$bench" -- --test
-    done
-    cargo bench -p guard-sim --locked --bench slots -- --test
+    # The test profile and the features of the tests step, so that the
+    # build above is reused rather than a second, optimised one made.
+    cargo test --workspace --benches --locked "${features[@]}" -- --test
 fi
 
 step "all checks passed"

@@ -3,11 +3,12 @@
 //! means, waits the receiver asks for, and connections that fail, close
 //! or never answer.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use guard_core::retry::{RetryPolicy, WithoutRandom};
 use guard_endpoints::sink::http::HttpSink;
-use guard_endpoints::sink::{MessageSink, Outgoing, SinkError, deliver};
+use guard_endpoints::sink::{LeaseGate, MessageSink, Outgoing, SinkError, deliver};
 use guard_testkit::{Answer, HttpReceiver, free_port};
 
 fn message<'a>(id: &'a str, payload: &'a [u8]) -> Outgoing<'a> {
@@ -72,6 +73,7 @@ fn a_refusal_is_permanent_with_the_status_and_body_and_is_not_retried() {
         &message("a", b"{}"),
         &policy,
         &mut WithoutRandom,
+        None,
     ));
     assert_eq!(delivery.attempts, 1);
     assert_eq!(
@@ -100,6 +102,7 @@ fn a_429_and_a_503_are_retried_after_the_wait_the_receiver_asks_for() {
         &message("b", b"{}"),
         &policy,
         &mut WithoutRandom,
+        None,
     ));
     let took = started.elapsed();
     assert_eq!(delivery.outcome, Ok(()));
@@ -125,6 +128,7 @@ fn server_errors_are_transient_and_retried_until_the_policy_is_spent() {
         &message("c", b"{}"),
         &policy,
         &mut WithoutRandom,
+        None,
     ));
     assert_eq!(delivery.attempts, 3, "1 + 2 retries");
     assert_eq!(
@@ -134,6 +138,62 @@ fn server_errors_are_transient_and_retried_until_the_policy_is_spent() {
             retry_after: None
         })
     );
+}
+
+/// A lease a test ends by hand.
+struct TestLease(AtomicBool);
+
+impl LeaseGate for TestLease {
+    fn fence(&self) -> u64 {
+        42
+    }
+    fn is_valid(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+#[test]
+fn no_attempt_is_made_once_the_lease_the_message_was_read_under_has_ended() {
+    let receiver = HttpReceiver::start().expect("receiver");
+    receiver.script((0..10).map(|_| Answer::status(503)));
+    let sink = HttpSink::new(&receiver.url("/")).unwrap();
+    let lease = TestLease(AtomicBool::new(true));
+    let policy = RetryPolicy::fixed_delay(9, Duration::from_millis(300));
+    let delivery = smol::block_on(async {
+        let ends = async {
+            // During the first wait between attempts.
+            smol::Timer::after(Duration::from_millis(100)).await;
+            lease.0.store(false, Ordering::SeqCst);
+            std::future::pending::<()>().await;
+        };
+        futures_lite::future::or(
+            deliver(
+                &sink,
+                &message("d", b"{}"),
+                &policy,
+                &mut WithoutRandom,
+                Some(&lease),
+            ),
+            async {
+                ends.await;
+                unreachable!()
+            },
+        )
+        .await
+    });
+    assert_eq!(delivery.attempts, 1, "nothing sent after the lease ended");
+    assert_eq!(delivery.outcome, Err(SinkError::LeaseEnded { fence: 42 }));
+    assert_eq!(receiver.requests().len(), 1);
+    // Ended before the first attempt: nothing at all.
+    let delivery = smol::block_on(deliver(
+        &sink,
+        &message("e", b"{}"),
+        &policy,
+        &mut WithoutRandom,
+        Some(&lease),
+    ));
+    assert_eq!(delivery.attempts, 0);
+    assert_eq!(receiver.requests().len(), 1);
 }
 
 #[test]

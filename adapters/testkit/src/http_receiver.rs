@@ -116,7 +116,13 @@ pub struct HttpReceiver {
 impl HttpReceiver {
     /// A receiver on a free 127.0.0.1 port.
     pub fn start() -> Result<Self, HarnessError> {
-        let listener = TcpListener::bind(("127.0.0.1", 0))?;
+        Self::start_on(0)
+    }
+
+    /// A receiver on 127.0.0.1 `port` (0: a free one): to bring one back
+    /// where an earlier one, dropped, was reached ([`port`](Self::port)).
+    pub fn start_on(port: u16) -> Result<Self, HarnessError> {
+        let listener = TcpListener::bind(("127.0.0.1", port))?;
         let port = listener.local_addr()?.port();
         let shared = Arc::new(Shared::default());
         let accepting = shared.clone();
@@ -136,6 +142,11 @@ impl HttpReceiver {
             shared,
             accept: Some(accept),
         })
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
     }
 
     /// `http://127.0.0.1:<port><path>`.
@@ -159,6 +170,23 @@ impl HttpReceiver {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
+    }
+
+    /// Stops the receiver and returns every request it recorded: each one
+    /// it answered is there, and it answers none after (a request read
+    /// from then on is dropped with its connection, unanswered).
+    pub fn stop(self) -> Vec<Received> {
+        let requests = {
+            let recorded = self
+                .shared
+                .requests
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            self.shared.stop.store(true, Ordering::SeqCst);
+            recorded.clone()
+        };
+        drop(self);
+        requests
     }
 
     /// Connections accepted so far.
@@ -191,11 +219,18 @@ fn serve(stream: TcpStream, number: usize, shared: &Shared) {
         let Some(request) = read_request(&mut reader, number, shared) else {
             return;
         };
-        shared
-            .requests
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(request);
+        {
+            // Checked under the lock `stop` takes: a request is either
+            // recorded before the stop (and answered) or not answered.
+            let mut recorded = shared
+                .requests
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if shared.stop.load(Ordering::SeqCst) {
+                return;
+            }
+            recorded.push(request);
+        }
         let answer = shared
             .script
             .lock()

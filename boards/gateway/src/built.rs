@@ -32,6 +32,8 @@ pub struct Built {
     /// checkpoint): an in-process locker's names this process too, since
     /// its fences count from 1 again in every process.
     pub lock_service: String,
+    /// Every sink, made, by name.
+    pub sinks: std::collections::BTreeMap<String, Arc<dyn guard_endpoints::sink::MessageSink>>,
 }
 
 /// Connects what `config` names: a Redis locker that cannot be reached is
@@ -105,6 +107,7 @@ pub async fn build(config: &Config) -> Result<Built, GatewayError> {
         limiters: RateLimiterRegistry::new(limiters),
         redis,
         lock_service,
+        sinks: crate::sink::build(&config.sinks)?,
     })
 }
 

@@ -61,6 +61,13 @@ pub enum GatewayError {
         /// a `guard_core::lock::KeyError`.
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// A sink cannot be made.
+    Sink {
+        /// The sink.
+        name: String,
+        /// Why.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 }
 
 impl fmt::Display for GatewayError {
@@ -76,6 +83,7 @@ impl fmt::Display for GatewayError {
             GatewayError::Schedule { router, source } => write!(f, "schedule {router}: {source}"),
             GatewayError::Consumer { name, source } => write!(f, "consumer {name}: {source}"),
             GatewayError::Endpoint { name, source } => write!(f, "endpoint {name}: {source}"),
+            GatewayError::Sink { name, source } => write!(f, "sink {name}: {source}"),
         }
     }
 }
@@ -88,9 +96,9 @@ impl std::error::Error for GatewayError {
             | GatewayError::Limiter { source: e, .. } => Some(e),
             GatewayError::Schedule { source, .. } => Some(source),
             GatewayError::Consumer { source, .. } => Some(source),
-            GatewayError::Endpoint { source, .. } | GatewayError::LockService { source, .. } => {
-                Some(&**source)
-            }
+            GatewayError::Endpoint { source, .. }
+            | GatewayError::Sink { source, .. }
+            | GatewayError::LockService { source, .. } => Some(&**source),
             GatewayError::UnknownLimiter { .. } => None,
         }
     }

@@ -16,3 +16,4 @@ mod event;
 pub mod prometheus;
 pub mod readiness;
 pub mod replica;
+mod sink;

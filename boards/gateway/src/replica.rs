@@ -251,9 +251,13 @@ pub fn summary(config: &Config) -> String {
                 .limit
                 .as_ref()
                 .map_or(String::new(), |l| format!(", limited by {}", l.limiter));
-            format!("{} ({kind}{limit})", e.name)
+            let to =
+                e.to.as_ref()
+                    .map_or(String::new(), |to| format!(", to {to}"));
+            format!("{} ({kind}{limit}{to})", e.name)
         })
         .collect();
+    let sinks: Vec<String> = config.sinks.iter().map(crate::sink::describe).collect();
     let limiters: Vec<String> = config
         .ratelimit
         .iter()
@@ -321,10 +325,11 @@ pub fn summary(config: &Config) -> String {
         }
     );
     format!(
-        "configuration is valid\nlocker     {locker}\nguards     {guards}\nschedules  {}\nactive     {}\nendpoints  {}\nlimiters   {}\nmetrics    {}\n",
+        "configuration is valid\nlocker     {locker}\nguards     {guards}\nschedules  {}\nactive     {}\nendpoints  {}\nsinks      {}\nlimiters   {}\nmetrics    {}\n",
         list(&schedules),
         list(&config.active),
         list(&endpoints),
+        list(&sinks),
         list(&limiters),
         config
             .metrics

@@ -1555,3 +1555,96 @@ fn the_readme_quota_example_parses() {
         matches!(cellular.algorithm, PolicyAlgorithm::FixedWindow(w) if w.limit() == 50_000_000)
     );
 }
+
+const STREAM_TO: &str = "[locker]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:6379\"\n\n[[endpoints]]\nname = \"orders\"\nkind = \"redis-stream\"\nstream = \"orders\"\ngroup = \"g\"\n";
+
+/// A sink is named by an endpoint's `to`, read with its defaults; the
+/// retry policy doubles from its first delay to its longest.
+#[test]
+fn a_sink_is_read_with_its_defaults_and_named_by_an_endpoint() {
+    use guard_gateway::config::SinkKind;
+    let config = Config::from_toml(&format!(
+        "{STREAM_TO}to = \"uplink\"\n\n[[sinks]]\nname = \"uplink\"\nkind = \"http\"\nurl = \"http://127.0.0.1:8080/in\"\n"
+    ))
+    .unwrap();
+    assert_eq!(config.endpoints[0].to.as_deref(), Some("uplink"));
+    let sink = &config.sinks[0];
+    let SinkKind::Http(target) = &sink.kind else {
+        unreachable!()
+    };
+    assert_eq!(target.url.as_str(), "http://127.0.0.1:8080/in");
+    assert_eq!(target.timeout, Duration::from_secs(10));
+    assert_eq!(target.content_type, "application/octet-stream");
+    assert_eq!(sink.retry.max_attempts(), 10);
+    assert_eq!(sink.retry.initial_delay(), Duration::from_millis(500));
+    assert_eq!(sink.retry.max_delay(), Duration::from_secs(30));
+    assert!(sink.retry.is_exponential());
+    let config = Config::from_toml(&format!(
+        "{STREAM_TO}\n[[sinks]]\nname = \"uplink\"\nkind = \"http\"\nurl = \"https://cloud.example/in\"\ntimeout_ms = 2500\ncontent_type = \"application/json\"\nretries = 3\nretry_delay_ms = 50\nmax_retry_delay_ms = 400\n"
+    ))
+    .unwrap();
+    assert_eq!(config.endpoints[0].to, None, "no `to`: only reported");
+    let sink = &config.sinks[0];
+    let SinkKind::Http(target) = &sink.kind else {
+        unreachable!()
+    };
+    assert_eq!(target.timeout, Duration::from_millis(2500));
+    assert_eq!(target.content_type, "application/json");
+    assert_eq!(sink.retry.max_attempts(), 3);
+    assert_eq!(
+        (sink.retry.initial_delay(), sink.retry.max_delay()),
+        (Duration::from_millis(50), Duration::from_millis(400))
+    );
+}
+
+/// Each wrong sink setting is refused naming its key: an unknown sink, a
+/// kind, a URL, a media type, a timeout, delays out of order, TLS files
+/// on a plain URL, a repeated name, an unknown key.
+#[test]
+fn a_bad_sink_or_a_to_naming_none_is_refused_with_its_key() {
+    let sink = |extra: &str| {
+        error(&format!(
+            "{STREAM_TO}to = \"uplink\"\n\n[[sinks]]\nname = \"uplink\"\n{extra}"
+        ))
+    };
+    let http = |extra: &str| {
+        sink(&format!(
+            "kind = \"http\"\nurl = \"http://127.0.0.1:1/\"\n{extra}"
+        ))
+    };
+    let cases: Vec<(String, &str)> = vec![
+        (
+            error(&format!("{STREAM_TO}to = \"nowhere\"\n")),
+            "endpoints[0].to",
+        ),
+        (error(&format!("{STREAM_TO}to = 3\n")), "endpoints[0].to"),
+        (sink("kind = \"kafka\"\nurl = \"x\"\n"), "sinks[0].kind"),
+        (sink("url = \"http://h/\"\n"), "sinks[0].kind"),
+        (
+            sink("kind = \"http\"\nurl = \"ftp://h/\"\n"),
+            "sinks[0].url",
+        ),
+        (
+            sink("kind = \"http\"\nurl = \"http://user:secret@h/\"\n"),
+            "sinks[0].url",
+        ),
+        (sink("kind = \"http\"\n"), "sinks[0]"),
+        (http("content_type = \"\"\n"), "sinks[0].content_type"),
+        (http("timeout_ms = 0\n"), "sinks[0].timeout_ms"),
+        (
+            http("retry_delay_ms = 500\nmax_retry_delay_ms = 100\n"),
+            "sinks[0].max_retry_delay_ms",
+        ),
+        (http("retries = 100000\n"), "sinks[0].retries"),
+        (http("tls_ca = \"ca.pem\"\n"), "sinks[0].tls_ca"),
+        (http("proxy = \"x\"\n"), "sinks[0].proxy"),
+        (
+            http("\n[[sinks]]\nname = \"uplink\"\nkind = \"http\"\nurl = \"http://h/\"\n"),
+            "sinks[1].name",
+        ),
+    ];
+    for (message, key) in cases {
+        assert!(message.contains(key), "{key}: {message}");
+        assert!(!message.contains("secret"), "a password shown: {message}");
+    }
+}

@@ -2306,3 +2306,150 @@ fn an_endpoint_that_ends_while_the_replica_runs_makes_it_not_ready() {
         "the refusal is logged:\n{log}"
     );
 }
+
+/// The outage of the uplink in [`a_stream_forwarded_to_an_http_sink_loses_nothing_across_an_outage_and_a_kill`].
+const OUTAGE: Duration = Duration::from_secs(60);
+
+/// A stream endpoint forwards to an HTTP sink while entries arrive at 100
+/// a second: the receiver is stopped for a minute (connections refused)
+/// and the gateway killed with SIGKILL in the middle of it and started
+/// again; once the receiver is back, every entry arrives, in stream
+/// order, each under its entry's `Idempotency-Key`, and nothing stays
+/// pending. An entry sent again (the one in flight at the kill) carries
+/// the key and body of its first delivery, so a receiver that drops a
+/// repeated key handles each entry once.
+#[test]
+fn a_stream_forwarded_to_an_http_sink_loses_nothing_across_an_outage_and_a_kill() {
+    let server = RedisServer::start().expect("redis-server");
+    let receiver = guard_testkit::HttpReceiver::start().expect("receiver");
+    let port = receiver.port();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("forward.toml");
+    let metrics = free_port().unwrap();
+    let mut text = base_config(&server.url());
+    text.push_str(&format!(
+        r#"
+[metrics]
+prometheus = "127.0.0.1:{metrics}"
+
+[[sinks]]
+name = "uplink"
+kind = "http"
+url = "{}"
+timeout_ms = 2000
+retries = 1000
+retry_delay_ms = 100
+max_retry_delay_ms = 1000
+
+[[endpoints]]
+name = "orders"
+kind = "redis-stream"
+stream = "orders"
+group = "uplink"
+claim_idle_ms = 2000
+to = "uplink"
+"#,
+        receiver.url("/ingest")
+    ));
+    std::fs::write(&path, text).unwrap();
+    let ready = || {
+        wait_for(SETTLE, || {
+            TcpStream::connect(("127.0.0.1", metrics)).is_ok()
+                && http_get(metrics, "/readyz").0.contains("200")
+        })
+    };
+    let lines: Lines = Arc::default();
+    let mut gateway = start(0, &path, &lines);
+    assert!(ready(), "the gateway became ready");
+    // 100 entries a second, for the whole test, from a thread of its own.
+    let url = server.url();
+    let producing = thread::spawn(move || {
+        let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
+        let started = Instant::now();
+        let total = (OUTAGE.as_secs() + 10) * 100;
+        let mut ids = Vec::new();
+        for i in 0..total {
+            let due = started + Duration::from_millis(i * 10);
+            thread::sleep(due.saturating_duration_since(Instant::now()));
+            let id: String = redis::cmd("XADD")
+                .arg("orders")
+                .arg("*")
+                .arg("payload")
+                .arg(format!("o{i}"))
+                .query(&mut conn)
+                .unwrap();
+            ids.push((id, format!("o{i}")));
+        }
+        ids
+    });
+    thread::sleep(Duration::from_secs(5));
+    let mut requests = receiver.stop();
+    assert!(!requests.is_empty(), "forwarding before the outage");
+    let outage = Instant::now();
+    thread::sleep(OUTAGE / 2);
+    signal(&gateway, "KILL");
+    let _ = gateway.0.wait();
+    gateway = start(1, &path, &lines);
+    thread::sleep(OUTAGE.saturating_sub(outage.elapsed()));
+    let receiver = guard_testkit::HttpReceiver::start_on(port).expect("the receiver back");
+    let sent = producing.join().unwrap();
+    let arrived = |requests: &[guard_testkit::Received]| {
+        requests
+            .iter()
+            .filter_map(|r| r.header("idempotency-key"))
+            .collect::<std::collections::BTreeSet<_>>()
+            .len()
+    };
+    assert!(
+        wait_for(SETTLE, || arrived(&receiver.requests())
+            + arrived(&requests)
+            >= sent.len()),
+        "not all entries arrived: {} of {}",
+        arrived(&receiver.requests()) + arrived(&requests),
+        sent.len()
+    );
+    requests.extend(receiver.requests());
+    // First delivery of each key, in the order they arrived.
+    let mut first: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    let mut order = Vec::new();
+    for r in &requests {
+        assert_eq!((r.method.as_str(), r.path.as_str()), ("POST", "/ingest"));
+        let key = r.header("idempotency-key").expect("a key").to_owned();
+        match first.get(&key) {
+            Some(body) => assert_eq!(body, &r.body, "{key} sent again with another body"),
+            None => {
+                first.insert(key.clone(), r.body.clone());
+                order.push(key);
+            }
+        }
+    }
+    let expected: Vec<String> = sent.iter().map(|(id, _)| format!("orders:{id}")).collect();
+    assert_eq!(
+        order, expected,
+        "every entry, once each by key, in stream order"
+    );
+    for (id, payload) in &sent {
+        assert_eq!(first[&format!("orders:{id}")], payload.as_bytes());
+    }
+    let again = requests.len() - order.len();
+    assert!(
+        again <= 5,
+        "{again} entries sent twice: more than those in flight at the kill"
+    );
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    assert!(
+        wait_for(SETTLE, || {
+            let pending: Vec<redis::Value> = redis::cmd("XPENDING")
+                .arg("orders")
+                .arg("uplink")
+                .query(&mut conn)
+                .unwrap();
+            pending.first() == Some(&redis::Value::Int(0))
+        }),
+        "entries left pending"
+    );
+    drop(gateway);
+}

@@ -131,8 +131,9 @@ impl MqttTls {
         self.identity.is_some()
     }
 
-    /// The rustls configuration of one connection.
-    pub(crate) fn client_config(&self) -> Result<Arc<ClientConfig>, MqttError> {
+    /// The rustls configuration of one connection: also what another
+    /// client (the HTTP sink's `with_tls`) is given of the same files.
+    pub fn client_config(&self) -> Result<Arc<ClientConfig>, MqttError> {
         let roots = match &self.root_ca {
             Some(pem) => roots(pem)?,
             None => {

@@ -27,6 +27,26 @@ use std::time::Duration;
 
 use guard_core::retry::{Backoff, RandomSource, RetryPolicy};
 use guard_std::BoxFuture;
+
+use crate::delivery::ElectedLease;
+
+/// The lease a message was read under, as [`deliver`] checks it before
+/// each attempt: [`ElectedLease`] is one; a test can make its own.
+pub trait LeaseGate: Sync {
+    /// The lease's fence.
+    fn fence(&self) -> u64;
+    /// Whether an effect may be made under it now.
+    fn is_valid(&self) -> bool;
+}
+
+impl LeaseGate for ElectedLease {
+    fn fence(&self) -> u64 {
+        ElectedLease::fence(self)
+    }
+    fn is_valid(&self) -> bool {
+        ElectedLease::is_valid(self)
+    }
+}
 use guard_std::run::{CallerRuntime, Runtime as _};
 
 /// One message on its way out.
@@ -69,6 +89,13 @@ pub enum SinkError {
         /// The highest fence the sink has accepted.
         highest: u64,
     },
+    /// Made by [`deliver`], never by a sink: the lease the message was
+    /// read under ended before an attempt, so nothing more was sent
+    /// under it.
+    LeaseEnded {
+        /// The fence of that lease.
+        fence: u64,
+    },
 }
 
 impl SinkError {
@@ -78,12 +105,13 @@ impl SinkError {
     }
 
     /// A short name for counters and dead letters: `transient`,
-    /// `permanent`, `stale_fence`.
+    /// `permanent`, `stale_fence`, `lease_ended`.
     pub fn kind(&self) -> &'static str {
         match self {
             SinkError::Transient { .. } => "transient",
             SinkError::Permanent { .. } => "permanent",
             SinkError::StaleFence { .. } => "stale_fence",
+            SinkError::LeaseEnded { .. } => "lease_ended",
         }
     }
 }
@@ -106,6 +134,10 @@ impl fmt::Display for SinkError {
             SinkError::StaleFence { fence, highest } => write!(
                 f,
                 "refused: fence {fence} is below the {highest} the sink has accepted (a stale leader)"
+            ),
+            SinkError::LeaseEnded { fence } => write!(
+                f,
+                "not sent: the lease it was read under (fence {fence}) ended before the attempt"
             ),
         }
     }
@@ -135,6 +167,11 @@ pub struct Delivery {
 /// ends it at once, as does a transient failure once the policy's calls
 /// are spent.
 ///
+/// With the `lease` an elected source read the message under, every
+/// attempt is made only while that lease is valid, checked immediately
+/// before it (a retry can wait past the lease's end): once it has ended
+/// the delivery stops with [`SinkError::LeaseEnded`], nothing more sent.
+///
 /// `random` gives the jitter's random bits ([`WithoutRandom`] for a
 /// policy without jitter).
 ///
@@ -144,10 +181,17 @@ pub async fn deliver(
     message: &Outgoing<'_>,
     policy: &RetryPolicy,
     random: &mut impl RandomSource,
+    lease: Option<&dyn LeaseGate>,
 ) -> Delivery {
     let mut backoff = Backoff::new(*policy);
     let mut attempts = 0u32;
     loop {
+        if let Some(lease) = lease.filter(|lease| !lease.is_valid()) {
+            let outcome = Err(SinkError::LeaseEnded {
+                fence: lease.fence(),
+            });
+            return Delivery { attempts, outcome };
+        }
         attempts = attempts.saturating_add(1);
         let outcome = sink.send(message).await;
         let retry_after = match &outcome {

@@ -71,6 +71,7 @@ pub use crate::endpoint::mysql::{BinlogSource, BinlogStart};
 pub use crate::endpoint::nats::{JetStreamSource, NatsDelivery, NatsSource};
 pub use crate::endpoint::postgres::PgQueueSource;
 pub use crate::endpoint::redis::{PubSubSource, StreamSource};
+pub use crate::sink::{HttpTarget, Sink, SinkKind};
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -235,6 +236,8 @@ pub struct Config {
     pub ratelimit: Option<RateLimits>,
     /// Message sources.
     pub endpoints: Vec<Endpoint>,
+    /// Where endpoints send what they receive, by name.
+    pub sinks: Vec<Sink>,
     /// Metrics and health.
     pub metrics: Metrics,
 }
@@ -472,6 +475,9 @@ pub struct Endpoint {
     /// entry's field values together); a larger one is dead-lettered with
     /// the reason.
     pub max_payload_bytes: usize,
+    /// The sink each message goes to (`to`), one of [`Config::sinks`];
+    /// `None`: the message is only reported.
+    pub to: Option<String>,
 }
 
 /// The largest message an endpoint hands over unless configured: 1 MiB.

@@ -26,8 +26,28 @@ pub(super) struct File {
     /// loses it inside an internally tagged enum).
     #[serde(default)]
     pub endpoints: Vec<toml::Table>,
+    /// Likewise.
+    #[serde(default)]
+    pub sinks: Vec<toml::Table>,
     #[serde(default)]
     pub metrics: Metrics,
+}
+
+/// The file as read: its tables, and its endpoints and sinks each read
+/// as its kind's struct.
+#[derive(Debug)]
+pub(super) struct Parsed {
+    pub file: File,
+    pub endpoints: Vec<Routed>,
+    pub sinks: Vec<crate::sink::Entry>,
+}
+
+/// An `[[endpoints]]` entry with the sink it names (`to`), a key every
+/// kind has.
+#[derive(Debug)]
+pub(super) struct Routed {
+    pub endpoint: Endpoint,
+    pub to: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -278,9 +298,10 @@ fn syntax(text: &str, e: &toml::de::Error) -> ConfigError {
     ConfigError::Syntax(format!("{at}{message}"))
 }
 
-/// Parses TOML text into the file's structs and its endpoints; a type
-/// error, an unknown key or a missing one names its dotted key.
-pub(super) fn parse(text: &str) -> Result<(File, Vec<Endpoint>), ConfigError> {
+/// Parses TOML text into the file's structs, its endpoints and its
+/// sinks; a type error, an unknown key or a missing one names its dotted
+/// key.
+pub(super) fn parse(text: &str) -> Result<Parsed, ConfigError> {
     let deserializer = toml::Deserializer::parse(text).map_err(|e| syntax(text, &e))?;
     let mut file: File = serde_path_to_error::deserialize(deserializer).map_err(|e| {
         let path = e.path().to_string();
@@ -291,11 +312,20 @@ pub(super) fn parse(text: &str) -> Result<(File, Vec<Endpoint>), ConfigError> {
         .enumerate()
         .map(|(i, table)| endpoint(i, table))
         .collect::<Result<_, _>>()?;
-    Ok((file, endpoints))
+    let sinks = std::mem::take(&mut file.sinks)
+        .into_iter()
+        .enumerate()
+        .map(|(i, table)| crate::sink::Entry::read(i, table))
+        .collect::<Result<_, _>>()?;
+    Ok(Parsed {
+        file,
+        endpoints,
+        sinks,
+    })
 }
 
 /// Entry `i` of `[[endpoints]]`, read as its kind's struct.
-fn endpoint(i: usize, mut table: toml::Table) -> Result<Endpoint, ConfigError> {
+fn endpoint(i: usize, mut table: toml::Table) -> Result<Routed, ConfigError> {
     let at = format!("endpoints[{i}]");
     let kinds = "one of `redis-pubsub`, `redis-stream`, `mqtt`, `nats`, `nats-jetstream`, `rabbitmq`, `postgres-queue`, `mysql-binlog`";
     let kind = match table.remove("kind") {
@@ -303,31 +333,46 @@ fn endpoint(i: usize, mut table: toml::Table) -> Result<Endpoint, ConfigError> {
         Some(other) => return Err(invalid(format!("{at}.kind"), other, kinds)),
         None => return Err(invalid(format!("{at}.kind"), "missing", kinds)),
     };
-    fn read<T: serde::de::DeserializeOwned>(
-        at: &str,
-        table: toml::Table,
-    ) -> Result<T, ConfigError> {
-        serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
-            let inner = e.path().to_string();
-            let path = if inner == "." || inner.is_empty() {
-                at.to_owned()
-            } else {
-                format!("{at}.{inner}")
-            };
-            translate(&path, e.inner().message())
-        })
-    }
-    match kind.as_str() {
-        "redis-pubsub" => read(&at, table).map(Endpoint::RedisPubsub),
-        "redis-stream" => read(&at, table).map(Endpoint::RedisStream),
-        "mqtt" => read(&at, table).map(Endpoint::Mqtt),
-        "nats" => read(&at, table).map(Endpoint::Nats),
-        "nats-jetstream" => read(&at, table).map(Endpoint::NatsJetStream),
-        "rabbitmq" => read(&at, table).map(Endpoint::Rabbitmq),
-        "postgres-queue" => read(&at, table).map(Endpoint::PostgresQueue),
-        "mysql-binlog" => read(&at, table).map(Endpoint::MysqlBinlog),
+    let to = match table.remove("to") {
+        None => None,
+        Some(toml::Value::String(to)) => Some(to),
+        Some(other) => {
+            return Err(invalid(
+                format!("{at}.to"),
+                other,
+                "the name of a [[sinks]] entry, as a string",
+            ));
+        }
+    };
+    let endpoint = match kind.as_str() {
+        "redis-pubsub" => read_entry(&at, table).map(Endpoint::RedisPubsub),
+        "redis-stream" => read_entry(&at, table).map(Endpoint::RedisStream),
+        "mqtt" => read_entry(&at, table).map(Endpoint::Mqtt),
+        "nats" => read_entry(&at, table).map(Endpoint::Nats),
+        "nats-jetstream" => read_entry(&at, table).map(Endpoint::NatsJetStream),
+        "rabbitmq" => read_entry(&at, table).map(Endpoint::Rabbitmq),
+        "postgres-queue" => read_entry(&at, table).map(Endpoint::PostgresQueue),
+        "mysql-binlog" => read_entry(&at, table).map(Endpoint::MysqlBinlog),
         other => Err(invalid(format!("{at}.kind"), format!("{other:?}"), kinds)),
-    }
+    }?;
+    Ok(Routed { endpoint, to })
+}
+
+/// The table of entry `at` (`endpoints[0]`), its `kind` taken out, read
+/// as that kind's struct; an error names its full dotted key.
+pub(crate) fn read_entry<T: serde::de::DeserializeOwned>(
+    at: &str,
+    table: toml::Table,
+) -> Result<T, ConfigError> {
+    serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
+        let inner = e.path().to_string();
+        let path = if inner == "." || inner.is_empty() {
+            at.to_owned()
+        } else {
+            format!("{at}.{inner}")
+        };
+        translate(&path, e.inner().message())
+    })
 }
 
 /// Turns serde's words into the key, the value and what is allowed; a key

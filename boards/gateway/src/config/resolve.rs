@@ -62,10 +62,12 @@ fn fits_key(key: &str, value: &str, scope: Result<Scope, KeyError>) -> Result<()
     Ok(())
 }
 
-pub(super) fn config(
-    (file, entries): (raw::File, Vec<raw::Endpoint>),
-    env: Env<'_>,
-) -> Result<Config, ConfigError> {
+pub(super) fn config(parsed: raw::Parsed, env: Env<'_>) -> Result<Config, ConfigError> {
+    let raw::Parsed {
+        file,
+        endpoints: entries,
+        sinks,
+    } = parsed;
     if file.schedules.is_empty() && file.active.is_empty() && entries.is_empty() {
         return Err(ConfigError::Empty);
     }
@@ -145,9 +147,10 @@ pub(super) fn config(
         _ => None,
     };
     let has_redis = matches!(locker, Locker::Redis(_));
+    let sinks = crate::sink::resolve(&sinks, env)?;
     let mut names = HashSet::new();
     let mut endpoints = Vec::new();
-    for (i, e) in entries.iter().enumerate() {
+    for (i, raw::Routed { endpoint: e, to }) in entries.iter().enumerate() {
         let key = |field: &str| format!("endpoints[{i}].{field}");
         if e.name().is_empty() {
             return Err(invalid(key("name"), "\"\"", "a non-empty name"));
@@ -167,14 +170,11 @@ pub(super) fn config(
                 .and_then(|s| s.segment("owner", &guards.owner))
                 .and_then(|s| s.segment("node", e.name())),
         )?;
-        endpoints.push(endpoint(
-            e,
-            &key,
-            env,
-            locker_url.as_ref(),
-            has_redis,
-            &limiters,
-        )?);
+        let mut endpoint = endpoint(e, &key, env, locker_url.as_ref(), has_redis, &limiters)?;
+        if let Some(to) = to {
+            endpoint.to = Some(crate::sink::named(&key("to"), to, &sinks)?.name.clone());
+        }
+        endpoints.push(endpoint);
     }
     let metrics = Metrics {
         prometheus: match &file.metrics.prometheus {
@@ -195,6 +195,7 @@ pub(super) fn config(
         active,
         ratelimit,
         endpoints,
+        sinks,
         metrics,
     })
 }
@@ -693,5 +694,6 @@ fn endpoint(
         source,
         limit,
         max_payload_bytes,
+        to: None,
     })
 }

@@ -228,7 +228,7 @@ pub(super) fn start(cx: Assembly<'_>, source: &AmqpSource) -> Result<Task, Gatew
                 let ran = consumer
                     .run(control, never_invalid(), |message| {
                         let report = Report::new(&inbox, &emit, &name);
-                        report.payload(message.routing_key, message.payload, message.lease)
+                        report.payload(message.routing_key, message.payload, message.lease, None)
                     })
                     .await;
                 match ran {
@@ -259,7 +259,7 @@ pub(super) fn start(cx: Assembly<'_>, source: &AmqpSource) -> Result<Task, Gatew
                 let ran = consumer
                     .run(control, never_invalid(), |message| {
                         let report = Report::new(&inbox, &emit, &name);
-                        report.payload(message.routing_key, message.payload, message.lease)
+                        report.payload(message.routing_key, message.payload, message.lease, None)
                     })
                     .await;
                 match ran {

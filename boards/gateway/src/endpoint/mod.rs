@@ -10,6 +10,7 @@
 
 #[cfg_attr(not(feature = "amqp"), allow(dead_code, unused_imports))]
 pub(crate) mod amqp;
+mod forward;
 pub(crate) mod mqtt;
 #[cfg_attr(not(feature = "mysql"), allow(dead_code, unused_imports))]
 pub(crate) mod mysql;
@@ -62,9 +63,12 @@ fn text(bytes: &[u8]) -> String {
 enum Refused {
     /// The limiter refused it: retried under the endpoint's policy.
     Limited(String),
-    /// It can never be handled (too large, a field missing): dead-lettered
-    /// at once, with no retry.
+    /// It can never be handled (too large, a field missing, refused for
+    /// good by the sink): dead-lettered at once, with no retry.
     Invalid(String),
+    /// The sink did not take it this time, its own retries spent:
+    /// retried under the endpoint's policy.
+    SinkFailed(String),
     /// The lease it was read under ended while it waited (for the
     /// limiter): no effect under it; the endpoint's delivery path hands
     /// it to the dead letters, or leaves it to a source that keeps it.
@@ -84,7 +88,9 @@ enum Refused {
 impl std::fmt::Display for Refused {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Refused::Limited(why) | Refused::Invalid(why) => f.write_str(why),
+            Refused::Limited(why) | Refused::Invalid(why) | Refused::SinkFailed(why) => {
+                f.write_str(why)
+            }
             Refused::LeaseLost => f.write_str(LEASE_LOST_WAITING),
         }
     }
@@ -103,6 +109,8 @@ struct Inbox {
     max_payload: usize,
     limit: Option<(Admission, LimitKey)>,
     dead_letters: Arc<MeteredDeadLetterQueue<Undelivered, String, DEAD_LETTERS>>,
+    /// The sink a message goes to once it passed, if any.
+    forward: Option<forward::Forward>,
     clock: SystemClock,
     /// A flood of refusals is logged once per interval.
     warnings: Throttle,
@@ -112,7 +120,7 @@ struct Inbox {
 }
 
 impl Inbox {
-    fn new(built: &Built, entry: &Endpoint) -> Result<Self, GatewayError> {
+    fn new(built: &Built, config: &Config, entry: &Endpoint) -> Result<Self, GatewayError> {
         let limit = match &entry.limit {
             Some(limit) => Some((
                 Admission::new(limiter(built, &limit.limiter)?, limit.when_limited)
@@ -126,6 +134,19 @@ impl Inbox {
             max_payload: entry.max_payload_bytes,
             limit,
             dead_letters: Arc::new(MeteredDeadLetterQueue::new(&entry.name)),
+            forward: match &entry.to {
+                None => None,
+                Some(to) => {
+                    let sink = config.sinks.iter().find(|s| &s.name == to);
+                    let made = built.sinks.get(to);
+                    // The configuration checked that `to` names a sink,
+                    // and `build` made every sink.
+                    let (Some(sink), Some(made)) = (sink, made) else {
+                        return Err(failed(&entry.name, format!("no sink named {to:?}").into()));
+                    };
+                    Some(forward::Forward::new(to, made.clone(), sink.retry))
+                }
+            },
             clock: SystemClock::new(),
             warnings: Throttle::new(),
             drops: Throttle::new(),
@@ -390,7 +411,7 @@ pub(crate) async fn start(
         built,
         config,
         timing: config.guards.active.into(),
-        inbox: Arc::new(Inbox::new(built, entry)?),
+        inbox: Arc::new(Inbox::new(built, config, entry)?),
         emit,
         control,
         link,
@@ -479,6 +500,7 @@ mod tests {
             max_payload: 1024,
             limit: None,
             dead_letters: Arc::new(MeteredDeadLetterQueue::new("alerts")),
+            forward: None,
             clock: SystemClock::new(),
             warnings: Throttle::new(),
             drops: Throttle::new(),

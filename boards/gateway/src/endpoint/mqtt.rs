@@ -221,6 +221,9 @@ pub(super) fn start(cx: Assembly<'_>, source: &MqttSource) -> Result<Task, Gatew
                     if !inbox
                         .pass(&message.topic, &message.payload, lease, &emit)
                         .await
+                        || !inbox
+                            .forward_or_keep(&message.topic, &message.payload, lease, &emit)
+                            .await
                     {
                         return;
                     }

@@ -191,6 +191,24 @@ pub(super) fn start(cx: Assembly<'_>, source: &BinlogSource) -> Result<Task, Gat
                     inbox
                         .check_message(&from, before.len() + after.len(), change.lease.as_ref())
                         .await?;
+                    // Sent on as one JSON object, a missing image null.
+                    fn json(image: &str) -> &str {
+                        if image == "-" { "null" } else { image }
+                    }
+                    let payload = format!(
+                        "{{\"kind\":\"{}\",\"before\":{},\"after\":{}}}",
+                        change.kind.name(),
+                        json(&before),
+                        json(&after)
+                    );
+                    inbox
+                        .forward(
+                            Some(&from),
+                            &from,
+                            payload.as_bytes(),
+                            change.lease.as_ref(),
+                        )
+                        .await?;
                     emit(Event::Received {
                         endpoint: name,
                         from,

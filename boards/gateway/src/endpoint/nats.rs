@@ -347,7 +347,7 @@ pub(super) fn subject(cx: Assembly<'_>, source: &NatsSource) -> Result<Task, Gat
         let stats = subscriber
             .run(control, never_invalid(), |message| {
                 let report = Report::new(&inbox, &emit, &name);
-                report.payload(message.subject, message.payload, message.lease)
+                report.payload(message.subject, message.payload, message.lease, None)
             })
             .await;
         log::info!("endpoint {name}: {stats:?}");
@@ -381,7 +381,13 @@ pub(super) fn jetstream(cx: Assembly<'_>, source: &JetStreamSource) -> Result<Ta
         let stats = consumer
             .run(control, never_invalid(), |message| {
                 let from = format!("{}#{}", message.subject, message.sequence);
-                Report::new(&inbox, &emit, &name).payload(from, message.payload, None)
+                let report = Report::new(&inbox, &emit, &name);
+                async move {
+                    let kept = from.clone();
+                    report
+                        .payload(from, message.payload, None, Some(&kept))
+                        .await
+                }
             })
             .await;
         log::info!("endpoint {name}: {stats:?}");

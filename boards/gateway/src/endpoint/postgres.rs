@@ -182,7 +182,13 @@ pub(super) async fn start(cx: Assembly<'_>, source: &PgQueueSource) -> Result<Ta
         let stats = queue
             .run(control, never_invalid(), |message| {
                 let from = format!("{table}#{}", message.id);
-                Report::new(&inbox, &emit, &name).payload(from, message.payload, None)
+                let report = Report::new(&inbox, &emit, &name);
+                async move {
+                    let kept = from.clone();
+                    report
+                        .payload(from, message.payload, None, Some(&kept))
+                        .await
+                }
             })
             .await;
         log::info!("endpoint {name}: {stats:?}");

@@ -344,6 +344,9 @@ pub(super) fn pubsub(cx: Assembly<'_>, source: &PubSubSource) -> Result<Task, Ga
                     if !inbox
                         .pass(&message.channel, &message.payload, lease, &emit)
                         .await
+                        || !inbox
+                            .forward_or_keep(&message.channel, &message.payload, lease, &emit)
+                            .await
                     {
                         return;
                     }
@@ -391,17 +394,31 @@ pub(super) async fn stream(cx: Assembly<'_>, source: &StreamSource) -> Result<Ta
             .map_err(|e| context(e.into()))?;
     }
     let fields = Arc::new(source.fields.clone());
+    let stream: Arc<str> = source.stream.as_str().into();
     Ok(Box::pin(async move {
         // An entry that can never be handled is not retried.
         let stats = consumer
             .run(control, never_invalid(), |message| {
-                let (inbox, emit, name, fields) =
-                    (inbox.clone(), emit.clone(), name.clone(), fields.clone());
+                let (inbox, emit, name, fields, stream) = (
+                    inbox.clone(),
+                    emit.clone(),
+                    name.clone(),
+                    fields.clone(),
+                    stream.clone(),
+                );
                 async move {
                     // A refusal fails the entry: it is retried
                     // (unless it can never pass), then dead-lettered
                     // with the reason or left pending, never dropped.
                     inbox.check_entry(&message, &fields).await?;
+                    inbox
+                        .forward(
+                            Some(&message.id),
+                            &stream,
+                            &super::forward::entry_payload(&message),
+                            None,
+                        )
+                        .await?;
                     let fields: BTreeMap<&String, &Vec<u8>> = message.fields.iter().collect();
                     emit(Event::Received {
                         endpoint: name,

@@ -54,15 +54,21 @@ impl Report {
         }
     }
 
-    /// `payload`, received from `from` under `lease` if elected.
+    /// `payload`, received from `from` under `lease` if elected; `kept`
+    /// where the source keeps it, when it may hand it over again (the id
+    /// its sink sees: [`Inbox::forward`]).
     pub(super) async fn payload(
         self,
         from: String,
         payload: Vec<u8>,
         lease: Option<ElectedLease>,
+        kept: Option<&str>,
     ) -> Result<(), Refused> {
         self.inbox
             .check_message(&from, payload.len(), lease.as_ref())
+            .await?;
+        self.inbox
+            .forward(kept, &from, &payload, lease.as_ref())
             .await?;
         let fence = lease.as_ref().map(ElectedLease::fence);
         (self.emit)(Event::Received {

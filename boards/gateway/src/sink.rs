@@ -1,0 +1,357 @@
+//! `[[sinks]]`: where an endpoint's messages go (`to = "<sink>"` on the
+//! endpoint). One kind today, `kind = "http"`: a POST of each message's
+//! payload, with guard-endpoints'
+//! [`HttpSink`](guard_endpoints::sink::http::HttpSink) (hyper's client on
+//! the gateway's own async-io reactor: no second runtime).
+//!
+//! An endpoint with a sink counts a message handled once the sink took
+//! it ([`deliver`](guard_endpoints::sink::deliver) with the sink's retry
+//! policy, each attempt only while the lease the message was read under
+//! is valid). What it does not take goes where a message its limiter
+//! refuses goes: back to a source that retries (a stream entry stays
+//! pending, a queue's message is redelivered) or, for a broadcast, to the
+//! endpoint's dead letters with the sink's last answer.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use guard_core::retry::{Multiplier, RetryPolicy};
+use guard_endpoints::sink::MessageSink;
+use serde::Deserialize;
+
+use crate::config::check::{Env, MAX_TIMEOUT_MS, bounded, expand, non_empty};
+use crate::config::tls::{self, TlsFiles, TlsKeys};
+use crate::config::{ConfigError, RedactedUrl, invalid};
+use crate::error::GatewayError;
+
+/// A sink's request timeout unless configured: 10 s.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+/// A sink's retries of a transient failure unless configured: 10, the
+/// delays doubling from [`DEFAULT_RETRY_DELAY`] up to
+/// [`DEFAULT_MAX_RETRY_DELAY`] (about 2.5 minutes in all): an uplink's
+/// restart is ridden out, a longer outage goes back to the source.
+pub const DEFAULT_RETRIES: u32 = 10;
+/// The first delay between attempts unless configured: 500 ms.
+pub const DEFAULT_RETRY_DELAY: Duration = Duration::from_millis(500);
+/// The longest delay between attempts unless configured: 30 s.
+pub const DEFAULT_MAX_RETRY_DELAY: Duration = Duration::from_secs(30);
+/// The most retries a sink may be given (a day at a minute each).
+const MAX_RETRIES: u64 = 24 * 60;
+
+/// `[[sinks]]`: a destination.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sink {
+    /// Its unique name, what an endpoint's `to` names.
+    pub name: String,
+    /// What it is and where.
+    pub kind: SinkKind,
+    /// How a transient failure is retried before the message goes back.
+    pub retry: RetryPolicy,
+}
+
+/// A sink's kind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SinkKind {
+    /// `kind = "http"`: a POST of each payload.
+    Http(HttpTarget),
+}
+
+/// `kind = "http"`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpTarget {
+    /// Where requests go (`http://` or `https://`).
+    pub url: RedactedUrl,
+    /// Each request, connecting included, ends within it.
+    pub timeout: Duration,
+    /// The `Content-Type` of every request.
+    pub content_type: String,
+    /// TLS settings of an `https://` URL: the `tls_*` files (the system's
+    /// roots when none is given).
+    pub tls: Option<TlsFiles>,
+}
+
+/// A `kind = "http"` entry of `[[sinks]]` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct HttpEntry {
+    pub name: String,
+    pub url: String,
+    pub timeout_ms: Option<u64>,
+    pub content_type: Option<String>,
+    pub retries: Option<u32>,
+    pub retry_delay_ms: Option<u64>,
+    pub max_retry_delay_ms: Option<u64>,
+    pub tls_ca: Option<String>,
+    pub tls_cert: Option<String>,
+    pub tls_key: Option<String>,
+}
+
+/// An entry of `[[sinks]]` as written, read as its kind's struct.
+#[derive(Debug)]
+pub(crate) enum Entry {
+    Http(HttpEntry),
+}
+
+/// The kinds `[[sinks]]` takes, for errors.
+pub(crate) const KINDS: &str = "`http`";
+
+impl Entry {
+    /// Reads entry `i` of `[[sinks]]` by its `kind`.
+    pub(crate) fn read(i: usize, mut table: toml::Table) -> Result<Self, ConfigError> {
+        let at = format!("sinks[{i}]");
+        let kind = match table.remove("kind") {
+            Some(toml::Value::String(kind)) => kind,
+            Some(other) => return Err(invalid(format!("{at}.kind"), other, KINDS)),
+            None => return Err(invalid(format!("{at}.kind"), "missing", KINDS)),
+        };
+        match kind.as_str() {
+            "http" => crate::config::raw::read_entry(&at, table).map(Entry::Http),
+            other => Err(invalid(format!("{at}.kind"), format!("{other:?}"), KINDS)),
+        }
+    }
+
+    fn name(&self) -> &str {
+        match self {
+            Entry::Http(h) => &h.name,
+        }
+    }
+}
+
+/// Every `[[sinks]]` entry checked, by name (unique, non-empty).
+pub(crate) fn resolve(entries: &[Entry], env: Env<'_>) -> Result<Vec<Sink>, ConfigError> {
+    let mut sinks: Vec<Sink> = Vec::new();
+    for (i, entry) in entries.iter().enumerate() {
+        let key = |field: &str| format!("sinks[{i}].{field}");
+        let name = non_empty(&key, "name", entry.name(), "a non-empty name")?;
+        if sinks.iter().any(|s| s.name == name) {
+            return Err(invalid(key("name"), format!("{name:?}"), "a unique name"));
+        }
+        let sink = match entry {
+            Entry::Http(h) => http(h, name, &key, env)?,
+        };
+        sinks.push(sink);
+    }
+    Ok(sinks)
+}
+
+/// The sink an endpoint's `to` names (`key` is that key), if it exists.
+pub(crate) fn named<'a>(key: &str, to: &str, sinks: &'a [Sink]) -> Result<&'a Sink, ConfigError> {
+    sinks.iter().find(|s| s.name == to).ok_or_else(|| {
+        let known: Vec<&str> = sinks.iter().map(|s| s.name.as_str()).collect();
+        invalid(
+            key,
+            format!("{to:?}"),
+            if known.is_empty() {
+                "the name of a [[sinks]] entry (there is none)".to_owned()
+            } else {
+                format!("the name of a [[sinks]] entry: one of {known:?}")
+            },
+        )
+    })
+}
+
+fn http(
+    h: &HttpEntry,
+    name: String,
+    key: &dyn Fn(&str) -> String,
+    env: Env<'_>,
+) -> Result<Sink, ConfigError> {
+    let url = expand(&key("url"), &h.url, env)?;
+    let timeout = match h.timeout_ms {
+        None => DEFAULT_TIMEOUT,
+        Some(0) => return Err(invalid(key("timeout_ms"), 0, "at least 1 ms")),
+        Some(ms) => Duration::from_millis(bounded(
+            &key("timeout_ms"),
+            ms,
+            MAX_TIMEOUT_MS,
+            "milliseconds",
+        )?),
+    };
+    let content_type = match &h.content_type {
+        None => "application/octet-stream".to_owned(),
+        Some(t) => t.clone(),
+    };
+    let keys = TlsKeys {
+        ca: &h.tls_ca,
+        cert: &h.tls_cert,
+        key: &h.tls_key,
+    };
+    let is_https = url.starts_with("https://");
+    let tls = match keys.first() {
+        Some((field, value)) if !is_https => {
+            return Err(invalid(
+                key(field),
+                format!("{value:?}"),
+                "no TLS files for an http:// URL",
+            ));
+        }
+        Some(_) => Some(tls::read(&keys, key, &|at, value| expand(at, value, env))?),
+        None => None,
+    };
+    let target = HttpTarget {
+        url: RedactedUrl::new(url, &h.url),
+        timeout,
+        content_type,
+        tls,
+    };
+    // Every value the client checks, checked now: a bad URL or media type
+    // stops `check`, not the first message.
+    http_sink(&target).map_err(|e| match e {
+        HttpRefused::Input(input) => {
+            let field = match input.parameter {
+                guard_endpoints::Parameter::ContentType => "content_type",
+                guard_endpoints::Parameter::RequestTimeout => "timeout_ms",
+                _ => "url",
+            };
+            let value = if field == "url" {
+                format!("{:?}", target.url.shown())
+            } else {
+                format!("{:?}", input.value)
+            };
+            invalid(key(field), value, input.rule)
+        }
+        HttpRefused::Tls(why) => invalid(key("tls_ca"), "set", why),
+        HttpRefused::NotBuilt => invalid(
+            key("kind"),
+            "\"http\"",
+            "a kind this build has: `http` needs the gateway's `http` feature",
+        ),
+    })?;
+    Ok(Sink {
+        name,
+        kind: SinkKind::Http(target),
+        retry: retry(h, key)?,
+    })
+}
+
+/// The retry policy of a sink's `retries`, `retry_delay_ms` and
+/// `max_retry_delay_ms`: delays doubling from the first to the longest.
+fn retry(h: &HttpEntry, key: &dyn Fn(&str) -> String) -> Result<RetryPolicy, ConfigError> {
+    let retries = match h.retries {
+        None => DEFAULT_RETRIES,
+        Some(n) => u32::try_from(bounded(
+            &key("retries"),
+            u64::from(n),
+            MAX_RETRIES,
+            "retries",
+        )?)
+        .unwrap_or(u32::MAX),
+    };
+    let ms = |field: &str, value: Option<u64>, default: Duration| match value {
+        None => Ok(default),
+        Some(ms) => {
+            bounded(&key(field), ms, MAX_TIMEOUT_MS, "milliseconds").map(Duration::from_millis)
+        }
+    };
+    let first = ms("retry_delay_ms", h.retry_delay_ms, DEFAULT_RETRY_DELAY)?;
+    let longest = ms(
+        "max_retry_delay_ms",
+        h.max_retry_delay_ms,
+        DEFAULT_MAX_RETRY_DELAY.max(first),
+    )?;
+    if longest < first {
+        return Err(invalid(
+            key("max_retry_delay_ms"),
+            longest.as_millis(),
+            format!("at least retry_delay_ms = {}", first.as_millis()),
+        ));
+    }
+    Ok(RetryPolicy::new()
+        .with_max_attempts(retries)
+        .with_initial_delay(first)
+        .with_max_delay(longest)
+        .with_exponential(true)
+        .with_multiplier(Multiplier::DOUBLE))
+}
+
+/// Why an HTTP sink cannot be made of a target.
+enum HttpRefused {
+    /// A value the client refuses.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    Input(guard_endpoints::InvalidInput),
+    /// The TLS files do not make a client configuration.
+    #[cfg_attr(not(all(feature = "http", feature = "tls")), allow(dead_code))]
+    Tls(String),
+    /// This build has no HTTP client.
+    #[cfg_attr(feature = "http", allow(dead_code))]
+    NotBuilt,
+}
+
+impl std::fmt::Display for HttpRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HttpRefused::Input(e) => write!(f, "{e}"),
+            HttpRefused::Tls(e) => write!(f, "TLS: {e}"),
+            HttpRefused::NotBuilt => {
+                f.write_str("this build has no HTTP client (the gateway's `http` feature)")
+            }
+        }
+    }
+}
+
+#[cfg(feature = "http")]
+fn http_sink(target: &HttpTarget) -> Result<Arc<dyn MessageSink>, HttpRefused> {
+    use guard_endpoints::sink::http::HttpSink;
+    let sink = HttpSink::new(target.url.as_str())
+        .and_then(|s| s.with_timeout(target.timeout))
+        .and_then(|s| s.with_content_type(&target.content_type))
+        .map_err(HttpRefused::Input)?;
+    #[cfg(feature = "tls")]
+    let sink = match &target.tls {
+        Some(files) => sink.with_tls(
+            files
+                .mqtt()
+                .client_config()
+                .map_err(|e| HttpRefused::Tls(e.to_string()))?,
+        ),
+        None => sink,
+    };
+    Ok(Arc::new(sink))
+}
+
+#[cfg(not(feature = "http"))]
+fn http_sink(_: &HttpTarget) -> Result<Arc<dyn MessageSink>, HttpRefused> {
+    Err(HttpRefused::NotBuilt)
+}
+
+/// Every sink of the configuration, made (nothing connects before the
+/// first message), by name.
+pub(crate) fn build(
+    sinks: &[Sink],
+) -> Result<BTreeMap<String, Arc<dyn MessageSink>>, GatewayError> {
+    sinks
+        .iter()
+        .map(|s| {
+            let made = match &s.kind {
+                SinkKind::Http(target) => http_sink(target),
+            };
+            made.map(|made| (s.name.clone(), made))
+                .map_err(|e| GatewayError::Sink {
+                    name: s.name.clone(),
+                    source: e.to_string().into(),
+                })
+        })
+        .collect()
+}
+
+/// What `check` prints of a sink (its URL as written, password hidden).
+pub(crate) fn describe(sink: &Sink) -> String {
+    let policy = &sink.retry;
+    let retries = format!(
+        "{} retries from {:?} to {:?}",
+        policy.max_attempts(),
+        policy.initial_delay(),
+        policy.max_delay()
+    );
+    match &sink.kind {
+        SinkKind::Http(t) => format!(
+            "{} (http POST {}, {}, timeout {:?}, {retries})",
+            sink.name,
+            t.url.shown(),
+            t.content_type,
+            t.timeout
+        ),
+    }
+}
