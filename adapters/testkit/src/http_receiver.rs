@@ -26,6 +26,8 @@ pub struct Received {
     pub body: Vec<u8>,
     /// The connection it came on, numbered from 1.
     pub connection: usize,
+    /// When its head had been read.
+    pub at: std::time::Instant,
 }
 
 impl Received {
@@ -315,6 +317,7 @@ fn read_request(
             Err(_) => return None,
         }
     }
+    let at = std::time::Instant::now();
     let mut first = lines.first()?.split(' ');
     let (method, path) = (first.next()?.to_owned(), first.next()?.to_owned());
     let headers: Vec<(String, String)> = lines[1..]
@@ -343,6 +346,7 @@ fn read_request(
         headers,
         body,
         connection,
+        at,
     })
 }
 

@@ -2453,3 +2453,128 @@ to = "uplink"
     );
     drop(gateway);
 }
+
+/// What a sink refuses for good is dead-lettered at once with its answer:
+/// a stream entry answered 400 goes to the stream's dead-letter topic
+/// with the status and the body's excerpt, attempts 1; a Pub/Sub message
+/// answered 400, or refused by a fenced receiver as a stale leader's (409
+/// with `Guard-Highest-Fence`), goes to the endpoint's dead letters with
+/// that reason. A 503 with `Retry-After: 1` is retried after the second
+/// it asks for, under the same key.
+#[test]
+fn a_sink_refusing_for_good_or_as_stale_dead_letters_with_its_answer() {
+    let server = RedisServer::start().expect("redis-server");
+    let receiver = guard_testkit::HttpReceiver::start().expect("receiver");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("refused.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "{}\n[[sinks]]\nname = \"uplink\"\nkind = \"http\"\nurl = \"{}\"\nretries = 3\nretry_delay_ms = 10\n\n[[endpoints]]\nname = \"orders\"\nkind = \"redis-stream\"\nstream = \"orders\"\ngroup = \"billing\"\ndead_letter_topic = \"orders\"\nto = \"uplink\"\n\n[[endpoints]]\nname = \"alerts\"\nkind = \"redis-pubsub\"\npatterns = [\"alerts.*\"]\nto = \"uplink\"\n",
+            base_config(&server.url()),
+            receiver.url("/in")
+        ),
+    )
+    .unwrap();
+    let lines: Lines = Arc::default();
+    let _process = start(0, &path, &lines);
+    let mut conn = pattern_subscribed(&server);
+    use guard_testkit::Answer;
+    // One message at a time, each with its scripted answer.
+    receiver.script([Answer::status(400).with_body("{\"error\":\"no such sensor\"}")]);
+    let refused: String = redis::cmd("XADD")
+        .arg("orders")
+        .arg("*")
+        .arg("payload")
+        .arg("o1")
+        .query(&mut conn)
+        .unwrap();
+    let dlq = "stream:topic:{orders}:dlq";
+    let dead_letters = |conn: &mut redis::Connection| -> Vec<(String, Vec<(String, String)>)> {
+        redis::cmd("XRANGE")
+            .arg(dlq)
+            .arg("-")
+            .arg("+")
+            .query(conn)
+            .unwrap()
+    };
+    assert!(wait_for(SETTLE, || dead_letters(&mut conn).len() == 1));
+    let letter = &dead_letters(&mut conn)[0].1;
+    let field = |name: &str| {
+        letter
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    };
+    assert!(
+        field("error").contains("HTTP 400") && field("error").contains("no such sensor"),
+        "{letter:?}"
+    );
+    assert_eq!(field("attempts"), "1", "{letter:?}");
+    assert_eq!(field("origin_id"), refused, "{letter:?}");
+    assert_eq!(field("payload"), "o1", "{letter:?}");
+    let published = |conn: &mut redis::Connection, payload: &str| {
+        let _: i64 = redis::cmd("PUBLISH")
+            .arg("alerts.fire")
+            .arg(payload)
+            .query(conn)
+            .unwrap();
+    };
+    let dead_lettered = |payload_reason: &str| {
+        lines.lock().unwrap().iter().any(|(_, _, l)| {
+            l.starts_with("dead-lettered endpoint=alerts") && l.contains(payload_reason)
+        })
+    };
+    receiver.script([Answer::status(400).with_body("bad alert")]);
+    published(&mut conn, "a1");
+    assert!(
+        wait_for(SETTLE, || dead_lettered("HTTP 400: bad alert")),
+        "{:?}",
+        lines.lock().unwrap()
+    );
+    receiver.script([Answer::status(409).with_header("Guard-Highest-Fence", "999999")]);
+    published(&mut conn, "a2");
+    assert!(
+        wait_for(SETTLE, || dead_lettered(
+            "is below the 999999 the sink has accepted"
+        )),
+        "{:?}",
+        lines.lock().unwrap()
+    );
+    // Asked to wait a second: the retry comes no sooner, with the same key.
+    receiver.script([Answer::status(503).with_header("Retry-After", "1")]);
+    let before = receiver.requests().len();
+    published(&mut conn, "a3");
+    assert!(wait_for(SETTLE, || lines.lock().unwrap().iter().any(
+        |(_, _, l)| l.starts_with("received endpoint=alerts") && l.ends_with("payload=a3")
+    )));
+    let requests = receiver.requests();
+    let tried = &requests[before..];
+    assert_eq!(tried.len(), 2, "{tried:?}");
+    assert_eq!(
+        tried[0].header("idempotency-key"),
+        tried[1].header("idempotency-key")
+    );
+    let waited = tried[1].at - tried[0].at;
+    assert!(
+        waited >= Duration::from_millis(900),
+        "retried after {waited:?}, asked 1 s"
+    );
+    assert!(
+        tried[0].header("guard-fence").is_some(),
+        "an elected source's fence is sent"
+    );
+    let received: Vec<String> = lines
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(_, _, l)| l.starts_with("received"))
+        .map(|(_, _, l)| l.clone())
+        .collect();
+    assert_eq!(
+        received.len(),
+        1,
+        "only what the sink took counts as handled: {received:?}"
+    );
+}

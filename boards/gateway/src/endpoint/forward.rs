@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use guard_core::retry::{RetryPolicy, WithoutRandom};
-use guard_endpoints::delivery::{ElectedLease, Unhandled, UnhandledReason};
+use guard_endpoints::delivery::ElectedLease;
 use guard_endpoints::redis::StreamMessage;
 use guard_endpoints::sink::{LeaseGate, MessageSink, Outgoing, SinkError, deliver};
 
@@ -157,18 +157,9 @@ impl Inbox {
             return true;
         };
         match &not.error {
-            SinkError::LeaseEnded { .. } => self.keep_unhandled(
-                Unhandled {
-                    origin: from.to_owned(),
-                    payload: payload.to_vec(),
-                    fence: lease.map(ElectedLease::fence),
-                    reason: UnhandledReason::LeaseLost {
-                        attempts: not.attempts,
-                        error: not.to_string(),
-                    },
-                },
-                emit,
-            ),
+            SinkError::LeaseEnded { .. } => {
+                self.lease_lost(from, payload, lease, not.attempts, not.to_string(), emit);
+            }
             _ => {
                 if !self.keep(from, payload, not.to_string(), not.attempts, emit) {
                     self.dropped(from, &format!("{not}; the dead-letter queue is full"));

@@ -268,6 +268,28 @@ impl Inbox {
         }
     }
 
+    /// Keeps a broadcast message whose lease ended before its effect, as
+    /// an elected source keeps what it did not handle.
+    fn lease_lost(
+        &self,
+        from: &str,
+        payload: &[u8],
+        lease: Option<&ElectedLease>,
+        attempts: u32,
+        error: String,
+        emit: &Emit,
+    ) {
+        self.keep_unhandled(
+            Unhandled {
+                origin: from.to_owned(),
+                payload: payload.to_vec(),
+                fence: lease.map(ElectedLease::fence),
+                reason: UnhandledReason::LeaseLost { attempts, error },
+            },
+            emit,
+        );
+    }
+
     /// The unhandled sink of an elected source: its dead letters.
     fn unhandled_to(self: &Arc<Self>, emit: &Emit) -> impl Fn(Unhandled) + Send + Sync + 'static {
         let (inbox, emit) = (self.clone(), emit.clone());
@@ -291,18 +313,7 @@ impl Inbox {
         let passed = self.pass_limits(from, payload, emit).await;
         // The limiter may have waited past the lease: no effect under it.
         if passed && lease.is_some_and(|lease| !lease.is_valid()) {
-            self.keep_unhandled(
-                Unhandled {
-                    origin: from.to_owned(),
-                    payload: payload.to_vec(),
-                    fence: lease.map(ElectedLease::fence),
-                    reason: UnhandledReason::LeaseLost {
-                        attempts: 1,
-                        error: LEASE_LOST_WAITING.to_owned(),
-                    },
-                },
-                emit,
-            );
+            self.lease_lost(from, payload, lease, 1, LEASE_LOST_WAITING.to_owned(), emit);
             return false;
         }
         passed

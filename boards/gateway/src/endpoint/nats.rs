@@ -381,13 +381,7 @@ pub(super) fn jetstream(cx: Assembly<'_>, source: &JetStreamSource) -> Result<Ta
         let stats = consumer
             .run(control, never_invalid(), |message| {
                 let from = format!("{}#{}", message.subject, message.sequence);
-                let report = Report::new(&inbox, &emit, &name);
-                async move {
-                    let kept = from.clone();
-                    report
-                        .payload(from, message.payload, None, Some(&kept))
-                        .await
-                }
+                Report::new(&inbox, &emit, &name).kept(from, message.payload)
             })
             .await;
         log::info!("endpoint {name}: {stats:?}");

@@ -182,13 +182,7 @@ pub(super) async fn start(cx: Assembly<'_>, source: &PgQueueSource) -> Result<Ta
         let stats = queue
             .run(control, never_invalid(), |message| {
                 let from = format!("{table}#{}", message.id);
-                let report = Report::new(&inbox, &emit, &name);
-                async move {
-                    let kept = from.clone();
-                    report
-                        .payload(from, message.payload, None, Some(&kept))
-                        .await
-                }
+                Report::new(&inbox, &emit, &name).kept(from, message.payload)
             })
             .await;
         log::info!("endpoint {name}: {stats:?}");

@@ -79,4 +79,11 @@ impl Report {
         });
         Ok(())
     }
+
+    /// `payload` from `from`, where the source keeps it (a JetStream
+    /// sequence, a table's row): `from` is also its id for the sink.
+    pub(super) async fn kept(self, from: String, payload: Vec<u8>) -> Result<(), Refused> {
+        let kept = from.clone();
+        self.payload(from, payload, None, Some(&kept)).await
+    }
 }
