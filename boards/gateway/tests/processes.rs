@@ -305,7 +305,7 @@ fn an_empty_configuration_is_refused_and_check_validates_without_connecting() {
 
 /// The shipped example file, with only the addresses of this test's
 /// servers put in.
-fn example_with(redis: u16, mqtt: u16, metrics: u16) -> String {
+fn example_with(redis: u16, mqtt: u16, metrics: u16, uplink: u16) -> String {
     let text = std::fs::read_to_string(
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("gateway.toml"),
     )
@@ -313,8 +313,14 @@ fn example_with(redis: u16, mqtt: u16, metrics: u16) -> String {
     let replaced = text
         .replace("127.0.0.1:6379", &format!("127.0.0.1:{redis}"))
         .replace("port = 1883", &format!("port = {mqtt}"))
-        .replace("127.0.0.1:9000", &format!("127.0.0.1:{metrics}"));
-    for original in ["127.0.0.1:6379", "port = 1883", "127.0.0.1:9000"] {
+        .replace("127.0.0.1:9000", &format!("127.0.0.1:{metrics}"))
+        .replace("127.0.0.1:8080", &format!("127.0.0.1:{uplink}"));
+    for original in [
+        "127.0.0.1:6379",
+        "port = 1883",
+        "127.0.0.1:9000",
+        "127.0.0.1:8080",
+    ] {
         assert!(
             text.contains(original),
             "the example no longer has {original}"
@@ -327,10 +333,15 @@ fn example_with(redis: u16, mqtt: u16, metrics: u16) -> String {
 fn the_shipped_example_starts_and_serves_each_of_its_endpoints() {
     let server = RedisServer::start().expect("redis-server");
     let broker = Mosquitto::start().expect("mosquitto");
+    let uplink = guard_testkit::HttpReceiver::start().expect("receiver");
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("gateway.toml");
     let metrics = free_port().unwrap();
-    std::fs::write(&path, example_with(server.port(), broker.port(), metrics)).unwrap();
+    std::fs::write(
+        &path,
+        example_with(server.port(), broker.port(), metrics, uplink.port()),
+    )
+    .unwrap();
     let lines: Lines = Arc::default();
     let first = start(0, &path, &lines);
     // A second replica from the same file: its own name and metrics port.
@@ -422,6 +433,31 @@ fn the_shipped_example_starts_and_serves_each_of_its_endpoints() {
             .any(|(_, _, l)| l.starts_with("received endpoint=orders")
                 && l.ends_with("customer=c7 payload=o0")),
         "{seen:?}"
+    );
+    // Each endpoint forwards to the uplink: every message it handled was
+    // POSTed there first, each under a key of its own.
+    let posted = uplink.requests();
+    let bodies: std::collections::BTreeSet<String> = posted
+        .iter()
+        .map(|r| String::from_utf8_lossy(&r.body).into_owned())
+        .collect();
+    for prefix in ["a", "o", "t"] {
+        for i in 0..5 {
+            assert!(
+                bodies.contains(&format!("{prefix}{i}")),
+                "{prefix}{i} not forwarded: {bodies:?}"
+            );
+        }
+    }
+    let keys: std::collections::BTreeSet<&str> = posted
+        .iter()
+        .filter_map(|r| r.header("idempotency-key"))
+        .collect();
+    assert_eq!(keys.len(), posted.len(), "a key per message");
+    assert!(
+        posted
+            .iter()
+            .all(|r| r.path == "/ingest" && r.header("content-type") == Some("application/json"))
     );
     for (endpoint, by) in [
         ("orders", received(&lines, "orders")),
