@@ -88,6 +88,8 @@ pub enum Parameter {
     SinkUrl,
     /// The media type of what a sink sends.
     ContentType,
+    /// How long a sink remembers the ids it has taken.
+    DuplicateWindow,
 }
 
 impl Parameter {
@@ -163,6 +165,7 @@ impl fmt::Display for Parameter {
             Parameter::Heartbeat => "heartbeat period",
             Parameter::SinkUrl => "sink URL",
             Parameter::ContentType => "content type",
+            Parameter::DuplicateWindow => "duplicate window",
         })
     }
 }

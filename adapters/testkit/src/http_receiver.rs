@@ -28,6 +28,8 @@ pub struct Received {
     pub connection: usize,
     /// When its head had been read.
     pub at: std::time::Instant,
+    /// The status it was answered (0: never answered).
+    pub status: u16,
 }
 
 impl Received {
@@ -106,6 +108,10 @@ struct Shared {
     script: Mutex<VecDeque<Answer>>,
     connections: AtomicUsize,
     stop: AtomicBool,
+    /// Refuses a `Guard-Fence` below the highest it has taken, with 409
+    /// and `Guard-Highest-Fence` (a fenced receiver).
+    fenced: AtomicBool,
+    highest: Mutex<Option<u64>>,
 }
 
 /// The receiver; stopped when dropped. Unscripted requests get `204`.
@@ -191,6 +197,13 @@ impl HttpReceiver {
         requests
     }
 
+    /// From now on, a fenced receiver: a request whose `Guard-Fence` is
+    /// below the highest one it has answered 2xx is answered 409 with
+    /// `Guard-Highest-Fence: <highest>` (before any scripted answer).
+    pub fn fenced(&self) {
+        self.shared.fenced.store(true, Ordering::SeqCst);
+    }
+
     /// Connections accepted so far.
     pub fn connections(&self) -> usize {
         self.shared.connections.load(Ordering::SeqCst)
@@ -221,6 +234,7 @@ fn serve(stream: TcpStream, number: usize, shared: &Shared) {
         let Some(request) = read_request(&mut reader, number, shared) else {
             return;
         };
+        let answer = answer_to(&request, shared);
         {
             // Checked under the lock `stop` takes: a request is either
             // recorded before the stop (and answered) or not answered.
@@ -231,14 +245,12 @@ fn serve(stream: TcpStream, number: usize, shared: &Shared) {
             if shared.stop.load(Ordering::SeqCst) {
                 return;
             }
-            recorded.push(request);
+            let status = match &answer {
+                Answer::Status { status, .. } => *status,
+                Answer::Silent => 0,
+            };
+            recorded.push(Received { status, ..request });
         }
-        let answer = shared
-            .script
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .pop_front()
-            .unwrap_or(Answer::status(204));
         match answer {
             Answer::Silent => {
                 // Holds the connection open until the client gives up.
@@ -277,6 +289,36 @@ fn serve(stream: TcpStream, number: usize, shared: &Shared) {
             }
         }
     }
+}
+
+/// The answer to `request`: a fenced receiver's refusal of a stale fence,
+/// else the next scripted one (204 when none is).
+fn answer_to(request: &Received, shared: &Shared) -> Answer {
+    let fence = request
+        .header("guard-fence")
+        .and_then(|f| f.parse::<u64>().ok());
+    let mut highest = shared
+        .highest
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    if shared.fenced.load(Ordering::SeqCst)
+        && let (Some(fence), Some(top)) = (fence, *highest)
+        && fence < top
+    {
+        return Answer::status(409).with_header("Guard-Highest-Fence", &top.to_string());
+    }
+    let answer = shared
+        .script
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .pop_front()
+        .unwrap_or(Answer::status(204));
+    if let (Answer::Status { status, .. }, Some(fence)) = (&answer, fence)
+        && (200..300).contains(status)
+    {
+        *highest = Some(highest.map_or(fence, |top| top.max(fence)));
+    }
+    answer
 }
 
 fn is_timeout(e: &std::io::Error) -> bool {
@@ -347,6 +389,7 @@ fn read_request(
         body,
         connection,
         at,
+        status: 0,
     })
 }
 

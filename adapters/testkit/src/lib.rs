@@ -41,6 +41,7 @@ pub mod postgres;
 mod process;
 pub mod rabbitmq;
 mod redis;
+pub mod sinks;
 pub mod sources;
 mod tls;
 mod waiters;

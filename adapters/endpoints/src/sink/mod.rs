@@ -21,6 +21,7 @@
 
 #[cfg(feature = "http")]
 pub mod http;
+pub mod redis_stream;
 
 use std::fmt;
 use std::time::Duration;

@@ -1,0 +1,225 @@
+//! Every sink passes guard-testkit's sink contract against its real
+//! receiver: the HTTP sink against a scripted receiver on loopback (made
+//! fenced for the fence rule), the Redis Stream sink against its own
+//! `redis-server` (stopped and started again for the outage rule).
+
+use std::cell::{Cell, RefCell};
+use std::time::Duration;
+
+use guard_endpoints::sink::redis_stream::RedisStreamSink;
+use guard_endpoints::sink::{MessageSink, Outgoing, SinkError};
+use guard_redis::{RedisConnection, Topology};
+use guard_testkit::sinks::{self, Answered, Sent, SinkUnderTest};
+use guard_testkit::{HttpReceiver, Received, RedisServer};
+
+/// `message` through `sink`, its answer as the suite judges it.
+async fn send_through(sink: &dyn MessageSink, message: &Sent) -> Answered {
+    let outgoing = Outgoing {
+        id: &message.id,
+        origin: &message.origin,
+        fence: message.fence,
+        payload: &message.payload,
+    };
+    match sink.send(&outgoing).await {
+        Ok(()) => Answered::Delivered,
+        Err(SinkError::Transient { reason, .. }) => Answered::Transient(reason),
+        Err(SinkError::Permanent { reason }) => Answered::Permanent(reason),
+        Err(SinkError::StaleFence { fence, highest }) => Answered::StaleFence { fence, highest },
+        Err(e @ SinkError::LeaseEnded { .. }) => {
+            panic!("a sink answered what only deliver() makes: {e}")
+        }
+    }
+}
+
+#[cfg(feature = "http")]
+mod http {
+    use guard_endpoints::sink::http::HttpSink;
+
+    use super::*;
+
+    /// The HTTP sink and its receiver, which an outage stops and brings
+    /// back on the same port.
+    struct HttpUnderTest {
+        sink: HttpSink,
+        receiver: RefCell<Option<HttpReceiver>>,
+        port: u16,
+        /// What receivers stopped by an outage had recorded.
+        earlier: RefCell<Vec<Received>>,
+        fenced: Cell<bool>,
+    }
+
+    impl SinkUnderTest for HttpUnderTest {
+        async fn send(&self, message: &Sent) -> Answered {
+            send_through(&self.sink, message).await
+        }
+        fn taken(&self) -> Vec<Sent> {
+            let mut all = self.earlier.borrow().clone();
+            if let Some(receiver) = &*self.receiver.borrow() {
+                all.extend(receiver.requests());
+            }
+            all.into_iter()
+                .filter(|r| (200..300).contains(&r.status))
+                .map(|r| Sent {
+                    id: r.header("idempotency-key").unwrap_or_default().to_owned(),
+                    origin: r.header("guard-origin").unwrap_or_default().to_owned(),
+                    fence: r.header("guard-fence").and_then(|f| f.parse().ok()),
+                    payload: r.body,
+                })
+                .collect()
+        }
+        fn set_down(&self, down: bool) {
+            let mut receiver = self.receiver.borrow_mut();
+            if down {
+                if let Some(stopped) = receiver.take() {
+                    self.earlier.borrow_mut().extend(stopped.stop());
+                }
+            } else {
+                let back = HttpReceiver::start_on(self.port).expect("the receiver back");
+                if self.fenced.get() {
+                    back.fenced();
+                }
+                *receiver = Some(back);
+            }
+        }
+        fn deduplicates(&self) -> bool {
+            false
+        }
+        fn fence_receiver(&self) {
+            self.fenced.set(true);
+            if let Some(receiver) = &*self.receiver.borrow() {
+                receiver.fenced();
+            }
+        }
+    }
+
+    #[test]
+    fn the_http_sink_keeps_the_sink_contract() {
+        let receiver = HttpReceiver::start().expect("receiver");
+        let sink = HttpSink::new(&receiver.url("/in"))
+            .unwrap()
+            .with_timeout(Duration::from_secs(2))
+            .unwrap();
+        let under_test = HttpUnderTest {
+            sink,
+            port: receiver.port(),
+            receiver: RefCell::new(Some(receiver)),
+            earlier: RefCell::default(),
+            fenced: Cell::new(false),
+        };
+        smol::block_on(sinks::run_all(&under_test, "http"));
+    }
+}
+
+/// The Redis Stream sink and its server, which an outage stops and
+/// starts again (empty: the suite's outage rule runs last).
+struct RedisUnderTest {
+    sink: RedisStreamSink,
+    server: RefCell<RedisServer>,
+}
+
+impl SinkUnderTest for RedisUnderTest {
+    async fn send(&self, message: &Sent) -> Answered {
+        send_through(&self.sink, message).await
+    }
+    fn taken(&self) -> Vec<Sent> {
+        let url = self.server.borrow().url();
+        let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
+        let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+            .arg(self.sink.stream())
+            .arg("-")
+            .arg("+")
+            .query(&mut conn)
+            .unwrap();
+        reply
+            .ids
+            .into_iter()
+            .map(|entry| {
+                let text = |field: &str| entry.get::<String>(field).unwrap_or_default();
+                Sent {
+                    id: text("id"),
+                    origin: text("origin"),
+                    fence: entry.get::<String>("fence").and_then(|f| f.parse().ok()),
+                    payload: entry.get::<Vec<u8>>("payload").unwrap_or_default(),
+                }
+            })
+            .collect()
+    }
+    fn set_down(&self, down: bool) {
+        let mut server = self.server.borrow_mut();
+        if down {
+            server.stop();
+        } else {
+            server.restart().expect("redis-server back");
+        }
+    }
+    fn deduplicates(&self) -> bool {
+        true
+    }
+    fn fence_receiver(&self) {}
+}
+
+#[test]
+fn the_redis_stream_sink_keeps_the_sink_contract() {
+    let server = RedisServer::start().expect("redis-server");
+    let conn = smol::block_on(RedisConnection::connect(
+        Topology::Standalone { url: server.url() },
+        Duration::from_millis(500),
+    ))
+    .expect("connect");
+    let under_test = RedisUnderTest {
+        sink: RedisStreamSink::new(conn, "uplink").unwrap(),
+        server: RefCell::new(server),
+    };
+    smol::block_on(sinks::run_all(&under_test, "redis"));
+}
+
+/// What the Redis Stream sink keeps: the highest fence under its key, an
+/// id for the duplicate window only, and `WRONGTYPE` as a refusal for
+/// good.
+#[test]
+fn the_redis_stream_sink_forgets_ids_after_its_window_and_refuses_a_key_of_another_type() {
+    let server = RedisServer::start().expect("redis-server");
+    let conn = smol::block_on(RedisConnection::connect(
+        Topology::Standalone { url: server.url() },
+        Duration::from_millis(500),
+    ))
+    .expect("connect");
+    let sink = RedisStreamSink::new(conn.clone(), "short")
+        .unwrap()
+        .with_duplicate_window(Duration::from_millis(200))
+        .unwrap();
+    let message = Sent::new("again").under(9);
+    smol::block_on(async {
+        assert_eq!(send_through(&sink, &message).await, Answered::Delivered);
+        assert_eq!(send_through(&sink, &message).await, Answered::Delivered);
+        async_io::Timer::after(Duration::from_millis(400)).await;
+        assert_eq!(send_through(&sink, &message).await, Answered::Delivered);
+    });
+    assert_eq!(
+        server.command("XLEN short").unwrap().trim_end(),
+        ":2",
+        "once within the window, again after it"
+    );
+    assert_eq!(
+        server.command("EXISTS short:guard:fence").unwrap().trim_end(),
+        ":1"
+    );
+    server.command("SET taken-by-a-string x").unwrap();
+    let wrong = RedisStreamSink::new(conn, "taken-by-a-string").unwrap();
+    let answered = smol::block_on(send_through(&wrong, &Sent::new("x")));
+    assert!(
+        matches!(&answered, Answered::Permanent(reason) if reason.contains("WRONGTYPE")),
+        "{answered:?}"
+    );
+    assert!(
+        RedisStreamSink::new(
+            smol::block_on(RedisConnection::connect(
+                Topology::Standalone { url: server.url() },
+                Duration::from_millis(500),
+            ))
+            .unwrap(),
+            ""
+        )
+        .is_err()
+    );
+}
