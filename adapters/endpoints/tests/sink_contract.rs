@@ -201,7 +201,10 @@ fn the_redis_stream_sink_forgets_ids_after_its_window_and_refuses_a_key_of_anoth
         "once within the window, again after it"
     );
     assert_eq!(
-        server.command("EXISTS short:guard:fence").unwrap().trim_end(),
+        server
+            .command("EXISTS short:guard:fence")
+            .unwrap()
+            .trim_end(),
         ":1"
     );
     server.command("SET taken-by-a-string x").unwrap();

@@ -102,12 +102,20 @@ pub async fn build(config: &Config) -> Result<Built, GatewayError> {
         Locker::Local => format!("local {}", TokenIds::new().next_id()),
         other => other.lock_service(),
     };
+    let sinks = crate::sink::build(
+        &config.sinks,
+        redis.as_ref(),
+        config
+            .redis_locker()
+            .map_or(std::time::Duration::from_millis(500), |l| l.request_timeout),
+    )
+    .await?;
     Ok(Built {
         guards,
         limiters: RateLimiterRegistry::new(limiters),
         redis,
         lock_service,
-        sinks: crate::sink::build(&config.sinks)?,
+        sinks,
     })
 }
 

@@ -1,8 +1,11 @@
 //! `[[sinks]]`: where an endpoint's messages go (`to = "<sink>"` on the
-//! endpoint). One kind today, `kind = "http"`: a POST of each message's
-//! payload, with guard-endpoints'
+//! endpoint). Two kinds: `kind = "http"`, a POST of each message's
+//! payload with guard-endpoints'
 //! [`HttpSink`](guard_endpoints::sink::http::HttpSink) (hyper's client on
-//! the gateway's own async-io reactor: no second runtime).
+//! the gateway's own async-io reactor: no second runtime), and
+//! `kind = "redis-stream"`, an `XADD` through
+//! [`RedisStreamSink`](guard_endpoints::sink::redis_stream::RedisStreamSink),
+//! which refuses stale fences and repeated ids.
 //!
 //! An endpoint with a sink counts a message handled once the sink took
 //! it ([`deliver`](guard_endpoints::sink::deliver) with the sink's retry
@@ -18,9 +21,14 @@ use std::time::Duration;
 
 use guard_core::retry::{Multiplier, RetryPolicy};
 use guard_endpoints::sink::MessageSink;
+use guard_endpoints::sink::redis_stream::RedisStreamSink;
+use guard_redis::{RedisConnection, Topology};
 use serde::Deserialize;
 
-use crate::config::check::{Env, MAX_TIMEOUT_MS, bounded, expand, non_empty};
+use crate::config::check::{
+    Env, MAX_LEASE_MS, MAX_TIMEOUT_MS, bounded, expand, no_tls_without_url, non_empty, redis_tls,
+    redis_url,
+};
 use crate::config::tls::{self, TlsFiles, TlsKeys};
 use crate::config::{ConfigError, RedactedUrl, invalid};
 use crate::error::GatewayError;
@@ -56,6 +64,22 @@ pub struct Sink {
 pub enum SinkKind {
     /// `kind = "http"`: a POST of each payload.
     Http(HttpTarget),
+    /// `kind = "redis-stream"`: an entry of a stream per message.
+    RedisStream(RedisStreamTarget),
+}
+
+/// `kind = "redis-stream"`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisStreamTarget {
+    /// The server; `None`: the locker's connection.
+    pub url: Option<RedactedUrl>,
+    /// TLS, when the URL is `rediss://`: the `tls_*` files.
+    pub tls: Option<TlsFiles>,
+    /// The stream key.
+    pub stream: String,
+    /// How long an id is remembered: a message sent again within it is
+    /// not appended twice.
+    pub duplicate_window: Duration,
 }
 
 /// `kind = "http"`.
@@ -88,14 +112,31 @@ pub(crate) struct HttpEntry {
     pub tls_key: Option<String>,
 }
 
+/// A `kind = "redis-stream"` entry of `[[sinks]]` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RedisStreamEntry {
+    pub name: String,
+    pub url: Option<String>,
+    pub stream: String,
+    pub duplicate_window_ms: Option<u64>,
+    pub retries: Option<u32>,
+    pub retry_delay_ms: Option<u64>,
+    pub max_retry_delay_ms: Option<u64>,
+    pub tls_ca: Option<String>,
+    pub tls_cert: Option<String>,
+    pub tls_key: Option<String>,
+}
+
 /// An entry of `[[sinks]]` as written, read as its kind's struct.
 #[derive(Debug)]
 pub(crate) enum Entry {
     Http(HttpEntry),
+    RedisStream(RedisStreamEntry),
 }
 
 /// The kinds `[[sinks]]` takes, for errors.
-pub(crate) const KINDS: &str = "`http`";
+pub(crate) const KINDS: &str = "one of `http`, `redis-stream`";
 
 impl Entry {
     /// Reads entry `i` of `[[sinks]]` by its `kind`.
@@ -108,6 +149,7 @@ impl Entry {
         };
         match kind.as_str() {
             "http" => crate::config::raw::read_entry(&at, table).map(Entry::Http),
+            "redis-stream" => crate::config::raw::read_entry(&at, table).map(Entry::RedisStream),
             other => Err(invalid(format!("{at}.kind"), format!("{other:?}"), KINDS)),
         }
     }
@@ -115,12 +157,19 @@ impl Entry {
     fn name(&self) -> &str {
         match self {
             Entry::Http(h) => &h.name,
+            Entry::RedisStream(r) => &r.name,
         }
     }
 }
 
-/// Every `[[sinks]]` entry checked, by name (unique, non-empty).
-pub(crate) fn resolve(entries: &[Entry], env: Env<'_>) -> Result<Vec<Sink>, ConfigError> {
+/// Every `[[sinks]]` entry checked, by name (unique, non-empty);
+/// `has_redis`: there is a Redis locker whose connection a Redis sink
+/// without a URL shares.
+pub(crate) fn resolve(
+    entries: &[Entry],
+    env: Env<'_>,
+    has_redis: bool,
+) -> Result<Vec<Sink>, ConfigError> {
     let mut sinks: Vec<Sink> = Vec::new();
     for (i, entry) in entries.iter().enumerate() {
         let key = |field: &str| format!("sinks[{i}].{field}");
@@ -130,6 +179,7 @@ pub(crate) fn resolve(entries: &[Entry], env: Env<'_>) -> Result<Vec<Sink>, Conf
         }
         let sink = match entry {
             Entry::Http(h) => http(h, name, &key, env)?,
+            Entry::RedisStream(r) => redis_stream(r, name, &key, env, has_redis)?,
         };
         sinks.push(sink);
     }
@@ -222,13 +272,86 @@ fn http(
     Ok(Sink {
         name,
         kind: SinkKind::Http(target),
-        retry: retry(h, key)?,
+        retry: retry(
+            RetryKeys {
+                retries: h.retries,
+                delay_ms: h.retry_delay_ms,
+                max_delay_ms: h.max_retry_delay_ms,
+            },
+            key,
+        )?,
     })
+}
+
+fn redis_stream(
+    r: &RedisStreamEntry,
+    name: String,
+    key: &dyn Fn(&str) -> String,
+    env: Env<'_>,
+    has_redis: bool,
+) -> Result<Sink, ConfigError> {
+    let keys = TlsKeys {
+        ca: &r.tls_ca,
+        cert: &r.tls_cert,
+        key: &r.tls_key,
+    };
+    let (url, tls) = match &r.url {
+        Some(url) => {
+            let checked = redis_url(&key("url"), url, env)?;
+            let tls = redis_tls(&[(key("url"), url, checked.clone())], &keys, key, env)?;
+            (Some(RedactedUrl::new(checked, url)), tls)
+        }
+        None if has_redis => {
+            no_tls_without_url(&keys, key)?;
+            (None, None)
+        }
+        None => {
+            return Err(invalid(
+                key("url"),
+                "missing",
+                "a Redis URL (or a Redis [locker] to share)",
+            ));
+        }
+    };
+    let duplicate_window = match r.duplicate_window_ms {
+        None => guard_endpoints::sink::redis_stream::DEFAULT_DUPLICATE_WINDOW,
+        Some(0) => return Err(invalid(key("duplicate_window_ms"), 0, "at least 1 ms")),
+        Some(ms) => Duration::from_millis(bounded(
+            &key("duplicate_window_ms"),
+            ms,
+            MAX_LEASE_MS,
+            "milliseconds",
+        )?),
+    };
+    Ok(Sink {
+        name,
+        kind: SinkKind::RedisStream(RedisStreamTarget {
+            url,
+            tls,
+            stream: non_empty(key, "stream", &r.stream, "the stream key")?,
+            duplicate_window,
+        }),
+        retry: retry(
+            RetryKeys {
+                retries: r.retries,
+                delay_ms: r.retry_delay_ms,
+                max_delay_ms: r.max_retry_delay_ms,
+            },
+            key,
+        )?,
+    })
+}
+
+/// The retry keys every sink kind has.
+struct RetryKeys {
+    retries: Option<u32>,
+    delay_ms: Option<u64>,
+    max_delay_ms: Option<u64>,
 }
 
 /// The retry policy of a sink's `retries`, `retry_delay_ms` and
 /// `max_retry_delay_ms`: delays doubling from the first to the longest.
-fn retry(h: &HttpEntry, key: &dyn Fn(&str) -> String) -> Result<RetryPolicy, ConfigError> {
+fn retry(h: RetryKeys, key: &dyn Fn(&str) -> String) -> Result<RetryPolicy, ConfigError> {
     let retries = match h.retries {
         None => DEFAULT_RETRIES,
         Some(n) => u32::try_from(bounded(
@@ -245,10 +368,10 @@ fn retry(h: &HttpEntry, key: &dyn Fn(&str) -> String) -> Result<RetryPolicy, Con
             bounded(&key(field), ms, MAX_TIMEOUT_MS, "milliseconds").map(Duration::from_millis)
         }
     };
-    let first = ms("retry_delay_ms", h.retry_delay_ms, DEFAULT_RETRY_DELAY)?;
+    let first = ms("retry_delay_ms", h.delay_ms, DEFAULT_RETRY_DELAY)?;
     let longest = ms(
         "max_retry_delay_ms",
-        h.max_retry_delay_ms,
+        h.max_delay_ms,
         DEFAULT_MAX_RETRY_DELAY.max(first),
     )?;
     if longest < first {
@@ -316,24 +439,54 @@ fn http_sink(_: &HttpTarget) -> Result<Arc<dyn MessageSink>, HttpRefused> {
     Err(HttpRefused::NotBuilt)
 }
 
-/// Every sink of the configuration, made (nothing connects before the
-/// first message), by name.
-pub(crate) fn build(
+/// Every sink of the configuration, made, by name: an HTTP sink
+/// connects at its first message; a Redis sink with a URL of its own
+/// connects now (within `timeout`), one without shares `redis`, the
+/// locker's connection.
+pub(crate) async fn build(
     sinks: &[Sink],
+    redis: Option<&RedisConnection>,
+    timeout: Duration,
 ) -> Result<BTreeMap<String, Arc<dyn MessageSink>>, GatewayError> {
-    sinks
-        .iter()
-        .map(|s| {
-            let made = match &s.kind {
-                SinkKind::Http(target) => http_sink(target),
-            };
-            made.map(|made| (s.name.clone(), made))
-                .map_err(|e| GatewayError::Sink {
-                    name: s.name.clone(),
-                    source: e.to_string().into(),
-                })
-        })
-        .collect()
+    let mut made = BTreeMap::new();
+    for s in sinks {
+        let failed = |source: Box<dyn std::error::Error + Send + Sync>| GatewayError::Sink {
+            name: s.name.clone(),
+            source,
+        };
+        let sink: Arc<dyn MessageSink> = match &s.kind {
+            SinkKind::Http(target) => {
+                http_sink(target).map_err(|e| failed(e.to_string().into()))?
+            }
+            SinkKind::RedisStream(target) => {
+                let conn = match (&target.url, redis) {
+                    (Some(url), _) => crate::config::connect::connect(
+                        Topology::Standalone {
+                            url: url.as_str().to_owned(),
+                        },
+                        timeout,
+                        target.tls.as_ref(),
+                    )
+                    .await
+                    .map_err(|e| failed(e.into()))?,
+                    (None, Some(shared)) => shared.clone(),
+                    (None, None) => {
+                        return Err(failed(
+                            "no URL and no Redis locker to share (the configuration check refuses this)"
+                                .into(),
+                        ));
+                    }
+                };
+                Arc::new(
+                    RedisStreamSink::new(conn, &target.stream)
+                        .and_then(|sink| sink.with_duplicate_window(target.duplicate_window))
+                        .map_err(|e| failed(e.into()))?,
+                )
+            }
+        };
+        made.insert(s.name.clone(), sink);
+    }
+    Ok(made)
 }
 
 /// What `check` prints of a sink (its URL as written, password hidden).
@@ -352,6 +505,15 @@ pub(crate) fn describe(sink: &Sink) -> String {
             t.url.shown(),
             t.content_type,
             t.timeout
+        ),
+        SinkKind::RedisStream(t) => format!(
+            "{} (redis-stream {:?} on {}, fenced, ids kept {:?}, {retries})",
+            sink.name,
+            t.stream,
+            t.url
+                .as_ref()
+                .map_or("the locker's connection", |u| u.shown()),
+            t.duplicate_window
         ),
     }
 }

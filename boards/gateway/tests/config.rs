@@ -1639,6 +1639,22 @@ fn a_bad_sink_or_a_to_naming_none_is_refused_with_its_key() {
         (http("tls_ca = \"ca.pem\"\n"), "sinks[0].tls_ca"),
         (http("proxy = \"x\"\n"), "sinks[0].proxy"),
         (
+            sink("kind = \"redis-stream\"\nstream = \"\"\n"),
+            "sinks[0].stream",
+        ),
+        (
+            sink("kind = \"redis-stream\"\nstream = \"s\"\nduplicate_window_ms = 0\n"),
+            "sinks[0].duplicate_window_ms",
+        ),
+        (
+            sink("kind = \"redis-stream\"\nstream = \"s\"\nurl = \"http://h\"\n"),
+            "sinks[0].url",
+        ),
+        (
+            error_with_job("[[sinks]]\nname = \"s\"\nkind = \"redis-stream\"\nstream = \"s\"\n"),
+            "sinks[0].url",
+        ),
+        (
             http("\n[[sinks]]\nname = \"uplink\"\nkind = \"http\"\nurl = \"http://h/\"\n"),
             "sinks[1].name",
         ),

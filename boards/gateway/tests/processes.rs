@@ -2614,3 +2614,79 @@ fn a_sink_refusing_for_good_or_as_stale_dead_letters_with_its_answer() {
         "only what the sink took counts as handled: {received:?}"
     );
 }
+
+/// A Redis Stream sink appends each message once, with its payload,
+/// origin, id and fence; once the stream has taken a higher fence than
+/// the leader's (as a newer leader's write would leave it), the leader's
+/// messages are refused as a stale leader's and dead-lettered with that
+/// reason, nothing appended.
+#[test]
+fn a_redis_stream_sink_appends_once_and_refuses_a_stale_leader() {
+    let server = RedisServer::start().expect("redis-server");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("stream-sink.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "{}\n[[sinks]]\nname = \"archive\"\nkind = \"redis-stream\"\nstream = \"uplink\"\n\n[[endpoints]]\nname = \"alerts\"\nkind = \"redis-pubsub\"\npatterns = [\"alerts.*\"]\nto = \"archive\"\n",
+            base_config(&server.url()),
+        ),
+    )
+    .unwrap();
+    let lines: Lines = Arc::default();
+    let _process = start(0, &path, &lines);
+    let mut conn = pattern_subscribed(&server);
+    let entries = |conn: &mut redis::Connection| -> Vec<(String, BTreeMap<String, String>)> {
+        redis::cmd("XRANGE")
+            .arg("uplink")
+            .arg("-")
+            .arg("+")
+            .query(conn)
+            .unwrap()
+    };
+    let _: i64 = redis::cmd("PUBLISH")
+        .arg("alerts.fire")
+        .arg("a1")
+        .query(&mut conn)
+        .unwrap();
+    assert!(wait_for(SETTLE, || entries(&mut conn).len() == 1));
+    let (_, entry) = &entries(&mut conn)[0];
+    assert_eq!(entry["payload"], "a1");
+    assert_eq!(entry["origin"], "alerts.fire");
+    assert!(entry["id"].starts_with("alerts:"), "{entry:?}");
+    let fence: u64 = entry["fence"].parse().expect("the leader's fence");
+    let stale = received_with_fences(&lines, "alerts");
+    assert_eq!(stale.len(), 1);
+    assert_eq!(
+        stale[0].1, fence,
+        "the fence printed is the one the stream took"
+    );
+    // A newer leader's write, as the stream would keep it.
+    let _: () = redis::cmd("SET")
+        .arg("uplink:guard:fence")
+        .arg(fence + 1000)
+        .query(&mut conn)
+        .unwrap();
+    let _: i64 = redis::cmd("PUBLISH")
+        .arg("alerts.fire")
+        .arg("a2")
+        .query(&mut conn)
+        .unwrap();
+    let expected = format!(
+        "refused: fence {fence} is below the {} the sink has accepted (a stale leader)",
+        fence + 1000
+    );
+    assert!(
+        wait_for(SETTLE, || lines.lock().unwrap().iter().any(|(_, _, l)| l
+            .starts_with("dead-lettered endpoint=alerts")
+            && l.contains(&expected))),
+        "{:?}",
+        lines.lock().unwrap()
+    );
+    assert_eq!(
+        entries(&mut conn).len(),
+        1,
+        "nothing appended under a stale fence"
+    );
+    assert_eq!(received_with_fences(&lines, "alerts").len(), 1);
+}

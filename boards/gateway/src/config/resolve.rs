@@ -147,7 +147,7 @@ pub(super) fn config(parsed: raw::Parsed, env: Env<'_>) -> Result<Config, Config
         _ => None,
     };
     let has_redis = matches!(locker, Locker::Redis(_));
-    let sinks = crate::sink::resolve(&sinks, env)?;
+    let sinks = crate::sink::resolve(&sinks, env, has_redis)?;
     let mut names = HashSet::new();
     let mut endpoints = Vec::new();
     for (i, raw::Routed { endpoint: e, to }) in entries.iter().enumerate() {
