@@ -84,11 +84,12 @@ mod http {
         fn deduplicates(&self) -> bool {
             false
         }
-        fn fence_receiver(&self) {
+        fn fence_receiver(&self) -> bool {
             self.fenced.set(true);
             if let Some(receiver) = &*self.receiver.borrow() {
                 receiver.fenced();
             }
+            true
         }
     }
 
@@ -155,7 +156,9 @@ impl SinkUnderTest for RedisUnderTest {
     fn deduplicates(&self) -> bool {
         true
     }
-    fn fence_receiver(&self) {}
+    fn fence_receiver(&self) -> bool {
+        true
+    }
 }
 
 #[test]
@@ -225,4 +228,101 @@ fn the_redis_stream_sink_forgets_ids_after_its_window_and_refuses_a_key_of_anoth
         )
         .is_err()
     );
+}
+
+#[cfg(feature = "nats")]
+mod jetstream {
+    use async_compat::Compat;
+    use guard_endpoints::nats::NatsOptions;
+    use guard_endpoints::sink::jetstream::JetStreamSink;
+    use guard_testkit::nats::NatsServer;
+
+    use super::*;
+
+    fn block_on<F: std::future::Future>(work: F) -> F::Output {
+        futures_lite::future::block_on(Compat::new(work))
+    }
+
+    /// The JetStream sink and its server (file storage: a restart keeps
+    /// the stream and its duplicate window).
+    struct JetStreamUnderTest {
+        sink: JetStreamSink,
+        server: RefCell<NatsServer>,
+    }
+
+    impl SinkUnderTest for JetStreamUnderTest {
+        async fn send(&self, message: &Sent) -> Answered {
+            send_through(&self.sink, message).await
+        }
+        fn taken(&self) -> Vec<Sent> {
+            let url = self.server.borrow().url();
+            block_on(async {
+                let client = async_nats::connect(url).await.expect("connect");
+                let js = async_nats::jetstream::new(client);
+                let mut stream = js.get_stream("UPLINK").await.expect("the stream");
+                let last = stream.info().await.expect("info").state.last_sequence;
+                let mut taken = Vec::new();
+                for sequence in 1..=last {
+                    let Ok(message) = stream.get_raw_message(sequence).await else {
+                        continue;
+                    };
+                    let header = |name: &str| {
+                        message
+                            .headers
+                            .get(name)
+                            .map(|v| v.as_str().to_owned())
+                            .unwrap_or_default()
+                    };
+                    taken.push(Sent {
+                        id: header("Nats-Msg-Id"),
+                        origin: header("Guard-Origin"),
+                        fence: header("Guard-Fence").parse().ok(),
+                        payload: message.payload.to_vec(),
+                    });
+                }
+                taken
+            })
+        }
+        fn set_down(&self, down: bool) {
+            let mut server = self.server.borrow_mut();
+            if down {
+                server.stop();
+            } else {
+                server.restart().expect("nats-server back");
+            }
+        }
+        fn deduplicates(&self) -> bool {
+            true
+        }
+        fn fence_receiver(&self) -> bool {
+            false
+        }
+    }
+
+    #[test]
+    fn the_jetstream_sink_keeps_the_sink_contract() {
+        let server = NatsServer::start().expect("nats-server");
+        block_on(async {
+            let client = async_nats::connect(server.url()).await.expect("connect");
+            async_nats::jetstream::new(client)
+                .create_stream(async_nats::jetstream::stream::Config {
+                    name: "UPLINK".into(),
+                    subjects: vec!["uplink.>".into()],
+                    ..Default::default()
+                })
+                .await
+                .expect("the stream");
+        });
+        let options = NatsOptions::new(&server.url())
+            .unwrap()
+            .with_reconnect_delay(Duration::from_millis(100));
+        let under_test = JetStreamUnderTest {
+            sink: JetStreamSink::new(options, "uplink.alerts")
+                .unwrap()
+                .with_timeout(Duration::from_secs(2))
+                .unwrap(),
+            server: RefCell::new(server),
+        };
+        smol::block_on(sinks::run_all(&under_test, "jetstream"));
+    }
 }

@@ -8,8 +8,10 @@
 //!    one call, one message taken ([`delivered_means_taken_as_sent`]).
 //! 2. **Down is transient, and passes.** While the receiver cannot be
 //!    reached the answer is transient (never `Ok`, never a refusal for
-//!    good), nothing is taken, and the same sink delivers again once the
-//!    receiver is back ([`down_is_transient_and_recovers`]).
+//!    good), and once it is back the same sink delivers: the message sent
+//!    again arrives, once on a deduplicating receiver (a transient answer
+//!    does not say it was not taken: a request may land after its
+//!    timeout) ([`down_is_transient_and_recovers`]).
 //! 3. **A repeat carries its id.** The same message sent twice reaches
 //!    the receiver under the same id both times, and a sink that
 //!    deduplicates takes it once ([`a_repeat_carries_its_id`]).
@@ -86,8 +88,10 @@ pub trait SinkUnderTest {
     /// Whether the receiver keeps a message sent twice once (a duplicate
     /// window); otherwise it records each arrival.
     fn deduplicates(&self) -> bool;
-    /// Makes the receiver fenced, if it is not by nature.
-    fn fence_receiver(&self);
+    /// Makes the receiver fenced, if it is not by nature: `false` for a
+    /// receiver that has no fences (a JetStream stream), whose sink then
+    /// skips rule 4.
+    fn fence_receiver(&self) -> bool;
 }
 
 /// Every check, each with messages whose ids start with `prefix` (so a
@@ -165,7 +169,9 @@ pub async fn a_repeat_carries_its_id(sink: &impl SinkUnderTest, prefix: &str) {
 
 /// Rule 4: below the highest fence taken, refused as stale and not taken.
 pub async fn stale_fences_are_refused(sink: &impl SinkUnderTest, prefix: &str) {
-    sink.fence_receiver();
+    if !sink.fence_receiver() {
+        return;
+    }
     let at = |n: &str, fence| Sent::new(&format!("{prefix}:fence-{n}")).under(fence);
     // Above 2^53, where a fence read as a floating-point number (a Lua
     // script's `tonumber`) equals its neighbour.
@@ -207,8 +213,8 @@ pub async fn stale_fences_are_refused(sink: &impl SinkUnderTest, prefix: &str) {
     );
 }
 
-/// Rule 2: an unreachable receiver gives a transient answer and takes
-/// nothing; the same sink delivers once it is back.
+/// Rule 2: an unreachable receiver gives a transient answer; the same
+/// sink delivers once it is back, the message sent again arriving.
 pub async fn down_is_transient_and_recovers(sink: &impl SinkUnderTest, prefix: &str) {
     let during = Sent::new(&format!("{prefix}:during"));
     sink.set_down(true);
@@ -218,19 +224,16 @@ pub async fn down_is_transient_and_recovers(sink: &impl SinkUnderTest, prefix: &
         matches!(answered, Answered::Transient(_)),
         "down is transient: the answer while down was {answered:?}"
     );
-    assert!(
-        taken_with(sink, &during.id).is_empty(),
-        "down is transient: a message was taken while down"
-    );
-    let after = Sent::new(&format!("{prefix}:after"));
     assert_eq!(
-        sink.send(&after).await,
+        sink.send(&during).await,
         Answered::Delivered,
         "down recovers: nothing delivered once the receiver was back"
     );
-    assert_eq!(
-        taken_with(sink, &after.id).len(),
-        1,
-        "down recovers: the message after was not taken once"
+    let arrived = taken_with(sink, &during.id);
+    let once = arrived.len() == 1;
+    assert!(
+        once || (!sink.deduplicates() && !arrived.is_empty()),
+        "down recovers: the message sent again arrived {} time(s)",
+        arrived.len()
     );
 }

@@ -131,7 +131,9 @@ impl SinkUnderTest for MemorySink {
     fn deduplicates(&self) -> bool {
         self.deduplicates
     }
-    fn fence_receiver(&self) {}
+    fn fence_receiver(&self) -> bool {
+        true
+    }
 }
 
 /// The message of the check that `run` panicked in.

@@ -46,7 +46,7 @@
 //! # });
 //! ```
 
-mod connection;
+pub(crate) mod connection;
 mod jetstream;
 mod subscriber;
 

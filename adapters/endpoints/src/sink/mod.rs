@@ -21,6 +21,8 @@
 
 #[cfg(feature = "http")]
 pub mod http;
+#[cfg(feature = "nats")]
+pub mod jetstream;
 pub mod redis_stream;
 
 use std::fmt;
