@@ -66,6 +66,19 @@ pub enum SinkKind {
     Http(HttpTarget),
     /// `kind = "redis-stream"`: an entry of a stream per message.
     RedisStream(RedisStreamTarget),
+    /// `kind = "nats-jetstream"`: an acknowledged publish per message.
+    JetStream(JetStreamTarget),
+}
+
+/// `kind = "nats-jetstream"`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JetStreamTarget {
+    /// The server.
+    pub url: RedactedUrl,
+    /// The subject published to (a stream must listen on it).
+    pub subject: String,
+    /// Each publish, connecting included, ends within it.
+    pub timeout: Duration,
 }
 
 /// `kind = "redis-stream"`.
@@ -128,15 +141,30 @@ pub(crate) struct RedisStreamEntry {
     pub tls_key: Option<String>,
 }
 
+/// A `kind = "nats-jetstream"` entry of `[[sinks]]` as written.
+#[derive(Debug, Deserialize)]
+#[cfg_attr(not(feature = "nats"), allow(dead_code))]
+#[serde(deny_unknown_fields)]
+pub(crate) struct JetStreamEntry {
+    pub name: String,
+    pub url: String,
+    pub subject: String,
+    pub timeout_ms: Option<u64>,
+    pub retries: Option<u32>,
+    pub retry_delay_ms: Option<u64>,
+    pub max_retry_delay_ms: Option<u64>,
+}
+
 /// An entry of `[[sinks]]` as written, read as its kind's struct.
 #[derive(Debug)]
 pub(crate) enum Entry {
     Http(HttpEntry),
     RedisStream(RedisStreamEntry),
+    JetStream(JetStreamEntry),
 }
 
 /// The kinds `[[sinks]]` takes, for errors.
-pub(crate) const KINDS: &str = "one of `http`, `redis-stream`";
+pub(crate) const KINDS: &str = "one of `http`, `redis-stream`, `nats-jetstream`";
 
 impl Entry {
     /// Reads entry `i` of `[[sinks]]` by its `kind`.
@@ -150,6 +178,7 @@ impl Entry {
         match kind.as_str() {
             "http" => crate::config::raw::read_entry(&at, table).map(Entry::Http),
             "redis-stream" => crate::config::raw::read_entry(&at, table).map(Entry::RedisStream),
+            "nats-jetstream" => crate::config::raw::read_entry(&at, table).map(Entry::JetStream),
             other => Err(invalid(format!("{at}.kind"), format!("{other:?}"), KINDS)),
         }
     }
@@ -158,6 +187,7 @@ impl Entry {
         match self {
             Entry::Http(h) => &h.name,
             Entry::RedisStream(r) => &r.name,
+            Entry::JetStream(j) => &j.name,
         }
     }
 }
@@ -180,6 +210,7 @@ pub(crate) fn resolve(
         let sink = match entry {
             Entry::Http(h) => http(h, name, &key, env)?,
             Entry::RedisStream(r) => redis_stream(r, name, &key, env, has_redis)?,
+            Entry::JetStream(j) => jetstream(j, name, &key, env)?,
         };
         sinks.push(sink);
     }
@@ -209,16 +240,7 @@ fn http(
     env: Env<'_>,
 ) -> Result<Sink, ConfigError> {
     let url = expand(&key("url"), &h.url, env)?;
-    let timeout = match h.timeout_ms {
-        None => DEFAULT_TIMEOUT,
-        Some(0) => return Err(invalid(key("timeout_ms"), 0, "at least 1 ms")),
-        Some(ms) => Duration::from_millis(bounded(
-            &key("timeout_ms"),
-            ms,
-            MAX_TIMEOUT_MS,
-            "milliseconds",
-        )?),
-    };
+    let timeout = timeout_of(h.timeout_ms, key)?;
     let content_type = match &h.content_type {
         None => "application/octet-stream".to_owned(),
         Some(t) => t.clone(),
@@ -340,6 +362,59 @@ fn redis_stream(
             key,
         )?,
     })
+}
+
+#[cfg(feature = "nats")]
+fn jetstream(
+    j: &JetStreamEntry,
+    name: String,
+    key: &dyn Fn(&str) -> String,
+    env: Env<'_>,
+) -> Result<Sink, ConfigError> {
+    Ok(Sink {
+        name,
+        kind: SinkKind::JetStream(JetStreamTarget {
+            url: crate::endpoint::nats::url(&j.url, key, env)?,
+            subject: crate::endpoint::nats::subject_of("subject", &j.subject, false, key)?,
+            timeout: timeout_of(j.timeout_ms, key)?,
+        }),
+        retry: retry(
+            RetryKeys {
+                retries: j.retries,
+                delay_ms: j.retry_delay_ms,
+                max_delay_ms: j.max_retry_delay_ms,
+            },
+            key,
+        )?,
+    })
+}
+
+#[cfg(not(feature = "nats"))]
+fn jetstream(
+    _: &JetStreamEntry,
+    _: String,
+    key: &dyn Fn(&str) -> String,
+    _: Env<'_>,
+) -> Result<Sink, ConfigError> {
+    Err(invalid(
+        key("kind"),
+        "\"nats-jetstream\"",
+        "a kind this build has: `nats-jetstream` needs the gateway's `nats` feature",
+    ))
+}
+
+/// A request timeout (`timeout_ms`): 10 s unless given, at least 1 ms.
+fn timeout_of(ms: Option<u64>, key: &dyn Fn(&str) -> String) -> Result<Duration, ConfigError> {
+    match ms {
+        None => Ok(DEFAULT_TIMEOUT),
+        Some(0) => Err(invalid(key("timeout_ms"), 0, "at least 1 ms")),
+        Some(ms) => Ok(Duration::from_millis(bounded(
+            &key("timeout_ms"),
+            ms,
+            MAX_TIMEOUT_MS,
+            "milliseconds",
+        )?)),
+    }
 }
 
 /// The retry keys every sink kind has.
@@ -483,10 +558,30 @@ pub(crate) async fn build(
                         .map_err(|e| failed(e.into()))?,
                 )
             }
+            SinkKind::JetStream(target) => jetstream_sink(target).map_err(failed)?,
         };
         made.insert(s.name.clone(), sink);
     }
     Ok(made)
+}
+
+#[cfg(feature = "nats")]
+fn jetstream_sink(
+    target: &JetStreamTarget,
+) -> Result<Arc<dyn MessageSink>, Box<dyn std::error::Error + Send + Sync>> {
+    use guard_endpoints::nats::NatsOptions;
+    use guard_endpoints::sink::jetstream::JetStreamSink;
+    let options = NatsOptions::new(&target.url)?;
+    Ok(Arc::new(
+        JetStreamSink::new(options, &target.subject)?.with_timeout(target.timeout)?,
+    ))
+}
+
+#[cfg(not(feature = "nats"))]
+fn jetstream_sink(
+    _: &JetStreamTarget,
+) -> Result<Arc<dyn MessageSink>, Box<dyn std::error::Error + Send + Sync>> {
+    Err("this build has no NATS client (the gateway's `nats` feature)".into())
 }
 
 /// What `check` prints of a sink (its URL as written, password hidden).
@@ -514,6 +609,13 @@ pub(crate) fn describe(sink: &Sink) -> String {
                 .as_ref()
                 .map_or("the locker's connection", |u| u.shown()),
             t.duplicate_window
+        ),
+        SinkKind::JetStream(t) => format!(
+            "{} (nats-jetstream {} on {}, Nats-Msg-Id, timeout {:?}, {retries})",
+            sink.name,
+            t.subject,
+            t.url.shown(),
+            t.timeout
         ),
     }
 }

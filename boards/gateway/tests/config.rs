@@ -1584,6 +1584,17 @@ fn a_sink_is_read_with_its_defaults_and_named_by_an_endpoint() {
     ))
     .unwrap();
     assert_eq!(config.endpoints[0].to, None, "no `to`: only reported");
+    let js = Config::from_toml(&format!(
+        "{STREAM_TO}to = \"cloud\"\n\n[[sinks]]\nname = \"cloud\"\nkind = \"nats-jetstream\"\nurl = \"nats://127.0.0.1:4222\"\nsubject = \"uplink.orders\"\ntimeout_ms = 3000\n"
+    ))
+    .unwrap();
+    let SinkKind::JetStream(target) = &js.sinks[0].kind else {
+        unreachable!()
+    };
+    assert_eq!(
+        (target.subject.as_str(), target.timeout),
+        ("uplink.orders", Duration::from_secs(3))
+    );
     let sink = &config.sinks[0];
     let SinkKind::Http(target) = &sink.kind else {
         unreachable!()
@@ -1638,6 +1649,14 @@ fn a_bad_sink_or_a_to_naming_none_is_refused_with_its_key() {
         (http("retries = 100000\n"), "sinks[0].retries"),
         (http("tls_ca = \"ca.pem\"\n"), "sinks[0].tls_ca"),
         (http("proxy = \"x\"\n"), "sinks[0].proxy"),
+        (
+            sink("kind = \"nats-jetstream\"\nurl = \"nats://h:4222\"\nsubject = \"uplink.>\"\n"),
+            "sinks[0].subject",
+        ),
+        (
+            sink("kind = \"nats-jetstream\"\nurl = \"http://h\"\nsubject = \"u\"\n"),
+            "sinks[0].url",
+        ),
         (
             sink("kind = \"redis-stream\"\nstream = \"\"\n"),
             "sinks[0].stream",

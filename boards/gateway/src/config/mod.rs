@@ -71,7 +71,7 @@ pub use crate::endpoint::mysql::{BinlogSource, BinlogStart};
 pub use crate::endpoint::nats::{JetStreamSource, NatsDelivery, NatsSource};
 pub use crate::endpoint::postgres::PgQueueSource;
 pub use crate::endpoint::redis::{PubSubSource, StreamSource};
-pub use crate::sink::{HttpTarget, RedisStreamTarget, Sink, SinkKind};
+pub use crate::sink::{HttpTarget, JetStreamTarget, RedisStreamTarget, Sink, SinkKind};
 
 use std::fmt;
 use std::net::SocketAddr;

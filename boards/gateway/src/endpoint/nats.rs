@@ -125,7 +125,7 @@ const MAX_ACK_WAIT_MS: u64 = MAX_TIMEOUT_MS;
 /// The server's URL, expanded and checked; refused as written, its
 /// password or token hidden.
 #[cfg(feature = "nats")]
-fn url(
+pub(crate) fn url(
     value: &str,
     key: &dyn Fn(&str) -> String,
     env: Env<'_>,
@@ -137,7 +137,7 @@ fn url(
 }
 
 #[cfg(feature = "nats")]
-fn subject_of(
+pub(crate) fn subject_of(
     field: &str,
     value: &str,
     wildcards: bool,
