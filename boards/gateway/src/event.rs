@@ -54,6 +54,18 @@ pub enum Event {
         /// Why.
         reason: String,
     },
+    /// A scheduled run's action (a command, a message to a sink) failed
+    /// after its attempts.
+    Failed {
+        /// The router.
+        router: String,
+        /// The planned slot.
+        slot: UnixMillis,
+        /// Attempts made.
+        attempts: u32,
+        /// The last attempt's failure.
+        reason: String,
+    },
     /// A scheduled run its limiter refused: the slot was skipped.
     Skipped {
         /// The router.
@@ -133,6 +145,15 @@ impl fmt::Display for Event {
                 slot,
                 reason,
             } => write!(f, "skipped router={router} slot={slot} reason={reason}"),
+            Event::Failed {
+                router,
+                slot,
+                attempts,
+                reason,
+            } => write!(
+                f,
+                "failed router={router} slot={slot} attempts={attempts} reason={reason}"
+            ),
         }
     }
 }

@@ -6,6 +6,7 @@
 //! - [`replica`]: one real replica from a TOML configuration (Redis locker,
 //!   schedules, leader-only consumers, rate limiters, Prometheus metrics).
 
+mod action;
 pub mod admission;
 mod built;
 pub mod config;

@@ -3,8 +3,11 @@
 
 use std::sync::Arc;
 
+use crate::action::{self, Action};
 use crate::admission::{Admission, Verdict};
-use crate::config::{Backend, Config, Cost, Locker, PolicyAlgorithm, Source, Timing, WhenLimited};
+use crate::config::{
+    Backend, Config, Cost, Locker, PolicyAlgorithm, Schedule, Source, Timing, WhenLimited,
+};
 use guard_smol::{ActiveRunner, Control, RunnerError, Scheduler};
 
 use crate::built::limiter;
@@ -59,22 +62,38 @@ pub async fn run(
         log::info!("rate limiters: {}", built.limiters.names().join(", "));
     }
     announce_metrics(config, &built);
-    let skipped = emit.clone();
-    let mut scheduler = Scheduler::new(built.guards.clone())
-        .with_slot_ttl(config.guards.once_ttl)
-        .with_fail_policy(config.guards.fail_policy)
-        // A slot skipped on an outage is a line on stdout, as a refused
-        // run is (the log's warning about it is throttled).
-        .on_skipped(move |router, slot, reason| {
-            skipped(Event::Skipped {
-                router: router.to_owned(),
-                slot,
-                reason: reason.name().to_owned(),
+    let scheduler = || {
+        let skipped = emit.clone();
+        Scheduler::new(built.guards.clone())
+            .with_slot_ttl(config.guards.once_ttl)
+            .with_fail_policy(config.guards.fail_policy)
+            // A slot skipped on an outage is a line on stdout, as a
+            // refused run is (the log's warning about it is throttled).
+            .on_skipped(move |router, slot, reason| {
+                skipped(Event::Skipped {
+                    router: router.to_owned(),
+                    slot,
+                    reason: reason.name().to_owned(),
+                })
             })
-        });
+    };
+    // Exclusive runs are a scheduler's setting: those schedules have one
+    // of their own, its run locks as long-lived as a leader's lease.
+    let mut plain = scheduler();
+    let mut exclusive = scheduler()
+        .with_exclusive_runs(config.guards.active.ttl())
+        .map_err(|source| GatewayError::Schedule {
+            router: config
+                .schedules
+                .iter()
+                .find(|s| s.exclusive)
+                .map_or_else(String::new, |s| s.router.clone()),
+            source,
+        })?;
     for schedule in &config.schedules {
         let router = schedule.router.clone();
         let emit = emit.clone();
+        let doing = Arc::new(Doing::new(schedule, &built, config)?);
         let gate = match &schedule.limit {
             Some(limit) => Some(Admission::new(
                 limiter(&built, &limit.limiter)?,
@@ -83,7 +102,8 @@ pub async fn run(
             None => None,
         };
         let job = move |run: guard_smol::JobRun| {
-            let (emit, router, gate) = (emit.clone(), router.clone(), gate.clone());
+            let (emit, router, gate, doing) =
+                (emit.clone(), router.clone(), gate.clone(), doing.clone());
             async move {
                 if let Some(gate) = &gate
                     && let Verdict::Refused(why) = gate.admit(&router, 0).await
@@ -97,11 +117,30 @@ pub async fn run(
                     return;
                 }
                 emit(Event::Executed {
-                    router,
+                    router: router.clone(),
                     slot: run.slot,
                     fence: run.fence,
-                })
+                });
+                if let Err(failed) = doing.act(&router, &run).await {
+                    log::warn!(
+                        "schedule {router} slot {}: {} after {} attempt(s)",
+                        run.slot,
+                        failed.reason,
+                        failed.attempts
+                    );
+                    emit(Event::Failed {
+                        router,
+                        slot: run.slot,
+                        attempts: failed.attempts,
+                        reason: failed.reason,
+                    });
+                }
             }
+        };
+        let scheduler = if schedule.exclusive {
+            &mut exclusive
+        } else {
+            &mut plain
         };
         match &schedule.timing {
             Timing::Every(every) => {
@@ -185,7 +224,10 @@ pub async fn run(
             }
         }));
     }
-    tasks.push(executor.spawn(scheduler.run(control.clone())));
+    tasks.push(executor.spawn(plain.run(control.clone())));
+    if config.schedules.iter().any(|s| s.exclusive) {
+        tasks.push(executor.spawn(exclusive.run(control.clone())));
+    }
     // Everything is connected and the locker has answered.
     ready.set_started(true);
     executor
@@ -237,9 +279,27 @@ pub fn summary(config: &Config) -> String {
     let schedules: Vec<String> = config
         .schedules
         .iter()
-        .map(|s| match &s.timing {
-            Timing::Every(every) => format!("{} every {:?}", s.router, every.period()),
-            Timing::Cron(cron) => format!("{} on cron {:?}", s.router, cron.expression()),
+        .map(|s| {
+            let when = match &s.timing {
+                Timing::Every(every) => format!("{} every {:?}", s.router, every.period()),
+                Timing::Cron(cron) => format!("{} on cron {:?}", s.router, cron.expression()),
+            };
+            let does = match &s.action {
+                Action::Report => String::new(),
+                Action::Command(c) => format!(
+                    ", runs {:?} (timeout {:?}, {} retries)",
+                    c.argv,
+                    c.timeout,
+                    c.retry.max_attempts()
+                ),
+                Action::Send { sink } => format!(", to {sink}"),
+            };
+            let exclusive = if s.exclusive {
+                ", never overlapping"
+            } else {
+                ""
+            };
+            format!("{when}{does}{exclusive}")
         })
         .collect();
     let endpoints: Vec<String> = config
@@ -336,4 +396,63 @@ pub fn summary(config: &Config) -> String {
             .prometheus
             .map_or("none".to_owned(), |a| a.to_string()),
     )
+}
+
+/// What one schedule's runs do, made once: its action with the sink it
+/// names, if any.
+struct Doing {
+    chain: String,
+    action: Action,
+    exclusive: bool,
+    sink: Option<(
+        Arc<dyn guard_endpoints::sink::MessageSink>,
+        guard_core::retry::RetryPolicy,
+    )>,
+}
+
+impl Doing {
+    fn new(schedule: &Schedule, built: &Built, config: &Config) -> Result<Self, GatewayError> {
+        let sink = match &schedule.action {
+            Action::Send { sink } => {
+                let made = built.sinks.get(sink);
+                let retry = config
+                    .sinks
+                    .iter()
+                    .find(|s| &s.name == sink)
+                    .map(|s| s.retry);
+                // The configuration checked that `to` names a sink, and
+                // `build` made every sink.
+                let (Some(made), Some(retry)) = (made, retry) else {
+                    return Err(GatewayError::Sink {
+                        name: sink.clone(),
+                        source: format!("no sink named {sink:?}").into(),
+                    });
+                };
+                Some((made.clone(), retry))
+            }
+            _ => None,
+        };
+        Ok(Doing {
+            chain: schedule.chain.clone(),
+            action: schedule.action.clone(),
+            exclusive: schedule.exclusive,
+            sink,
+        })
+    }
+
+    /// Does the action of `router`'s `run`.
+    async fn act(&self, router: &str, run: &guard_smol::JobRun) -> Result<(), action::Failed> {
+        let slot = action::Slot {
+            router,
+            chain: &self.chain,
+            run,
+        };
+        match (&self.action, &self.sink) {
+            (Action::Command(command), _) => action::run_command(command, &slot).await,
+            (Action::Send { .. }, Some((sink, retry))) => {
+                action::send(&**sink, retry, &slot, self.exclusive).await
+            }
+            _ => Ok(()),
+        }
+    }
 }

@@ -2690,3 +2690,165 @@ fn a_redis_stream_sink_appends_once_and_refuses_a_stale_leader() {
     );
     assert_eq!(received_with_fences(&lines, "alerts").len(), 1);
 }
+
+/// A command schedule on three replicas: each slot's command runs once
+/// across them, with the slot and fence in its environment; an exclusive
+/// one that outlasts its period never overlaps itself (the slots that
+/// come while it runs are skipped, printed as `running_elsewhere`), its
+/// fences increasing run after run.
+#[test]
+fn a_command_schedule_on_three_replicas_runs_once_per_slot_and_never_overlaps() {
+    let server = RedisServer::start().expect("redis-server");
+    let dir = tempfile::tempdir().unwrap();
+    let every = dir.path().join("every.log");
+    let long = dir.path().join("long.log");
+    let path = dir.path().join("cron.toml");
+    std::fs::write(
+        &path,
+        format!(
+            r#"{}
+[[schedules]]
+router = "tick"
+every_ms = 1000
+run = ["sh", "-c", "echo $GUARD_SCHEDULE $GUARD_SLOT $GUARD_FENCE >> {}"]
+
+[[schedules]]
+router = "backup"
+every_ms = 1000
+exclusive = true
+run = ["sh", "-c", "echo start $GUARD_SLOT $GUARD_FENCE >> {log}; sleep 1.5; echo end $GUARD_SLOT >> {log}"]
+"#,
+            base_config(&server.url()),
+            every.display(),
+            log = long.display()
+        ),
+    )
+    .unwrap();
+    let lines: Lines = Arc::default();
+    let replicas: Vec<Process> = (0..3).map(|id| start(id, &path, &lines)).collect();
+    thread::sleep(Duration::from_secs(10));
+    drop(replicas);
+    // A command running at the kill finishes by itself.
+    thread::sleep(Duration::from_secs(2));
+    let every = std::fs::read_to_string(&every).unwrap_or_default();
+    let slots: Vec<&str> = every
+        .lines()
+        .map(|l| l.split(' ').nth(1).unwrap())
+        .collect();
+    let unique: std::collections::BTreeSet<&&str> = slots.iter().collect();
+    assert_eq!(unique.len(), slots.len(), "a slot ran twice: {every}");
+    assert!(slots.len() >= 7, "about one run a second for 10 s: {every}");
+    assert!(every.lines().all(|l| l.starts_with("tick ")), "{every}");
+    let long = std::fs::read_to_string(&long).unwrap_or_default();
+    let mut running: Option<&str> = None;
+    let mut fences = Vec::new();
+    for line in long.lines() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        match fields.as_slice() {
+            ["start", slot, fence] => {
+                assert_eq!(
+                    running, None,
+                    "{slot} started while {running:?} ran:\n{long}"
+                );
+                running = Some(slot);
+                fences.push(fence.parse::<u64>().expect("a fence"));
+            }
+            ["end", slot] => {
+                assert_eq!(running, Some(*slot), "an end without its start:\n{long}");
+                running = None;
+            }
+            _ => panic!("{line:?}"),
+        }
+    }
+    assert!(
+        fences.len() >= 3,
+        "runs of 1.5 s every other second: {long}"
+    );
+    assert!(
+        fences.windows(2).all(|w| w[0] < w[1]),
+        "fences increase run after run: {fences:?}"
+    );
+    let skipped = lines
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(_, _, l)| {
+            l.starts_with("skipped router=backup") && l.ends_with("reason=running_elsewhere")
+        })
+        .count();
+    assert!(
+        skipped >= 2,
+        "the slots a run outlasted were skipped: {:?}",
+        lines.lock().unwrap()
+    );
+}
+
+/// A command that fails is retried as configured, then reported with its
+/// exit status and what it said on standard error; one still running at
+/// its timeout is killed and reported so.
+#[test]
+fn a_failing_or_hanging_command_is_retried_then_reported_with_its_status() {
+    let server = RedisServer::start().expect("redis-server");
+    let dir = tempfile::tempdir().unwrap();
+    let tries = dir.path().join("tries.log");
+    let path = dir.path().join("failing.toml");
+    std::fs::write(
+        &path,
+        format!(
+            r#"{}
+[[schedules]]
+router = "fails"
+every_ms = 3000
+run = ["sh", "-c", "echo $GUARD_SLOT >> {}; echo disk full >&2; exit 3"]
+retries = 2
+retry_delay_ms = 10
+
+[[schedules]]
+router = "hangs"
+every_ms = 3000
+run = ["sleep", "30"]
+timeout_ms = 300
+"#,
+            base_config(&server.url()),
+            tries.display()
+        ),
+    )
+    .unwrap();
+    let lines: Lines = Arc::default();
+    let _replica = start(0, &path, &lines);
+    let failed = |router: &str| {
+        lines
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|(_, _, l)| l.starts_with(&format!("failed router={router} ")))
+            .map(|(_, _, l)| l.clone())
+    };
+    assert!(
+        wait_for(Duration::from_secs(90), || failed("fails").is_some()
+            && failed("hangs").is_some()),
+        "{:?}",
+        lines.lock().unwrap()
+    );
+    let fails = failed("fails").unwrap();
+    assert!(
+        fails.contains("attempts=3") && fails.contains("exit status: 3: disk full"),
+        "{fails}"
+    );
+    let slot = fails
+        .split(' ')
+        .find_map(|f| f.strip_prefix("slot="))
+        .unwrap()
+        .to_owned();
+    let tries = std::fs::read_to_string(&tries).unwrap();
+    assert_eq!(
+        tries.lines().filter(|l| *l == slot).count(),
+        3,
+        "1 + 2 retries of slot {slot}: {tries}"
+    );
+    let hangs = failed("hangs").unwrap();
+    assert!(
+        hangs.contains("attempts=1") && hangs.contains("still running after 300ms: killed"),
+        "{hangs}"
+    );
+}

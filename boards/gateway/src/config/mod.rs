@@ -65,6 +65,7 @@ pub(crate) mod tls;
 
 pub(crate) use check::ENDPOINT_SCOPE_KINDS;
 // Each source kind's validated configuration lives with its assembly.
+pub use crate::action::{Action, CommandAction};
 pub use crate::endpoint::amqp::{AmqpDelivery, AmqpSource};
 pub use crate::endpoint::mqtt::{MqttDelivery, MqttSource};
 pub use crate::endpoint::mysql::{BinlogSource, BinlogStart};
@@ -362,6 +363,11 @@ pub struct Schedule {
     pub timing: Timing,
     /// The limiter each run must pass, if any (keyed by the router).
     pub limit: Option<ScheduleLimit>,
+    /// What a run does.
+    pub action: Action,
+    /// Whether runs hold a lock for their whole length, so that they
+    /// never overlap across replicas.
+    pub exclusive: bool,
 }
 
 /// When a scheduled job runs.

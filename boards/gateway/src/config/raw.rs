@@ -217,6 +217,12 @@ pub(super) struct Schedule {
     pub cron: Option<String>,
     pub limit: Option<String>,
     pub max_wait_ms: Option<u64>,
+    pub run: Option<Vec<String>>,
+    pub timeout_ms: Option<u64>,
+    pub retries: Option<u32>,
+    pub retry_delay_ms: Option<u64>,
+    pub to: Option<String>,
+    pub exclusive: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]

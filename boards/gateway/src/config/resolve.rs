@@ -14,14 +14,15 @@ use guard_std::CronSchedule;
 
 use super::check::{
     Env, MAX_LEASE_MS, MAX_TIMEOUT_MS, bounded, longest_endpoint_component, printable, redis_tls,
-    redis_url,
+    redis_url, retry,
 };
 use super::ratelimit::{bytes_fit, limiter, rate_limits};
 use super::raw;
 use super::tls::{TlsFiles, TlsKeys};
 use super::{
-    Backend, Config, ConfigError, Cost, Endpoint, EndpointLimit, Guards, LimitKey, Locker, Metrics,
-    Policy, RedactedUrl, RedisLocker, Schedule, ScheduleLimit, Timing, WhenLimited, invalid,
+    Action, Backend, CommandAction, Config, ConfigError, Cost, Endpoint, EndpointLimit, Guards,
+    LimitKey, Locker, Metrics, Policy, RedactedUrl, RedisLocker, Schedule, ScheduleLimit, Timing,
+    WhenLimited, invalid,
 };
 
 /// How long a limited message waits by default before it is dead-lettered.
@@ -115,7 +116,9 @@ pub(super) fn config(parsed: raw::Parsed, env: Env<'_>) -> Result<Config, Config
                 .and_then(|s| s.segment("node", "n")),
         )?;
     }
-    let schedules = schedules(&file.schedules, &limiters, &guards.owner)?;
+    let has_redis = matches!(locker, Locker::Redis(_));
+    let sinks = crate::sink::resolve(&sinks, env, has_redis)?;
+    let schedules = schedules(&file.schedules, &limiters, &guards.owner, &sinks)?;
     let mut active: Vec<String> = Vec::new();
     for (i, a) in file.active.iter().enumerate() {
         let key = format!("active[{i}].name");
@@ -146,8 +149,6 @@ pub(super) fn config(parsed: raw::Parsed, env: Env<'_>) -> Result<Config, Config
         )),
         _ => None,
     };
-    let has_redis = matches!(locker, Locker::Redis(_));
-    let sinks = crate::sink::resolve(&sinks, env, has_redis)?;
     let mut names = HashSet::new();
     let mut endpoints = Vec::new();
     for (i, raw::Routed { endpoint: e, to }) in entries.iter().enumerate() {
@@ -412,6 +413,7 @@ fn schedules(
     list: &[raw::Schedule],
     limiters: &[&Policy],
     owner: &str,
+    sinks: &[crate::sink::Sink],
 ) -> Result<Vec<Schedule>, ConfigError> {
     let mut routers = HashSet::new();
     let mut out = Vec::new();
@@ -522,9 +524,85 @@ fn schedules(
             chain: s.chain.clone(),
             timing,
             limit,
+            action: action(s, &key, sinks)?,
+            exclusive: s.exclusive.unwrap_or(false),
         });
     }
     Ok(out)
+}
+
+/// What a schedule's run does: a command (`run`, with `timeout_ms`,
+/// `retries`, `retry_delay_ms`), a message to a sink (`to`), or neither.
+fn action(
+    s: &raw::Schedule,
+    key: &dyn Fn(&str) -> String,
+    sinks: &[crate::sink::Sink],
+) -> Result<Action, ConfigError> {
+    let command_keys = [
+        (s.timeout_ms.is_some(), "timeout_ms"),
+        (s.retries.is_some(), "retries"),
+        (s.retry_delay_ms.is_some(), "retry_delay_ms"),
+    ];
+    match (&s.run, &s.to) {
+        (Some(_), Some(_)) => Err(invalid(
+            key("to"),
+            "set",
+            "either `run` (a command) or `to` (a sink), not both",
+        )),
+        (None, Some(to)) => {
+            if let Some((_, field)) = command_keys.iter().find(|(set, _)| *set) {
+                return Err(invalid(
+                    key(field),
+                    "set",
+                    "no such key without `run` (a sink retries under its own policy)",
+                ));
+            }
+            Ok(Action::Send {
+                sink: crate::sink::named(&key("to"), to, sinks)?.name.clone(),
+            })
+        }
+        (Some(argv), None) => {
+            if argv.first().is_none_or(String::is_empty) {
+                return Err(invalid(
+                    key("run"),
+                    format!("{argv:?}"),
+                    "the program and its arguments, the program not empty (no shell: [\"sh\", \"-c\", \"...\"] for one)",
+                ));
+            }
+            for arg in argv {
+                if arg.contains('\0') {
+                    return Err(invalid(
+                        key("run"),
+                        format!("{argv:?}"),
+                        "arguments without NUL",
+                    ));
+                }
+            }
+            let timeout = match s.timeout_ms {
+                None => crate::action::DEFAULT_COMMAND_TIMEOUT,
+                Some(0) => return Err(invalid(key("timeout_ms"), 0, "at least 1 ms")),
+                Some(ms) => Duration::from_millis(bounded(
+                    &key("timeout_ms"),
+                    ms,
+                    crate::action::MAX_COMMAND_TIMEOUT_MS,
+                    "milliseconds",
+                )?),
+            };
+            Ok(Action::Command(CommandAction {
+                argv: argv.clone(),
+                timeout,
+                // No retry unless asked: a command's effect may not bear
+                // running twice.
+                retry: retry(Some(s.retries.unwrap_or(0)), s.retry_delay_ms, key)?,
+            }))
+        }
+        (None, None) => {
+            if let Some((_, field)) = command_keys.iter().find(|(set, _)| *set) {
+                return Err(invalid(key(field), "set", "no such key without `run`"));
+            }
+            Ok(Action::Report)
+        }
+    }
 }
 
 /// A limiter a schedule or endpoint names: one that exists.
