@@ -1683,3 +1683,53 @@ fn a_bad_sink_or_a_to_naming_none_is_refused_with_its_key() {
         assert!(!message.contains("secret"), "a password shown: {message}");
     }
 }
+
+/// A schedule runs a command or sends to a sink, never both; each key of
+/// a command needs `run`, a `to` names a sink, an empty program is
+/// refused.
+#[test]
+fn a_schedule_action_is_a_command_or_a_sink_and_each_key_is_checked() {
+    use guard_gateway::config::Action;
+    let config = Config::from_toml(
+        "[[schedules]]\nrouter = \"backup\"\nevery_ms = 60000\nrun = [\"/usr/bin/backup\", \"--fast\"]\ntimeout_ms = 5000\nretries = 2\nexclusive = true\n",
+    )
+    .unwrap();
+    let schedule = &config.schedules[0];
+    assert!(schedule.exclusive);
+    let Action::Command(command) = &schedule.action else {
+        panic!("{:?}", schedule.action)
+    };
+    assert_eq!(command.argv, ["/usr/bin/backup", "--fast"]);
+    assert_eq!(command.timeout, Duration::from_secs(5));
+    assert_eq!(command.retry.max_attempts(), 2);
+    let config =
+        Config::from_toml("[[schedules]]\nrouter = \"r\"\nevery_ms = 1000\nrun = [\"true\"]\n")
+            .unwrap();
+    let Action::Command(command) = &config.schedules[0].action else {
+        unreachable!()
+    };
+    assert_eq!(command.retry.max_attempts(), 0, "no retry unless asked");
+    assert_eq!(command.timeout, Duration::from_secs(600));
+    let schedule = |extra: &str| {
+        error(&format!(
+            "[[schedules]]\nrouter = \"r\"\nevery_ms = 1000\n{extra}"
+        ))
+    };
+    for (message, key) in [
+        (schedule("run = []\n"), "schedules[0].run"),
+        (schedule("run = [\"\"]\n"), "schedules[0].run"),
+        (schedule("timeout_ms = 5\n"), "schedules[0].timeout_ms"),
+        (
+            schedule("run = [\"true\"]\ntimeout_ms = 0\n"),
+            "schedules[0].timeout_ms",
+        ),
+        (schedule("to = \"nowhere\"\n"), "schedules[0].to"),
+        (
+            schedule("run = [\"true\"]\nto = \"x\"\n"),
+            "schedules[0].to",
+        ),
+        (schedule("exclusive = \"yes\"\n"), "schedules[0].exclusive"),
+    ] {
+        assert!(message.contains(key), "{key}: {message}");
+    }
+}

@@ -2852,3 +2852,49 @@ timeout_ms = 300
         "{hangs}"
     );
 }
+
+/// A schedule with `to` sends one message a slot, from whichever of two
+/// replicas claimed it, under the slot's key: the receiver sees each slot
+/// once, with the slot and fence in the body.
+#[test]
+fn a_schedule_sends_each_slot_to_its_sink_once_under_the_slot_key() {
+    let server = RedisServer::start().expect("redis-server");
+    let receiver = guard_testkit::HttpReceiver::start().expect("receiver");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("send.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "{}\n[[sinks]]\nname = \"uplink\"\nkind = \"http\"\nurl = \"{}\"\n\n[[schedules]]\nrouter = \"heartbeat\"\nchain = \"edge\"\nevery_ms = 500\nto = \"uplink\"\n",
+            base_config(&server.url()),
+            receiver.url("/beat")
+        ),
+    )
+    .unwrap();
+    let lines: Lines = Arc::default();
+    let replicas: Vec<Process> = (0..2).map(|id| start(id, &path, &lines)).collect();
+    assert!(wait_for(SETTLE, || receiver.requests().len() >= 6));
+    drop(replicas);
+    let requests = receiver.requests();
+    let keys: Vec<&str> = requests
+        .iter()
+        .filter_map(|r| r.header("idempotency-key"))
+        .collect();
+    let unique: std::collections::BTreeSet<&&str> = keys.iter().collect();
+    assert_eq!(unique.len(), keys.len(), "a slot sent twice: {keys:?}");
+    for r in &requests {
+        let key = r.header("idempotency-key").unwrap();
+        let slot = key.strip_prefix("schedule:edge:heartbeat:").expect(key);
+        let body = String::from_utf8_lossy(&r.body);
+        assert!(
+            body.contains(&format!("\"slot\":{slot}"))
+                && body.contains("\"schedule\":\"heartbeat\""),
+            "{body}"
+        );
+        assert_eq!(r.header("guard-origin"), Some("heartbeat"));
+        assert!(
+            r.header("guard-fence").is_some(),
+            "the claim's fence is sent"
+        );
+    }
+}
