@@ -584,7 +584,8 @@ fn jetstream_sink(
     Err("this build has no NATS client (the gateway's `nats` feature)".into())
 }
 
-/// What `check` prints of a sink (its URL as written, password hidden).
+/// What `check` prints of a sink: no URLs (a path or a query may hold a
+/// token), an HTTP receiver's host and port only.
 pub(crate) fn describe(sink: &Sink) -> String {
     let policy = &sink.retry;
     let retries = format!(
@@ -594,28 +595,45 @@ pub(crate) fn describe(sink: &Sink) -> String {
         policy.max_delay()
     );
     match &sink.kind {
-        SinkKind::Http(t) => format!(
-            "{} (http POST {}, {}, timeout {:?}, {retries})",
-            sink.name,
-            t.url.shown(),
-            t.content_type,
-            t.timeout
-        ),
+        SinkKind::Http(t) => {
+            let host = t
+                .url
+                .as_str()
+                .parse::<hyper::Uri>()
+                .ok()
+                .and_then(|u| {
+                    u.host()
+                        .map(|h| format!("{h}:{}", u.port_u16().unwrap_or(default_port(&u))))
+                })
+                .unwrap_or_default();
+            format!(
+                "{} (http POST to {host}, {}, timeout {:?}, {retries})",
+                sink.name, t.content_type, t.timeout
+            )
+        }
         SinkKind::RedisStream(t) => format!(
             "{} (redis-stream {:?} on {}, fenced, ids kept {:?}, {retries})",
             sink.name,
             t.stream,
-            t.url
-                .as_ref()
-                .map_or("the locker's connection", |u| u.shown()),
+            if t.url.is_some() {
+                "its own server"
+            } else {
+                "the locker's connection"
+            },
             t.duplicate_window
         ),
         SinkKind::JetStream(t) => format!(
-            "{} (nats-jetstream {} on {}, Nats-Msg-Id, timeout {:?}, {retries})",
-            sink.name,
-            t.subject,
-            t.url.shown(),
-            t.timeout
+            "{} (nats-jetstream {}, Nats-Msg-Id, timeout {:?}, {retries})",
+            sink.name, t.subject, t.timeout
         ),
+    }
+}
+
+/// The port an `http://` or `https://` URL without one means.
+fn default_port(uri: &hyper::Uri) -> u16 {
+    if uri.scheme_str() == Some("https") {
+        443
+    } else {
+        80
     }
 }

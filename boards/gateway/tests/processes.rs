@@ -288,11 +288,17 @@ fn an_empty_configuration_is_refused_and_check_validates_without_connecting() {
     assert_eq!(output.status.code(), Some(0), "{stdout}");
     assert!(stdout.starts_with("configuration is valid"), "{stdout}");
     assert!(
-        stdout.contains("telemetry (mqtt, shared subscription gateways, limited by uplink)"),
+        stdout.contains(
+            "telemetry (mqtt, shared subscription gateways, limited by uplink, to uplink)"
+        ),
         "{stdout}"
     );
     assert!(
-        !stdout.contains("redis://"),
+        stdout.contains("sinks      uplink (http POST to 127.0.0.1:8080, application/json"),
+        "{stdout}"
+    );
+    assert!(
+        !stdout.contains("redis://") && !stdout.contains("http://"),
         "no URLs (secrets) printed: {stdout}"
     );
     let bad = dir.path().join("bad.toml");

@@ -75,7 +75,7 @@ return {'added', redis.call('XADD', KEYS[1], '*', unpack(fields))}
 /// use guard_redis::{RedisConnection, Topology};
 ///
 /// let conn = RedisConnection::connect(
-///     Topology::standalone("redis://127.0.0.1/")?,
+///     Topology::Standalone { url: "redis://127.0.0.1/".into() },
 ///     std::time::Duration::from_millis(500),
 /// )
 /// .await?;
