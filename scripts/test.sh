@@ -224,7 +224,7 @@ else
     # Each benchmark once, as a test: proves they run without timing them.
     # The test profile and the features of the tests step, so that the
     # build above is reused rather than a second, optimised one made.
-    cargo test --workspace --benches --locked "${features[@]}" -- --test
+    cargo test --workspace --bench '*' --locked "${features[@]}" -- --test
 fi
 
 step "all checks passed"
