@@ -184,7 +184,10 @@ step "the protocol model: spin checks leases, fences and slots exhaustively (neg
 bash sim/spin/check.sh
 
 step "the main job: three replicas, every slot once (exit 1 on a duplicate)"
-cargo run --release --locked -p guard-gateway -- demo --seconds 4
+# The binary the tests step built (`cargo run --release -p guard-gateway --
+# demo` is the same program; a second, optimised build of the gateway took
+# minutes here).
+"${CARGO_TARGET_DIR:-target}/debug/guard-gateway" demo --seconds 4
 
 step "the simulator: every scenario for a simulated day on five replicas"
 cargo run --release --locked -p guard-sim -- --seed 1 --scenario all --duration 86400 --replicas 5 \

@@ -413,23 +413,7 @@ struct Doing {
 impl Doing {
     fn new(schedule: &Schedule, built: &Built, config: &Config) -> Result<Self, GatewayError> {
         let sink = match &schedule.action {
-            Action::Send { sink } => {
-                let made = built.sinks.get(sink);
-                let retry = config
-                    .sinks
-                    .iter()
-                    .find(|s| &s.name == sink)
-                    .map(|s| s.retry);
-                // The configuration checked that `to` names a sink, and
-                // `build` made every sink.
-                let (Some(made), Some(retry)) = (made, retry) else {
-                    return Err(GatewayError::Sink {
-                        name: sink.clone(),
-                        source: format!("no sink named {sink:?}").into(),
-                    });
-                };
-                Some((made.clone(), retry))
-            }
+            Action::Send { sink } => Some(crate::sink::made(built, config, sink)?),
             _ => None,
         };
         Ok(Doing {

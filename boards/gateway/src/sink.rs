@@ -19,10 +19,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use guard_core::limit::Decision;
 use guard_core::retry::{Multiplier, RetryPolicy};
-use guard_endpoints::sink::MessageSink;
 use guard_endpoints::sink::redis_stream::RedisStreamSink;
+use guard_endpoints::sink::{MessageSink, Outgoing, SinkError};
 use guard_redis::{RedisConnection, Topology};
+use guard_std::ratelimit::LimitError;
 use serde::Deserialize;
 
 use crate::config::check::{
@@ -30,7 +32,7 @@ use crate::config::check::{
     redis_url,
 };
 use crate::config::tls::{self, TlsFiles, TlsKeys};
-use crate::config::{ConfigError, RedactedUrl, invalid};
+use crate::config::{ConfigError, Cost, Policy, RedactedUrl, invalid};
 use crate::error::GatewayError;
 
 /// A sink's request timeout unless configured: 10 s.
@@ -56,6 +58,18 @@ pub struct Sink {
     pub kind: SinkKind,
     /// How a transient failure is retried before the message goes back.
     pub retry: RetryPolicy,
+    /// The quota every message sent must pass, if any.
+    pub limit: Option<SinkLimit>,
+}
+
+/// A sink's quota: one of `[ratelimit.policies]`, keyed by the sink's
+/// name, so every endpoint and schedule sending there shares it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SinkLimit {
+    /// The limiter's name.
+    pub limiter: String,
+    /// What a message costs (the policy's).
+    pub cost: Cost,
 }
 
 /// A sink's kind.
@@ -114,6 +128,7 @@ pub struct HttpTarget {
 #[serde(deny_unknown_fields)]
 pub(crate) struct HttpEntry {
     pub name: String,
+    pub limit: Option<String>,
     pub url: String,
     pub timeout_ms: Option<u64>,
     pub content_type: Option<String>,
@@ -130,6 +145,7 @@ pub(crate) struct HttpEntry {
 #[serde(deny_unknown_fields)]
 pub(crate) struct RedisStreamEntry {
     pub name: String,
+    pub limit: Option<String>,
     pub url: Option<String>,
     pub stream: String,
     pub duplicate_window_ms: Option<u64>,
@@ -147,6 +163,7 @@ pub(crate) struct RedisStreamEntry {
 #[serde(deny_unknown_fields)]
 pub(crate) struct JetStreamEntry {
     pub name: String,
+    pub limit: Option<String>,
     pub url: String,
     pub subject: String,
     pub timeout_ms: Option<u64>,
@@ -190,15 +207,24 @@ impl Entry {
             Entry::JetStream(j) => &j.name,
         }
     }
+
+    fn limit(&self) -> Option<&str> {
+        match self {
+            Entry::Http(h) => h.limit.as_deref(),
+            Entry::RedisStream(r) => r.limit.as_deref(),
+            Entry::JetStream(j) => j.limit.as_deref(),
+        }
+    }
 }
 
 /// Every `[[sinks]]` entry checked, by name (unique, non-empty);
 /// `has_redis`: there is a Redis locker whose connection a Redis sink
-/// without a URL shares.
+/// without a URL shares; `limiters`: the policies a `limit` may name.
 pub(crate) fn resolve(
     entries: &[Entry],
     env: Env<'_>,
     has_redis: bool,
+    limiters: &[&Policy],
 ) -> Result<Vec<Sink>, ConfigError> {
     let mut sinks: Vec<Sink> = Vec::new();
     for (i, entry) in entries.iter().enumerate() {
@@ -212,7 +238,17 @@ pub(crate) fn resolve(
             Entry::RedisStream(r) => redis_stream(r, name, &key, env, has_redis)?,
             Entry::JetStream(j) => jetstream(j, name, &key, env)?,
         };
-        sinks.push(sink);
+        let limit = match entry.limit() {
+            None => None,
+            Some(name) => {
+                let policy = crate::config::ratelimit::limiter(&key("limit"), name, limiters)?;
+                Some(SinkLimit {
+                    limiter: policy.name.clone(),
+                    cost: policy.cost,
+                })
+            }
+        };
+        sinks.push(Sink { limit, ..sink });
     }
     Ok(sinks)
 }
@@ -302,6 +338,7 @@ fn http(
             },
             key,
         )?,
+        limit: None,
     })
 }
 
@@ -361,6 +398,7 @@ fn redis_stream(
             },
             key,
         )?,
+        limit: None,
     })
 }
 
@@ -386,6 +424,7 @@ fn jetstream(
             },
             key,
         )?,
+        limit: None,
     })
 }
 
@@ -584,16 +623,96 @@ fn jetstream_sink(
     Err("this build has no NATS client (the gateway's `nats` feature)".into())
 }
 
+/// The sink `name` as an endpoint or a schedule sends through it: the
+/// one `build` made, behind its quota if it has one, with its retry
+/// policy.
+pub(crate) fn made(
+    built: &crate::built::Built,
+    config: &crate::config::Config,
+    name: &str,
+) -> Result<(Arc<dyn MessageSink>, RetryPolicy), GatewayError> {
+    let missing = || GatewayError::Sink {
+        name: name.to_owned(),
+        source: format!("no sink named {name:?}").into(),
+    };
+    // The configuration checked every name that refers to a sink, and
+    // `build` made every sink.
+    let sink = config
+        .sinks
+        .iter()
+        .find(|s| s.name == name)
+        .ok_or_else(missing)?;
+    let made = built.sinks.get(name).ok_or_else(missing)?.clone();
+    let made: Arc<dyn MessageSink> = match &sink.limit {
+        None => made,
+        Some(limit) => Arc::new(QuotaSink {
+            inner: made,
+            limiter: crate::built::limiter(built, &limit.limiter)?,
+            cost: limit.cost,
+            key: name.to_owned(),
+        }),
+    };
+    Ok((made, sink.retry))
+}
+
+/// A sink behind a quota: a message goes out only once the limiter
+/// admits it (its cost charged under the sink's name); a refusal is a
+/// transient failure carrying the limiter's wait, so the delivery waits
+/// that long, under the sink's retries, before it asks again. A send
+/// that fails after the charge is not refunded: the quota errs toward
+/// sending less.
+struct QuotaSink {
+    inner: Arc<dyn MessageSink>,
+    limiter: Arc<guard_std::ratelimit::NamedRateLimiter>,
+    cost: Cost,
+    key: String,
+}
+
+impl MessageSink for QuotaSink {
+    fn send<'a>(
+        &'a self,
+        message: &'a Outgoing<'a>,
+    ) -> guard_std::BoxFuture<'a, Result<(), SinkError>> {
+        Box::pin(async move {
+            let units = match self.cost {
+                Cost::Messages => 1,
+                Cost::Bytes => u32::try_from(message.payload.len()).unwrap_or(u32::MAX),
+            };
+            let quota = self.limiter.name();
+            match self.limiter.check_n(&self.key, units).await {
+                Ok(report) => match report.decision {
+                    Decision::Allowed => self.inner.send(message).await,
+                    Decision::Denied { retry_after } => Err(SinkError::Transient {
+                        reason: format!("over the quota {quota:?}, free again in {retry_after:?}"),
+                        retry_after: Some(retry_after),
+                    }),
+                },
+                // More than the whole quota: it could never pass.
+                Err(e @ LimitError::Cost(_)) => Err(SinkError::Permanent {
+                    reason: format!("the quota {quota:?}: {e}"),
+                }),
+                Err(e) => Err(SinkError::Transient {
+                    reason: format!("the quota {quota:?} gave no decision: {e}"),
+                    retry_after: None,
+                }),
+            }
+        })
+    }
+}
+
 /// What `check` prints of a sink: no URLs (a path or a query may hold a
 /// token), an HTTP receiver's host and port only.
 pub(crate) fn describe(sink: &Sink) -> String {
     let policy = &sink.retry;
-    let retries = format!(
+    let mut retries = format!(
         "{} retries from {:?} to {:?}",
         policy.max_attempts(),
         policy.initial_delay(),
         policy.max_delay()
     );
+    if let Some(limit) = &sink.limit {
+        retries.push_str(&format!(", limited by {}", limit.limiter));
+    }
     match &sink.kind {
         SinkKind::Http(t) => {
             let host = t

@@ -1584,6 +1584,18 @@ fn a_sink_is_read_with_its_defaults_and_named_by_an_endpoint() {
     ))
     .unwrap();
     assert_eq!(config.endpoints[0].to, None, "no `to`: only reported");
+    assert_eq!(config.sinks[0].limit, None);
+    let limited = Config::from_toml(&format!(
+        "{STREAM_TO}to = \"uplink\"\n\n[ratelimit]\nenabled = true\n[ratelimit.policies.daily]\nalgorithm = \"fixed-window\"\nwindow_ms = 86400000\nlimit = 1000000\ncost = \"bytes\"\n\n[[sinks]]\nname = \"uplink\"\nkind = \"http\"\nurl = \"http://h/\"\nlimit = \"daily\"\n"
+    ))
+    .unwrap();
+    assert_eq!(
+        limited.sinks[0].limit,
+        Some(guard_gateway::config::SinkLimit {
+            limiter: "daily".into(),
+            cost: Cost::Bytes
+        })
+    );
     let js = Config::from_toml(&format!(
         "{STREAM_TO}to = \"cloud\"\n\n[[sinks]]\nname = \"cloud\"\nkind = \"nats-jetstream\"\nurl = \"nats://127.0.0.1:4222\"\nsubject = \"uplink.orders\"\ntimeout_ms = 3000\n"
     ))
@@ -1649,6 +1661,7 @@ fn a_bad_sink_or_a_to_naming_none_is_refused_with_its_key() {
         (http("retries = 100000\n"), "sinks[0].retries"),
         (http("tls_ca = \"ca.pem\"\n"), "sinks[0].tls_ca"),
         (http("proxy = \"x\"\n"), "sinks[0].proxy"),
+        (http("limit = \"nowhere\"\n"), "sinks[0].limit"),
         (
             sink("kind = \"nats-jetstream\"\nurl = \"nats://h:4222\"\nsubject = \"uplink.>\"\n"),
             "sinks[0].subject",

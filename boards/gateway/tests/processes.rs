@@ -2904,3 +2904,72 @@ fn a_schedule_sends_each_slot_to_its_sink_once_under_the_slot_key() {
         );
     }
 }
+
+/// A quota in front of a sink: a fixed window of 5 messages every 2 s
+/// caps what goes out; what is over it waits for the next window (the
+/// stream holds it), nothing dead-lettered, every entry delivered.
+#[test]
+fn a_quota_in_front_of_a_sink_holds_back_what_is_over_it_and_loses_nothing() {
+    let server = RedisServer::start().expect("redis-server");
+    let receiver = guard_testkit::HttpReceiver::start().expect("receiver");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("quota.toml");
+    let metrics = free_port().unwrap();
+    std::fs::write(
+        &path,
+        format!(
+            "{}\n[metrics]\nprometheus = \"127.0.0.1:{metrics}\"\n\n[ratelimit]\nenabled = true\n[ratelimit.policies.plan]\nalgorithm = \"fixed-window\"\nwindow_ms = 2000\nlimit = 5\n\n[[sinks]]\nname = \"uplink\"\nkind = \"http\"\nurl = \"{}\"\nlimit = \"plan\"\nretries = 50\nretry_delay_ms = 50\nmax_retry_delay_ms = 200\n\n[[endpoints]]\nname = \"orders\"\nkind = \"redis-stream\"\nstream = \"orders\"\ngroup = \"g\"\nto = \"uplink\"\n",
+            base_config(&server.url()),
+            receiver.url("/in")
+        ),
+    )
+    .unwrap();
+    let lines: Lines = Arc::default();
+    let _process = start(0, &path, &lines);
+    assert!(wait_for(SETTLE, || {
+        TcpStream::connect(("127.0.0.1", metrics)).is_ok()
+            && http_get(metrics, "/readyz").0.contains("200")
+    }));
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    for i in 0..12 {
+        let _: String = redis::cmd("XADD")
+            .arg("orders")
+            .arg("*")
+            .arg("payload")
+            .arg(format!("o{i}"))
+            .query(&mut conn)
+            .unwrap();
+    }
+    assert!(wait_for(SETTLE, || received(&lines, "orders").len() == 12));
+    let requests = receiver.requests();
+    assert_eq!(requests.len(), 12, "each once: nothing sent over the quota");
+    // 5 a window: the twelfth waits for the third window, whose start is
+    // 2 s after the second's, itself after the first request.
+    let span = requests[11].at - requests[0].at;
+    assert!(
+        span >= Duration::from_millis(1_950),
+        "12 messages in {span:?}: the quota did not act"
+    );
+    let bodies: Vec<String> = requests
+        .iter()
+        .map(|r| String::from_utf8_lossy(&r.body).into_owned())
+        .collect();
+    let expected: Vec<String> = (0..12).map(|i| format!("o{i}")).collect();
+    assert_eq!(bodies, expected, "in stream order");
+    assert!(
+        !lines
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(_, _, l)| l.starts_with("dead-lettered")),
+        "nothing dead-lettered"
+    );
+    let (_, text) = http_get(metrics, "/metrics");
+    assert!(
+        sample(&text, "guard_rl_denied_total{name=\"plan\"}").unwrap_or(0.0) >= 1.0,
+        "{text}"
+    );
+}

@@ -58,7 +58,7 @@ pub(crate) mod connect;
 mod etcd;
 #[cfg_attr(not(feature = "postgres"), allow(dead_code, unused_imports))]
 mod postgres;
-mod ratelimit;
+pub(crate) mod ratelimit;
 pub(crate) mod raw;
 mod resolve;
 pub(crate) mod tls;
@@ -72,7 +72,7 @@ pub use crate::endpoint::mysql::{BinlogSource, BinlogStart};
 pub use crate::endpoint::nats::{JetStreamSource, NatsDelivery, NatsSource};
 pub use crate::endpoint::postgres::PgQueueSource;
 pub use crate::endpoint::redis::{PubSubSource, StreamSource};
-pub use crate::sink::{HttpTarget, JetStreamTarget, RedisStreamTarget, Sink, SinkKind};
+pub use crate::sink::{HttpTarget, JetStreamTarget, RedisStreamTarget, Sink, SinkKind, SinkLimit};
 
 use std::fmt;
 use std::net::SocketAddr;

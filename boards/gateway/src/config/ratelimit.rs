@@ -14,7 +14,7 @@ use super::{Backend, ConfigError, Cost, Policy, PolicyAlgorithm, RateLimits, inv
 const MAX_WINDOW_MS: u64 = 7 * 24 * 3600 * 1000;
 
 /// The policy `name` among `limiters`, for the key `key` that names it.
-pub(super) fn limiter<'a>(
+pub(crate) fn limiter<'a>(
     key: &str,
     name: &str,
     limiters: &[&'a Policy],

@@ -117,7 +117,7 @@ pub(super) fn config(parsed: raw::Parsed, env: Env<'_>) -> Result<Config, Config
         )?;
     }
     let has_redis = matches!(locker, Locker::Redis(_));
-    let sinks = crate::sink::resolve(&sinks, env, has_redis)?;
+    let sinks = crate::sink::resolve(&sinks, env, has_redis, &limiters)?;
     let schedules = schedules(&file.schedules, &limiters, &guards.owner, &sinks)?;
     let mut active: Vec<String> = Vec::new();
     for (i, a) in file.active.iter().enumerate() {

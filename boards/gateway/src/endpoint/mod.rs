@@ -137,14 +137,8 @@ impl Inbox {
             forward: match &entry.to {
                 None => None,
                 Some(to) => {
-                    let sink = config.sinks.iter().find(|s| &s.name == to);
-                    let made = built.sinks.get(to);
-                    // The configuration checked that `to` names a sink,
-                    // and `build` made every sink.
-                    let (Some(sink), Some(made)) = (sink, made) else {
-                        return Err(failed(&entry.name, format!("no sink named {to:?}").into()));
-                    };
-                    Some(forward::Forward::new(to, made.clone(), sink.retry))
+                    let (sink, retry) = crate::sink::made(built, config, to)?;
+                    Some(forward::Forward::new(to, sink, retry))
                 }
             },
             clock: SystemClock::new(),
