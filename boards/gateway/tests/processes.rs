@@ -259,6 +259,24 @@ fn http_get(port: u16, path: &str) -> (String, String) {
     guard_testkit::http::get(port, path).expect("metrics endpoint")
 }
 
+/// Whether the replica serving metrics on `port` answers `/readyz` 200
+/// within [`SETTLE`].
+fn ready(port: u16) -> bool {
+    wait_for(SETTLE, || {
+        TcpStream::connect(("127.0.0.1", port)).is_ok()
+            && http_get(port, "/readyz").0.contains("200")
+    })
+}
+
+/// `text` written as a configuration file in a directory of its own
+/// (kept as long as the returned handle).
+fn written(text: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gateway.toml");
+    std::fs::write(&path, text).unwrap();
+    (dir, path)
+}
+
 fn run_command(args: &[&str], config: &std::path::Path) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_guard-gateway"))
         .args(args)
@@ -2394,15 +2412,9 @@ to = "uplink"
         receiver.url("/ingest")
     ));
     std::fs::write(&path, text).unwrap();
-    let ready = || {
-        wait_for(SETTLE, || {
-            TcpStream::connect(("127.0.0.1", metrics)).is_ok()
-                && http_get(metrics, "/readyz").0.contains("200")
-        })
-    };
     let lines: Lines = Arc::default();
     let mut gateway = start(0, &path, &lines);
-    assert!(ready(), "the gateway became ready");
+    assert!(ready(metrics), "the gateway became ready");
     // 100 entries a second, for the whole test, from a thread of its own.
     let url = server.url();
     let producing = thread::spawn(move || {
@@ -2507,17 +2519,11 @@ to = "uplink"
 fn a_sink_refusing_for_good_or_as_stale_dead_letters_with_its_answer() {
     let server = RedisServer::start().expect("redis-server");
     let receiver = guard_testkit::HttpReceiver::start().expect("receiver");
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("refused.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "{}\n[[sinks]]\nname = \"uplink\"\nkind = \"http\"\nurl = \"{}\"\nretries = 3\nretry_delay_ms = 10\n\n[[endpoints]]\nname = \"orders\"\nkind = \"redis-stream\"\nstream = \"orders\"\ngroup = \"billing\"\ndead_letter_topic = \"orders\"\nto = \"uplink\"\n\n[[endpoints]]\nname = \"alerts\"\nkind = \"redis-pubsub\"\npatterns = [\"alerts.*\"]\nto = \"uplink\"\n",
-            base_config(&server.url()),
-            receiver.url("/in")
-        ),
-    )
-    .unwrap();
+    let (_dir, path) = written(&format!(
+        "{}\n[[sinks]]\nname = \"uplink\"\nkind = \"http\"\nurl = \"{}\"\nretries = 3\nretry_delay_ms = 10\n\n[[endpoints]]\nname = \"orders\"\nkind = \"redis-stream\"\nstream = \"orders\"\ngroup = \"billing\"\ndead_letter_topic = \"orders\"\nto = \"uplink\"\n\n[[endpoints]]\nname = \"alerts\"\nkind = \"redis-pubsub\"\npatterns = [\"alerts.*\"]\nto = \"uplink\"\n",
+        base_config(&server.url()),
+        receiver.url("/in")
+    ));
     let lines: Lines = Arc::default();
     let _process = start(0, &path, &lines);
     let mut conn = pattern_subscribed(&server);
@@ -2629,16 +2635,10 @@ fn a_sink_refusing_for_good_or_as_stale_dead_letters_with_its_answer() {
 #[test]
 fn a_redis_stream_sink_appends_once_and_refuses_a_stale_leader() {
     let server = RedisServer::start().expect("redis-server");
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("stream-sink.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "{}\n[[sinks]]\nname = \"archive\"\nkind = \"redis-stream\"\nstream = \"uplink\"\n\n[[endpoints]]\nname = \"alerts\"\nkind = \"redis-pubsub\"\npatterns = [\"alerts.*\"]\nto = \"archive\"\n",
-            base_config(&server.url()),
-        ),
-    )
-    .unwrap();
+    let (_dir, path) = written(&format!(
+        "{}\n[[sinks]]\nname = \"archive\"\nkind = \"redis-stream\"\nstream = \"uplink\"\n\n[[endpoints]]\nname = \"alerts\"\nkind = \"redis-pubsub\"\npatterns = [\"alerts.*\"]\nto = \"archive\"\n",
+        base_config(&server.url()),
+    ));
     let lines: Lines = Arc::default();
     let _process = start(0, &path, &lines);
     let mut conn = pattern_subscribed(&server);
@@ -2866,17 +2866,11 @@ timeout_ms = 300
 fn a_schedule_sends_each_slot_to_its_sink_once_under_the_slot_key() {
     let server = RedisServer::start().expect("redis-server");
     let receiver = guard_testkit::HttpReceiver::start().expect("receiver");
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("send.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "{}\n[[sinks]]\nname = \"uplink\"\nkind = \"http\"\nurl = \"{}\"\n\n[[schedules]]\nrouter = \"heartbeat\"\nchain = \"edge\"\nevery_ms = 500\nto = \"uplink\"\n",
-            base_config(&server.url()),
-            receiver.url("/beat")
-        ),
-    )
-    .unwrap();
+    let (_dir, path) = written(&format!(
+        "{}\n[[sinks]]\nname = \"uplink\"\nkind = \"http\"\nurl = \"{}\"\n\n[[schedules]]\nrouter = \"heartbeat\"\nchain = \"edge\"\nevery_ms = 500\nto = \"uplink\"\n",
+        base_config(&server.url()),
+        receiver.url("/beat")
+    ));
     let lines: Lines = Arc::default();
     let replicas: Vec<Process> = (0..2).map(|id| start(id, &path, &lines)).collect();
     assert!(wait_for(SETTLE, || receiver.requests().len() >= 6));
@@ -2912,24 +2906,15 @@ fn a_schedule_sends_each_slot_to_its_sink_once_under_the_slot_key() {
 fn a_quota_in_front_of_a_sink_holds_back_what_is_over_it_and_loses_nothing() {
     let server = RedisServer::start().expect("redis-server");
     let receiver = guard_testkit::HttpReceiver::start().expect("receiver");
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("quota.toml");
     let metrics = free_port().unwrap();
-    std::fs::write(
-        &path,
-        format!(
-            "{}\n[metrics]\nprometheus = \"127.0.0.1:{metrics}\"\n\n[ratelimit]\nenabled = true\n[ratelimit.policies.plan]\nalgorithm = \"fixed-window\"\nwindow_ms = 2000\nlimit = 5\n\n[[sinks]]\nname = \"uplink\"\nkind = \"http\"\nurl = \"{}\"\nlimit = \"plan\"\nretries = 50\nretry_delay_ms = 50\nmax_retry_delay_ms = 200\n\n[[endpoints]]\nname = \"orders\"\nkind = \"redis-stream\"\nstream = \"orders\"\ngroup = \"g\"\nto = \"uplink\"\n",
-            base_config(&server.url()),
-            receiver.url("/in")
-        ),
-    )
-    .unwrap();
+    let (_dir, path) = written(&format!(
+        "{}\n[metrics]\nprometheus = \"127.0.0.1:{metrics}\"\n\n[ratelimit]\nenabled = true\n[ratelimit.policies.plan]\nalgorithm = \"fixed-window\"\nwindow_ms = 2000\nlimit = 5\n\n[[sinks]]\nname = \"uplink\"\nkind = \"http\"\nurl = \"{}\"\nlimit = \"plan\"\nretries = 50\nretry_delay_ms = 50\nmax_retry_delay_ms = 200\n\n[[endpoints]]\nname = \"orders\"\nkind = \"redis-stream\"\nstream = \"orders\"\ngroup = \"g\"\nto = \"uplink\"\n",
+        base_config(&server.url()),
+        receiver.url("/in")
+    ));
     let lines: Lines = Arc::default();
     let _process = start(0, &path, &lines);
-    assert!(wait_for(SETTLE, || {
-        TcpStream::connect(("127.0.0.1", metrics)).is_ok()
-            && http_get(metrics, "/readyz").0.contains("200")
-    }));
+    assert!(ready(metrics));
     let mut conn = redis::Client::open(server.url())
         .unwrap()
         .get_connection()
