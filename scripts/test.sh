@@ -118,13 +118,14 @@ RUSTFLAGS="--cfg guard_loom" LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-3}" C
 step "guard-core and guard-embassy build for Cortex-M with no allocator"
 # thumbv7em: Cortex-M4F; thumbv6m: Cortex-M0, which has no compare-and-swap.
 for target in "${targets[@]}"; do
-    for features in "" "critical-section" "defmt,critical-section"; do
-        echo "-- guard-core $target ${features:+(features: $features)}"
-        cargo build -p guard-core --target "$target" --locked ${features:+--features "$features"}
+    # (Not `features`: that array is the tests' and the benchmarks'.)
+    for crate_features in "" "critical-section" "defmt,critical-section"; do
+        echo "-- guard-core $target ${crate_features:+(features: $crate_features)}"
+        cargo build -p guard-core --target "$target" --locked ${crate_features:+--features "$crate_features"}
     done
-    for features in "" "defmt"; do
-        echo "-- guard-embassy $target ${features:+(features: $features)}"
-        cargo build -p guard-embassy --target "$target" --locked ${features:+--features "$features"}
+    for crate_features in "" "defmt"; do
+        echo "-- guard-embassy $target ${crate_features:+(features: $crate_features)}"
+        cargo build -p guard-embassy --target "$target" --locked ${crate_features:+--features "$crate_features"}
     done
 done
 

@@ -261,3 +261,17 @@ fn an_unreachable_receiver_is_transient_and_named() {
         "{outcome:?}"
     );
 }
+
+#[test]
+fn a_port_out_of_range_is_refused_not_taken_for_the_default() {
+    for url in [
+        "http://127.0.0.1:99999/ingest",
+        "http://127.0.0.1:65536/",
+        "http://127.0.0.1:0/",
+        "http://127.0.0.1:abc/",
+    ] {
+        assert!(HttpSink::new(url).is_err(), "{url} accepted");
+    }
+    assert!(HttpSink::new("http://127.0.0.1:65535/").is_ok());
+    assert!(HttpSink::new("http://127.0.0.1/").is_ok());
+}

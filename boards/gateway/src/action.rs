@@ -9,7 +9,9 @@
 //!   standard error go into a failure's reason). Exit status 0 is
 //!   success; another status, a command that cannot start and one still
 //!   running at its `timeout_ms` (killed) are failures, retried under the
-//!   schedule's policy, then reported as `failed …`. With `exclusive =
+//!   schedule's policy, then reported as `failed …`. A command still
+//!   running when the replica stops is killed, so a stop never waits for
+//!   it. With `exclusive =
 //!   true` the run holds a lock renewed by a `LockWatchdog`: a command
 //!   still running when the next slot comes keeps every replica from
 //!   starting it (that slot is skipped as `running_elsewhere`), and one
@@ -25,7 +27,7 @@ use std::time::Duration;
 use futures_lite::{AsyncReadExt, future};
 use guard_core::retry::{Backoff, RetryPolicy, WithoutRandom};
 use guard_endpoints::sink::{LeaseGate, MessageSink, Outgoing, deliver};
-use guard_smol::JobRun;
+use guard_smol::{Control, JobRun};
 use guard_std::run::{CallerRuntime, Runtime as _};
 
 /// The bytes of a failed command's standard error kept in its reason.
@@ -60,11 +62,13 @@ pub struct CommandAction {
     pub retry: RetryPolicy,
 }
 
-/// The slot a run is for, as the action sees it.
+/// The slot a run is for, as the action sees it, and what stops the
+/// replica (a command still running then is killed).
 pub(crate) struct Slot<'a> {
     pub router: &'a str,
     pub chain: &'a str,
     pub run: &'a JobRun,
+    pub stop: &'a Control,
 }
 
 /// How a run's action ended, when it failed.
@@ -99,7 +103,7 @@ pub(crate) async fn run_command(command: &CommandAction, slot: &Slot<'_>) -> Res
         };
         let delay = backoff.next_delay(&mut WithoutRandom);
         match delay {
-            Some(delay) if !slot.run.is_lost() => {
+            Some(delay) if !slot.run.is_lost() && !slot.stop.is_stopped() => {
                 log::warn!(
                     "schedule {} slot {}: {reason}; retried in {delay:?}",
                     slot.router,
@@ -166,8 +170,12 @@ async fn once(command: &CommandAction, slot: &Slot<'_>) -> Result<(), String> {
         slot.run.lost().await;
         Err("the run's lock was lost: killed".to_owned())
     };
+    let stopped = async {
+        slot.stop.stopped().await;
+        Err("the replica stopped: killed".to_owned())
+    };
     // Dropping the child (kill_on_drop) kills a command still running.
-    let (status, kept) = future::or(ran, future::or(timed_out, lost)).await?;
+    let (status, kept) = future::or(ran, future::or(timed_out, future::or(lost, stopped))).await?;
     let status = status.map_err(|e| format!("waiting for {program:?}: {e}"))?;
     if status.success() {
         return Ok(());

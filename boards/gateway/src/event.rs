@@ -77,6 +77,24 @@ pub enum Event {
     },
 }
 
+/// `text` as one line: a control character (a newline in a payload, a
+/// command's standard error) is written escaped, so what a message or a
+/// command says can never begin a line of its own on stdout.
+fn one_line(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// A handled message's content, as text (invalid UTF-8 replaced).
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -90,7 +108,7 @@ pub enum Content {
 impl fmt::Display for Content {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Content::Payload(text) => write!(f, "payload={text}"),
+            Content::Payload(text) => write!(f, "payload={}", one_line(text)),
             Content::Fields(fields) => {
                 let mut first = true;
                 for (name, value) in fields {
@@ -98,7 +116,7 @@ impl fmt::Display for Content {
                         f.write_str(" ")?;
                     }
                     first = false;
-                    write!(f, "{name}={value}")?;
+                    write!(f, "{}={}", one_line(name), one_line(value))?;
                 }
                 Ok(())
             }
@@ -129,7 +147,8 @@ impl fmt::Display for Event {
                 content,
             } => write!(
                 f,
-                "received endpoint={endpoint} from={from} fence={} {content}",
+                "received endpoint={endpoint} from={} fence={} {content}",
+                one_line(from),
                 fence.map_or("-".into(), |x| x.to_string())
             ),
             Event::DeadLettered {
@@ -138,13 +157,19 @@ impl fmt::Display for Event {
                 reason,
             } => write!(
                 f,
-                "dead-lettered endpoint={endpoint} from={from} reason={reason}"
+                "dead-lettered endpoint={endpoint} from={} reason={}",
+                one_line(from),
+                one_line(reason)
             ),
             Event::Skipped {
                 router,
                 slot,
                 reason,
-            } => write!(f, "skipped router={router} slot={slot} reason={reason}"),
+            } => write!(
+                f,
+                "skipped router={router} slot={slot} reason={}",
+                one_line(reason)
+            ),
             Event::Failed {
                 router,
                 slot,
@@ -152,8 +177,56 @@ impl fmt::Display for Event {
                 reason,
             } => write!(
                 f,
-                "failed router={router} slot={slot} attempts={attempts} reason={reason}"
+                "failed router={router} slot={slot} attempts={attempts} reason={}",
+                one_line(reason)
             ),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_a_message_or_a_command_says_never_begins_a_line_of_its_own() {
+        let forged = "x\nexecuted router=fake slot=1";
+        let events = [
+            Event::Received {
+                endpoint: "orders".into(),
+                from: "1-0".into(),
+                fence: None,
+                content: Content::Fields(vec![("b".into(), forged.into())]),
+            },
+            Event::Received {
+                endpoint: "alerts".into(),
+                from: "alerts.fire\r".into(),
+                fence: Some(3),
+                content: Content::Payload(forged.into()),
+            },
+            Event::Failed {
+                router: "backup".into(),
+                slot: UnixMillis(1),
+                attempts: 1,
+                reason: "exit status: 3: some noise\ndisk full".into(),
+            },
+            Event::DeadLettered {
+                endpoint: "alerts".into(),
+                from: "a".into(),
+                reason: forged.into(),
+            },
+        ];
+        for event in events {
+            let line = event.to_string();
+            assert!(!line.chars().any(char::is_control), "{line:?}");
+        }
+        let line = Event::Failed {
+            router: "backup".into(),
+            slot: UnixMillis(1),
+            attempts: 1,
+            reason: "some noise\ndisk full".into(),
+        }
+        .to_string();
+        assert!(line.ends_with("reason=some noise\\ndisk full"), "{line}");
     }
 }

@@ -93,7 +93,7 @@ pub async fn run(
     for schedule in &config.schedules {
         let router = schedule.router.clone();
         let emit = emit.clone();
-        let doing = Arc::new(Doing::new(schedule, &built, config)?);
+        let doing = Arc::new(Doing::new(schedule, &built, config, &control)?);
         let gate = match &schedule.limit {
             Some(limit) => Some(Admission::new(
                 limiter(&built, &limit.limiter)?,
@@ -402,6 +402,7 @@ pub fn summary(config: &Config) -> String {
 /// names, if any.
 struct Doing {
     chain: String,
+    stop: Control,
     action: Action,
     exclusive: bool,
     sink: Option<(
@@ -411,13 +412,19 @@ struct Doing {
 }
 
 impl Doing {
-    fn new(schedule: &Schedule, built: &Built, config: &Config) -> Result<Self, GatewayError> {
+    fn new(
+        schedule: &Schedule,
+        built: &Built,
+        config: &Config,
+        stop: &Control,
+    ) -> Result<Self, GatewayError> {
         let sink = match &schedule.action {
             Action::Send { sink } => Some(crate::sink::made(built, config, sink)?),
             _ => None,
         };
         Ok(Doing {
             chain: schedule.chain.clone(),
+            stop: stop.clone(),
             action: schedule.action.clone(),
             exclusive: schedule.exclusive,
             sink,
@@ -430,6 +437,7 @@ impl Doing {
             router,
             chain: &self.chain,
             run,
+            stop: &self.stop,
         };
         match (&self.action, &self.sink) {
             (Action::Command(command), _) => action::run_command(command, &slot).await,

@@ -46,6 +46,8 @@ pub const DEFAULT_RETRIES: u32 = 10;
 pub const DEFAULT_RETRY_DELAY: Duration = Duration::from_millis(500);
 /// The longest delay between attempts unless configured: 30 s.
 pub const DEFAULT_MAX_RETRY_DELAY: Duration = Duration::from_secs(30);
+/// The longest sink name.
+const MAX_NAME_LEN: usize = 128;
 /// The most retries a sink may be given (a day at a minute each).
 const MAX_RETRIES: u64 = 24 * 60;
 
@@ -230,6 +232,15 @@ pub(crate) fn resolve(
     for (i, entry) in entries.iter().enumerate() {
         let key = |field: &str| format!("sinks[{i}].{field}");
         let name = non_empty(&key, "name", entry.name(), "a non-empty name")?;
+        if name.len() > MAX_NAME_LEN {
+            return Err(invalid(
+                key("name"),
+                format!("{} bytes", name.len()),
+                format!(
+                    "a name of at most {MAX_NAME_LEN} bytes (it is part of its quota's key and of dead-letter reasons)"
+                ),
+            ));
+        }
         if sinks.iter().any(|s| s.name == name) {
             return Err(invalid(key("name"), format!("{name:?}"), "a unique name"));
         }
@@ -468,6 +479,8 @@ struct RetryKeys {
 fn retry(h: RetryKeys, key: &dyn Fn(&str) -> String) -> Result<RetryPolicy, ConfigError> {
     let retries = match h.retries {
         None => DEFAULT_RETRIES,
+        // No retry: the first transient failure goes back to the source.
+        Some(0) => 0,
         Some(n) => u32::try_from(bounded(
             &key("retries"),
             u64::from(n),

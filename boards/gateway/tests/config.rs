@@ -1585,6 +1585,15 @@ fn a_sink_is_read_with_its_defaults_and_named_by_an_endpoint() {
     .unwrap();
     assert_eq!(config.endpoints[0].to, None, "no `to`: only reported");
     assert_eq!(config.sinks[0].limit, None);
+    let no_retry = Config::from_toml(&format!(
+        "{STREAM_TO}\n[[sinks]]\nname = \"u\"\nkind = \"http\"\nurl = \"http://h/\"\nretries = 0\n"
+    ))
+    .unwrap();
+    assert_eq!(
+        no_retry.sinks[0].retry.max_attempts(),
+        0,
+        "retries can be turned off"
+    );
     let limited = Config::from_toml(&format!(
         "{STREAM_TO}to = \"uplink\"\n\n[ratelimit]\nenabled = true\n[ratelimit.policies.daily]\nalgorithm = \"fixed-window\"\nwindow_ms = 86400000\nlimit = 1000000\ncost = \"bytes\"\n\n[[sinks]]\nname = \"uplink\"\nkind = \"http\"\nurl = \"http://h/\"\nlimit = \"daily\"\n"
     ))
@@ -1662,6 +1671,17 @@ fn a_bad_sink_or_a_to_naming_none_is_refused_with_its_key() {
         (http("tls_ca = \"ca.pem\"\n"), "sinks[0].tls_ca"),
         (http("proxy = \"x\"\n"), "sinks[0].proxy"),
         (http("limit = \"nowhere\"\n"), "sinks[0].limit"),
+        (
+            error(&format!(
+                "{STREAM_TO}\n[[sinks]]\nname = \"{}\"\nkind = \"http\"\nurl = \"http://h/\"\n",
+                "n".repeat(5000)
+            )),
+            "sinks[0].name",
+        ),
+        (
+            sink("kind = \"http\"\nurl = \"http://127.0.0.1:99999/in\"\n"),
+            "sinks[0].url",
+        ),
         (
             sink("kind = \"nats-jetstream\"\nurl = \"nats://h:4222\"\nsubject = \"uplink.>\"\n"),
             "sinks[0].subject",

@@ -171,7 +171,21 @@ impl HttpSink {
         if host.is_empty() {
             return Err(refused("a URL with a host"));
         }
-        let port = authority.port_u16().unwrap_or(if tls { 443 } else { 80 });
+        // A port written but out of range reads as none: refused, never
+        // taken for the scheme's default.
+        let written = authority.as_str();
+        let after_host = written.rfind(']').map_or(written, |end| &written[end..]);
+        let port = match (after_host.contains(':'), authority.port_u16()) {
+            (false, _) => {
+                if tls {
+                    443
+                } else {
+                    80
+                }
+            }
+            (true, Some(port)) if port != 0 => port,
+            (true, _) => return Err(refused("a URL with a port from 1 to 65535")),
+        };
         let authority = HeaderValue::from_str(authority.as_str())
             .map_err(|_| refused("a host a Host header can carry"))?;
         Ok(HttpSink {
