@@ -91,7 +91,8 @@ impl LeaseGate for RunLock<'_> {
 }
 
 /// Runs `command` for `slot`, retried under its policy: `Err` once the
-/// attempts are spent or the run's lock is lost.
+/// attempts are spent, or the run's lock is lost or the replica stops
+/// before the next attempt (nothing is started after either).
 pub(crate) async fn run_command(command: &CommandAction, slot: &Slot<'_>) -> Result<(), Failed> {
     let mut backoff = Backoff::new(command.retry);
     let mut attempts = 0u32;
@@ -101,22 +102,27 @@ pub(crate) async fn run_command(command: &CommandAction, slot: &Slot<'_>) -> Res
             Ok(()) => return Ok(()),
             Err(reason) => reason,
         };
-        let delay = backoff.next_delay(&mut WithoutRandom);
-        match delay {
-            Some(delay) if !slot.run.is_lost() && !slot.stop.is_stopped() => {
-                log::warn!(
-                    "schedule {} slot {}: {reason}; retried in {delay:?}",
-                    slot.router,
-                    slot.run.slot
-                );
-                CallerRuntime.sleep(delay).await;
-            }
-            _ => return Err(Failed { attempts, reason }),
-        }
-        if slot.run.is_lost() {
+        let Some(delay) = backoff.next_delay(&mut WithoutRandom) else {
+            return Err(Failed { attempts, reason });
+        };
+        log::warn!(
+            "schedule {} slot {}: {reason}; retried in {delay:?}",
+            slot.router,
+            slot.run.slot
+        );
+        // A stop during the wait ends it at once.
+        future::or(CallerRuntime.sleep(delay), slot.stop.stopped()).await;
+        let ended = if slot.run.is_lost() {
+            Some("the run's lock was lost")
+        } else if slot.stop.is_stopped() {
+            Some("the replica stopped")
+        } else {
+            None
+        };
+        if let Some(ended) = ended {
             return Err(Failed {
                 attempts,
-                reason: format!("{reason}; the run's lock was lost before the next attempt"),
+                reason: format!("{reason}; {ended} before the next attempt"),
             });
         }
     }

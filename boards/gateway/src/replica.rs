@@ -80,16 +80,17 @@ pub async fn run(
     // Exclusive runs are a scheduler's setting: those schedules have one
     // of their own, its run locks as long-lived as a leader's lease.
     let mut plain = scheduler();
-    let mut exclusive = scheduler()
-        .with_exclusive_runs(config.guards.active.ttl())
-        .map_err(|source| GatewayError::Schedule {
-            router: config
-                .schedules
-                .iter()
-                .find(|s| s.exclusive)
-                .map_or_else(String::new, |s| s.router.clone()),
-            source,
-        })?;
+    let mut exclusive = match config.schedules.iter().find(|s| s.exclusive) {
+        None => None,
+        Some(first) => Some(
+            scheduler()
+                .with_exclusive_runs(config.guards.active.ttl())
+                .map_err(|source| GatewayError::Schedule {
+                    router: first.router.clone(),
+                    source,
+                })?,
+        ),
+    };
     for schedule in &config.schedules {
         let router = schedule.router.clone();
         let emit = emit.clone();
@@ -137,10 +138,9 @@ pub async fn run(
                 }
             }
         };
-        let scheduler = if schedule.exclusive {
-            &mut exclusive
-        } else {
-            &mut plain
+        let scheduler = match (schedule.exclusive, exclusive.as_mut()) {
+            (true, Some(exclusive)) => exclusive,
+            _ => &mut plain,
         };
         match &schedule.timing {
             Timing::Every(every) => {
@@ -225,7 +225,7 @@ pub async fn run(
         }));
     }
     tasks.push(executor.spawn(plain.run(control.clone())));
-    if config.schedules.iter().any(|s| s.exclusive) {
+    if let Some(exclusive) = exclusive {
         tasks.push(executor.spawn(exclusive.run(control.clone())));
     }
     // Everything is connected and the locker has answered.

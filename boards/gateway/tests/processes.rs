@@ -2958,3 +2958,46 @@ fn a_quota_in_front_of_a_sink_holds_back_what_is_over_it_and_loses_nothing() {
         "{text}"
     );
 }
+
+/// A stop while a failed command waits for its retry ends the wait at
+/// once and starts nothing more: the run is reported failed, the replica
+/// exits long before the retry delay, and the command ran once.
+#[test]
+fn a_stop_during_a_command_s_retry_wait_starts_nothing_more() {
+    let dir = tempfile::tempdir().unwrap();
+    let tries = dir.path().join("tries.log");
+    let (_config, path) = written(&format!(
+        "[locker]\nkind = \"local\"\n\n[[schedules]]\nrouter = \"flaky\"\nevery_ms = 1000\nrun = [\"sh\", \"-c\", \"echo $GUARD_SLOT >> {}; exit 1\"]\nretries = 5\nretry_delay_ms = 30000\n",
+        tries.display()
+    ));
+    let lines: Lines = Arc::default();
+    let mut replica = start(0, &path, &lines);
+    assert!(wait_for(SETTLE, || std::fs::read_to_string(&tries)
+        .is_ok_and(|t| !t.is_empty())));
+    signal(&replica, "TERM");
+    let stopping = Instant::now();
+    let exited = wait_for(Duration::from_secs(20), || {
+        matches!(replica.0.try_wait(), Ok(Some(_)))
+    });
+    assert!(
+        exited,
+        "still running {:?} after the stop",
+        stopping.elapsed()
+    );
+    let tries = std::fs::read_to_string(&tries).unwrap();
+    assert_eq!(
+        tries.lines().count(),
+        1,
+        "started again after the stop: {tries}"
+    );
+    assert!(
+        lines
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(_, _, l)| l.starts_with("failed router=flaky")
+                && l.ends_with("the replica stopped before the next attempt")),
+        "{:?}",
+        lines.lock().unwrap()
+    );
+}
