@@ -3,8 +3,8 @@
 //! Everything here is a plain value with the time passed in: rate limiters
 //! (token bucket, meter-style leaky bucket, sliding-window log, a bounded
 //! keyed table and a lock-free shared token bucket), retry policies and
-//! executors, failure handling, a bounded dead-letter queue and
-//! deduplicators. Nothing reads a clock, allocates, or panics on any input;
+//! executors, failure handling, a bounded dead-letter queue,
+//! deduplicators and the framing of an append-only log's records. Nothing reads a clock, allocates, or panics on any input;
 //! runtimes (std, smol, embassy) supply time, IO and storage.
 //!
 //! ```
@@ -44,6 +44,7 @@
 pub mod dedup;
 pub mod dlq;
 pub mod failure;
+pub mod frame;
 #[cfg(feature = "arbitrary")]
 pub mod fuzz;
 pub mod guard;
