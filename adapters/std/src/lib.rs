@@ -7,6 +7,8 @@
 //!   capability rather than assumed;
 //! - [`CronSchedule`]: cron expressions with a seconds field, in UTC;
 //! - [`Clock`]: monotonic and wall-clock time for guard-core;
+//! - [`disk_queue`]: a queue on disk, bounded in bytes, that survives a
+//!   crash and cuts a torn tail: store-and-forward in front of a sink;
 //! - [`run`]: the runners (active guard, scheduler, waiting limiter) on
 //!   any async runtime, named for theirs by guard-smol and guard-tokio.
 //!
@@ -29,6 +31,7 @@
 
 mod clock;
 mod cron_schedule;
+pub mod disk_queue;
 mod local_locker;
 pub mod metered;
 pub mod metrics;

@@ -34,6 +34,15 @@ pub struct Built {
     pub lock_service: String,
     /// Every sink, made, by name.
     pub sinks: std::collections::BTreeMap<String, Arc<dyn guard_endpoints::sink::MessageSink>>,
+    /// The queue of each sink that has one, opened, by the sink's name,
+    /// with what its recovery found.
+    pub queues: std::collections::BTreeMap<
+        String,
+        (
+            Arc<guard_endpoints::sink::queued::QueuedSink>,
+            guard_std::disk_queue::Recovery,
+        ),
+    >,
 }
 
 /// Connects what `config` names: a Redis locker that cannot be reached is
@@ -110,12 +119,19 @@ pub async fn build(config: &Config) -> Result<Built, GatewayError> {
             .map_or(std::time::Duration::from_millis(500), |l| l.request_timeout),
     )
     .await?;
+    let mut queues = std::collections::BTreeMap::new();
+    for sink in &config.sinks {
+        if let Some(queue) = &sink.queue {
+            queues.insert(sink.name.clone(), crate::queue::open(&sink.name, queue)?);
+        }
+    }
     Ok(Built {
         guards,
         limiters: RateLimiterRegistry::new(limiters),
         redis,
         lock_service,
         sinks,
+        queues,
     })
 }
 

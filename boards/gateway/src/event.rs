@@ -54,6 +54,33 @@ pub enum Event {
         /// Why.
         reason: String,
     },
+    /// A queued message its sink refused for good or as stale, kept as a
+    /// dead letter.
+    SinkDeadLettered {
+        /// The sink.
+        sink: String,
+        /// The message's id (its idempotency key).
+        id: String,
+        /// Where it came from.
+        from: String,
+        /// The sink's answer.
+        reason: String,
+    },
+    /// A sink's queue on disk, opened: what it holds and what its
+    /// recovery cut.
+    QueueOpened {
+        /// The sink.
+        sink: String,
+        /// Messages waiting to be forwarded.
+        pending: u64,
+        /// Bytes of torn or damaged tails cut.
+        lost_bytes: u64,
+        /// Segments whose tail was cut.
+        damaged_segments: u64,
+        /// Whether the cursor could not be placed (forwarding restarts at
+        /// the oldest record: repeats, no loss).
+        cursor_reset: bool,
+    },
     /// A scheduled run's action (a command, a message to a sink) failed
     /// after its attempts.
     Failed {
@@ -160,6 +187,28 @@ impl fmt::Display for Event {
                 "dead-lettered endpoint={endpoint} from={} reason={}",
                 one_line(from),
                 one_line(reason)
+            ),
+            Event::SinkDeadLettered {
+                sink,
+                id,
+                from,
+                reason,
+            } => write!(
+                f,
+                "dead-lettered sink={sink} id={} from={} reason={}",
+                one_line(id),
+                one_line(from),
+                one_line(reason)
+            ),
+            Event::QueueOpened {
+                sink,
+                pending,
+                lost_bytes,
+                damaged_segments,
+                cursor_reset,
+            } => write!(
+                f,
+                "queue sink={sink} pending={pending} lost_bytes={lost_bytes} damaged_segments={damaged_segments} cursor_reset={cursor_reset}"
             ),
             Event::Skipped {
                 router,

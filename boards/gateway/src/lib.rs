@@ -15,6 +15,7 @@ mod endpoint;
 mod error;
 mod event;
 pub mod prometheus;
+mod queue;
 pub mod readiness;
 pub mod replica;
 mod sink;

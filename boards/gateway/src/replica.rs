@@ -1,6 +1,7 @@
 //! One gateway replica, configured from a TOML file: what it runs, and
 //! the summary `guard-gateway check` prints.
 
+use guard_endpoints::sink::queued::{NotTaken, forward};
 use std::sync::Arc;
 
 use crate::action::{self, Action};
@@ -227,6 +228,40 @@ pub async fn run(
     tasks.push(executor.spawn(plain.run(control.clone())));
     if let Some(exclusive) = exclusive {
         tasks.push(executor.spawn(exclusive.run(control.clone())));
+    }
+    for (name, (queued, recovery)) in &built.queues {
+        emit(Event::QueueOpened {
+            sink: name.clone(),
+            pending: recovery.pending,
+            lost_bytes: recovery.lost_bytes,
+            damaged_segments: recovery.damaged_segments,
+            cursor_reset: recovery.cursor_reset,
+        });
+        let (sink, retry) = crate::sink::forwarded(&built, config, name)?;
+        let (queued, control, emit, name) =
+            (queued.clone(), control.clone(), emit.clone(), name.clone());
+        tasks.push(executor.spawn(async move {
+            let dead_letter = |not: NotTaken| {
+                let (id, from) = not
+                    .message
+                    .as_ref()
+                    .map_or((String::new(), String::new()), |m| {
+                        (m.id.clone(), m.origin.clone())
+                    });
+                log::warn!("sink {name}: {id} dead-lettered: {}", not.error);
+                emit(Event::SinkDeadLettered {
+                    sink: name.clone(),
+                    id,
+                    from,
+                    reason: format!("after {} attempt(s): {}", not.attempts, not.error),
+                });
+            };
+            futures_lite::future::or(
+                forward(queued.queue(), &*sink, &retry, dead_letter),
+                control.stopped(),
+            )
+            .await;
+        }));
     }
     // Everything is connected and the locker has answered.
     ready.set_started(true);

@@ -62,6 +62,8 @@ pub struct Sink {
     pub retry: RetryPolicy,
     /// The quota every message sent must pass, if any.
     pub limit: Option<SinkLimit>,
+    /// The queue on disk its messages go through, if any.
+    pub queue: Option<crate::queue::SinkQueue>,
 }
 
 /// A sink's quota: one of `[ratelimit.policies]`, keyed by the sink's
@@ -131,6 +133,7 @@ pub struct HttpTarget {
 pub(crate) struct HttpEntry {
     pub name: String,
     pub limit: Option<String>,
+    pub queue: Option<crate::queue::QueueEntry>,
     pub url: String,
     pub timeout_ms: Option<u64>,
     pub content_type: Option<String>,
@@ -148,6 +151,7 @@ pub(crate) struct HttpEntry {
 pub(crate) struct RedisStreamEntry {
     pub name: String,
     pub limit: Option<String>,
+    pub queue: Option<crate::queue::QueueEntry>,
     pub url: Option<String>,
     pub stream: String,
     pub duplicate_window_ms: Option<u64>,
@@ -166,6 +170,7 @@ pub(crate) struct RedisStreamEntry {
 pub(crate) struct JetStreamEntry {
     pub name: String,
     pub limit: Option<String>,
+    pub queue: Option<crate::queue::QueueEntry>,
     pub url: String,
     pub subject: String,
     pub timeout_ms: Option<u64>,
@@ -207,6 +212,14 @@ impl Entry {
             Entry::Http(h) => &h.name,
             Entry::RedisStream(r) => &r.name,
             Entry::JetStream(j) => &j.name,
+        }
+    }
+
+    fn queue(&self) -> Option<&crate::queue::QueueEntry> {
+        match self {
+            Entry::Http(h) => h.queue.as_ref(),
+            Entry::RedisStream(r) => r.queue.as_ref(),
+            Entry::JetStream(j) => j.queue.as_ref(),
         }
     }
 
@@ -259,7 +272,32 @@ pub(crate) fn resolve(
                 })
             }
         };
-        sinks.push(Sink { limit, ..sink });
+        let queue = match entry.queue() {
+            None => None,
+            Some(queue) => {
+                let at = |field: &str| key(&format!("queue.{field}"));
+                let queue = crate::queue::resolve(queue, &at, env)?;
+                if let Some(other) = sinks
+                    .iter()
+                    .find(|s| s.queue.as_ref().is_some_and(|q| q.dir == queue.dir))
+                {
+                    return Err(invalid(
+                        at("dir"),
+                        format!("{:?}", queue.dir.display().to_string()),
+                        format!(
+                            "a directory of its own (sink {:?} queues there)",
+                            other.name
+                        ),
+                    ));
+                }
+                Some(queue)
+            }
+        };
+        sinks.push(Sink {
+            limit,
+            queue,
+            ..sink
+        });
     }
     Ok(sinks)
 }
@@ -350,6 +388,7 @@ fn http(
             key,
         )?,
         limit: None,
+        queue: None,
     })
 }
 
@@ -410,6 +449,7 @@ fn redis_stream(
             key,
         )?,
         limit: None,
+        queue: None,
     })
 }
 
@@ -436,6 +476,7 @@ fn jetstream(
             key,
         )?,
         limit: None,
+        queue: None,
     })
 }
 
@@ -636,10 +677,24 @@ fn jetstream_sink(
     Err("this build has no NATS client (the gateway's `nats` feature)".into())
 }
 
-/// The sink `name` as an endpoint or a schedule sends through it: the
-/// one `build` made, behind its quota if it has one, with its retry
-/// policy.
+/// The sink `name` as an endpoint or a schedule sends through it, with
+/// its retry policy: its queue if it has one (which [`forwarded`] takes
+/// on), else [`forwarded`] itself.
 pub(crate) fn made(
+    built: &crate::built::Built,
+    config: &crate::config::Config,
+    name: &str,
+) -> Result<(Arc<dyn MessageSink>, RetryPolicy), GatewayError> {
+    let (direct, retry) = forwarded(built, config, name)?;
+    match built.queues.get(name) {
+        Some((queue, _)) => Ok((queue.clone(), retry)),
+        None => Ok((direct, retry)),
+    }
+}
+
+/// The sink `name` as messages leave the gateway: the one `build` made,
+/// behind its quota if it has one, with its retry policy.
+pub(crate) fn forwarded(
     built: &crate::built::Built,
     config: &crate::config::Config,
     name: &str,
@@ -725,6 +780,9 @@ pub(crate) fn describe(sink: &Sink) -> String {
     );
     if let Some(limit) = &sink.limit {
         retries.push_str(&format!(", limited by {}", limit.limiter));
+    }
+    if let Some(queue) = &sink.queue {
+        retries.push_str(&format!(", through a {}", crate::queue::describe(queue)));
     }
     match &sink.kind {
         SinkKind::Http(t) => {

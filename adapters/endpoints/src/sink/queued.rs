@@ -1,0 +1,306 @@
+//! Store-and-forward: a sink's messages through a queue on disk
+//! (guard-std's [`DiskQueue`]), so a sink that is down, slow or held back
+//! by its quota holds nobody up until the queue is full.
+//!
+//! - [`QueuedSink`] is the [`MessageSink`] a source sends through: a
+//!   message is taken once it is in the queue (written, and synced as
+//!   the queue's [`SyncPolicy`](guard_std::disk_queue::SyncPolicy) says),
+//!   with its id, origin and fence, so the source acknowledges it then.
+//! - [`forward`] takes the queue's messages to the real sink in the order
+//!   they were queued, each with [`deliver`] under the sink's retry
+//!   policy; a message the sink is down for stays at the head and is
+//!   tried again (a queue rides out an outage: it is never dead-lettered
+//!   for a transient failure); one the sink refuses for good or as stale
+//!   goes to the caller's dead letters, then the next one is sent.
+//! - A full queue holds its senders back ([`WhenFull::Wait`]: the sender
+//!   waits for room, then its retries take over, so a stream, JetStream,
+//!   RabbitMQ or MQTT QoS 1 source keeps the message) or refuses at once
+//!   ([`WhenFull::Refuse`]: a permanent refusal, counted, which a source
+//!   dead-letters).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use guard_core::retry::{RetryPolicy, WithoutRandom};
+use guard_std::BoxFuture;
+use guard_std::disk_queue::{AppendError, DiskQueue, SyncPolicy};
+
+use super::{Delivery, MessageSink, Outgoing, SinkError, deliver};
+
+/// What a full queue does with a message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WhenFull {
+    /// Waits up to this long for room, then answers a transient failure:
+    /// the sender's retries wait again, then the source keeps the message.
+    Wait(Duration),
+    /// Refuses it at once, for good (counted in
+    /// [`QueuedSink::refused`]).
+    Refuse,
+}
+
+/// A sink in front of a [`DiskQueue`]: see the [module](self).
+pub struct QueuedSink {
+    queue: DiskQueue,
+    when_full: WhenFull,
+    refused: AtomicU64,
+}
+
+impl QueuedSink {
+    /// Queues what is sent in `queue`; `when_full` says what a full queue
+    /// does.
+    pub fn new(queue: DiskQueue, when_full: WhenFull) -> Self {
+        QueuedSink {
+            queue,
+            when_full,
+            refused: AtomicU64::new(0),
+        }
+    }
+
+    /// The queue.
+    pub fn queue(&self) -> &DiskQueue {
+        &self.queue
+    }
+
+    /// Messages refused since the start because the queue was full (or
+    /// the disk).
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    async fn append(&self, record: Arc<Vec<u8>>) -> Result<(), AppendError> {
+        match self.queue.settings().sync() {
+            // A sync per record: off the caller's thread.
+            SyncPolicy::EveryWrite => {
+                let queue = self.queue.clone();
+                blocking::unblock(move || queue.append(&record)).await
+            }
+            // A write to the kernel's cache: microseconds.
+            SyncPolicy::Every(_) => self.queue.append(&record),
+        }
+    }
+}
+
+impl MessageSink for QueuedSink {
+    fn send<'a>(&'a self, message: &'a Outgoing<'a>) -> BoxFuture<'a, Result<(), SinkError>> {
+        Box::pin(async move {
+            let record = Arc::new(encode(message));
+            let mut waited = false;
+            loop {
+                let error = match self.append(record.clone()).await {
+                    Ok(()) => return Ok(()),
+                    Err(e) => e,
+                };
+                match (error.is_back_pressure(), self.when_full) {
+                    (true, WhenFull::Wait(wait)) if !waited => {
+                        waited = true;
+                        // Room comes when forwarding frees a segment; a
+                        // full disk frees up on its own time: look again
+                        // after the wait either way.
+                        futures_lite::future::or(self.queue.space(record.len()), async {
+                            async_io::Timer::after(wait).await;
+                        })
+                        .await;
+                    }
+                    (true, WhenFull::Wait(wait)) => {
+                        return Err(SinkError::Transient {
+                            reason: format!("{error} (held back: waited {wait:?} for room)"),
+                            retry_after: None,
+                        });
+                    }
+                    (true, WhenFull::Refuse) => {
+                        self.refused.fetch_add(1, Ordering::Relaxed);
+                        return Err(SinkError::Permanent {
+                            reason: format!("{error} (refused: when full, refuse)"),
+                        });
+                    }
+                    (false, _) => {
+                        let permanent = matches!(error, AppendError::TooLarge { .. });
+                        let reason = format!("not queued: {error}");
+                        return Err(if permanent {
+                            SinkError::Permanent { reason }
+                        } else {
+                            SinkError::Transient {
+                                reason,
+                                retry_after: None,
+                            }
+                        });
+                    }
+                }
+            }
+        })
+    }
+}
+
+/// A message as the queue keeps it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Queued {
+    /// Its id.
+    pub id: String,
+    /// Its origin.
+    pub origin: String,
+    /// The fence it was read under.
+    pub fence: Option<u64>,
+    /// When it was queued, in milliseconds since the Unix epoch.
+    pub queued_at_ms: u64,
+    /// Its payload.
+    pub payload: Vec<u8>,
+}
+
+impl Queued {
+    /// The message, to send.
+    pub fn outgoing(&self) -> Outgoing<'_> {
+        Outgoing {
+            id: &self.id,
+            origin: &self.origin,
+            fence: self.fence,
+            payload: &self.payload,
+        }
+    }
+}
+
+/// The shortest wait before a head the sink is down for is tried again
+/// (a policy without delays would spin).
+const MIN_HEAD_WAIT: Duration = Duration::from_millis(100);
+
+/// The record format's version, its first byte.
+const VERSION: u8 = 1;
+
+/// A message's record: version, fence (flag and value), the time queued,
+/// the id's and origin's lengths and bytes, then the payload.
+fn encode(message: &Outgoing<'_>) -> Vec<u8> {
+    let now_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let mut record =
+        Vec::with_capacity(26 + message.id.len() + message.origin.len() + message.payload.len());
+    record.push(VERSION);
+    record.push(u8::from(message.fence.is_some()));
+    record.extend_from_slice(&message.fence.unwrap_or(0).to_le_bytes());
+    record.extend_from_slice(&now_ms.to_le_bytes());
+    for text in [message.id, message.origin] {
+        // An id or origin longer than 4 GiB is no id: cut, never a panic.
+        let len = u32::try_from(text.len()).unwrap_or(u32::MAX);
+        record.extend_from_slice(&len.to_le_bytes());
+        record.extend_from_slice(&text.as_bytes()[..len as usize]);
+    }
+    record.extend_from_slice(message.payload);
+    record
+}
+
+/// A record read back; `Err` names what is wrong with it.
+pub fn decode(record: &[u8]) -> Result<Queued, String> {
+    let mut rest = record;
+    let mut take = |n: usize, what: &str| -> Result<&[u8], String> {
+        if rest.len() < n {
+            return Err(format!("a queued record cut short in its {what}"));
+        }
+        let (head, tail) = rest.split_at(n);
+        rest = tail;
+        Ok(head)
+    };
+    let u64_of = |b: &[u8]| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(b);
+        u64::from_le_bytes(w)
+    };
+    let version = take(1, "version")?[0];
+    if version != VERSION {
+        return Err(format!(
+            "a queued record of version {version}, this build reads {VERSION}"
+        ));
+    }
+    let fenced = take(1, "fence")?[0] == 1;
+    let fence = u64_of(take(8, "fence")?);
+    let queued_at_ms = u64_of(take(8, "time")?);
+    let mut text = |what: &str| -> Result<String, String> {
+        let len = take(4, what)?;
+        let len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
+        String::from_utf8(take(len, what)?.to_vec())
+            .map_err(|_| format!("a queued {what} not UTF-8"))
+    };
+    let id = text("id")?;
+    let origin = text("origin")?;
+    Ok(Queued {
+        id,
+        origin,
+        fence: fenced.then_some(fence),
+        queued_at_ms,
+        payload: rest.to_vec(),
+    })
+}
+
+/// A queued message the sink did not take, for the dead letters.
+#[derive(Debug)]
+pub struct NotTaken {
+    /// The message (`None`: its record could not be read back).
+    pub message: Option<Queued>,
+    /// Why: the sink's last answer, or what is wrong with the record.
+    pub error: SinkError,
+    /// Calls of the sink made.
+    pub attempts: u32,
+}
+
+/// Forwards `queue`'s messages to `sink` in order, for as long as it is
+/// polled (race it with a stop): each with `policy`'s retries; a message
+/// still failing transiently stays at the head and is tried again after
+/// the policy's longest delay; one refused for good or as stale goes to
+/// `dead_letter` (which must keep it before it returns), then the queue
+/// moves on. A queue that cannot be read is retried after a second.
+pub async fn forward(
+    queue: &DiskQueue,
+    sink: &dyn MessageSink,
+    policy: &RetryPolicy,
+    mut dead_letter: impl FnMut(NotTaken),
+) {
+    loop {
+        queue.appended().await;
+        let record = match queue.peek() {
+            Ok(Some(record)) => record,
+            Ok(None) => continue,
+            Err(e) => {
+                log::error!("{e}; reading again in 1 s");
+                async_io::Timer::after(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        let taken = match decode(&record) {
+            Ok(message) => {
+                let Delivery { attempts, outcome } =
+                    deliver(sink, &message.outgoing(), policy, &mut WithoutRandom, None).await;
+                match outcome {
+                    Ok(()) => true,
+                    Err(SinkError::Transient { retry_after, .. }) => {
+                        // Still down: the head waits, nothing behind it
+                        // passes (order), nothing is dropped.
+                        let wait = retry_after
+                            .unwrap_or_default()
+                            .max(policy.max_delay())
+                            .max(MIN_HEAD_WAIT);
+                        async_io::Timer::after(wait).await;
+                        false
+                    }
+                    Err(error) => {
+                        dead_letter(NotTaken {
+                            message: Some(message),
+                            error,
+                            attempts,
+                        });
+                        true
+                    }
+                }
+            }
+            Err(reason) => {
+                dead_letter(NotTaken {
+                    message: None,
+                    error: SinkError::Permanent { reason },
+                    attempts: 0,
+                });
+                true
+            }
+        };
+        if taken && let Err(e) = queue.advance() {
+            log::error!("{e}");
+        }
+    }
+}
