@@ -168,13 +168,15 @@ scripts/firmware-size.sh --crates "$mps2/net-replica"
 # Instructions per decision (QEMU has no cycle counter; see decisions.rs).
 timeout 120 "${qemu_m4[@]}" -icount shift=0 -kernel "$mps2/decisions"
 
-step "network namespace: TAP replicas and the firmware under QEMU electing through Redis (root only)"
+step "namespaces: TAP replicas and the firmware under QEMU electing through Redis, a queue on a full disk (root only)"
 # Ignored by a plain `cargo test` (they need root), so a run without root
 # counts them as ignored, never as passed. One at a time: each runs
 # several replicas (one of them QEMU), and the takeover is timed. The
 # firmware image was built by the step above.
 if [ "$(id -u)" -eq 0 ]; then
     cargo test --locked -p guard-tap-replica --test netns -- --ignored --test-threads=1 2>&1 | tee -a "$test_log"
+    # A sink's queue on a tmpfs that fills, in a mount namespace.
+    cargo test --locked "${features[@]}" -p guard-gateway --test processes a_queue_on_a_full_disk -- --ignored 2>&1 | tee -a "$test_log"
 else
     echo "not root: the namespace test is not run (counted as ignored)"
 fi

@@ -114,6 +114,22 @@ fn a_full_queue_hands_the_record_back_and_takes_it_once_forwarding_frees_room() 
 }
 
 #[test]
+fn a_consumer_that_keeps_up_never_fills_the_queue_with_forwarded_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    // One segment as large as the whole queue: only starting it afresh
+    // gives its forwarded bytes back.
+    let settings = settings(4096).with_segment_bytes(4096).unwrap();
+    let (queue, _) = DiskQueue::open(dir.path(), settings).unwrap();
+    for i in 0..2000 {
+        queue.append(&record(i)).unwrap();
+        assert_eq!(queue.peek().unwrap(), Some(record(i)));
+        queue.advance().unwrap();
+    }
+    assert!(queue.stats().bytes <= 4096);
+    assert_eq!(segments(dir.path()).len(), 1);
+}
+
+#[test]
 fn a_torn_tail_is_cut_and_counted_and_appends_continue_after_it() {
     let dir = tempfile::tempdir().unwrap();
     let settings = settings(1 << 20);

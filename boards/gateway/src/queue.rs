@@ -157,7 +157,9 @@ pub(crate) fn open(
             name: sink.to_owned(),
             source: e.into(),
         })?;
-    Ok((Arc::new(QueuedSink::new(disk, queue.when_full)), recovery))
+    let queued = QueuedSink::new(sink, disk, queue.when_full);
+    queued.measure();
+    Ok((Arc::new(queued), recovery))
 }
 
 /// What `check` prints of a queue.

@@ -257,7 +257,7 @@ pub async fn run(
                 });
             };
             futures_lite::future::or(
-                forward(queued.queue(), &*sink, &retry, dead_letter),
+                forward(&queued, &*sink, &retry, dead_letter),
                 control.stopped(),
             )
             .await;

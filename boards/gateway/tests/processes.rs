@@ -2416,26 +2416,7 @@ to = "uplink"
     let mut gateway = start(0, &path, &lines);
     assert!(ready(metrics), "the gateway became ready");
     // 100 entries a second, for the whole test, from a thread of its own.
-    let url = server.url();
-    let producing = thread::spawn(move || {
-        let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
-        let started = Instant::now();
-        let total = (OUTAGE.as_secs() + 10) * 100;
-        let mut ids = Vec::new();
-        for i in 0..total {
-            let due = started + Duration::from_millis(i * 10);
-            thread::sleep(due.saturating_duration_since(Instant::now()));
-            let id: String = redis::cmd("XADD")
-                .arg("orders")
-                .arg("*")
-                .arg("payload")
-                .arg(format!("o{i}"))
-                .query(&mut conn)
-                .unwrap();
-            ids.push((id, format!("o{i}")));
-        }
-        ids
-    });
+    let producing = produce(&server, (OUTAGE.as_secs() + 10) * 100, 100);
     thread::sleep(Duration::from_secs(5));
     let mut requests = receiver.stop();
     assert!(!requests.is_empty(), "forwarding before the outage");
@@ -2447,26 +2428,82 @@ to = "uplink"
     thread::sleep(OUTAGE.saturating_sub(outage.elapsed()));
     let receiver = guard_testkit::HttpReceiver::start_on(port).expect("the receiver back");
     let sent = producing.join().unwrap();
-    let arrived = |requests: &[guard_testkit::Received]| {
-        requests
-            .iter()
-            .filter_map(|r| r.header("idempotency-key"))
-            .collect::<std::collections::BTreeSet<_>>()
-            .len()
-    };
     assert!(
-        wait_for(SETTLE, || arrived(&receiver.requests())
-            + arrived(&requests)
+        wait_for(SETTLE, || keys_arrived(&receiver.requests())
+            + keys_arrived(&requests)
             >= sent.len()),
         "not all entries arrived: {} of {}",
-        arrived(&receiver.requests()) + arrived(&requests),
+        keys_arrived(&receiver.requests()) + keys_arrived(&requests),
         sent.len()
     );
     requests.extend(receiver.requests());
-    // First delivery of each key, in the order they arrived.
+    let again = each_entry_once_in_order(&requests, &sent);
+    assert!(
+        again <= 5,
+        "{again} entries sent twice: more than those in flight at the kill"
+    );
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    assert!(
+        wait_for(SETTLE, || pending_entries(&mut conn) == 0),
+        "entries left pending"
+    );
+    drop(gateway);
+}
+
+/// Adds `total` entries to the stream `orders`, `per_second` of them a
+/// second, from a thread of its own: their ids and payloads.
+fn produce(
+    server: &RedisServer,
+    total: u64,
+    per_second: u64,
+) -> thread::JoinHandle<Vec<(String, String)>> {
+    let url = server.url();
+    thread::spawn(move || {
+        let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
+        let started = Instant::now();
+        let mut ids = Vec::new();
+        for i in 0..total {
+            let due = started + Duration::from_micros(i * 1_000_000 / per_second);
+            thread::sleep(due.saturating_duration_since(Instant::now()));
+            let id: String = redis::cmd("XADD")
+                .arg("orders")
+                .arg("*")
+                .arg("payload")
+                .arg(format!("o{i}"))
+                .query(&mut conn)
+                .unwrap();
+            ids.push((id, format!("o{i}")));
+        }
+        ids
+    })
+}
+
+/// Entries of the group `uplink` on `orders` read and not acknowledged.
+fn pending_entries(conn: &mut redis::Connection) -> i64 {
+    let pending: Vec<redis::Value> = redis::cmd("XPENDING")
+        .arg("orders")
+        .arg("uplink")
+        .query(conn)
+        .unwrap();
+    match pending.first() {
+        Some(redis::Value::Int(n)) => *n,
+        other => panic!("XPENDING answered {other:?}"),
+    }
+}
+
+/// Checks that `requests` carry every entry of `sent` under the key
+/// `orders:<entry id>`, first delivered in stream order, a repeat with
+/// the first delivery's body: the repeats.
+fn each_entry_once_in_order(
+    requests: &[guard_testkit::Received],
+    sent: &[(String, String)],
+) -> usize {
     let mut first: BTreeMap<String, Vec<u8>> = BTreeMap::new();
     let mut order = Vec::new();
-    for r in &requests {
+    for r in requests {
         assert_eq!((r.method.as_str(), r.path.as_str()), ("POST", "/ingest"));
         let key = r.header("idempotency-key").expect("a key").to_owned();
         match first.get(&key) {
@@ -2482,30 +2519,303 @@ to = "uplink"
         order, expected,
         "every entry, once each by key, in stream order"
     );
-    for (id, payload) in &sent {
+    for (id, payload) in sent {
         assert_eq!(first[&format!("orders:{id}")], payload.as_bytes());
     }
-    let again = requests.len() - order.len();
-    assert!(
-        again <= 5,
-        "{again} entries sent twice: more than those in flight at the kill"
-    );
+    requests.len() - order.len()
+}
+
+/// Distinct `Idempotency-Key`s in `requests`.
+fn keys_arrived(requests: &[guard_testkit::Received]) -> usize {
+    requests
+        .iter()
+        .filter_map(|r| r.header("idempotency-key"))
+        .collect::<std::collections::BTreeSet<_>>()
+        .len()
+}
+
+/// A stream endpoint forwarding to an HTTP sink through a queue on disk
+/// in `queue_dir`, the sink retrying every 50 to 200 ms.
+fn queued_config(redis: &str, metrics: u16, uplink: &str, queue: &str) -> String {
+    format!(
+        r#"{}
+[metrics]
+prometheus = "127.0.0.1:{metrics}"
+
+[[sinks]]
+name = "uplink"
+kind = "http"
+url = "{uplink}"
+timeout_ms = 2000
+retries = 3
+retry_delay_ms = 50
+max_retry_delay_ms = 200
+
+[sinks.queue]
+dir = "{queue}"
+{}
+
+[[endpoints]]
+name = "orders"
+kind = "redis-stream"
+stream = "orders"
+group = "uplink"
+claim_idle_ms = 2000
+to = "uplink"
+"#,
+        base_config(redis),
+        if queue.contains("tmpfs") {
+            "max_bytes = 1048576
+full_wait_ms = 100"
+        } else {
+            "sync_ms = 100"
+        }
+    )
+}
+
+/// The outage of [`a_queued_sink_takes_entries_on_disk_and_forwards_them_in_order_across_an_outage_and_a_kill`].
+const QUEUED_OUTAGE: Duration = Duration::from_secs(14);
+
+/// With a queue on disk in front of the HTTP sink, a stream's entries are
+/// acknowledged once queued, so nothing stays pending at the source while
+/// the receiver is down; the gateway is killed with SIGKILL in the middle
+/// of the outage and started again, and reopens its queue with nothing
+/// lost; once the receiver is back every entry arrives, in stream order,
+/// each under its entry's key, repeats (forwarded, not yet recorded as
+/// such at the kill) carrying the first delivery's body.
+#[test]
+fn a_queued_sink_takes_entries_on_disk_and_forwards_them_in_order_across_an_outage_and_a_kill() {
+    let server = RedisServer::start().expect("redis-server");
+    let receiver = guard_testkit::HttpReceiver::start().expect("receiver");
+    let port = receiver.port();
+    let dir = tempfile::tempdir().unwrap();
+    let queue = dir.path().join("queue");
+    let metrics = free_port().unwrap();
+    let (_config_dir, path) = written(&queued_config(
+        &server.url(),
+        metrics,
+        &receiver.url("/ingest"),
+        queue.to_str().unwrap(),
+    ));
+    let lines: Lines = Arc::default();
+    let mut gateway = start(0, &path, &lines);
+    assert!(ready(metrics), "the gateway became ready");
+    let producing = produce(&server, (QUEUED_OUTAGE.as_secs() + 8) * 100, 100);
+    thread::sleep(Duration::from_secs(3));
+    let mut requests = receiver.stop();
+    assert!(!requests.is_empty(), "forwarding before the outage");
+    let outage = Instant::now();
+    thread::sleep(QUEUED_OUTAGE / 2);
+    // Down for seconds, and the source holds nothing back: each entry was
+    // acknowledged once on disk.
     let mut conn = redis::Client::open(server.url())
         .unwrap()
         .get_connection()
         .unwrap();
+    let pending = pending_entries(&mut conn);
+    assert!(pending <= 5, "{pending} entries pending while queued");
+    let (_, text) = http_get(metrics, "/metrics");
+    let queued = sample(&text, "guard_queue_pending{name=\"uplink\"}").unwrap_or(0.0);
+    assert!(queued >= 300.0, "{queued} queued after 7 s down:\n{text}");
+    signal(&gateway, "KILL");
+    let _ = gateway.0.wait();
+    gateway = start(1, &path, &lines);
     assert!(
-        wait_for(SETTLE, || {
-            let pending: Vec<redis::Value> = redis::cmd("XPENDING")
-                .arg("orders")
-                .arg("uplink")
-                .query(&mut conn)
-                .unwrap();
-            pending.first() == Some(&redis::Value::Int(0))
-        }),
-        "entries left pending"
+        wait_for(SETTLE, || lines.lock().unwrap().iter().any(|(id, _, l)| {
+            *id == 1
+                && l.starts_with("queue sink=uplink")
+                && l.contains("lost_bytes=0 damaged_segments=0")
+        })),
+        "reopened whole: {:?}",
+        lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, _, l)| l.starts_with("queue"))
+            .collect::<Vec<_>>()
     );
+    thread::sleep(QUEUED_OUTAGE.saturating_sub(outage.elapsed()));
+    let receiver = guard_testkit::HttpReceiver::start_on(port).expect("the receiver back");
+    let sent = producing.join().unwrap();
+    assert!(
+        wait_for(SETTLE, || keys_arrived(&receiver.requests())
+            + keys_arrived(&requests)
+            >= sent.len()),
+        "not all entries arrived: {} of {}",
+        keys_arrived(&receiver.requests()) + keys_arrived(&requests),
+        sent.len()
+    );
+    requests.extend(receiver.requests());
+    let again = each_entry_once_in_order(&requests, &sent);
+    assert!(again <= 5, "{again} entries sent twice");
+    assert_eq!(pending_entries(&mut conn), 0, "entries left pending");
     drop(gateway);
+}
+
+/// A queue whose last segment lost its tail (a power loss tore the last
+/// write): the gateway starts, says what it cut, and forwards every whole
+/// record before the tear, in order.
+#[test]
+fn a_truncated_queue_file_at_start_is_cut_counted_and_the_rest_forwarded() {
+    let server = RedisServer::start().expect("redis-server");
+    // The receiver's port, closed while the queue fills.
+    let receiver = guard_testkit::HttpReceiver::start().expect("receiver");
+    let port = receiver.port();
+    let url = receiver.url("/ingest");
+    drop(receiver.stop());
+    let dir = tempfile::tempdir().unwrap();
+    let queue = dir.path().join("queue");
+    let metrics = free_port().unwrap();
+    let (_config_dir, path) = written(&queued_config(
+        &server.url(),
+        metrics,
+        &url,
+        queue.to_str().unwrap(),
+    ));
+    let lines: Lines = Arc::default();
+    let gateway = start(0, &path, &lines);
+    assert!(ready(metrics), "the gateway became ready");
+    let sent = produce(&server, 50, 500).join().unwrap();
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let queued = || {
+        let (_, text) = http_get(metrics, "/metrics");
+        sample(&text, "guard_queue_pending{name=\"uplink\"}") == Some(50.0)
+    };
+    assert!(wait_for(SETTLE, queued), "all 50 queued");
+    assert_eq!(pending_entries(&mut conn), 0);
+    drop(gateway);
+    // The last record's last 3 bytes never reached the disk.
+    let mut segments: Vec<_> = std::fs::read_dir(&queue)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+        .collect();
+    segments.sort();
+    let last = segments.pop().unwrap();
+    let len = std::fs::metadata(&last).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&last)
+        .unwrap()
+        .set_len(len - 3)
+        .unwrap();
+    let receiver = guard_testkit::HttpReceiver::start_on(port).expect("the receiver");
+    let _gateway = start(1, &path, &lines);
+    let opened = || {
+        lines
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|(id, _, l)| *id == 1 && l.starts_with("queue sink=uplink"))
+            .map(|(_, _, l)| l.clone())
+    };
+    assert!(wait_for(SETTLE, || opened().is_some()));
+    let opened = opened().unwrap();
+    assert!(
+        opened.contains("pending=49 ") && opened.contains("damaged_segments=1"),
+        "{opened}"
+    );
+    let lost: u64 = opened
+        .split_whitespace()
+        .find_map(|f| f.strip_prefix("lost_bytes="))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(lost > 0 && lost < 200, "one torn record's bytes: {opened}");
+    assert!(wait_for(SETTLE, || keys_arrived(&receiver.requests()) >= 49));
+    thread::sleep(Duration::from_millis(500));
+    let again = each_entry_once_in_order(&receiver.requests(), &sent[..49]);
+    assert_eq!(again, 0);
+}
+
+/// A queue on a file system that fills (a 64 KiB tmpfs, in a mount
+/// namespace of the gateway's own) while the sink is down: the writes
+/// that find no room are cut off and the source is held back (its
+/// entries stay in the stream), counted and logged as a full disk; once
+/// the sink is back the queue drains, readable, and every entry arrives.
+/// Needs root (a mount namespace); the test command runs it as root.
+#[test]
+#[ignore = "needs root: mounts a tmpfs in a mount namespace"]
+fn a_queue_on_a_full_disk_holds_the_source_back_and_stays_readable() {
+    let server = RedisServer::start().expect("redis-server");
+    let receiver = guard_testkit::HttpReceiver::start().expect("receiver");
+    let port = receiver.port();
+    let url = receiver.url("/ingest");
+    drop(receiver.stop());
+    let dir = tempfile::tempdir().unwrap();
+    let mount = dir.path().join("tmpfs");
+    std::fs::create_dir(&mount).unwrap();
+    let metrics = free_port().unwrap();
+    let (_config_dir, path) = written(&queued_config(
+        &server.url(),
+        metrics,
+        &url,
+        mount.join("queue").to_str().unwrap(),
+    ));
+    let log_path = dir.path().join("stderr.log");
+    let lines: Lines = Arc::default();
+    let child = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(r#"mount -t tmpfs -o size=64k tmpfs "$1" && exec "$2" run --config "$3""#)
+        .arg("sh")
+        .arg(&mount)
+        .arg(env!("CARGO_BIN_EXE_guard-gateway"))
+        .arg(&path)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .expect("unshare");
+    let _gateway = collect(0, child, &lines);
+    assert!(
+        ready(metrics),
+        "the gateway became ready: {}",
+        std::fs::read_to_string(&log_path).unwrap_or_default()
+    );
+    let sent = produce(&server, 2000, 2000).join().unwrap();
+    let held_back = || {
+        let (_, text) = http_get(metrics, "/metrics");
+        sample(
+            &text,
+            "guard_queue_full_total{name=\"uplink\",outcome=\"held_back\"}",
+        )
+        .unwrap_or(0.0)
+    };
+    assert!(wait_for(SETTLE, || held_back() >= 1.0), "never held back");
+    let (_, text) = http_get(metrics, "/metrics");
+    let queued = sample(&text, "guard_queue_pending{name=\"uplink\"}").unwrap();
+    assert!(
+        queued > 100.0 && queued < 2000.0,
+        "{queued} queued on 64 KiB"
+    );
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    assert!(
+        log.contains("no room on the disk") && log.contains("held back"),
+        "a full disk is a clear error:\n{log}"
+    );
+    let receiver = guard_testkit::HttpReceiver::start_on(port).expect("the receiver");
+    assert!(
+        wait_for(Duration::from_secs(120), || keys_arrived(
+            &receiver.requests()
+        ) >= sent.len()),
+        "{} of {} arrived",
+        keys_arrived(&receiver.requests()),
+        sent.len()
+    );
+    let requests = receiver.requests();
+    for (id, payload) in &sent {
+        let key = format!("orders:{id}");
+        assert!(
+            requests
+                .iter()
+                .any(|r| r.header("idempotency-key") == Some(key.as_str())
+                    && r.body == payload.as_bytes()),
+            "{key} never arrived"
+        );
+    }
 }
 
 /// What a sink refuses for good is dead-lettered at once with its answer:

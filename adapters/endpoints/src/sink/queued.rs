@@ -41,6 +41,7 @@ pub enum WhenFull {
 
 /// A sink in front of a [`DiskQueue`]: see the [module](self).
 pub struct QueuedSink {
+    name: String,
     queue: DiskQueue,
     when_full: WhenFull,
     refused: AtomicU64,
@@ -48,13 +49,33 @@ pub struct QueuedSink {
 
 impl QueuedSink {
     /// Queues what is sent in `queue`; `when_full` says what a full queue
-    /// does.
-    pub fn new(queue: DiskQueue, when_full: WhenFull) -> Self {
+    /// does. `name` labels its metrics ([`QUEUE_FULL`],
+    /// [`QUEUE_PENDING`], [`QUEUE_BYTES`]).
+    ///
+    /// [`QUEUE_FULL`]: guard_std::metrics::QUEUE_FULL
+    /// [`QUEUE_PENDING`]: guard_std::metrics::QUEUE_PENDING
+    /// [`QUEUE_BYTES`]: guard_std::metrics::QUEUE_BYTES
+    pub fn new(name: &str, queue: DiskQueue, when_full: WhenFull) -> Self {
         QueuedSink {
+            name: name.to_owned(),
             queue,
             when_full,
             refused: AtomicU64::new(0),
         }
+    }
+
+    /// Sets the queue's gauges to what it holds now.
+    pub fn measure(&self) {
+        let stats = self.queue.stats();
+        metrics::gauge!(guard_std::metrics::QUEUE_PENDING, "name" => self.name.clone())
+            .set(stats.pending as f64);
+        metrics::gauge!(guard_std::metrics::QUEUE_BYTES, "name" => self.name.clone())
+            .set(stats.bytes as f64);
+    }
+
+    fn count_full(&self, outcome: &'static str) {
+        metrics::counter!(guard_std::metrics::QUEUE_FULL, "name" => self.name.clone(), "outcome" => outcome)
+            .increment(1);
     }
 
     /// The queue.
@@ -88,7 +109,10 @@ impl MessageSink for QueuedSink {
             let mut waited = false;
             loop {
                 let error = match self.append(record.clone()).await {
-                    Ok(()) => return Ok(()),
+                    Ok(()) => {
+                        self.measure();
+                        return Ok(());
+                    }
                     Err(e) => e,
                 };
                 match (error.is_back_pressure(), self.when_full) {
@@ -103,6 +127,8 @@ impl MessageSink for QueuedSink {
                         .await;
                     }
                     (true, WhenFull::Wait(wait)) => {
+                        self.count_full("held_back");
+                        log::warn!("sink {}: {error}; held back", self.name);
                         return Err(SinkError::Transient {
                             reason: format!("{error} (held back: waited {wait:?} for room)"),
                             retry_after: None,
@@ -110,6 +136,8 @@ impl MessageSink for QueuedSink {
                     }
                     (true, WhenFull::Refuse) => {
                         self.refused.fetch_add(1, Ordering::Relaxed);
+                        self.count_full("refused");
+                        log::warn!("sink {}: {error}; refused", self.name);
                         return Err(SinkError::Permanent {
                             reason: format!("{error} (refused: when full, refuse)"),
                         });
@@ -241,18 +269,19 @@ pub struct NotTaken {
     pub attempts: u32,
 }
 
-/// Forwards `queue`'s messages to `sink` in order, for as long as it is
+/// Forwards `queued`'s messages to `sink` in order, for as long as it is
 /// polled (race it with a stop): each with `policy`'s retries; a message
 /// still failing transiently stays at the head and is tried again after
 /// the policy's longest delay; one refused for good or as stale goes to
 /// `dead_letter` (which must keep it before it returns), then the queue
 /// moves on. A queue that cannot be read is retried after a second.
 pub async fn forward(
-    queue: &DiskQueue,
+    queued: &QueuedSink,
     sink: &dyn MessageSink,
     policy: &RetryPolicy,
     mut dead_letter: impl FnMut(NotTaken),
 ) {
+    let queue = &queued.queue;
     loop {
         queue.appended().await;
         let record = match queue.peek() {
@@ -299,8 +328,11 @@ pub async fn forward(
                 true
             }
         };
-        if taken && let Err(e) = queue.advance() {
-            log::error!("{e}");
+        if taken {
+            if let Err(e) = queue.advance() {
+                log::error!("{e}");
+            }
+            queued.measure();
         }
     }
 }

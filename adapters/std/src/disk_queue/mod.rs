@@ -248,11 +248,10 @@ impl std::error::Error for AppendError {}
 
 impl From<QueueError> for AppendError {
     fn from(e: QueueError) -> Self {
-        match &e {
-            QueueError::Io { source, .. } if source.kind() == io::ErrorKind::StorageFull => {
-                AppendError::DiskFull(e)
-            }
-            _ => AppendError::Io(e),
+        if is_storage_full(&e) {
+            AppendError::DiskFull(e)
+        } else {
+            AppendError::Io(e)
         }
     }
 }
@@ -438,6 +437,13 @@ impl DiskQueue {
         }
         let mut guard = self.state();
         let state = &mut *guard;
+        let segment_bytes = self.shared.settings.segment_bytes;
+        // A newest segment all forwarded is started afresh once it holds
+        // a quarter segment (not at every record: a consumer that keeps
+        // up would make a file per record), so its bytes count no more.
+        if self.all_forwarded(state) >= segment_bytes / 4 {
+            self.roll(state)?;
+        }
         if state.bytes.saturating_add(needed) > max {
             return Err(AppendError::Full {
                 needed,
@@ -445,38 +451,24 @@ impl DiskQueue {
                 max,
             });
         }
-        let newest = state
-            .segments
-            .back()
-            .copied()
-            .unwrap_or(Segment { id: 1, len: 0 });
-        if newest.len > 0 && newest.len.saturating_add(needed) > self.shared.settings.segment_bytes
-        {
-            self.roll(state, newest)?;
+        let newest_len = state.segments.back().map_or(0, |s| s.len);
+        if newest_len > 0 && newest_len.saturating_add(needed) > segment_bytes {
+            self.roll(state)?;
         }
-        // A queue always has a segment to write: `open` makes one and
-        // only a segment before another is removed.
-        let Some(newest) = state.segments.back_mut() else {
-            return Ok(());
-        };
         state.frame.clear();
         state.frame.extend_from_slice(&header.to_bytes());
         state.frame.extend_from_slice(record);
-        let path = || segment_path(&self.shared.dir, newest.id);
-        if let Err(e) = state.writer.write_all_at(&state.frame, newest.len) {
-            // Cut the partial frame off: the segment stays whole frames.
-            let _ = state.writer.set_len(newest.len);
-            return Err(io_error("appending to", &path(), e).into());
+        match self.write_frame(state) {
+            Ok(()) => {}
+            // No room on the disk, and forwarded bytes to give back: a
+            // fresh segment, and one more try.
+            Err(e) if is_storage_full(&e) && self.all_forwarded(state) > 0 => {
+                self.roll(state)?;
+                self.write_frame(state)?;
+            }
+            Err(e) => return Err(e.into()),
         }
-        if self.shared.settings.sync == SyncPolicy::EveryWrite
-            && let Err(e) = state.writer.sync_data()
-        {
-            let _ = state.writer.set_len(newest.len);
-            return Err(io_error("syncing", &path(), e).into());
-        }
-        newest.len = newest.len.saturating_add(needed);
         state.bytes = state.bytes.saturating_add(needed);
-        state.unsynced = self.shared.settings.sync != SyncPolicy::EveryWrite;
         state.stats.pending = state.stats.pending.saturating_add(1);
         state.stats.appended = state.stats.appended.saturating_add(1);
         drop(guard);
@@ -484,10 +476,50 @@ impl DiskQueue {
         Ok(())
     }
 
-    /// Starts a new segment after `newest` (synced first, so a sealed
-    /// segment is whole on disk).
-    fn roll(&self, state: &mut State, newest: Segment) -> Result<(), QueueError> {
-        let path = segment_path(&self.shared.dir, newest.id);
+    /// The bytes of the newest segment if all of it is forwarded (0 if
+    /// not, or empty).
+    fn all_forwarded(&self, state: &State) -> u64 {
+        match state.segments.back() {
+            Some(newest) if state.read.segment == newest.id && state.read.offset >= newest.len => {
+                newest.len
+            }
+            _ => 0,
+        }
+    }
+
+    /// Writes the frame in `state.frame` at the end of the newest segment
+    /// (synced under [`SyncPolicy::EveryWrite`]); on an error the partial
+    /// frame is cut off, so the segment stays whole frames.
+    fn write_frame(&self, state: &mut State) -> Result<(), QueueError> {
+        // A queue always has a segment to write: `open` makes one and
+        // only a segment before another is removed.
+        let Some(newest) = state.segments.back_mut() else {
+            return Ok(());
+        };
+        let path = || segment_path(&self.shared.dir, newest.id);
+        if let Err(e) = state.writer.write_all_at(&state.frame, newest.len) {
+            let _ = state.writer.set_len(newest.len);
+            return Err(io_error("appending to", &path(), e));
+        }
+        if self.shared.settings.sync == SyncPolicy::EveryWrite
+            && let Err(e) = state.writer.sync_data()
+        {
+            let _ = state.writer.set_len(newest.len);
+            return Err(io_error("syncing", &path(), e));
+        }
+        newest.len = newest.len.saturating_add(state.frame.len() as u64);
+        state.unsynced = self.shared.settings.sync != SyncPolicy::EveryWrite;
+        Ok(())
+    }
+
+    /// Starts a new segment after the newest (synced first, so a sealed
+    /// segment is whole on disk), and removes the old one if all of it
+    /// is forwarded.
+    fn roll(&self, state: &mut State) -> Result<(), QueueError> {
+        let Some(old) = state.segments.back().copied() else {
+            return Ok(());
+        };
+        let path = segment_path(&self.shared.dir, old.id);
         if state.unsynced {
             state
                 .writer
@@ -495,10 +527,15 @@ impl DiskQueue {
                 .map_err(|e| io_error("syncing", &path, e))?;
             state.unsynced = false;
         }
-        let id = newest.id.saturating_add(1);
+        let id = old.id.saturating_add(1);
         state.writer = open_segment(&self.shared.dir, id)?;
         state.segments.push_back(Segment { id, len: 0 });
         state.dir_changed = true;
+        if state.read.segment == old.id && state.read.offset >= old.len {
+            // All of it forwarded: it is the oldest (those before the one
+            // being read are gone).
+            self.remove_oldest(state, old)?;
+        }
         if self.shared.settings.sync == SyncPolicy::EveryWrite {
             sync_dir(&self.shared.dir)?;
             state.dir_changed = false;
@@ -685,6 +722,10 @@ impl DiskQueue {
             listener.await;
         }
     }
+}
+
+fn is_storage_full(e: &QueueError) -> bool {
+    matches!(e, QueueError::Io { source, .. } if source.kind() == io::ErrorKind::StorageFull)
 }
 
 fn open_segment(dir: &Path, id: u64) -> Result<File, QueueError> {
