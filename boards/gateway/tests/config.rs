@@ -1710,6 +1710,42 @@ fn a_bad_sink_or_a_to_naming_none_is_refused_with_its_key() {
             http("\n[[sinks]]\nname = \"uplink\"\nkind = \"http\"\nurl = \"http://h/\"\n"),
             "sinks[1].name",
         ),
+        (http("[sinks.queue]\n"), "sinks[0].queue"),
+        (http("[sinks.queue]\ndir = \"\"\n"), "sinks[0].queue.dir"),
+        (
+            http("[sinks.queue]\ndir = \"q\"\nmax_bytes = 100\n"),
+            "sinks[0].queue.max_bytes",
+        ),
+        (
+            http("[sinks.queue]\ndir = \"q\"\nsync = \"sometimes\"\n"),
+            "sinks[0].queue.sync",
+        ),
+        (
+            http("[sinks.queue]\ndir = \"q\"\nsync = \"every-write\"\nsync_ms = 5\n"),
+            "sinks[0].queue.sync_ms",
+        ),
+        (
+            http("[sinks.queue]\ndir = \"q\"\nsync_ms = 0\n"),
+            "sinks[0].queue.sync_ms",
+        ),
+        (
+            http("[sinks.queue]\ndir = \"q\"\nwhen_full = \"drop\"\n"),
+            "sinks[0].queue.when_full",
+        ),
+        (
+            http("[sinks.queue]\ndir = \"q\"\nwhen_full = \"refuse\"\nfull_wait_ms = 10\n"),
+            "sinks[0].queue.full_wait_ms",
+        ),
+        (
+            http("[sinks.queue]\ndir = \"q\"\nsegment = 1\n"),
+            "sinks[0].queue.segment",
+        ),
+        (
+            http(
+                "[sinks.queue]\ndir = \"q\"\n\n[[sinks]]\nname = \"b\"\nkind = \"http\"\nurl = \"http://h/\"\n[sinks.queue]\ndir = \"q\"\n",
+            ),
+            "sinks[1].queue.dir",
+        ),
     ];
     for (message, key) in cases {
         assert!(message.contains(key), "{key}: {message}");
