@@ -9,6 +9,8 @@
 //! - [`Clock`]: monotonic and wall-clock time for guard-core;
 //! - [`disk_queue`]: a queue on disk, bounded in bytes, that survives a
 //!   crash and cuts a torn tail: store-and-forward in front of a sink;
+//! - [`dead_letter_log`]: dead letters on disk, listed, removed and
+//!   purged by another process while one appends;
 //! - [`run`]: the runners (active guard, scheduler, waiting limiter) on
 //!   any async runtime, named for theirs by guard-smol and guard-tokio.
 //!
@@ -31,6 +33,7 @@
 
 mod clock;
 mod cron_schedule;
+pub mod dead_letter_log;
 pub mod disk_queue;
 mod local_locker;
 pub mod metered;

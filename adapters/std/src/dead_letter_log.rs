@@ -1,0 +1,279 @@
+//! Dead letters on disk: a bounded log that one process appends to while
+//! others list, remove or purge, each letter under an id of its own.
+//!
+//! The log is a directory holding `letters`, a file of guard-core
+//! [`frame`](guard_core::frame)s, and `lock`, the lock every operation
+//! takes (so a tool may work on the letters of a running process). A
+//! letter is kept until it is removed; removing rewrites the file without
+//! it (a new file renamed over the old, so a crash leaves one or the
+//! other, whole).
+//!
+//! Guarantees:
+//!
+//! - **A letter appended is on disk when [`append`] returns**
+//!   (`fdatasync`): dead letters are few, and each is the last trace of a
+//!   message.
+//! - **Bounded**: the file never holds more than `max_bytes`; a letter
+//!   that does not fit is handed back ([`AppendError::Full`]), for the
+//!   caller to count.
+//! - **A torn tail is cut when the log is opened, and counted**
+//!   ([`DeadLetterLog::open`]): a crash in the middle of an append loses
+//!   that letter only.
+//! - **Ids increase** (microseconds since the epoch, or one more than the
+//!   last when the clock is not past it) and are never reused while the
+//!   file holds a letter.
+//!
+//! ```
+//! use guard_std::dead_letter_log::DeadLetterLog;
+//!
+//! let dir = std::env::temp_dir().join(format!("guard-doc-dlq-{}", std::process::id()));
+//! let (log, _lost) = DeadLetterLog::open(&dir, 1 << 20)?;
+//! let id = log.append(b"a message the sink refused")?;
+//! let letters = log.list()?;
+//! assert_eq!(letters.len(), 1);
+//! assert_eq!((letters[0].id, &letters[0].body[..]), (id, &b"a message the sink refused"[..]));
+//! assert_eq!(log.remove(&[id])?, 1);
+//! assert!(log.list()?.is_empty());
+//! # std::fs::remove_dir_all(&dir)?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! [`append`]: DeadLetterLog::append
+
+use std::fs::{self, File};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use guard_core::frame::{self, HEADER_LEN, Header, Next};
+
+use crate::disk_queue::{AppendError, QueueError};
+
+/// The letters' file in the log's directory.
+const LETTERS: &str = "letters";
+/// The file every operation locks.
+const LOCK: &str = "lock";
+/// A letter's id, before its body.
+const ID_LEN: usize = 8;
+
+/// A letter as read back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Letter {
+    /// Its id.
+    pub id: u64,
+    /// What was appended.
+    pub body: Vec<u8>,
+}
+
+/// A log of dead letters; see the [module](self).
+pub struct DeadLetterLog {
+    dir: PathBuf,
+    max_bytes: u64,
+    /// The last id this process gave.
+    last_id: Mutex<u64>,
+}
+
+impl DeadLetterLog {
+    /// Opens (or creates) the log in `dir`, at most `max_bytes` (at least
+    /// 4 KiB): a torn tail left by a crash is cut, its bytes returned.
+    pub fn open(dir: impl AsRef<Path>, max_bytes: u64) -> Result<(Self, u64), QueueError> {
+        if max_bytes < crate::disk_queue::MIN_MAX_BYTES {
+            return Err(QueueError::Settings(format!(
+                "max_bytes is {max_bytes}: dead letters need at least {} bytes",
+                crate::disk_queue::MIN_MAX_BYTES
+            )));
+        }
+        let dir = dir.as_ref().to_owned();
+        fs::create_dir_all(&dir).map_err(|e| io_error("creating", &dir, e))?;
+        let log = DeadLetterLog {
+            dir,
+            max_bytes,
+            last_id: Mutex::new(0),
+        };
+        let lost = log.locked(|path| {
+            let bytes = read(path)?;
+            let scan = frame::scan(&bytes);
+            let lost = scan.lost(bytes.len()) as u64;
+            if lost > 0 {
+                let file = File::options()
+                    .write(true)
+                    .open(path)
+                    .map_err(|e| io_error("opening", path, e))?;
+                file.set_len(scan.valid as u64)
+                    .and_then(|()| file.sync_all())
+                    .map_err(|e| io_error("cutting the torn tail of", path, e))?;
+            }
+            Ok(lost)
+        })?;
+        Ok((log, lost))
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Runs `work` on the letters' path with the log's lock held.
+    fn locked<T>(
+        &self,
+        work: impl FnOnce(&Path) -> Result<T, QueueError>,
+    ) -> Result<T, QueueError> {
+        let lock_path = self.dir.join(LOCK);
+        let lock = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| io_error("opening", &lock_path, e))?;
+        lock.lock()
+            .map_err(|e| io_error("locking", &lock_path, e))?;
+        // Unlocked when `lock` closes, whatever `work` did.
+        work(&self.dir.join(LETTERS))
+    }
+
+    /// Appends a letter, synced before it returns: its id.
+    pub fn append(&self, body: &[u8]) -> Result<u64, AppendError> {
+        let mut record = Vec::with_capacity(ID_LEN + body.len());
+        let id = self.next_id();
+        record.extend_from_slice(&id.to_le_bytes());
+        record.extend_from_slice(body);
+        let header = Header::of(&record).map_err(|_| AppendError::TooLarge {
+            len: body.len(),
+            max: self.max_bytes,
+        })?;
+        let needed = header.frame_len() as u64;
+        if needed > self.max_bytes {
+            return Err(AppendError::TooLarge {
+                len: body.len(),
+                max: self.max_bytes,
+            });
+        }
+        let mut framed = Vec::with_capacity(HEADER_LEN + record.len());
+        framed.extend_from_slice(&header.to_bytes());
+        framed.extend_from_slice(&record);
+        let outcome = self.locked(|path| {
+            let mut file = File::options()
+                .create(true)
+                .append(true)
+                .open(path)
+                .map_err(|e| io_error("opening", path, e))?;
+            let held = file
+                .metadata()
+                .map_err(|e| io_error("reading the size of", path, e))?
+                .len();
+            if held.saturating_add(needed) > self.max_bytes {
+                return Ok(Err(AppendError::Full {
+                    needed,
+                    held,
+                    max: self.max_bytes,
+                }));
+            }
+            if let Err(e) = file.write_all(&framed).and_then(|()| file.sync_data()) {
+                // Cut what was written of it: the file stays whole frames.
+                let _ = file.set_len(held);
+                return Err(io_error("appending to", path, e));
+            }
+            Ok(Ok(()))
+        });
+        match outcome {
+            Ok(Ok(())) => Ok(id),
+            Ok(Err(full)) => Err(full),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn next_id(&self) -> u64 {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+        let mut last = self
+            .last_id
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        *last = now.max(last.saturating_add(1));
+        *last
+    }
+
+    /// Every letter, oldest first.
+    pub fn list(&self) -> Result<Vec<Letter>, QueueError> {
+        self.locked(|path| Ok(letters(&read(path)?)))
+    }
+
+    /// Removes the letters with these ids: how many there were.
+    pub fn remove(&self, ids: &[u64]) -> Result<usize, QueueError> {
+        self.rewrite(|letter| ids.contains(&letter.id))
+    }
+
+    /// Removes every letter: how many there were.
+    pub fn purge(&self) -> Result<usize, QueueError> {
+        self.rewrite(|_| true)
+    }
+
+    /// Rewrites the file without the letters `drop` picks: a new file,
+    /// synced, renamed over the old.
+    fn rewrite(&self, drop: impl Fn(&Letter) -> bool) -> Result<usize, QueueError> {
+        self.locked(|path| {
+            let bytes = read(path)?;
+            let mut kept = Vec::with_capacity(bytes.len());
+            let mut removed = 0;
+            let mut at = 0;
+            while let Next::Record { record, next } = frame::next(&bytes, at) {
+                let frame_bytes = bytes.get(at..next).unwrap_or_default();
+                at = next;
+                match letter(record) {
+                    Some(letter) if drop(&letter) => removed += 1,
+                    _ => kept.extend_from_slice(frame_bytes),
+                }
+            }
+            if removed == 0 {
+                return Ok(0);
+            }
+            let new = self.dir.join(format!("{LETTERS}.new"));
+            File::create(&new)
+                .and_then(|mut f| f.write_all(&kept).and_then(|()| f.sync_all()))
+                .map_err(|e| io_error("writing", &new, e))?;
+            fs::rename(&new, path).map_err(|e| io_error("replacing", path, e))?;
+            File::open(&self.dir)
+                .and_then(|d| d.sync_all())
+                .map_err(|e| io_error("syncing the directory", &self.dir, e))?;
+            Ok(removed)
+        })
+    }
+}
+
+fn io_error(what: &str, path: &Path, source: io::Error) -> QueueError {
+    QueueError::Io {
+        what: what.to_owned(),
+        path: path.to_owned(),
+        source,
+    }
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, QueueError> {
+    match fs::read(path) {
+        Ok(bytes) => Ok(bytes),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(io_error("reading", path, e)),
+    }
+}
+
+fn letter(record: &[u8]) -> Option<Letter> {
+    let (id, body) = record.split_first_chunk::<ID_LEN>()?;
+    Some(Letter {
+        id: u64::from_le_bytes(*id),
+        body: body.to_vec(),
+    })
+}
+
+/// The whole letters of a file, in order (a torn tail, only possible
+/// while a crashed writer's log is not yet reopened, ends the list).
+fn letters(bytes: &[u8]) -> Vec<Letter> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while let Next::Record { record, next } = frame::next(bytes, at) {
+        at = next;
+        out.extend(letter(record));
+    }
+    out
+}
