@@ -43,6 +43,9 @@ pub struct Built {
             guard_std::disk_queue::Recovery,
         ),
     >,
+    /// The dead letters on disk, if configured, with the torn bytes their
+    /// recovery cut.
+    pub dead_letters: Option<(Arc<crate::dead_letters::DeadLetterStore>, u64)>,
 }
 
 /// Connects what `config` names: a Redis locker that cannot be reached is
@@ -125,6 +128,13 @@ pub async fn build(config: &Config) -> Result<Built, GatewayError> {
             queues.insert(sink.name.clone(), crate::queue::open(&sink.name, queue)?);
         }
     }
+    let dead_letters = match &config.dead_letters {
+        Some(place) => {
+            let (store, lost) = crate::dead_letters::DeadLetterStore::open(place)?;
+            Some((Arc::new(store), lost))
+        }
+        None => None,
+    };
     Ok(Built {
         guards,
         limiters: RateLimiterRegistry::new(limiters),
@@ -132,6 +142,7 @@ pub async fn build(config: &Config) -> Result<Built, GatewayError> {
         lock_service,
         sinks,
         queues,
+        dead_letters,
     })
 }
 

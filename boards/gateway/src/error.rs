@@ -68,6 +68,11 @@ pub enum GatewayError {
         /// Why.
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// The dead letters on disk cannot be opened or read.
+    DeadLetters {
+        /// Why.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 }
 
 impl fmt::Display for GatewayError {
@@ -84,6 +89,7 @@ impl fmt::Display for GatewayError {
             GatewayError::Consumer { name, source } => write!(f, "consumer {name}: {source}"),
             GatewayError::Endpoint { name, source } => write!(f, "endpoint {name}: {source}"),
             GatewayError::Sink { name, source } => write!(f, "sink {name}: {source}"),
+            GatewayError::DeadLetters { source } => write!(f, "dead letters: {source}"),
         }
     }
 }
@@ -98,6 +104,7 @@ impl std::error::Error for GatewayError {
             GatewayError::Consumer { source, .. } => Some(source),
             GatewayError::Endpoint { source, .. }
             | GatewayError::Sink { source, .. }
+            | GatewayError::DeadLetters { source }
             | GatewayError::LockService { source, .. } => Some(&**source),
             GatewayError::UnknownLimiter { .. } => None,
         }

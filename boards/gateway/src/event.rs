@@ -66,6 +66,14 @@ pub enum Event {
         /// The sink's answer.
         reason: String,
     },
+    /// The dead letters on disk, opened: the torn bytes their recovery
+    /// cut.
+    DeadLettersOpened {
+        /// Their directory.
+        dir: String,
+        /// Bytes of a torn last letter cut.
+        lost_bytes: u64,
+    },
     /// A sink's queue on disk, opened: what it holds and what its
     /// recovery cut.
     QueueOpened {
@@ -199,6 +207,11 @@ impl fmt::Display for Event {
                 one_line(id),
                 one_line(from),
                 one_line(reason)
+            ),
+            Event::DeadLettersOpened { dir, lost_bytes } => write!(
+                f,
+                "dead-letters dir={} lost_bytes={lost_bytes}",
+                one_line(dir)
             ),
             Event::QueueOpened {
                 sink,

@@ -10,6 +10,7 @@ mod action;
 pub mod admission;
 mod built;
 pub mod config;
+pub mod dead_letters;
 pub mod demo;
 mod endpoint;
 mod error;

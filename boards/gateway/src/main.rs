@@ -62,6 +62,55 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
+    /// The dead letters on disk (`[dead_letters]`), of a stopped or a
+    /// running gateway: list, show, replay to their sink, purge.
+    Dlq {
+        #[command(subcommand)]
+        action: DlqAction,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum DlqAction {
+    /// One line per letter: id, where it was given up, origin, attempts,
+    /// size and the last error.
+    List {
+        /// The TOML configuration.
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// One letter whole, its payload as text (control characters
+    /// escaped).
+    Show {
+        /// The TOML configuration.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// The letter's id (from `list`).
+        id: u64,
+    },
+    /// Send letters to their sink again, under its retries, with their
+    /// message id; those it takes are removed. Exit 1 if any was not.
+    Replay {
+        /// The TOML configuration.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Every letter.
+        #[arg(long, conflicts_with = "ids", required_unless_present = "ids")]
+        all: bool,
+        /// The letters' ids.
+        ids: Vec<u64>,
+    },
+    /// Remove letters for good.
+    Purge {
+        /// The TOML configuration.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Every letter.
+        #[arg(long, conflicts_with = "ids", required_unless_present = "ids")]
+        all: bool,
+        /// The letters' ids.
+        ids: Vec<u64>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -97,6 +146,39 @@ fn main() -> ExitCode {
             run_replica(&config, &identity, metrics)
         }
         Command::Check { config } => check(&config),
+        Command::Dlq { action } => dlq(action),
+    }
+}
+
+fn dlq(action: DlqAction) -> ExitCode {
+    use guard_gateway::dead_letters::{DlqCommand, Selection};
+    let selection = |all: bool, ids: Vec<u64>| {
+        if all {
+            Selection::All
+        } else {
+            Selection::Ids(ids)
+        }
+    };
+    let (path, command) = match action {
+        DlqAction::List { config } => (config, DlqCommand::List),
+        DlqAction::Show { config, id } => (config, DlqCommand::Show(id)),
+        DlqAction::Replay { config, all, ids } => (config, DlqCommand::Replay(selection(all, ids))),
+        DlqAction::Purge { config, all, ids } => (config, DlqCommand::Purge(selection(all, ids))),
+    };
+    let config = match Config::from_path(&path) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    match guard_gateway::dead_letters::dlq(&config, &command, &mut std::io::stdout().lock()) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::from(2)
+        }
     }
 }
 

@@ -229,6 +229,12 @@ pub async fn run(
     if let Some(exclusive) = exclusive {
         tasks.push(executor.spawn(exclusive.run(control.clone())));
     }
+    if let Some((store, lost_bytes)) = &built.dead_letters {
+        emit(Event::DeadLettersOpened {
+            dir: store.dir().display().to_string(),
+            lost_bytes: *lost_bytes,
+        });
+    }
     for (name, (queued, recovery)) in &built.queues {
         emit(Event::QueueOpened {
             sink: name.clone(),
@@ -240,21 +246,44 @@ pub async fn run(
         let (sink, retry) = crate::sink::forwarded(&built, config, name)?;
         let (queued, control, emit, name) =
             (queued.clone(), control.clone(), emit.clone(), name.clone());
+        // The configuration refuses a queue without dead letters on disk.
+        let store = built
+            .dead_letters
+            .as_ref()
+            .map(|(store, _)| store.clone())
+            .ok_or_else(|| GatewayError::DeadLetters {
+                source: format!("sink {name} has a queue and there is no [dead_letters]").into(),
+            })?;
         tasks.push(executor.spawn(async move {
             let dead_letter = |not: NotTaken| {
-                let (id, from) = not
-                    .message
-                    .as_ref()
-                    .map_or((String::new(), String::new()), |m| {
-                        (m.id.clone(), m.origin.clone())
-                    });
-                log::warn!("sink {name}: {id} dead-lettered: {}", not.error);
+                let reason = format!("after {} attempt(s): {}", not.attempts, not.error);
+                let letter = crate::dead_letters::DeadLetter {
+                    place: "sink".to_owned(),
+                    name: name.clone(),
+                    sink: Some(name.clone()),
+                    id: not.message.as_ref().map(|m| m.id.clone()),
+                    from: not.message.as_ref().map(|m| m.origin.clone()).unwrap_or_default(),
+                    fence: not.message.as_ref().and_then(|m| m.fence),
+                    reason: reason.clone(),
+                    attempts: not.attempts,
+                    at_ms: crate::dead_letters::now_ms(),
+                    payload: not.message.as_ref().map(|m| m.payload.clone()).unwrap_or_default(),
+                };
+                if let Err(e) = crate::dead_letters::kept(&store, &letter) {
+                    log::error!(
+                        "sink {name}: {} not kept as a dead letter ({e}): it stays at the head of the queue",
+                        letter.id.as_deref().unwrap_or("-")
+                    );
+                    return false;
+                }
+                log::warn!("sink {name}: {} dead-lettered: {}", letter.id.as_deref().unwrap_or("-"), not.error);
                 emit(Event::SinkDeadLettered {
                     sink: name.clone(),
-                    id,
-                    from,
-                    reason: format!("after {} attempt(s): {}", not.attempts, not.error),
+                    id: letter.id.unwrap_or_default(),
+                    from: letter.from,
+                    reason,
                 });
+                true
             };
             futures_lite::future::or(
                 forward(&queued, &*sink, &retry, dead_letter),

@@ -1740,6 +1740,22 @@ fn a_bad_sink_or_a_to_naming_none_is_refused_with_its_key() {
             http("[sinks.queue]\ndir = \"q\"\nsegment = 1\n"),
             "sinks[0].queue.segment",
         ),
+        // A queue's refusals have nowhere to go without dead letters.
+        (http("[sinks.queue]\ndir = \"q\"\n"), "[dead_letters]"),
+        (
+            error(&format!("{STREAM_TO}\n[dead_letters]\n")),
+            "dead_letters",
+        ),
+        (
+            error(&format!("{STREAM_TO}\n[dead_letters]\ndir = \"\"\n")),
+            "dead_letters.dir",
+        ),
+        (
+            error(&format!(
+                "{STREAM_TO}\n[dead_letters]\ndir = \"d\"\nmax_bytes = 10\n"
+            )),
+            "dead_letters.max_bytes",
+        ),
         (
             http(
                 "[sinks.queue]\ndir = \"q\"\n\n[[sinks]]\nname = \"b\"\nkind = \"http\"\nurl = \"http://h/\"\n[sinks.queue]\ndir = \"q\"\n",

@@ -2535,12 +2535,16 @@ fn keys_arrived(requests: &[guard_testkit::Received]) -> usize {
 }
 
 /// A stream endpoint forwarding to an HTTP sink through a queue on disk
-/// in `queue_dir`, the sink retrying every 50 to 200 ms.
+/// in `queue`, the sink retrying every 50 to 200 ms; dead letters in
+/// `<queue>-dead-letters` (beside it, off a small file system it is on).
 fn queued_config(redis: &str, metrics: u16, uplink: &str, queue: &str) -> String {
     format!(
         r#"{}
 [metrics]
 prometheus = "127.0.0.1:{metrics}"
+
+[dead_letters]
+dir = "{}-dead-letters"
 
 [[sinks]]
 name = "uplink"
@@ -2564,6 +2568,7 @@ claim_idle_ms = 2000
 to = "uplink"
 "#,
         base_config(redis),
+        queue.replace("/tmpfs/", "/"),
         if queue.contains("tmpfs") {
             "max_bytes = 1048576
 full_wait_ms = 100"
@@ -3310,4 +3315,146 @@ fn a_stop_during_a_command_s_retry_wait_starts_nothing_more() {
         "{:?}",
         lines.lock().unwrap()
     );
+}
+
+/// `guard-gateway dlq …` on `config`: its exit status and standard output.
+fn dlq(args: &[&str], config: &std::path::Path) -> (Option<i32>, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_guard-gateway"))
+        .arg("dlq")
+        .args(args)
+        .arg("--config")
+        .arg(config)
+        .output()
+        .unwrap();
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout).into_owned()
+            + &String::from_utf8_lossy(&output.stderr),
+    )
+}
+
+/// The ids `dlq list` printed, in order.
+fn letter_ids(list: &str) -> Vec<String> {
+    list.lines()
+        .filter_map(|l| l.strip_prefix("id="))
+        .map(|l| l.split_whitespace().next().unwrap().to_owned())
+        .collect()
+}
+
+/// Dead letters go to disk: a queued stream entry its sink refuses (400)
+/// and a broadcast message a sink without a queue refuses, each with the
+/// status and the body's excerpt, its origin and attempts. `dlq list`
+/// and `show` read them from a running gateway, and after a SIGKILL, from
+/// the stopped one; they survive the restart; `replay` sends one to its
+/// sink again under its message's key and removes it; `purge` empties the
+/// rest.
+#[test]
+fn dead_letters_on_disk_survive_a_restart_and_are_listed_shown_replayed_and_purged() {
+    let server = RedisServer::start().expect("redis-server");
+    let receiver = guard_testkit::HttpReceiver::start().expect("receiver");
+    let dir = tempfile::tempdir().unwrap();
+    let queue = dir.path().join("queue");
+    let metrics = free_port().unwrap();
+    let mut text = queued_config(
+        &server.url(),
+        metrics,
+        &receiver.url("/ingest"),
+        queue.to_str().unwrap(),
+    );
+    text.push_str(&format!(
+        "\n[[sinks]]\nname = \"direct\"\nkind = \"http\"\nurl = \"{}\"\nretries = 0\n\n[[endpoints]]\nname = \"alerts\"\nkind = \"redis-pubsub\"\npatterns = [\"alerts.*\"]\nto = \"direct\"\n",
+        receiver.url("/ingest")
+    ));
+    let (_config_dir, path) = written(&text);
+    let lines: Lines = Arc::default();
+    let gateway = start(0, &path, &lines);
+    assert!(ready(metrics), "the gateway became ready");
+    let mut conn = pattern_subscribed(&server);
+    use guard_testkit::Answer;
+    receiver.script([Answer::status(400).with_body("{\"error\":\"no such sensor\"}")]);
+    let entry: String = redis::cmd("XADD")
+        .arg("orders")
+        .arg("*")
+        .arg("payload")
+        .arg("o1")
+        .query(&mut conn)
+        .unwrap();
+    let dead_lettered = |prefix: &str| {
+        lines
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(_, _, l)| l.starts_with(prefix))
+    };
+    assert!(
+        wait_for(SETTLE, || dead_lettered("dead-lettered sink=uplink")),
+        "{:?}",
+        lines.lock().unwrap()
+    );
+    receiver.script([Answer::status(400).with_body("bad alert")]);
+    let _: i64 = redis::cmd("PUBLISH")
+        .arg("alerts.fire")
+        .arg("a1")
+        .query(&mut conn)
+        .unwrap();
+    assert!(
+        wait_for(SETTLE, || dead_lettered("dead-lettered endpoint=alerts")),
+        "{:?}",
+        lines.lock().unwrap()
+    );
+    let (status, list) = dlq(&["list"], &path);
+    assert_eq!(status, Some(0), "{list}");
+    let ids = letter_ids(&list);
+    assert_eq!(ids.len(), 2, "{list}");
+    let first = list.lines().next().unwrap();
+    assert!(
+        first.contains("sink=uplink")
+            && first.contains("attempts=1")
+            && first.contains("HTTP 400")
+            && first.contains("no such sensor"),
+        "{first}"
+    );
+    let second = list.lines().nth(1).unwrap();
+    assert!(
+        second.contains("endpoint=alerts")
+            && second.contains("from=alerts.fire")
+            && second.contains("bad alert"),
+        "{second}"
+    );
+    let (status, shown) = dlq(&["show", &ids[0]], &path);
+    assert_eq!(status, Some(0), "{shown}");
+    assert!(
+        shown.contains(&format!("message    orders:{entry}")) && shown.ends_with("o1\n"),
+        "{shown}"
+    );
+    // Stopped hard: the letters are read from the stopped gateway's disk,
+    // and are still there after a restart.
+    signal(&gateway, "KILL");
+    drop(gateway);
+    let (_, stopped) = dlq(&["list"], &path);
+    assert_eq!(letter_ids(&stopped), ids, "{stopped}");
+    let _gateway = start(1, &path, &lines);
+    assert!(ready(metrics), "the gateway became ready again");
+    assert!(wait_for(SETTLE, || dead_lettered("dead-letters dir=")));
+    let before = receiver.requests().len();
+    let (status, replayed) = dlq(&["replay", &ids[0]], &path);
+    assert_eq!(status, Some(0), "{replayed}");
+    let requests = receiver.requests();
+    let sent = &requests[before..];
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(sent[0].body, b"o1");
+    assert_eq!(
+        sent[0].header("idempotency-key"),
+        Some(format!("orders:{entry}").as_str())
+    );
+    let (_, left) = dlq(&["list"], &path);
+    assert_eq!(letter_ids(&left), ids[1..], "{left}");
+    let (status, unknown) = dlq(&["replay", "12345"], &path);
+    assert_eq!(status, Some(1), "{unknown}");
+    assert!(unknown.contains("no dead letter 12345"), "{unknown}");
+    let (status, purged) = dlq(&["purge", "--all"], &path);
+    assert_eq!(status, Some(0), "{purged}");
+    assert!(purged.contains("purged 1"), "{purged}");
+    let (_, empty) = dlq(&["list"], &path);
+    assert!(letter_ids(&empty).is_empty(), "{empty}");
 }

@@ -258,6 +258,15 @@ pub fn decode(record: &[u8]) -> Result<Queued, String> {
     })
 }
 
+/// `kept`, after a second's wait when it is false (the dead letters
+/// could not take a message: it is tried again, not dropped).
+async fn kept_or_wait(kept: bool) -> bool {
+    if !kept {
+        async_io::Timer::after(Duration::from_secs(1)).await;
+    }
+    kept
+}
+
 /// A queued message the sink did not take, for the dead letters.
 #[derive(Debug)]
 pub struct NotTaken {
@@ -273,13 +282,15 @@ pub struct NotTaken {
 /// polled (race it with a stop): each with `policy`'s retries; a message
 /// still failing transiently stays at the head and is tried again after
 /// the policy's longest delay; one refused for good or as stale goes to
-/// `dead_letter` (which must keep it before it returns), then the queue
-/// moves on. A queue that cannot be read is retried after a second.
+/// `dead_letter`, which answers whether it kept it: then the queue moves
+/// on; if not, the message stays at the head and is sent again after a
+/// second (nothing leaves the queue that is not kept elsewhere). A queue
+/// that cannot be read is retried after a second.
 pub async fn forward(
     queued: &QueuedSink,
     sink: &dyn MessageSink,
     policy: &RetryPolicy,
-    mut dead_letter: impl FnMut(NotTaken),
+    mut dead_letter: impl FnMut(NotTaken) -> bool,
 ) {
     let queue = &queued.queue;
     loop {
@@ -310,22 +321,22 @@ pub async fn forward(
                         false
                     }
                     Err(error) => {
-                        dead_letter(NotTaken {
+                        kept_or_wait(dead_letter(NotTaken {
                             message: Some(message),
                             error,
                             attempts,
-                        });
-                        true
+                        }))
+                        .await
                     }
                 }
             }
             Err(reason) => {
-                dead_letter(NotTaken {
+                kept_or_wait(dead_letter(NotTaken {
                     message: None,
                     error: SinkError::Permanent { reason },
                     attempts: 0,
-                });
-                true
+                }))
+                .await
             }
         };
         if taken {

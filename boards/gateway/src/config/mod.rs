@@ -241,6 +241,8 @@ pub struct Config {
     pub sinks: Vec<Sink>,
     /// Metrics and health.
     pub metrics: Metrics,
+    /// Where dead letters are kept on disk, if anywhere.
+    pub dead_letters: Option<crate::dead_letters::DeadLetters>,
 }
 
 /// Which lock service the guards use.

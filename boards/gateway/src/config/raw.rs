@@ -31,6 +31,7 @@ pub(super) struct File {
     pub sinks: Vec<toml::Table>,
     #[serde(default)]
     pub metrics: Metrics,
+    pub dead_letters: Option<crate::dead_letters::DeadLettersEntry>,
 }
 
 /// The file as read: its tables, and its endpoints and sinks each read

@@ -189,6 +189,21 @@ pub(super) fn config(parsed: raw::Parsed, env: Env<'_>) -> Result<Config, Config
             })?),
         },
     };
+    let dead_letters = match &file.dead_letters {
+        Some(entry) => Some(crate::dead_letters::resolve(entry, env)?),
+        None => None,
+    };
+    // What a queue's sink refuses for good was acknowledged at its source
+    // long ago: it has nowhere to go but the dead letters on disk.
+    if dead_letters.is_none()
+        && let Some(i) = sinks.iter().position(|s| s.queue.is_some())
+    {
+        return Err(invalid(
+            format!("sinks[{i}].queue"),
+            "set without [dead_letters]",
+            "a [dead_letters] directory too: what the sink refuses for good from its queue is kept there",
+        ));
+    }
     Ok(Config {
         locker,
         guards,
@@ -198,6 +213,7 @@ pub(super) fn config(parsed: raw::Parsed, env: Env<'_>) -> Result<Config, Config
         endpoints,
         sinks,
         metrics,
+        dead_letters,
     })
 }
 

@@ -109,6 +109,9 @@ struct Inbox {
     max_payload: usize,
     limit: Option<(Admission, LimitKey)>,
     dead_letters: Arc<MeteredDeadLetterQueue<Undelivered, String, DEAD_LETTERS>>,
+    /// The dead letters on disk, which take the place of the in-memory
+    /// ones when configured.
+    on_disk: Option<Arc<crate::dead_letters::DeadLetterStore>>,
     /// The sink a message goes to once it passed, if any.
     forward: Option<forward::Forward>,
     clock: SystemClock,
@@ -134,6 +137,7 @@ impl Inbox {
             max_payload: entry.max_payload_bytes,
             limit,
             dead_letters: Arc::new(MeteredDeadLetterQueue::new(&entry.name)),
+            on_disk: built.dead_letters.as_ref().map(|(store, _)| store.clone()),
             forward: match &entry.to {
                 None => None,
                 Some(to) => {
@@ -204,16 +208,38 @@ impl Inbox {
     /// with `why` and the calls made, and reports it; `false` when the
     /// dead-letter queue is full (nothing kept).
     fn keep(&self, from: &str, payload: &[u8], why: String, attempts: u32, emit: &Emit) -> bool {
-        let message = Undelivered {
-            from: from.to_owned(),
-            payload: payload.to_vec(),
-        };
-        if self
-            .dead_letters
-            .add(message, Some(why.clone()), attempts, self.clock.now())
-            .is_err()
-        {
-            return false;
+        if let Some(store) = &self.on_disk {
+            let letter = crate::dead_letters::DeadLetter {
+                place: "endpoint".to_owned(),
+                name: self.name.clone(),
+                sink: self.forward.as_ref().map(|f| f.sink_name.clone()),
+                id: None,
+                from: from.to_owned(),
+                fence: None,
+                reason: why.clone(),
+                attempts,
+                at_ms: crate::dead_letters::now_ms(),
+                payload: payload.to_vec(),
+            };
+            if let Err(e) = crate::dead_letters::kept(store, &letter) {
+                log::error!(
+                    "endpoint {}: {from}: not kept as a dead letter: {e}",
+                    self.name
+                );
+                return false;
+            }
+        } else {
+            let message = Undelivered {
+                from: from.to_owned(),
+                payload: payload.to_vec(),
+            };
+            if self
+                .dead_letters
+                .add(message, Some(why.clone()), attempts, self.clock.now())
+                .is_err()
+            {
+                return false;
+            }
         }
         if let Some(held) = self.warnings.admit() {
             log::warn!(
@@ -505,6 +531,7 @@ mod tests {
             max_payload: 1024,
             limit: None,
             dead_letters: Arc::new(MeteredDeadLetterQueue::new("alerts")),
+            on_disk: None,
             forward: None,
             clock: SystemClock::new(),
             warnings: Throttle::new(),
