@@ -1,0 +1,389 @@
+//! Messages per second from a Redis Stream to a local HTTP receiver, each
+//! entry POSTed once, in one run:
+//!
+//! - `direct`: the plain forwarding loop, no queue: `StreamConsumer`
+//!   (the gateway's batch of 10) hands each entry to `HttpSink` and
+//!   acknowledges it once the receiver answered 2xx;
+//! - `queued, sync 100 ms`: the same consumer hands each entry to a
+//!   `QueuedSink` (guard-std's `DiskQueue`, synced every 100 ms, the
+//!   gateway's default), acknowledged once written, and `forward` POSTs
+//!   the queue's entries with the same `HttpSink`;
+//! - `queued, sync every write`: the same with an `fdatasync` before
+//!   each acknowledgement;
+//! - `drain after an outage`: the queue filled while the receiver was
+//!   "down" (no forwarding), then drained: the rate of `forward` alone;
+//! - `HTTP alone`: the same `HttpSink` POSTing in a loop, no stream, no
+//!   queue: what one connection, one request at a time, carries to this
+//!   receiver on this machine (the ceiling of the sides above).
+//!
+//! Rates from the consumer's start to the receiver's last request. The
+//! receiver is a blocking HTTP/1.1 responder on a thread of its own
+//! (200, no body, keep-alive). The goal is the issue's: queued at least
+//! 0.8 of direct, and at least 20,000 messages a second with sync every
+//! 100 ms. Each side runs in turn, three rounds, each keeping its best.
+//!
+//! `cargo bench -p guard-benches --bench forwarding [-- MESSAGES]`
+//! (default 50,000); `--test` runs a short smoke pass. Starts its own
+//! `redis-server`; the queues live in a temporary directory (the
+//! machine's disk, not a tmpfs).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use futures_lite::future;
+use guard_core::retry::{Classifier, RetryPolicy};
+use guard_endpoints::redis::StreamConsumer;
+use guard_endpoints::sink::http::HttpSink;
+use guard_endpoints::sink::queued::{QueuedSink, WhenFull, forward};
+use guard_endpoints::sink::{MessageSink, Outgoing};
+use guard_redis::{RedisConnection, Topology};
+use guard_std::disk_queue::{DiskQueue, QueueSettings, SyncPolicy};
+use guard_testkit::RedisServer;
+
+/// A local HTTP/1.1 receiver answering 200 to every request: the count
+/// of requests it has read whole.
+struct Receiver {
+    port: u16,
+    received: Arc<AtomicU64>,
+}
+
+impl Receiver {
+    fn start() -> Receiver {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("address").port();
+        let received = Arc::new(AtomicU64::new(0));
+        let count = received.clone();
+        thread::spawn(move || {
+            for stream in listener.incoming().map_while(Result::ok) {
+                let count = count.clone();
+                thread::spawn(move || serve(stream, &count));
+            }
+        });
+        Receiver { port, received }
+    }
+
+    fn received(&self) -> u64 {
+        self.received.load(Ordering::Relaxed)
+    }
+}
+
+fn serve(stream: TcpStream, count: &AtomicU64) {
+    let _ = stream.set_nodelay(true);
+    let mut writer = stream.try_clone().expect("clone");
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    loop {
+        let mut length = 0usize;
+        loop {
+            line.clear();
+            match reader.read_line(&mut line) {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+            if line == "\r\n" {
+                break;
+            }
+            if let Some((name, value)) = line.split_once(':')
+                && name.eq_ignore_ascii_case("content-length")
+            {
+                length = value.trim().parse().unwrap_or(0);
+            }
+        }
+        let mut body = vec![0u8; length];
+        if reader.read_exact(&mut body).is_err() {
+            return;
+        }
+        count.fetch_add(1, Ordering::Relaxed);
+        if writer
+            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+            .is_err()
+        {
+            return;
+        }
+    }
+}
+
+/// Adds `n` entries to `stream`, pipelined in chunks.
+fn fill(server: &RedisServer, stream: &str, n: u64) {
+    let mut conn = redis::Client::open(server.url())
+        .and_then(|c| c.get_connection())
+        .expect("connect");
+    for chunk in 0..n.div_ceil(1_000) {
+        let mut pipe = redis::pipe();
+        for i in chunk * 1_000..((chunk + 1) * 1_000).min(n) {
+            pipe.cmd("XADD")
+                .arg(stream)
+                .arg("*")
+                .arg("payload")
+                .arg(format!("{{\"reading\":{i},\"device\":\"d{}\"}}", i % 100))
+                .ignore();
+        }
+        let () = pipe.query(&mut conn).expect("XADD");
+    }
+}
+
+/// Waits until `receiver` has read `n` more requests than `from`.
+async fn reached(receiver: &Receiver, from: u64, n: u64) {
+    while receiver.received() < from + n {
+        async_io::Timer::after(Duration::from_millis(1)).await;
+    }
+}
+
+/// Consumes `stream` (filled with `n` entries), each entry sent through
+/// `sink` with its entry's id as the key, until the receiver has `n` more
+/// requests; `drain` runs beside it (a queue's forwarding). Entries per
+/// second.
+fn consume(
+    conn: &RedisConnection,
+    stream: &str,
+    n: u64,
+    sink: Arc<dyn MessageSink>,
+    receiver: &Receiver,
+    drain: impl Future<Output = ()>,
+) -> f64 {
+    let consumer = StreamConsumer::new(conn.clone(), stream, "bench", "consumer-1")
+        .and_then(|c| c.with_batch(guard_endpoints::redis::DEFAULT_BATCH))
+        .expect("consumer");
+    let (handle, control) = guard_smol::control();
+    let from = receiver.received();
+    let started = Instant::now();
+    smol::block_on(async {
+        let stop = async {
+            reached(receiver, from, n).await;
+            handle.stop();
+        };
+        let consume = consumer.run(control, Classifier::retry_all(), |message| {
+            let sink = sink.clone();
+            async move {
+                let payload = message.field("payload").unwrap_or_default().to_vec();
+                let id = format!("{stream}:{}", message.id);
+                let outgoing = Outgoing {
+                    id: &id,
+                    origin: stream,
+                    fence: None,
+                    payload: &payload,
+                };
+                sink.send(&outgoing).await.map_err(|e| e.to_string())
+            }
+        });
+        future::or(
+            async {
+                future::zip(consume, stop).await;
+            },
+            async {
+                drain.await;
+                future::pending::<()>().await
+            },
+        )
+        .await;
+    });
+    n as f64 / started.elapsed().as_secs_f64()
+}
+
+fn http_sink(receiver: &Receiver) -> Arc<HttpSink> {
+    Arc::new(HttpSink::new(&format!("http://127.0.0.1:{}/in", receiver.port)).expect("sink"))
+}
+
+fn queue(sync: SyncPolicy) -> (tempfile::TempDir, Arc<QueuedSink>) {
+    let dir = tempfile::tempdir().expect("dir");
+    let settings = QueueSettings::new(1 << 30, sync).expect("settings");
+    let (queue, _) = DiskQueue::open(dir.path(), settings).expect("queue");
+    (
+        dir,
+        Arc::new(QueuedSink::new(
+            "bench",
+            queue,
+            WhenFull::Wait(Duration::from_secs(1)),
+        )),
+    )
+}
+
+/// One side of the comparison.
+struct Side {
+    name: &'static str,
+    best: f64,
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let smoke = args.iter().any(|a| a == "--test");
+    let n: u64 = if smoke {
+        300
+    } else {
+        args.iter().find_map(|a| a.parse().ok()).unwrap_or(50_000)
+    };
+    let rounds = if smoke { 1 } else { 3 };
+    let server = RedisServer::start().expect("redis-server");
+    let conn = smol::block_on(RedisConnection::connect(
+        Topology::Standalone { url: server.url() },
+        Duration::from_secs(5),
+    ))
+    .expect("connect");
+    let receiver = Receiver::start();
+    let sink = http_sink(&receiver);
+    let policy = RetryPolicy::new();
+    let mut sides = [
+        Side {
+            name: "direct (no queue)",
+            best: 0.0,
+        },
+        Side {
+            name: "queued, sync every 100 ms",
+            best: 0.0,
+        },
+        Side {
+            name: "queued, sync every write",
+            best: 0.0,
+        },
+        Side {
+            name: "drain after an outage",
+            best: 0.0,
+        },
+        Side {
+            name: "HTTP alone (the ceiling)",
+            best: 0.0,
+        },
+    ];
+    let mut run = 0;
+    for _ in 0..rounds {
+        for (i, side) in sides.iter_mut().enumerate() {
+            run += 1;
+            let stream = format!("forward-{run}");
+            // Every write synced is slow on a disk: a tenth of the count.
+            let count = if i == 2 { (n / 10).max(100) } else { n };
+            fill(&server, &stream, count);
+            let rate = match i {
+                0 => consume(
+                    &conn,
+                    &stream,
+                    count,
+                    sink.clone(),
+                    &receiver,
+                    future::pending(),
+                ),
+                1 | 2 => {
+                    let sync = if i == 1 {
+                        SyncPolicy::Every(Duration::from_millis(100))
+                    } else {
+                        SyncPolicy::EveryWrite
+                    };
+                    let (_dir, queued) = queue(sync);
+                    let drained = queued.clone();
+                    let sink = sink.clone();
+                    consume(&conn, &stream, count, queued, &receiver, async move {
+                        forward(&drained, &*sink, &policy, |_| true).await
+                    })
+                }
+                4 => http_alone(&*sink, count, &receiver),
+                _ => {
+                    // The outage: everything queued, nothing forwarded,
+                    // then the drain alone.
+                    let (_dir, queued) = queue(SyncPolicy::Every(Duration::from_millis(100)));
+                    drain_rate(&conn, &stream, count, &queued, &*sink, &policy, &receiver)
+                }
+            };
+            side.best = side.best.max(rate);
+        }
+    }
+    let direct = sides[0].best;
+    println!(
+        "forwarding a Redis Stream to a local HTTP receiver, {n} entries (every write: {}):",
+        (n / 10).max(100)
+    );
+    println!("{:<28} {:>12} {:>10}", "side", "entries/s", "of direct");
+    for side in &sides {
+        println!(
+            "{:<28} {:>12.0} {:>10.2}",
+            side.name,
+            side.best,
+            side.best / direct
+        );
+    }
+    let queued = sides[1].best;
+    if !smoke {
+        println!(
+            "goal: queued >= 0.8 of direct ({}), >= 20,000/s ({})",
+            if queued >= 0.8 * direct {
+                "met"
+            } else {
+                "NOT met"
+            },
+            if queued >= 20_000.0 { "met" } else { "NOT met" }
+        );
+    }
+}
+
+/// `n` POSTs through the sink one after another, no stream, no queue:
+/// what one connection to this receiver carries on this machine.
+fn http_alone(sink: &dyn MessageSink, n: u64, receiver: &Receiver) -> f64 {
+    let from = receiver.received();
+    let payload = b"{\"reading\":1,\"device\":\"d1\"}";
+    let started = Instant::now();
+    smol::block_on(async {
+        for i in 0..n {
+            let id = format!("alone:{i}");
+            let outgoing = Outgoing {
+                id: &id,
+                origin: "alone",
+                fence: None,
+                payload,
+            };
+            sink.send(&outgoing).await.expect("sent");
+        }
+        reached(receiver, from, n).await;
+    });
+    n as f64 / started.elapsed().as_secs_f64()
+}
+
+/// Queues `stream`'s `n` entries with no forwarding (the receiver down),
+/// then times the drain alone: entries per second.
+fn drain_rate(
+    conn: &RedisConnection,
+    stream: &str,
+    n: u64,
+    queued: &Arc<QueuedSink>,
+    sink: &dyn MessageSink,
+    policy: &RetryPolicy,
+    receiver: &Receiver,
+) -> f64 {
+    let consumer = StreamConsumer::new(conn.clone(), stream, "bench", "consumer-1")
+        .and_then(|c| c.with_batch(guard_endpoints::redis::DEFAULT_BATCH))
+        .expect("consumer");
+    let (handle, control) = guard_smol::control();
+    smol::block_on(async {
+        let stop = async {
+            while queued.queue().stats().pending < n {
+                async_io::Timer::after(Duration::from_millis(1)).await;
+            }
+            handle.stop();
+        };
+        let consume = consumer.run(control, Classifier::retry_all(), |message| {
+            let queued = queued.clone();
+            async move {
+                let payload = message.field("payload").unwrap_or_default().to_vec();
+                let id = format!("{stream}:{}", message.id);
+                let outgoing = Outgoing {
+                    id: &id,
+                    origin: stream,
+                    fence: None,
+                    payload: &payload,
+                };
+                queued.send(&outgoing).await.map_err(|e| e.to_string())
+            }
+        });
+        future::zip(consume, stop).await;
+    });
+    let from = receiver.received();
+    let started = Instant::now();
+    smol::block_on(future::or(
+        async {
+            forward(queued, sink, policy, |_| true).await;
+        },
+        reached(receiver, from, n),
+    ));
+    n as f64 / started.elapsed().as_secs_f64()
+}
