@@ -90,6 +90,8 @@ pub enum Parameter {
     ContentType,
     /// How long a sink remembers the ids it has taken.
     DuplicateWindow,
+    /// The MQTT topic a sink publishes to.
+    PublishTopic,
 }
 
 impl Parameter {
@@ -120,6 +122,7 @@ impl Parameter {
                 | Parameter::LockService
                 | Parameter::SinkUrl
                 | Parameter::ContentType
+                | Parameter::PublishTopic
         )
     }
 }
@@ -166,6 +169,7 @@ impl fmt::Display for Parameter {
             Parameter::SinkUrl => "sink URL",
             Parameter::ContentType => "content type",
             Parameter::DuplicateWindow => "duplicate window",
+            Parameter::PublishTopic => "topic to publish to",
         })
     }
 }

@@ -326,3 +326,160 @@ mod jetstream {
         smol::block_on(sinks::run_all(&under_test, "jetstream"));
     }
 }
+
+mod mqtt {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    use guard_endpoints::mqtt::MqttOptions;
+    use guard_endpoints::sink::mqtt::MqttSink;
+    use guard_testkit::Mosquitto;
+    use rumqttc::v5::mqttbytes::QoS;
+    use rumqttc::v5::mqttbytes::v5::Packet;
+    use rumqttc::v5::{AsyncClient, Event, MqttOptions as Options};
+
+    use super::*;
+
+    const TOPIC: &str = "uplink/alerts";
+
+    /// What a subscriber of the broker saw: messages with their user
+    /// properties, markers (published without them), subscriptions made.
+    #[derive(Default)]
+    struct Seen {
+        taken: Mutex<Vec<Sent>>,
+        markers: AtomicU64,
+        subscribed: AtomicU64,
+        stop: AtomicBool,
+    }
+
+    /// A subscriber on a thread of its own that subscribes again after
+    /// every reconnection (the broker restarted keeps no session).
+    fn subscribe(port: u16, seen: Arc<Seen>) -> std::thread::JoinHandle<()> {
+        std::thread::spawn(move || {
+            let mut options = Options::new("contract-subscriber", "127.0.0.1", port);
+            options.set_clean_start(true);
+            let (client, mut events) = AsyncClient::new(options, 16);
+            futures_lite::future::block_on(async_compat::Compat::new(async {
+                while !seen.stop.load(Ordering::Relaxed) {
+                    match events.poll().await {
+                        Ok(Event::Incoming(Packet::ConnAck(_))) => {
+                            client.subscribe(TOPIC, QoS::AtLeastOnce).await.unwrap();
+                        }
+                        Ok(Event::Incoming(Packet::SubAck(_))) => {
+                            seen.subscribed.fetch_add(1, Ordering::SeqCst);
+                        }
+                        Ok(Event::Incoming(Packet::Publish(p))) => {
+                            let properties =
+                                p.properties.map(|p| p.user_properties).unwrap_or_default();
+                            let property = |name: &str| {
+                                properties
+                                    .iter()
+                                    .find(|(k, _)| k == name)
+                                    .map(|(_, v)| v.clone())
+                            };
+                            match property("Idempotency-Key") {
+                                None => {
+                                    seen.markers.fetch_add(1, Ordering::SeqCst);
+                                }
+                                Some(id) => seen.taken.lock().unwrap().push(Sent {
+                                    id,
+                                    origin: property("Guard-Origin").unwrap_or_default(),
+                                    fence: property("Guard-Fence").and_then(|f| f.parse().ok()),
+                                    payload: p.payload.to_vec(),
+                                }),
+                            }
+                        }
+                        Ok(_) => {}
+                        Err(_) => std::thread::sleep(Duration::from_millis(50)),
+                    }
+                }
+            }));
+        })
+    }
+
+    fn wait_until(what: &str, done: impl Fn() -> bool) {
+        let started = std::time::Instant::now();
+        while !done() {
+            assert!(started.elapsed() < Duration::from_secs(30), "never: {what}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// The MQTT sink and its broker, which an outage stops and starts
+    /// again on the same port.
+    struct MqttUnderTest {
+        sink: MqttSink,
+        broker: RefCell<Mosquitto>,
+        seen: Arc<Seen>,
+    }
+
+    impl SinkUnderTest for MqttUnderTest {
+        async fn send(&self, message: &Sent) -> Answered {
+            send_through(&self.sink, message).await
+        }
+        fn taken(&self) -> Vec<Sent> {
+            // A marker published after the sink's PUBACK arrives after
+            // everything the broker took before it.
+            let markers = self.seen.markers.load(Ordering::SeqCst);
+            self.broker
+                .borrow()
+                .publish(TOPIC, &[b"marker".to_vec()])
+                .expect("marker");
+            wait_until("the marker arrived", || {
+                self.seen.markers.load(Ordering::SeqCst) > markers
+            });
+            self.seen.taken.lock().unwrap().clone()
+        }
+        fn set_down(&self, down: bool) {
+            let mut broker = self.broker.borrow_mut();
+            if down {
+                broker.stop();
+            } else {
+                let subscribed = self.seen.subscribed.load(Ordering::SeqCst);
+                *broker = Mosquitto::start_on(broker.port()).expect("mosquitto back");
+                wait_until("subscribed again", || {
+                    self.seen.subscribed.load(Ordering::SeqCst) > subscribed
+                });
+            }
+        }
+        fn deduplicates(&self) -> bool {
+            false
+        }
+        fn fence_receiver(&self) -> bool {
+            false
+        }
+    }
+
+    #[test]
+    fn the_mqtt_sink_keeps_the_sink_contract() {
+        let broker = Mosquitto::start().expect("mosquitto");
+        let seen = Arc::new(Seen::default());
+        let subscriber = subscribe(broker.port(), seen.clone());
+        wait_until("subscribed", || seen.subscribed.load(Ordering::SeqCst) > 0);
+        let options = MqttOptions::new("127.0.0.1", broker.port(), "contract-sink")
+            .unwrap()
+            .with_connect_timeout(Duration::from_secs(2));
+        let under_test = MqttUnderTest {
+            sink: MqttSink::new(options, TOPIC)
+                .unwrap()
+                .with_timeout(Duration::from_secs(2))
+                .unwrap(),
+            broker: RefCell::new(broker),
+            seen: seen.clone(),
+        };
+        smol::block_on(sinks::run_all(&under_test, "mqtt"));
+        seen.stop.store(true, Ordering::Relaxed);
+        // The subscriber's next poll ends it (a ping at the latest).
+        drop(under_test);
+        let _ = subscriber;
+    }
+
+    #[test]
+    fn a_topic_with_a_wildcard_or_nothing_is_refused() {
+        let options = MqttOptions::new("127.0.0.1", 1883, "c").unwrap();
+        for topic in ["", "a/+", "a/#"] {
+            let refused = MqttSink::new(options.clone(), topic).err().expect(topic);
+            assert!(refused.to_string().contains("topic"), "{refused}");
+        }
+    }
+}

@@ -86,6 +86,26 @@ pub enum SinkKind {
     RedisStream(RedisStreamTarget),
     /// `kind = "nats-jetstream"`: an acknowledged publish per message.
     JetStream(JetStreamTarget),
+    /// `kind = "mqtt"`: a QoS 1 publish per message, done at the PUBACK.
+    Mqtt(MqttTarget),
+}
+
+/// `kind = "mqtt"`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MqttTarget {
+    /// The broker's host.
+    pub host: String,
+    /// The broker's port.
+    pub port: u16,
+    /// The topic published to.
+    pub topic: String,
+    /// The client id; `None`: `guard-<sink>-<16 hex digits>`, new at each
+    /// start (a broker disconnects the older of two clients with one id).
+    pub client_id: Option<String>,
+    /// Each publish, connecting included, ends within it.
+    pub timeout: Duration,
+    /// TLS, when `tls = true` or a `tls_*` file is given.
+    pub tls: Option<TlsFiles>,
 }
 
 /// `kind = "nats-jetstream"`.
@@ -179,16 +199,38 @@ pub(crate) struct JetStreamEntry {
     pub max_retry_delay_ms: Option<u64>,
 }
 
+/// A `kind = "mqtt"` entry of `[[sinks]]` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct MqttEntry {
+    pub name: String,
+    pub limit: Option<String>,
+    pub queue: Option<crate::queue::QueueEntry>,
+    pub host: String,
+    pub port: Option<u16>,
+    pub topic: String,
+    pub client_id: Option<String>,
+    pub timeout_ms: Option<u64>,
+    pub retries: Option<u32>,
+    pub retry_delay_ms: Option<u64>,
+    pub max_retry_delay_ms: Option<u64>,
+    pub tls: Option<bool>,
+    pub tls_ca: Option<String>,
+    pub tls_cert: Option<String>,
+    pub tls_key: Option<String>,
+}
+
 /// An entry of `[[sinks]]` as written, read as its kind's struct.
 #[derive(Debug)]
 pub(crate) enum Entry {
     Http(HttpEntry),
     RedisStream(RedisStreamEntry),
     JetStream(JetStreamEntry),
+    Mqtt(MqttEntry),
 }
 
 /// The kinds `[[sinks]]` takes, for errors.
-pub(crate) const KINDS: &str = "one of `http`, `redis-stream`, `nats-jetstream`";
+pub(crate) const KINDS: &str = "one of `http`, `redis-stream`, `nats-jetstream`, `mqtt`";
 
 impl Entry {
     /// Reads entry `i` of `[[sinks]]` by its `kind`.
@@ -203,6 +245,7 @@ impl Entry {
             "http" => crate::config::raw::read_entry(&at, table).map(Entry::Http),
             "redis-stream" => crate::config::raw::read_entry(&at, table).map(Entry::RedisStream),
             "nats-jetstream" => crate::config::raw::read_entry(&at, table).map(Entry::JetStream),
+            "mqtt" => crate::config::raw::read_entry(&at, table).map(Entry::Mqtt),
             other => Err(invalid(format!("{at}.kind"), format!("{other:?}"), KINDS)),
         }
     }
@@ -212,6 +255,7 @@ impl Entry {
             Entry::Http(h) => &h.name,
             Entry::RedisStream(r) => &r.name,
             Entry::JetStream(j) => &j.name,
+            Entry::Mqtt(m) => &m.name,
         }
     }
 
@@ -220,6 +264,7 @@ impl Entry {
             Entry::Http(h) => h.queue.as_ref(),
             Entry::RedisStream(r) => r.queue.as_ref(),
             Entry::JetStream(j) => j.queue.as_ref(),
+            Entry::Mqtt(m) => m.queue.as_ref(),
         }
     }
 
@@ -228,6 +273,7 @@ impl Entry {
             Entry::Http(h) => h.limit.as_deref(),
             Entry::RedisStream(r) => r.limit.as_deref(),
             Entry::JetStream(j) => j.limit.as_deref(),
+            Entry::Mqtt(m) => m.limit.as_deref(),
         }
     }
 }
@@ -261,6 +307,7 @@ pub(crate) fn resolve(
             Entry::Http(h) => http(h, name, &key, env)?,
             Entry::RedisStream(r) => redis_stream(r, name, &key, env, has_redis)?,
             Entry::JetStream(j) => jetstream(j, name, &key, env)?,
+            Entry::Mqtt(m) => mqtt(m, name, &key, env)?,
         };
         let limit = match entry.limit() {
             None => None,
@@ -494,6 +541,94 @@ fn jetstream(
     ))
 }
 
+/// `kind = "mqtt"`: the broker checked as an MQTT endpoint's is, the
+/// topic with the sink's own rule.
+fn mqtt(
+    m: &MqttEntry,
+    name: String,
+    key: &dyn Fn(&str) -> String,
+    env: Env<'_>,
+) -> Result<Sink, ConfigError> {
+    use crate::endpoint::mqtt::{Broker, broker};
+    let broker = broker(
+        &Broker {
+            host: &m.host,
+            port: m.port,
+            tls: m.tls,
+            keys: TlsKeys {
+                ca: &m.tls_ca,
+                cert: &m.tls_cert,
+                key: &m.tls_key,
+            },
+        },
+        key,
+        env,
+    )?;
+    let client_id = match &m.client_id {
+        None => None,
+        Some(id) => Some(crate::config::check::non_empty(
+            key,
+            "client_id",
+            &expand(&key("client_id"), id, env)?,
+            "a client id of this replica's own",
+        )?),
+    };
+    let options = guard_endpoints::mqtt::MqttOptions::new(&broker.host, broker.port, "check")
+        .map_err(|e| invalid(key("host"), format!("{:?}", m.host), e.to_string()))?;
+    guard_endpoints::sink::mqtt::MqttSink::new(options, &m.topic)
+        .map_err(|e| invalid(key("topic"), format!("{:?}", m.topic), e.to_string()))?;
+    Ok(Sink {
+        name,
+        kind: SinkKind::Mqtt(MqttTarget {
+            host: broker.host,
+            port: broker.port,
+            topic: m.topic.clone(),
+            client_id,
+            timeout: timeout_of(m.timeout_ms, key)?,
+            tls: broker.tls,
+        }),
+        retry: retry(
+            RetryKeys {
+                retries: m.retries,
+                delay_ms: m.retry_delay_ms,
+                max_delay_ms: m.max_retry_delay_ms,
+            },
+            key,
+        )?,
+        limit: None,
+        queue: None,
+    })
+}
+
+/// The MQTT sink of `target`, named `name`.
+fn mqtt_sink(
+    name: &str,
+    target: &MqttTarget,
+) -> Result<Arc<dyn MessageSink>, Box<dyn std::error::Error + Send + Sync>> {
+    let client_id = match &target.client_id {
+        Some(id) => id.clone(),
+        None => {
+            let started = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+            format!(
+                "guard-{name}-{:016x}",
+                started ^ u64::from(std::process::id()).rotate_left(32)
+            )
+        }
+    };
+    let options = guard_endpoints::mqtt::MqttOptions::new(&target.host, target.port, &client_id)?;
+    #[cfg(feature = "tls")]
+    let options = match &target.tls {
+        Some(tls) => options.with_tls(tls.mqtt().clone()),
+        None => options,
+    };
+    Ok(Arc::new(
+        guard_endpoints::sink::mqtt::MqttSink::new(options, &target.topic)?
+            .with_timeout(target.timeout)?,
+    ))
+}
+
 /// A request timeout (`timeout_ms`): 10 s unless given, at least 1 ms.
 fn timeout_of(ms: Option<u64>, key: &dyn Fn(&str) -> String) -> Result<Duration, ConfigError> {
     match ms {
@@ -652,6 +787,7 @@ pub(crate) async fn build(
                 )
             }
             SinkKind::JetStream(target) => jetstream_sink(target).map_err(failed)?,
+            SinkKind::Mqtt(target) => mqtt_sink(&s.name, target).map_err(failed)?,
         };
         made.insert(s.name.clone(), sink);
     }
@@ -811,6 +947,15 @@ pub(crate) fn describe(sink: &Sink) -> String {
                 "the locker's connection"
             },
             t.duplicate_window
+        ),
+        SinkKind::Mqtt(t) => format!(
+            "{} (mqtt QoS 1 to {}:{} topic {}{}, Idempotency-Key as a user property, timeout {:?}, {retries})",
+            sink.name,
+            t.host,
+            t.port,
+            t.topic,
+            if t.tls.is_some() { " over TLS" } else { "" },
+            t.timeout
         ),
         SinkKind::JetStream(t) => format!(
             "{} (nats-jetstream {}, Nats-Msg-Id, timeout {:?}, {retries})",

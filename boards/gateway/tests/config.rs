@@ -1740,6 +1740,29 @@ fn a_bad_sink_or_a_to_naming_none_is_refused_with_its_key() {
             http("[sinks.queue]\ndir = \"q\"\nsegment = 1\n"),
             "sinks[0].queue.segment",
         ),
+        (
+            sink("kind = \"mqtt\"\nhost = \"h\"\ntopic = \"up/#\"\n"),
+            "sinks[0].topic",
+        ),
+        (sink("kind = \"mqtt\"\nhost = \"h\"\n"), "sinks[0]"),
+        (
+            sink("kind = \"mqtt\"\nhost = \"mqtt://h\"\ntopic = \"t\"\n"),
+            "sinks[0].host",
+        ),
+        (
+            sink("kind = \"mqtt\"\nhost = \"h\"\nport = 0\ntopic = \"t\"\n"),
+            "sinks[0].port",
+        ),
+        (
+            sink(
+                "kind = \"mqtt\"\nhost = \"h\"\ntopic = \"t\"\ntls = false\ntls_ca = \"ca.pem\"\n",
+            ),
+            "sinks[0].tls_ca",
+        ),
+        (
+            sink("kind = \"mqtt\"\nhost = \"h\"\ntopic = \"t\"\nclient_id = \"\"\n"),
+            "sinks[0].client_id",
+        ),
         // A queue's refusals have nowhere to go without dead letters.
         (http("[sinks.queue]\ndir = \"q\"\n"), "[dead_letters]"),
         (

@@ -3458,3 +3458,82 @@ fn dead_letters_on_disk_survive_a_restart_and_are_listed_shown_replayed_and_purg
     let (_, empty) = dlq(&["list"], &path);
     assert!(letter_ids(&empty).is_empty(), "{empty}");
 }
+
+/// A stream endpoint forwarding to an MQTT broker (`kind = "mqtt"`): each
+/// entry is published at QoS 1 with its payload and, as MQTT 5 user
+/// properties, its entry's `Idempotency-Key` and its origin (the stream);
+/// the entries are acknowledged at the stream once the broker took them.
+#[test]
+fn a_stream_forwarded_to_an_mqtt_broker_arrives_with_its_key_as_a_user_property() {
+    use rumqttc::v5::mqttbytes::QoS;
+    use rumqttc::v5::mqttbytes::v5::Packet;
+    use rumqttc::v5::{AsyncClient, Event, MqttOptions};
+    let server = RedisServer::start().expect("redis-server");
+    let broker = Mosquitto::start().expect("mosquitto");
+    // Each publish: its payload and its user properties.
+    type Published = (Vec<u8>, Vec<(String, String)>);
+    let arrived: Arc<Mutex<Vec<Published>>> = Arc::default();
+    let subscribed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    {
+        let (arrived, subscribed, port) = (arrived.clone(), subscribed.clone(), broker.port());
+        thread::spawn(move || {
+            let (client, mut events) =
+                AsyncClient::new(MqttOptions::new("bridge-check", "127.0.0.1", port), 16);
+            futures_lite::future::block_on(async_compat::Compat::new(async {
+                loop {
+                    match events.poll().await {
+                        Ok(Event::Incoming(Packet::ConnAck(_))) => {
+                            client.subscribe("cloud/#", QoS::AtLeastOnce).await.unwrap();
+                        }
+                        Ok(Event::Incoming(Packet::SubAck(_))) => {
+                            subscribed.store(true, std::sync::atomic::Ordering::SeqCst);
+                        }
+                        Ok(Event::Incoming(Packet::Publish(p))) => {
+                            let properties =
+                                p.properties.map(|p| p.user_properties).unwrap_or_default();
+                            arrived
+                                .lock()
+                                .unwrap()
+                                .push((p.payload.to_vec(), properties));
+                        }
+                        Ok(_) => {}
+                        Err(_) => return,
+                    }
+                }
+            }));
+        });
+    }
+    assert!(wait_for(SETTLE, || subscribed
+        .load(std::sync::atomic::Ordering::SeqCst)));
+    let (_dir, path) = written(&format!(
+        "{}\n[[sinks]]\nname = \"cloud\"\nkind = \"mqtt\"\nhost = \"127.0.0.1\"\nport = {}\ntopic = \"cloud/readings\"\n\n[[endpoints]]\nname = \"orders\"\nkind = \"redis-stream\"\nstream = \"orders\"\ngroup = \"uplink\"\nto = \"cloud\"\n",
+        base_config(&server.url()),
+        broker.port()
+    ));
+    let lines: Lines = Arc::default();
+    let _gateway = start(0, &path, &lines);
+    let sent = produce(&server, 20, 200).join().unwrap();
+    assert!(
+        wait_for(SETTLE, || arrived.lock().unwrap().len() >= 20),
+        "{} of 20 arrived",
+        arrived.lock().unwrap().len()
+    );
+    let arrived = arrived.lock().unwrap().clone();
+    for ((payload, properties), (id, sent_payload)) in arrived.iter().zip(&sent) {
+        assert_eq!(payload, sent_payload.as_bytes());
+        let property = |name: &str| {
+            properties
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.as_str())
+        };
+        let key = format!("orders:{id}");
+        assert_eq!(property("Idempotency-Key"), Some(key.as_str()));
+        assert_eq!(property("Guard-Origin"), Some("orders"));
+    }
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    assert!(wait_for(SETTLE, || pending_entries(&mut conn) == 0));
+}

@@ -228,6 +228,32 @@ impl MqttOptions {
     pub fn client_id(&self) -> &str {
         &self.client_id
     }
+
+    /// The broker's host.
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    /// The broker's port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The keep-alive interval.
+    pub fn keep_alive(&self) -> Duration {
+        self.keep_alive
+    }
+
+    /// How long a connection may take to be acknowledged.
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    /// The TLS settings, if the broker is reached over TLS.
+    #[cfg(feature = "tls")]
+    pub fn tls(&self) -> Option<&MqttTls> {
+        self.tls.as_ref()
+    }
 }
 
 /// What an endpoint subscribes to.

@@ -23,6 +23,7 @@
 pub mod http;
 #[cfg(feature = "nats")]
 pub mod jetstream;
+pub mod mqtt;
 pub mod queued;
 pub mod redis_stream;
 

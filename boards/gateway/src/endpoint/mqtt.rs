@@ -77,37 +77,6 @@ pub(crate) fn resolve(
     key: &dyn Fn(&str) -> String,
     env: Env<'_>,
 ) -> Result<Source, ConfigError> {
-    let host = expand(&key("host"), &m.host, env)?;
-    let host = non_empty(key, "host", &host, "the broker's host")?;
-    // A host name (ASCII letters, digits, `-`, `_` as container
-    // names have, and `.`; an international name in its `xn--`
-    // form; fully qualified with a trailing dot or not) or an IP
-    // address.
-    let name = |h: &str| {
-        let h = h.strip_suffix('.').unwrap_or(h);
-        h.split('.').all(|label| {
-            !label.is_empty()
-                && label
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-        })
-        // A name's last label is never all digits: `127.0.0.1.` is no
-        // host name (and no address either).
-        && h
-            .rsplit('.')
-            .next()
-            .is_some_and(|tld| !tld.chars().all(|c| c.is_ascii_digit()))
-    };
-    if !(name(&host) || host.parse::<std::net::IpAddr>().is_ok()) {
-        return Err(invalid(
-            key("host"),
-            format!("{:?}", m.host),
-            "a host name or IP address alone (no scheme, path or port: the port is `port`; an international name in its xn-- form)",
-        ));
-    }
-    if m.port == Some(0) {
-        return Err(invalid(key("port"), 0, "a port from 1 to 65535"));
-    }
     let filter = non_empty(key, "filter", &m.filter, "a topic filter")?;
     // The endpoint's own rules, named by the key they refuse.
     let subscription = match &m.share_group {
@@ -139,12 +108,85 @@ pub(crate) fn resolve(
         (None, true) => MqttDelivery::Elected,
         (None, false) => MqttDelivery::Broadcast,
     };
-    let keys = TlsKeys {
-        ca: &m.tls_ca,
-        cert: &m.tls_cert,
-        key: &m.tls_key,
+    let broker = broker(
+        &Broker {
+            host: &m.host,
+            port: m.port,
+            tls: m.tls,
+            keys: TlsKeys {
+                ca: &m.tls_ca,
+                cert: &m.tls_cert,
+                key: &m.tls_key,
+            },
+        },
+        key,
+        env,
+    )?;
+    let source = Source::Mqtt(MqttSource {
+        host: broker.host,
+        port: broker.port,
+        filter,
+        delivery,
+        tls: broker.tls,
+    });
+    Ok(source)
+}
+
+/// A broker as a `[[endpoints]]` or a `[[sinks]]` entry names it.
+pub(crate) struct Broker<'a> {
+    pub host: &'a str,
+    pub port: Option<u16>,
+    pub tls: Option<bool>,
+    pub keys: TlsKeys<'a>,
+}
+
+/// A broker, checked: its host, its port (1883, or 8883 over TLS, unless
+/// given) and its TLS files.
+pub(crate) struct CheckedBroker {
+    pub host: String,
+    pub port: u16,
+    pub tls: Option<TlsFiles>,
+}
+
+/// Checks a broker's `host`, `port`, `tls` and `tls_*` keys.
+pub(crate) fn broker(
+    b: &Broker<'_>,
+    key: &dyn Fn(&str) -> String,
+    env: Env<'_>,
+) -> Result<CheckedBroker, ConfigError> {
+    let host = expand(&key("host"), b.host, env)?;
+    let host = non_empty(key, "host", &host, "the broker's host")?;
+    // A host name (ASCII letters, digits, `-`, `_` as container
+    // names have, and `.`; an international name in its `xn--`
+    // form; fully qualified with a trailing dot or not) or an IP
+    // address.
+    let name = |h: &str| {
+        let h = h.strip_suffix('.').unwrap_or(h);
+        h.split('.').all(|label| {
+            !label.is_empty()
+                && label
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        })
+        // A name's last label is never all digits: `127.0.0.1.` is no
+        // host name (and no address either).
+        && h
+            .rsplit('.')
+            .next()
+            .is_some_and(|tld| !tld.chars().all(|c| c.is_ascii_digit()))
     };
-    let tls = match (m.tls, keys.first()) {
+    if !(name(&host) || host.parse::<std::net::IpAddr>().is_ok()) {
+        return Err(invalid(
+            key("host"),
+            format!("{:?}", b.host),
+            "a host name or IP address alone (no scheme, path or port: the port is `port`; an international name in its xn-- form)",
+        ));
+    }
+    if b.port == Some(0) {
+        return Err(invalid(key("port"), 0, "a port from 1 to 65535"));
+    }
+    let keys = &b.keys;
+    let tls = match (b.tls, keys.first()) {
         (Some(false), Some((field, value))) => {
             return Err(invalid(
                 key(field),
@@ -154,18 +196,15 @@ pub(crate) fn resolve(
         }
         (Some(false), None) | (None, None) => None,
         (Some(true), _) | (None, Some(_)) => {
-            Some(tls::read(&keys, key, &|at, value| expand(at, value, env))?)
+            Some(tls::read(keys, key, &|at, value| expand(at, value, env))?)
         }
     };
     let default_port = if tls.is_some() { MQTTS_PORT } else { MQTT_PORT };
-    let source = Source::Mqtt(MqttSource {
+    Ok(CheckedBroker {
         host,
-        port: m.port.unwrap_or(default_port),
-        filter,
-        delivery,
+        port: b.port.unwrap_or(default_port),
         tls,
-    });
-    Ok(source)
+    })
 }
 
 impl MqttSource {
