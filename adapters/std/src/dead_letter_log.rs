@@ -2,7 +2,7 @@
 //! others list, remove or purge, each letter under an id of its own.
 //!
 //! The log is a directory holding `letters`, a file of guard-core
-//! [`frame`](guard_core::frame)s, and `lock`, the lock every operation
+//! [`frame`](guard_core::frame)s, and `letters.lock`, the lock every operation
 //! takes (so a tool may work on the letters of a running process). A
 //! letter is kept until it is removed; removing rewrites the file without
 //! it (a new file renamed over the old, so a crash leaves one or the
@@ -52,8 +52,9 @@ use crate::disk_queue::{AppendError, QueueError};
 
 /// The letters' file in the log's directory.
 const LETTERS: &str = "letters";
-/// The file every operation locks.
-const LOCK: &str = "lock";
+/// The file every operation locks (its own name: a queue's directory
+/// has a `lock` of its own, which a queue holds for its whole life).
+const LOCK: &str = "letters.lock";
 /// A letter's id, before its body.
 const ID_LEN: usize = 8;
 
@@ -107,6 +108,31 @@ impl DeadLetterLog {
             Ok(lost)
         })?;
         Ok((log, lost))
+    }
+
+    /// Opens an existing log as a tool does (listing, removing from a
+    /// running process's letters): nothing is created, and a torn or
+    /// damaged tail is left in place for the process that writes to cut
+    /// and report; its bytes are returned.
+    pub fn inspect(dir: impl AsRef<Path>, max_bytes: u64) -> Result<(Self, u64), QueueError> {
+        let dir = dir.as_ref().to_owned();
+        if !dir.is_dir() {
+            return Err(io_error(
+                "no dead letters at",
+                &dir,
+                io::Error::new(io::ErrorKind::NotFound, "not a directory"),
+            ));
+        }
+        let log = DeadLetterLog {
+            dir,
+            max_bytes,
+            last_id: Mutex::new(0),
+        };
+        let unreadable = log.locked(|path| {
+            let bytes = read(path)?;
+            Ok(frame::scan(&bytes).lost(bytes.len()) as u64)
+        })?;
+        Ok((log, unreadable))
     }
 
     /// The directory.
@@ -229,6 +255,9 @@ impl DeadLetterLog {
             if removed == 0 {
                 return Ok(0);
             }
+            // What cannot be read is kept as it is, for the writer to cut
+            // and count.
+            kept.extend_from_slice(bytes.get(at..).unwrap_or_default());
             let new = self.dir.join(format!("{LETTERS}.new"));
             File::create(&new)
                 .and_then(|mut f| f.write_all(&kept).and_then(|()| f.sync_all()))

@@ -82,6 +82,37 @@ fn a_torn_last_letter_is_cut_at_open_and_counted() {
 }
 
 #[test]
+fn a_tool_leaves_a_torn_tail_for_the_writer_to_cut_and_count() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (log, _) = DeadLetterLog::open(dir.path(), 1 << 20).unwrap();
+        log.append(b"one").unwrap();
+        log.append(b"two").unwrap();
+        log.append(b"torn by a crash").unwrap();
+    }
+    let path = dir.path().join("letters");
+    let len = fs::metadata(&path).unwrap().len();
+    OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(len - 4)
+        .unwrap();
+    let (tool, unreadable) = DeadLetterLog::inspect(dir.path(), 1 << 20).unwrap();
+    assert_eq!(unreadable, 27);
+    let first = tool.list().unwrap()[0].id;
+    assert_eq!(tool.remove(&[first]).unwrap(), 1);
+    // The writer, opened next, still finds the torn bytes, and counts them.
+    let (log, lost) = DeadLetterLog::open(dir.path(), 1 << 20).unwrap();
+    assert_eq!(lost, 27);
+    let bodies: Vec<Vec<u8>> = log.list().unwrap().into_iter().map(|l| l.body).collect();
+    assert_eq!(bodies, [b"two".to_vec()]);
+    // A tool never makes a log that is not there.
+    assert!(DeadLetterLog::inspect(dir.path().join("typo"), 1 << 20).is_err());
+    assert!(!dir.path().join("typo").exists());
+}
+
+#[test]
 fn one_handle_removes_while_another_appends() {
     let dir = tempfile::tempdir().unwrap();
     let (writer, _) = DeadLetterLog::open(dir.path(), 1 << 20).unwrap();

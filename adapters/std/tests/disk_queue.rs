@@ -182,6 +182,30 @@ fn a_damaged_record_ends_its_segment_at_open_and_nothing_after_it_is_taken() {
 }
 
 #[test]
+fn a_segment_gone_or_emptied_before_it_was_forwarded_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = settings(1 << 20).with_segment_bytes(128).unwrap();
+    {
+        let (queue, _) = DiskQueue::open(dir.path(), settings).unwrap();
+        for i in 0..40 {
+            queue.append(&record(i)).unwrap();
+        }
+    }
+    let all = segments(dir.path());
+    assert!(all.len() >= 4, "{all:?}");
+    // One removed, one emptied, neither forwarded.
+    fs::remove_file(&all[1]).unwrap();
+    fs::write(&all[2], b"").unwrap();
+    let (_, recovery) = DiskQueue::open(dir.path(), settings).unwrap();
+    assert_eq!(recovery.missing_segments, 1, "{recovery:?}");
+    assert_eq!(recovery.damaged_segments, 1, "{recovery:?}");
+    // The segment the cursor is in, removed.
+    drop(fs::remove_file(&all[0]));
+    let (_, recovery) = DiskQueue::open(dir.path(), settings).unwrap();
+    assert_eq!(recovery.missing_segments, 2, "{recovery:?}");
+}
+
+#[test]
 fn a_torn_cursor_reads_again_rather_than_skips() {
     let dir = tempfile::tempdir().unwrap();
     let settings = settings(1 << 20);

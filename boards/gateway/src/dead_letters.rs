@@ -54,11 +54,11 @@ pub struct DeadLetters {
 /// Checks `[dead_letters]`.
 pub(crate) fn resolve(entry: &DeadLettersEntry, env: Env<'_>) -> Result<DeadLetters, ConfigError> {
     let dir = expand("dead_letters.dir", &entry.dir, env)?;
-    if dir.trim().is_empty() {
+    if !std::path::Path::new(&dir).is_absolute() {
         return Err(invalid(
             "dead_letters.dir",
-            "\"\"",
-            "a directory for the dead letters",
+            format!("{dir:?}"),
+            "an absolute path for the dead letters (`guard-gateway dlq` may run from another directory than the gateway)",
         ));
     }
     let max_bytes = match entry.max_bytes {
@@ -172,6 +172,18 @@ impl DeadLetterStore {
         self.log.dir()
     }
 
+    /// Opens the store `config` names for a tool: nothing created, a torn
+    /// tail left for the gateway to cut; the bytes that cannot be read.
+    fn inspect(config: &DeadLetters) -> Result<(Self, u64), GatewayError> {
+        let (log, unreadable) =
+            DeadLetterLog::inspect(&config.dir, config.max_bytes).map_err(|e| {
+                GatewayError::DeadLetters {
+                    source: Box::new(e),
+                }
+            })?;
+        Ok((DeadLetterStore { log }, unreadable))
+    }
+
     /// Keeps `letter`, synced: its id, or why not (a full store).
     pub(crate) fn keep(&self, letter: &DeadLetter) -> Result<u64, AppendError> {
         self.log.append(&letter.encode())
@@ -240,7 +252,7 @@ pub fn dlq(
             source: "the configuration has no [dead_letters] table".into(),
         });
     };
-    let (store, _) = DeadLetterStore::open(place)?;
+    let (store, unreadable) = DeadLetterStore::inspect(place)?;
     let letters = store.letters()?;
     let write = |out: &mut dyn std::io::Write, text: String| {
         let _ = writeln!(out, "{text}");
@@ -251,6 +263,14 @@ pub fn dlq(
                 write(out, summary(*id, letter));
             }
             write(out, format!("{} dead letter(s)", letters.len()));
+            if unreadable > 0 {
+                write(
+                    out,
+                    format!(
+                        "{unreadable} byte(s) at the end cannot be read (a letter torn by a crash, or damaged): the gateway cuts and counts them when it starts"
+                    ),
+                );
+            }
             Ok(true)
         }
         DlqCommand::Show(id) => match letters.iter().find(|(i, _)| i == id) {
@@ -301,6 +321,11 @@ pub fn dlq(
                 .map_err(|e| GatewayError::DeadLetters {
                     source: Box::new(e),
                 })?;
+            if let Selection::Ids(asked) = selection {
+                for id in asked.iter().filter(|id| !ids.contains(id)) {
+                    write(out, format!("no dead letter {id}"));
+                }
+            }
             write(out, format!("purged {removed} dead letter(s)"));
             Ok(match selection {
                 Selection::All => true,
@@ -316,7 +341,7 @@ fn summary(id: u64, letter: &Result<DeadLetter, String>) -> String {
     match letter {
         Err(why) => format!("id={id} unreadable: {why}"),
         Ok(l) => format!(
-            "id={id} {}={} sink={} from={} attempts={} at_ms={} bytes={} reason={}",
+            "id={id} {}={} to={} from={} attempts={} at_ms={} bytes={} reason={}",
             l.place,
             l.name,
             l.sink.as_deref().unwrap_or("-"),

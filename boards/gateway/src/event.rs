@@ -83,8 +83,10 @@ pub enum Event {
         pending: u64,
         /// Bytes of torn or damaged tails cut.
         lost_bytes: u64,
-        /// Segments whose tail was cut.
+        /// Segments whose tail was cut, or found empty.
         damaged_segments: u64,
+        /// Segments not all forwarded that are gone (their records lost).
+        missing_segments: u64,
         /// Whether the cursor could not be placed (forwarding restarts at
         /// the oldest record: repeats, no loss).
         cursor_reset: bool,
@@ -218,10 +220,11 @@ impl fmt::Display for Event {
                 pending,
                 lost_bytes,
                 damaged_segments,
+                missing_segments,
                 cursor_reset,
             } => write!(
                 f,
-                "queue sink={sink} pending={pending} lost_bytes={lost_bytes} damaged_segments={damaged_segments} cursor_reset={cursor_reset}"
+                "queue sink={sink} pending={pending} lost_bytes={lost_bytes} damaged_segments={damaged_segments} missing_segments={missing_segments} cursor_reset={cursor_reset}"
             ),
             Event::Skipped {
                 router,

@@ -90,25 +90,29 @@ enum DlqAction {
     },
     /// Send letters to their sink again, under its retries, with their
     /// message id; those it takes are removed. Exit 1 if any was not.
+    #[command(group(clap::ArgGroup::new("which").required(true)))]
     Replay {
         /// The TOML configuration.
         #[arg(long, short)]
         config: PathBuf,
         /// Every letter.
-        #[arg(long, conflicts_with = "ids", required_unless_present = "ids")]
+        #[arg(long, group = "which")]
         all: bool,
         /// The letters' ids.
+        #[arg(group = "which")]
         ids: Vec<u64>,
     },
     /// Remove letters for good.
+    #[command(group(clap::ArgGroup::new("which").required(true)))]
     Purge {
         /// The TOML configuration.
         #[arg(long, short)]
         config: PathBuf,
         /// Every letter.
-        #[arg(long, conflicts_with = "ids", required_unless_present = "ids")]
+        #[arg(long, group = "which")]
         all: bool,
         /// The letters' ids.
+        #[arg(group = "which")]
         ids: Vec<u64>,
     },
 }

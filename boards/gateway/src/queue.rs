@@ -19,7 +19,7 @@
 //! sync = "interval"               # or "every-write"
 //! sync_ms = 100                   # with "interval": the default
 //! when_full = "wait"              # or "refuse"
-//! full_wait_ms = 1000             # with "wait": the default
+//! full_wait_ms = 1000             # with "wait": how often a held-back sender looks again
 //! ```
 
 use std::path::PathBuf;
@@ -40,8 +40,9 @@ pub const DEFAULT_MAX_BYTES: u64 = 64 << 20;
 pub const MAX_MAX_BYTES: u64 = 1 << 40;
 /// How often an `interval` queue syncs unless configured: 100 ms.
 pub const DEFAULT_SYNC: Duration = Duration::from_millis(100);
-/// How long a sender waits for room in a full `wait` queue before its
-/// retries take over, unless configured: 1 s.
+/// How often a sender held back by a full `wait` queue looks again for
+/// room (besides when forwarding frees some: a disk full of other files
+/// frees up on its own time), unless configured: 1 s.
 pub const DEFAULT_FULL_WAIT: Duration = Duration::from_secs(1);
 
 /// `[sinks.queue]` as written.
@@ -74,11 +75,11 @@ pub(crate) fn resolve(
     env: Env<'_>,
 ) -> Result<SinkQueue, ConfigError> {
     let dir = expand(&key("dir"), &entry.dir, env)?;
-    if dir.trim().is_empty() {
+    if !std::path::Path::new(&dir).is_absolute() {
         return Err(invalid(
             key("dir"),
-            "\"\"",
-            "a directory for the queue's files",
+            format!("{dir:?}"),
+            "an absolute path for the queue's files (not relative to wherever the gateway starts)",
         ));
     }
     let max_bytes = match entry.max_bytes {
@@ -169,7 +170,10 @@ pub(crate) fn describe(queue: &SinkQueue) -> String {
         SyncPolicy::Every(period) => format!("every {} ms", period.as_millis()),
     };
     let full = match queue.when_full {
-        WhenFull::Wait(wait) => format!("wait {} ms then retry", wait.as_millis()),
+        WhenFull::Wait(wait) => format!(
+            "hold the sources back, looking again every {} ms",
+            wait.as_millis()
+        ),
         WhenFull::Refuse => "refuse".to_owned(),
     };
     format!(

@@ -241,6 +241,7 @@ pub async fn run(
             pending: recovery.pending,
             lost_bytes: recovery.lost_bytes,
             damaged_segments: recovery.damaged_segments,
+            missing_segments: recovery.missing_segments,
             cursor_reset: recovery.cursor_reset,
         });
         let (sink, retry) = crate::sink::forwarded(&built, config, name)?;
@@ -449,7 +450,7 @@ pub fn summary(config: &Config) -> String {
         }
     );
     format!(
-        "configuration is valid\nlocker     {locker}\nguards     {guards}\nschedules  {}\nactive     {}\nendpoints  {}\nsinks      {}\nlimiters   {}\nmetrics    {}\n",
+        "configuration is valid\nlocker     {locker}\nguards     {guards}\nschedules  {}\nactive     {}\nendpoints  {}\nsinks      {}\nlimiters   {}\nmetrics    {}\ndead letters {}\n",
         list(&schedules),
         list(&config.active),
         list(&endpoints),
@@ -459,6 +460,10 @@ pub fn summary(config: &Config) -> String {
             .metrics
             .prometheus
             .map_or("none".to_owned(), |a| a.to_string()),
+        config.dead_letters.as_ref().map_or(
+            "in memory (1,024 per broadcast endpoint, gone at a restart)".to_owned(),
+            |d| format!("{} (at most {} bytes)", d.dir.display(), d.max_bytes)
+        ),
     )
 }
 

@@ -1713,31 +1713,39 @@ fn a_bad_sink_or_a_to_naming_none_is_refused_with_its_key() {
         (http("[sinks.queue]\n"), "sinks[0].queue"),
         (http("[sinks.queue]\ndir = \"\"\n"), "sinks[0].queue.dir"),
         (
-            http("[sinks.queue]\ndir = \"q\"\nmax_bytes = 100\n"),
+            http("[sinks.queue]\ndir = \"queue\"\n"),
+            "sinks[0].queue.dir",
+        ),
+        (
+            error(&format!("{STREAM_TO}\n[dead_letters]\ndir = \"letters\"\n")),
+            "dead_letters.dir",
+        ),
+        (
+            http("[sinks.queue]\ndir = \"/q\"\nmax_bytes = 100\n"),
             "sinks[0].queue.max_bytes",
         ),
         (
-            http("[sinks.queue]\ndir = \"q\"\nsync = \"sometimes\"\n"),
+            http("[sinks.queue]\ndir = \"/q\"\nsync = \"sometimes\"\n"),
             "sinks[0].queue.sync",
         ),
         (
-            http("[sinks.queue]\ndir = \"q\"\nsync = \"every-write\"\nsync_ms = 5\n"),
+            http("[sinks.queue]\ndir = \"/q\"\nsync = \"every-write\"\nsync_ms = 5\n"),
             "sinks[0].queue.sync_ms",
         ),
         (
-            http("[sinks.queue]\ndir = \"q\"\nsync_ms = 0\n"),
+            http("[sinks.queue]\ndir = \"/q\"\nsync_ms = 0\n"),
             "sinks[0].queue.sync_ms",
         ),
         (
-            http("[sinks.queue]\ndir = \"q\"\nwhen_full = \"drop\"\n"),
+            http("[sinks.queue]\ndir = \"/q\"\nwhen_full = \"drop\"\n"),
             "sinks[0].queue.when_full",
         ),
         (
-            http("[sinks.queue]\ndir = \"q\"\nwhen_full = \"refuse\"\nfull_wait_ms = 10\n"),
+            http("[sinks.queue]\ndir = \"/q\"\nwhen_full = \"refuse\"\nfull_wait_ms = 10\n"),
             "sinks[0].queue.full_wait_ms",
         ),
         (
-            http("[sinks.queue]\ndir = \"q\"\nsegment = 1\n"),
+            http("[sinks.queue]\ndir = \"/q\"\nsegment = 1\n"),
             "sinks[0].queue.segment",
         ),
         (
@@ -1764,7 +1772,7 @@ fn a_bad_sink_or_a_to_naming_none_is_refused_with_its_key() {
             "sinks[0].client_id",
         ),
         // A queue's refusals have nowhere to go without dead letters.
-        (http("[sinks.queue]\ndir = \"q\"\n"), "[dead_letters]"),
+        (http("[sinks.queue]\ndir = \"/q\"\n"), "[dead_letters]"),
         (
             error(&format!("{STREAM_TO}\n[dead_letters]\n")),
             "dead_letters",
@@ -1775,13 +1783,13 @@ fn a_bad_sink_or_a_to_naming_none_is_refused_with_its_key() {
         ),
         (
             error(&format!(
-                "{STREAM_TO}\n[dead_letters]\ndir = \"d\"\nmax_bytes = 10\n"
+                "{STREAM_TO}\n[dead_letters]\ndir = \"/d\"\nmax_bytes = 10\n"
             )),
             "dead_letters.max_bytes",
         ),
         (
             http(
-                "[sinks.queue]\ndir = \"q\"\n\n[[sinks]]\nname = \"b\"\nkind = \"http\"\nurl = \"http://h/\"\n[sinks.queue]\ndir = \"q\"\n",
+                "[sinks.queue]\ndir = \"/q\"\n\n[[sinks]]\nname = \"b\"\nkind = \"http\"\nurl = \"http://h/\"\n[sinks.queue]\ndir = \"/q\"\n",
             ),
             "sinks[1].queue.dir",
         ),

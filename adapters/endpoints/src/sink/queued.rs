@@ -13,10 +13,10 @@
 //!   for a transient failure); one the sink refuses for good or as stale
 //!   goes to the caller's dead letters, then the next one is sent.
 //! - A full queue holds its senders back ([`WhenFull::Wait`]: the sender
-//!   waits for room, then its retries take over, so a stream, JetStream,
-//!   RabbitMQ or MQTT QoS 1 source keeps the message) or refuses at once
+//!   waits for room as long as it takes, so a source reads nothing more
+//!   meanwhile and its order is kept) or refuses at once
 //!   ([`WhenFull::Refuse`]: a permanent refusal, counted, which a source
-//!   dead-letters).
+//!   dead-letters). Both are counted, and logged once per interval.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -31,8 +31,10 @@ use super::{Delivery, MessageSink, Outgoing, SinkError, deliver};
 /// What a full queue does with a message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WhenFull {
-    /// Waits up to this long for room, then answers a transient failure:
-    /// the sender's retries wait again, then the source keeps the message.
+    /// Waits for room as long as it takes, looking again at least this
+    /// often (a disk full of other files frees up on its own time): the
+    /// sender, and so its source, is held back, and what comes after the
+    /// message waits behind it, in order. Race the send with a stop.
     Wait(Duration),
     /// Refuses it at once, for good (counted in
     /// [`QueuedSink::refused`]).
@@ -45,6 +47,8 @@ pub struct QueuedSink {
     queue: DiskQueue,
     when_full: WhenFull,
     refused: AtomicU64,
+    /// A flood of full-queue warnings is logged once per interval.
+    warnings: guard_std::Throttle,
 }
 
 impl QueuedSink {
@@ -56,11 +60,17 @@ impl QueuedSink {
     /// [`QUEUE_PENDING`]: guard_std::metrics::QUEUE_PENDING
     /// [`QUEUE_BYTES`]: guard_std::metrics::QUEUE_BYTES
     pub fn new(name: &str, queue: DiskQueue, when_full: WhenFull) -> Self {
+        // Both outcomes exported from the start, at 0.
+        for outcome in ["held_back", "refused"] {
+            metrics::counter!(guard_std::metrics::QUEUE_FULL, "name" => name.to_owned(), "outcome" => outcome)
+                .increment(0);
+        }
         QueuedSink {
             name: name.to_owned(),
             queue,
             when_full,
             refused: AtomicU64::new(0),
+            warnings: guard_std::Throttle::new(),
         }
     }
 
@@ -116,28 +126,42 @@ impl MessageSink for QueuedSink {
                     Err(e) => e,
                 };
                 match (error.is_back_pressure(), self.when_full) {
-                    (true, WhenFull::Wait(wait)) if !waited => {
-                        waited = true;
-                        // Room comes when forwarding frees a segment; a
-                        // full disk frees up on its own time: look again
-                        // after the wait either way.
-                        futures_lite::future::or(self.queue.space(record.len()), async {
-                            async_io::Timer::after(wait).await;
+                    (true, WhenFull::Wait(look_again)) => {
+                        if !waited {
+                            waited = true;
+                            self.count_full("held_back");
+                            if let Some(more) = self.warnings.admit() {
+                                log::warn!(
+                                    "sink {}: {error}; its sources are held back until there is room ({more} more not logged)",
+                                    self.name
+                                );
+                            }
+                        }
+                        // Room under the bound comes when forwarding frees
+                        // a segment; a full disk, when forwarding frees
+                        // one or other files go: look again then, or
+                        // after a while either way.
+                        let room = async {
+                            if matches!(error, AppendError::Full { .. }) {
+                                self.queue.space(record.len()).await;
+                            } else {
+                                self.queue.freed().await;
+                            }
+                        };
+                        futures_lite::future::or(room, async {
+                            async_io::Timer::after(look_again).await;
                         })
                         .await;
-                    }
-                    (true, WhenFull::Wait(wait)) => {
-                        self.count_full("held_back");
-                        log::warn!("sink {}: {error}; held back", self.name);
-                        return Err(SinkError::Transient {
-                            reason: format!("{error} (held back: waited {wait:?} for room)"),
-                            retry_after: None,
-                        });
                     }
                     (true, WhenFull::Refuse) => {
                         self.refused.fetch_add(1, Ordering::Relaxed);
                         self.count_full("refused");
-                        log::warn!("sink {}: {error}; refused", self.name);
+                        if let Some(more) = self.warnings.admit() {
+                            log::warn!(
+                                "sink {}: {error}; refused ({more} more not logged)",
+                                self.name
+                            );
+                        }
                         return Err(SinkError::Permanent {
                             reason: format!("{error} (refused: when full, refuse)"),
                         });
@@ -293,6 +317,9 @@ pub async fn forward(
     mut dead_letter: impl FnMut(NotTaken) -> bool,
 ) {
     let queue = &queued.queue;
+    // Since when the sink has not taken the head (an outage), to log its
+    // start and its end once each.
+    let mut down_since: Option<std::time::Instant> = None;
     loop {
         queue.appended().await;
         let record = match queue.peek() {
@@ -308,15 +335,35 @@ pub async fn forward(
             Ok(message) => {
                 let Delivery { attempts, outcome } =
                     deliver(sink, &message.outgoing(), policy, &mut WithoutRandom, None).await;
+                if outcome.is_ok()
+                    && let Some(since) = down_since.take()
+                {
+                    log::info!(
+                        "sink {}: forwarding again after {:?}",
+                        queued.name,
+                        since.elapsed()
+                    );
+                }
                 match outcome {
                     Ok(()) => true,
-                    Err(SinkError::Transient { retry_after, .. }) => {
+                    Err(SinkError::Transient {
+                        retry_after,
+                        ref reason,
+                    }) => {
                         // Still down: the head waits, nothing behind it
                         // passes (order), nothing is dropped.
                         let wait = retry_after
                             .unwrap_or_default()
                             .max(policy.max_delay())
                             .max(MIN_HEAD_WAIT);
+                        if down_since.is_none() {
+                            down_since = Some(std::time::Instant::now());
+                            log::warn!(
+                                "sink {}: not taken after {attempts} attempt(s): {reason}; {} message(s) wait in the queue, tried again every {wait:?}",
+                                queued.name,
+                                queue.stats().pending
+                            );
+                        }
                         async_io::Timer::after(wait).await;
                         false
                     }

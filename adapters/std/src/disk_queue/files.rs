@@ -98,8 +98,13 @@ pub struct Recovery {
     /// Bytes dropped from torn or damaged segment tails: what a crash or
     /// a power loss took that was written but not whole.
     pub lost_bytes: u64,
-    /// Segments whose tail was dropped.
+    /// Segments whose tail was dropped, or found empty before the newest
+    /// (a segment is only sealed with records in it).
     pub damaged_segments: u64,
+    /// Segments gone that were not all forwarded: the cursor's own, or
+    /// one missing between it and the newest (removed by hand, or lost
+    /// with the file system). Their records are lost, uncounted.
+    pub missing_segments: u64,
     /// The cursor file was missing, torn, or pointed between records, so
     /// forwarding starts again at the oldest segment's record it could
     /// place (records may be forwarded twice, none skipped).
@@ -149,6 +154,17 @@ pub(super) fn recover(dir: &Path) -> Result<Recovered, QueueError> {
             offset: 0,
         },
     };
+    // Only a segment all forwarded is ever removed, and the cursor moves
+    // past it first: the cursor's segment and every one after it up to the
+    // newest are all there, unless something else removed them.
+    if let (Some(at), Some(&last)) = (cursor, ids.last())
+        && at.segment <= last
+    {
+        let expected = last.saturating_sub(at.segment).saturating_add(1);
+        let present = ids.iter().filter(|&&id| id >= at.segment).count() as u64;
+        recovery.missing_segments = expected.saturating_sub(present);
+    }
+    let newest = ids.last().copied();
     let mut segments = VecDeque::new();
     for id in ids {
         let path = segment_path(dir, id);
@@ -183,6 +199,9 @@ pub(super) fn recover(dir: &Path) -> Result<Recovered, QueueError> {
         } else {
             scan.records
         };
+        if bytes.is_empty() && Some(id) != newest {
+            recovery.damaged_segments = recovery.damaged_segments.saturating_add(1);
+        }
         recovery.pending = recovery.pending.saturating_add(start);
         segments.push_back(Segment {
             id,

@@ -177,7 +177,7 @@ impl fmt::Display for QueueError {
                 dir.display()
             ),
             QueueError::Io { what, path, source } => {
-                write!(f, "queue: {what} {}: {source}", path.display())
+                write!(f, "{what} {}: {source}", path.display())
             }
         }
     }
@@ -706,6 +706,13 @@ impl DiskQueue {
             }
             listener.await;
         }
+    }
+
+    /// Waits until forwarding next frees bytes (a segment removed or
+    /// started afresh): what a writer the disk had no room for waits for,
+    /// beside a timer (other files may free the disk too).
+    pub async fn freed(&self) {
+        self.shared.freed.listen().await;
     }
 
     /// Waits until a record of `len` bytes fits under the bound

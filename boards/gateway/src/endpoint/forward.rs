@@ -24,6 +24,8 @@ use guard_endpoints::delivery::ElectedLease;
 use guard_endpoints::redis::StreamMessage;
 use guard_endpoints::sink::{LeaseGate, MessageSink, Outgoing, SinkError, deliver};
 
+use guard_smol::Control;
+
 use super::{Emit, Inbox, Refused};
 
 /// An endpoint's sink, with its retry policy.
@@ -36,14 +38,23 @@ pub(super) struct Forward {
     started: u64,
     /// Messages numbered for such ids.
     sequence: AtomicU64,
+    /// The replica's stop: a delivery still retrying (or waiting for room
+    /// in a full queue) ends at once, the message not forwarded.
+    stop: Control,
 }
 
 impl Forward {
-    pub(super) fn new(sink_name: &str, sink: Arc<dyn MessageSink>, retry: RetryPolicy) -> Self {
+    pub(super) fn new(
+        sink_name: &str,
+        sink: Arc<dyn MessageSink>,
+        retry: RetryPolicy,
+        stop: Control,
+    ) -> Self {
         Forward {
             sink_name: sink_name.to_owned(),
             sink,
             retry,
+            stop,
             started: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX)),
@@ -127,14 +138,32 @@ impl Inbox {
             fence: lease.map(ElectedLease::fence),
             payload,
         };
-        let delivery = deliver(
-            &*forward.sink,
-            &message,
-            &forward.retry,
-            &mut WithoutRandom,
-            lease.map(|l| l as &dyn LeaseGate),
-        )
-        .await;
+        let delivering = async {
+            Some(
+                deliver(
+                    &*forward.sink,
+                    &message,
+                    &forward.retry,
+                    &mut WithoutRandom,
+                    lease.map(|l| l as &dyn LeaseGate),
+                )
+                .await,
+            )
+        };
+        let stopped = async {
+            forward.stop.stopped().await;
+            None
+        };
+        let Some(delivery) = futures_lite::future::or(delivering, stopped).await else {
+            return Err(NotForwarded {
+                sink: forward.sink_name.clone(),
+                attempts: 0,
+                error: SinkError::Transient {
+                    reason: "the replica stopped before the sink took it".to_owned(),
+                    retry_after: None,
+                },
+            });
+        };
         delivery.outcome.map_err(|error| NotForwarded {
             sink: forward.sink_name.clone(),
             attempts: delivery.attempts,

@@ -123,7 +123,12 @@ struct Inbox {
 }
 
 impl Inbox {
-    fn new(built: &Built, config: &Config, entry: &Endpoint) -> Result<Self, GatewayError> {
+    fn new(
+        built: &Built,
+        config: &Config,
+        entry: &Endpoint,
+        control: &Control,
+    ) -> Result<Self, GatewayError> {
         let limit = match &entry.limit {
             Some(limit) => Some((
                 Admission::new(limiter(built, &limit.limiter)?, limit.when_limited)
@@ -142,7 +147,7 @@ impl Inbox {
                 None => None,
                 Some(to) => {
                     let (sink, retry) = crate::sink::made(built, config, to)?;
-                    Some(forward::Forward::new(to, sink, retry))
+                    Some(forward::Forward::new(to, sink, retry, control.clone()))
                 }
             },
             clock: SystemClock::new(),
@@ -442,7 +447,7 @@ pub(crate) async fn start(
         built,
         config,
         timing: config.guards.active.into(),
-        inbox: Arc::new(Inbox::new(built, config, entry)?),
+        inbox: Arc::new(Inbox::new(built, config, entry, &control)?),
         emit,
         control,
         link,
