@@ -394,3 +394,39 @@ pub async fn forward(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_reads_back_as_the_message_it_was() {
+        for fence in [None, Some(0), Some(u64::MAX)] {
+            let message = Outgoing {
+                id: "orders:1-0",
+                origin: "orders",
+                fence,
+                payload: &[0, 159, 255, b'\n'],
+            };
+            let queued = decode(&encode(&message)).unwrap();
+            assert_eq!(queued.outgoing(), message);
+        }
+    }
+
+    #[test]
+    fn a_record_cut_short_or_of_another_version_is_an_error_not_a_panic() {
+        let record = encode(&Outgoing {
+            id: "id",
+            origin: "origin",
+            fence: Some(3),
+            payload: b"payload",
+        });
+        // Cut anywhere before the payload.
+        for cut in 0..(1 + 1 + 8 + 8 + 4 + 2 + 4 + 6) {
+            assert!(decode(&record[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut other = record.clone();
+        other[0] = 2;
+        assert!(decode(&other).unwrap_err().contains("version 2"));
+    }
+}
