@@ -1849,3 +1849,40 @@ fn a_schedule_action_is_a_command_or_a_sink_and_each_key_is_checked() {
         assert!(message.contains(key), "{key}: {message}");
     }
 }
+
+/// The README's first TOML block after `marker`.
+fn readme_block(marker: &str) -> &'static str {
+    let readme = include_str!("../../../README.md");
+    readme
+        .split(marker)
+        .nth(1)
+        .and_then(|rest| rest.split("```toml\n").nth(1))
+        .and_then(|block| block.split("```").next())
+        .unwrap_or_else(|| panic!("a TOML block after {marker:?} in the README"))
+}
+
+/// The README's sinks (all four kinds), its queue and its dead letters
+/// are configurations `check` accepts, as written.
+#[test]
+fn the_readme_sink_queue_and_dead_letter_examples_parse() {
+    let env = |name: &str| match name {
+        "NATS_URL" => Some("nats://127.0.0.1:4222".to_owned()),
+        "UPLINK_URL" => Some("https://cloud.example/ingest".to_owned()),
+        _ => None,
+    };
+    let sinks = readme_block("**Sinks: the gateway forwards.**");
+    let c = Config::from_toml_with_env(&format!("{STREAM_TO}to = \"bridge\"\n\n{sinks}"), env)
+        .expect("the README's sinks");
+    let kinds: Vec<&str> = c.sinks.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(kinds, ["uplink", "archive", "cloud", "bridge"]);
+    let queue = readme_block("**Store-and-forward: a queue on disk.**");
+    let letters = readme_block("**Dead letters on disk.**");
+    let c = Config::from_toml_with_env(
+        &format!("{STREAM_TO}to = \"uplink\"\n\n{queue}\n{letters}"),
+        env,
+    )
+    .expect("the README's queue and dead letters");
+    let queue = c.sinks[0].queue.as_ref().expect("a queue");
+    assert_eq!(queue.settings.max_bytes(), 64 << 20);
+    assert!(c.dead_letters.is_some());
+}
