@@ -133,27 +133,24 @@ async fn reached(receiver: &Receiver, from: u64, n: u64) {
     }
 }
 
-/// Consumes `stream` (filled with `n` entries), each entry sent through
-/// `sink` with its entry's id as the key, until the receiver has `n` more
-/// requests; `drain` runs beside it (a queue's forwarding). Entries per
-/// second.
+/// Consumes `stream`, each entry sent through `sink` with its entry's
+/// id as the key, until `done`; `beside` runs along (a queue's
+/// forwarding). The time it took.
 fn consume(
     conn: &RedisConnection,
     stream: &str,
-    n: u64,
     sink: Arc<dyn MessageSink>,
-    receiver: &Receiver,
-    drain: impl Future<Output = ()>,
-) -> f64 {
+    done: impl Future<Output = ()>,
+    beside: impl Future<Output = ()>,
+) -> Duration {
     let consumer = StreamConsumer::new(conn.clone(), stream, "bench", "consumer-1")
         .and_then(|c| c.with_batch(guard_endpoints::redis::DEFAULT_BATCH))
         .expect("consumer");
     let (handle, control) = guard_smol::control();
-    let from = receiver.received();
     let started = Instant::now();
     smol::block_on(async {
         let stop = async {
-            reached(receiver, from, n).await;
+            done.await;
             handle.stop();
         };
         let consume = consumer.run(control, Classifier::retry_all(), |message| {
@@ -175,13 +172,28 @@ fn consume(
                 future::zip(consume, stop).await;
             },
             async {
-                drain.await;
+                beside.await;
                 future::pending::<()>().await
             },
         )
         .await;
     });
-    n as f64 / started.elapsed().as_secs_f64()
+    started.elapsed()
+}
+
+/// [`consume`] until the receiver has `n` more requests: entries per
+/// second.
+fn forwarded_rate(
+    conn: &RedisConnection,
+    stream: &str,
+    n: u64,
+    sink: Arc<dyn MessageSink>,
+    receiver: &Receiver,
+    beside: impl Future<Output = ()>,
+) -> f64 {
+    let from = receiver.received();
+    let took = consume(conn, stream, sink, reached(receiver, from, n), beside);
+    n as f64 / took.as_secs_f64()
 }
 
 fn http_sink(receiver: &Receiver) -> Arc<HttpSink> {
@@ -257,7 +269,7 @@ fn main() {
             let count = if i == 2 { (n / 10).max(100) } else { n };
             fill(&server, &stream, count);
             let rate = match i {
-                0 => consume(
+                0 => forwarded_rate(
                     &conn,
                     &stream,
                     count,
@@ -274,7 +286,7 @@ fn main() {
                     let (_dir, queued) = queue(sync);
                     let drained = queued.clone();
                     let sink = sink.clone();
-                    consume(&conn, &stream, count, queued, &receiver, async move {
+                    forwarded_rate(&conn, &stream, count, queued, &receiver, async move {
                         forward(&drained, &*sink, &policy, |_| true).await
                     })
                 }
@@ -350,33 +362,12 @@ fn drain_rate(
     policy: &RetryPolicy,
     receiver: &Receiver,
 ) -> f64 {
-    let consumer = StreamConsumer::new(conn.clone(), stream, "bench", "consumer-1")
-        .and_then(|c| c.with_batch(guard_endpoints::redis::DEFAULT_BATCH))
-        .expect("consumer");
-    let (handle, control) = guard_smol::control();
-    smol::block_on(async {
-        let stop = async {
-            while queued.queue().stats().pending < n {
-                async_io::Timer::after(Duration::from_millis(1)).await;
-            }
-            handle.stop();
-        };
-        let consume = consumer.run(control, Classifier::retry_all(), |message| {
-            let queued = queued.clone();
-            async move {
-                let payload = message.field("payload").unwrap_or_default().to_vec();
-                let id = format!("{stream}:{}", message.id);
-                let outgoing = Outgoing {
-                    id: &id,
-                    origin: stream,
-                    fence: None,
-                    payload: &payload,
-                };
-                queued.send(&outgoing).await.map_err(|e| e.to_string())
-            }
-        });
-        future::zip(consume, stop).await;
-    });
+    let filled = async {
+        while queued.queue().stats().pending < n {
+            async_io::Timer::after(Duration::from_millis(1)).await;
+        }
+    };
+    consume(conn, stream, queued.clone(), filled, future::pending());
     let from = receiver.received();
     let started = Instant::now();
     smol::block_on(future::or(

@@ -22,7 +22,9 @@ async fn send_through(sink: &dyn MessageSink, message: &Sent) -> Answered {
     };
     match sink.send(&outgoing).await {
         Ok(()) => Answered::Delivered,
-        Err(SinkError::Transient { reason, .. }) => Answered::Transient(reason),
+        Err(SinkError::Transient { reason, .. } | SinkError::HeldBack { reason }) => {
+            Answered::Transient(reason)
+        }
         Err(SinkError::Permanent { reason }) => Answered::Permanent(reason),
         Err(SinkError::StaleFence { fence, highest }) => Answered::StaleFence { fence, highest },
         Err(e @ SinkError::LeaseEnded { .. }) => {

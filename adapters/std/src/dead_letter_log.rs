@@ -48,7 +48,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use guard_core::frame::{self, HEADER_LEN, Header, Next};
 
-use crate::disk_queue::{AppendError, QueueError};
+use crate::disk_queue::{AppendError, QueueError, io_error, open_to_write};
 
 /// The letters' file in the log's directory.
 const LETTERS: &str = "letters";
@@ -146,12 +146,7 @@ impl DeadLetterLog {
         work: impl FnOnce(&Path) -> Result<T, QueueError>,
     ) -> Result<T, QueueError> {
         let lock_path = self.dir.join(LOCK);
-        let lock = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .map_err(|e| io_error("opening", &lock_path, e))?;
+        let lock = open_to_write(&lock_path)?;
         lock.lock()
             .map_err(|e| io_error("locking", &lock_path, e))?;
         // Unlocked when `lock` closes, whatever `work` did.
@@ -268,14 +263,6 @@ impl DeadLetterLog {
                 .map_err(|e| io_error("syncing the directory", &self.dir, e))?;
             Ok(removed)
         })
-    }
-}
-
-fn io_error(what: &str, path: &Path, source: io::Error) -> QueueError {
-    QueueError::Io {
-        what: what.to_owned(),
-        path: path.to_owned(),
-        source,
     }
 }
 

@@ -13,9 +13,10 @@ pub const RL_KEYS: &str = "guard_rl_keys";
 pub const RL_KEYS_CAPACITY: &str = "guard_rl_keys_capacity";
 /// Elements a rate-limiting sink dropped, by sink `name`.
 pub const SINK_DROPPED: &str = "guard_sink_dropped_total";
-/// Messages a sink's queue on disk could not take when they came, by
-/// sink `name` and `outcome`: `held_back` (the sender waited, then its
-/// retries; the source keeps the message) or `refused` (dead-lettered).
+/// A sink's queue on disk without room, by sink `name` and `outcome`:
+/// `held_back`, each wait for room of a held-back sender (up to the
+/// queue's `full_wait_ms` each; the source keeps the message meanwhile),
+/// or `refused`, each message refused (dead-lettered).
 pub const QUEUE_FULL: &str = "guard_queue_full_total";
 /// Messages waiting in a sink's queue on disk, by sink `name`.
 pub const QUEUE_PENDING: &str = "guard_queue_pending";

@@ -2535,16 +2535,23 @@ fn keys_arrived(requests: &[guard_testkit::Received]) -> usize {
 }
 
 /// A stream endpoint forwarding to an HTTP sink through a queue on disk
-/// in `queue`, the sink retrying every 50 to 200 ms; dead letters in
-/// `<queue>-dead-letters` (beside it, off a small file system it is on).
-fn queued_config(redis: &str, metrics: u16, uplink: &str, queue: &str) -> String {
+/// in `queue` (with `queue_keys` besides its `dir`), the sink retrying
+/// every 50 to 200 ms; dead letters in `dead_letters`.
+fn queued_config(
+    redis: &str,
+    metrics: u16,
+    uplink: &str,
+    queue: &std::path::Path,
+    dead_letters: &std::path::Path,
+    queue_keys: &str,
+) -> String {
     format!(
         r#"{}
 [metrics]
 prometheus = "127.0.0.1:{metrics}"
 
 [dead_letters]
-dir = "{}-dead-letters"
+dir = "{}"
 
 [[sinks]]
 name = "uplink"
@@ -2556,8 +2563,8 @@ retry_delay_ms = 50
 max_retry_delay_ms = 200
 
 [sinks.queue]
-dir = "{queue}"
-{}
+dir = "{}"
+{queue_keys}
 
 [[endpoints]]
 name = "orders"
@@ -2568,13 +2575,8 @@ claim_idle_ms = 2000
 to = "uplink"
 "#,
         base_config(redis),
-        queue.replace("/tmpfs/", "/"),
-        if queue.contains("tmpfs") {
-            "max_bytes = 1048576
-full_wait_ms = 100"
-        } else {
-            "sync_ms = 100"
-        }
+        dead_letters.display(),
+        queue.display(),
     )
 }
 
@@ -2600,7 +2602,9 @@ fn a_queued_sink_takes_entries_on_disk_and_forwards_them_in_order_across_an_outa
         &server.url(),
         metrics,
         &receiver.url("/ingest"),
-        queue.to_str().unwrap(),
+        &queue,
+        &dir.path().join("dead-letters"),
+        "sync_ms = 100",
     ));
     let lines: Lines = Arc::default();
     let mut gateway = start(0, &path, &lines);
@@ -2675,7 +2679,9 @@ fn a_truncated_queue_file_at_start_is_cut_counted_and_the_rest_forwarded() {
         &server.url(),
         metrics,
         &url,
-        queue.to_str().unwrap(),
+        &queue,
+        &dir.path().join("dead-letters"),
+        "sync_ms = 100",
     ));
     let lines: Lines = Arc::default();
     let gateway = start(0, &path, &lines);
@@ -2755,11 +2761,14 @@ fn a_queue_on_a_full_disk_holds_the_source_back_and_stays_readable() {
     let mount = dir.path().join("tmpfs");
     std::fs::create_dir(&mount).unwrap();
     let metrics = free_port().unwrap();
+    // The dead letters off the small file system.
     let (_config_dir, path) = written(&queued_config(
         &server.url(),
         metrics,
         &url,
-        mount.join("queue").to_str().unwrap(),
+        &mount.join("queue"),
+        &dir.path().join("dead-letters"),
+        "max_bytes = 1048576\nfull_wait_ms = 100",
     ));
     let log_path = dir.path().join("stderr.log");
     let lines: Lines = Arc::default();
@@ -3353,7 +3362,9 @@ fn dead_letters_on_disk_survive_a_restart_and_are_listed_shown_replayed_and_purg
         &server.url(),
         metrics,
         &receiver.url("/ingest"),
-        queue.to_str().unwrap(),
+        &queue,
+        &dir.path().join("dead-letters"),
+        "sync_ms = 100",
     );
     text.push_str(&format!(
         "\n[[sinks]]\nname = \"direct\"\nkind = \"http\"\nurl = \"{}\"\nretries = 0\n\n[[endpoints]]\nname = \"alerts\"\nkind = \"redis-pubsub\"\npatterns = [\"alerts.*\"]\nto = \"direct\"\n",
@@ -3546,8 +3557,14 @@ fn a_full_queue_holds_the_source_back_and_a_stop_ends_the_wait_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let queue = dir.path().join("queue");
     let metrics = free_port().unwrap();
-    let text = queued_config(&server.url(), metrics, &url, queue.to_str().unwrap())
-        .replace("sync_ms = 100", "max_bytes = 4096");
+    let text = queued_config(
+        &server.url(),
+        metrics,
+        &url,
+        &queue,
+        &dir.path().join("dead-letters"),
+        "max_bytes = 4096",
+    );
     let (_config_dir, path) = written(&text);
     let lines: Lines = Arc::default();
     let gateway = start(0, &path, &lines);

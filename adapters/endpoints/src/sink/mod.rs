@@ -94,6 +94,15 @@ pub enum SinkError {
         /// The highest fence the sink has accepted.
         highest: u64,
     },
+    /// Nothing was sent: the sink has no room now and waited a while for
+    /// some (a full queue holding its sender back). [`deliver`] asks
+    /// again at once, the lease checked first, and counts it as no
+    /// attempt, so holding back lasts as long as it must; race a delivery
+    /// to such a sink with a stop.
+    HeldBack {
+        /// Why.
+        reason: String,
+    },
     /// Made by [`deliver`], never by a sink: the lease the message was
     /// read under ended before an attempt, so nothing more was sent
     /// under it.
@@ -116,6 +125,7 @@ impl SinkError {
             SinkError::Transient { .. } => "transient",
             SinkError::Permanent { .. } => "permanent",
             SinkError::StaleFence { .. } => "stale_fence",
+            SinkError::HeldBack { .. } => "held_back",
             SinkError::LeaseEnded { .. } => "lease_ended",
         }
     }
@@ -136,6 +146,7 @@ impl fmt::Display for SinkError {
                 "not delivered, may be retried after {wait:?} as asked: {reason}"
             ),
             SinkError::Permanent { reason } => write!(f, "refused for good: {reason}"),
+            SinkError::HeldBack { reason } => write!(f, "held back, nothing sent: {reason}"),
             SinkError::StaleFence { fence, highest } => write!(
                 f,
                 "refused: fence {fence} is below the {highest} the sink has accepted (a stale leader)"
@@ -176,6 +187,8 @@ pub struct Delivery {
 /// attempt is made only while that lease is valid, checked immediately
 /// before it (a retry can wait past the lease's end): once it has ended
 /// the delivery stops with [`SinkError::LeaseEnded`], nothing more sent.
+/// A sink that answers [`SinkError::HeldBack`] is asked again at once,
+/// the lease checked first, and that is not counted as an attempt.
 ///
 /// `random` gives the jitter's random bits ([`WithoutRandom`] for a
 /// policy without jitter).
@@ -197,8 +210,12 @@ pub async fn deliver(
             });
             return Delivery { attempts, outcome };
         }
-        attempts = attempts.saturating_add(1);
         let outcome = sink.send(message).await;
+        if matches!(outcome, Err(SinkError::HeldBack { .. })) {
+            // No attempt: nothing was sent, and the sink has waited.
+            continue;
+        }
+        attempts = attempts.saturating_add(1);
         let retry_after = match &outcome {
             Err(SinkError::Transient { retry_after, .. }) => *retry_after,
             _ => return Delivery { attempts, outcome },

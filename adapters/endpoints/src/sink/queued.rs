@@ -12,9 +12,11 @@
 //!   tried again (a queue rides out an outage: it is never dead-lettered
 //!   for a transient failure); one the sink refuses for good or as stale
 //!   goes to the caller's dead letters, then the next one is sent.
-//! - A full queue holds its senders back ([`WhenFull::Wait`]: the sender
-//!   waits for room as long as it takes, so a source reads nothing more
-//!   meanwhile and its order is kept) or refuses at once
+//! - A full queue holds its senders back ([`WhenFull::Wait`]: the send
+//!   waits a while for room, then answers [`SinkError::HeldBack`], which
+//!   [`deliver`] asks again at once, the lease checked first, and counts
+//!   as no attempt; so a source reads nothing more meanwhile and its
+//!   order is kept) or refuses at once
 //!   ([`WhenFull::Refuse`]: a permanent refusal, counted, which a source
 //!   dead-letters). Both are counted, and logged once per interval.
 
@@ -31,10 +33,11 @@ use super::{Delivery, MessageSink, Outgoing, SinkError, deliver};
 /// What a full queue does with a message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WhenFull {
-    /// Waits for room as long as it takes, looking again at least this
-    /// often (a disk full of other files frees up on its own time): the
+    /// Waits for room up to this long (forwarding freeing some ends the
+    /// wait sooner), then answers [`SinkError::HeldBack`]: [`deliver`]
+    /// asks again, the lease checked first, as long as it takes. The
     /// sender, and so its source, is held back, and what comes after the
-    /// message waits behind it, in order. Race the send with a stop.
+    /// message waits behind it, in order. Race the delivery with a stop.
     Wait(Duration),
     /// Refuses it at once, for good (counted in
     /// [`QueuedSink::refused`]).
@@ -49,6 +52,9 @@ pub struct QueuedSink {
     refused: AtomicU64,
     /// A flood of full-queue warnings is logged once per interval.
     warnings: guard_std::Throttle,
+    /// The gauges [`measure`](Self::measure) sets, looked up once.
+    pending: metrics::Gauge,
+    bytes: metrics::Gauge,
 }
 
 impl QueuedSink {
@@ -71,16 +77,16 @@ impl QueuedSink {
             when_full,
             refused: AtomicU64::new(0),
             warnings: guard_std::Throttle::new(),
+            pending: metrics::gauge!(guard_std::metrics::QUEUE_PENDING, "name" => name.to_owned()),
+            bytes: metrics::gauge!(guard_std::metrics::QUEUE_BYTES, "name" => name.to_owned()),
         }
     }
 
     /// Sets the queue's gauges to what it holds now.
     pub fn measure(&self) {
         let stats = self.queue.stats();
-        metrics::gauge!(guard_std::metrics::QUEUE_PENDING, "name" => self.name.clone())
-            .set(stats.pending as f64);
-        metrics::gauge!(guard_std::metrics::QUEUE_BYTES, "name" => self.name.clone())
-            .set(stats.bytes as f64);
+        self.pending.set(stats.pending as f64);
+        self.bytes.set(stats.bytes as f64);
     }
 
     fn count_full(&self, outcome: &'static str) {
@@ -116,68 +122,67 @@ impl MessageSink for QueuedSink {
     fn send<'a>(&'a self, message: &'a Outgoing<'a>) -> BoxFuture<'a, Result<(), SinkError>> {
         Box::pin(async move {
             let record = Arc::new(encode(message));
-            let mut waited = false;
-            loop {
-                let error = match self.append(record.clone()).await {
-                    Ok(()) => {
-                        self.measure();
-                        return Ok(());
+            let len = record.len();
+            let error = match self.append(record).await {
+                Ok(()) => {
+                    self.measure();
+                    return Ok(());
+                }
+                Err(e) => e,
+            };
+            match (error.is_back_pressure(), self.when_full) {
+                (true, WhenFull::Wait(look_again)) => {
+                    self.count_full("held_back");
+                    if let Some(more) = self.warnings.admit() {
+                        log::warn!(
+                            "sink {}: {error}; its sources are held back until there is room ({more} more not logged)",
+                            self.name
+                        );
                     }
-                    Err(e) => e,
-                };
-                match (error.is_back_pressure(), self.when_full) {
-                    (true, WhenFull::Wait(look_again)) => {
-                        if !waited {
-                            waited = true;
-                            self.count_full("held_back");
-                            if let Some(more) = self.warnings.admit() {
-                                log::warn!(
-                                    "sink {}: {error}; its sources are held back until there is room ({more} more not logged)",
-                                    self.name
-                                );
-                            }
-                        }
-                        // Room under the bound comes when forwarding frees
-                        // a segment; a full disk, when forwarding frees
-                        // one or other files go: look again then, or
-                        // after a while either way.
-                        let room = async {
-                            if matches!(error, AppendError::Full { .. }) {
-                                self.queue.space(record.len()).await;
-                            } else {
-                                self.queue.freed().await;
-                            }
-                        };
-                        futures_lite::future::or(room, async {
-                            async_io::Timer::after(look_again).await;
-                        })
-                        .await;
-                    }
-                    (true, WhenFull::Refuse) => {
-                        self.refused.fetch_add(1, Ordering::Relaxed);
-                        self.count_full("refused");
-                        if let Some(more) = self.warnings.admit() {
-                            log::warn!(
-                                "sink {}: {error}; refused ({more} more not logged)",
-                                self.name
-                            );
-                        }
-                        return Err(SinkError::Permanent {
-                            reason: format!("{error} (refused: when full, refuse)"),
-                        });
-                    }
-                    (false, _) => {
-                        let permanent = matches!(error, AppendError::TooLarge { .. });
-                        let reason = format!("not queued: {error}");
-                        return Err(if permanent {
-                            SinkError::Permanent { reason }
+                    // Room under the bound comes when forwarding frees a
+                    // segment; a full disk, when forwarding frees one or
+                    // other files go: wait for that, or a while either
+                    // way. Then the caller asks again, the lease it read
+                    // the message under checked first: nothing is
+                    // appended after a wait here.
+                    let room = async {
+                        if matches!(error, AppendError::Full { .. }) {
+                            self.queue.space(len).await;
                         } else {
-                            SinkError::Transient {
-                                reason,
-                                retry_after: None,
-                            }
-                        });
+                            self.queue.freed().await;
+                        }
+                    };
+                    futures_lite::future::or(room, async {
+                        async_io::Timer::after(look_again).await;
+                    })
+                    .await;
+                    Err(SinkError::HeldBack {
+                        reason: error.to_string(),
+                    })
+                }
+                (true, WhenFull::Refuse) => {
+                    self.refused.fetch_add(1, Ordering::Relaxed);
+                    self.count_full("refused");
+                    if let Some(more) = self.warnings.admit() {
+                        log::warn!(
+                            "sink {}: {error}; refused ({more} more not logged)",
+                            self.name
+                        );
                     }
+                    Err(SinkError::Permanent {
+                        reason: format!("{error} (refused: when full, refuse)"),
+                    })
+                }
+                (false, _) => {
+                    let reason = format!("not queued: {error}");
+                    Err(if matches!(error, AppendError::TooLarge { .. }) {
+                        SinkError::Permanent { reason }
+                    } else {
+                        SinkError::Transient {
+                            reason,
+                            retry_after: None,
+                        }
+                    })
                 }
             }
         })

@@ -46,7 +46,8 @@ fn segment_id(name: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
-pub(super) fn io_error(what: &str, path: &Path, source: io::Error) -> QueueError {
+/// A file operation's error: what was done, on which file.
+pub(crate) fn io_error(what: &str, path: &Path, source: io::Error) -> QueueError {
     QueueError::Io {
         what: what.to_owned(),
         path: path.to_owned(),

@@ -76,7 +76,8 @@ use event_listener::Event;
 use guard_core::frame::{HEADER_LEN, Header};
 
 pub use files::Recovery;
-use files::{CURSOR_FILE, LOCK_FILE, Position, Segment, cursor_bytes, io_error, segment_path};
+pub(crate) use files::io_error;
+use files::{CURSOR_FILE, LOCK_FILE, Position, Segment, cursor_bytes, segment_path};
 
 /// The smallest bound a queue takes: 4 KiB.
 pub const MIN_MAX_BYTES: u64 = 4096;
@@ -323,12 +324,7 @@ impl DiskQueue {
         let dir = dir.as_ref().to_owned();
         fs::create_dir_all(&dir).map_err(|e| io_error("creating", &dir, e))?;
         let lock_path = dir.join(LOCK_FILE);
-        let lock = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .map_err(|e| io_error("opening", &lock_path, e))?;
+        let lock = open_to_write(&lock_path)?;
         match lock.try_lock() {
             Ok(()) => {}
             Err(TryLockError::WouldBlock) => return Err(QueueError::Locked(dir)),
@@ -350,12 +346,7 @@ impl DiskQueue {
             .unwrap_or(Segment { id: 1, len: 0 });
         let writer = open_segment(&dir, newest.id)?;
         let cursor_path = dir.join(CURSOR_FILE);
-        let cursor = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&cursor_path)
-            .map_err(|e| io_error("opening", &cursor_path, e))?;
+        let cursor = open_to_write(&cursor_path)?;
         let bytes = segments.iter().map(|s| s.len).sum();
         let state = State {
             segments,
@@ -736,13 +727,17 @@ fn is_storage_full(e: &QueueError) -> bool {
 }
 
 fn open_segment(dir: &Path, id: u64) -> Result<File, QueueError> {
-    let path = segment_path(dir, id);
+    open_to_write(&segment_path(dir, id))
+}
+
+/// `path` opened to write, made if missing, its bytes kept.
+pub(crate) fn open_to_write(path: &Path) -> Result<File, QueueError> {
     File::options()
         .create(true)
         .truncate(false)
         .write(true)
-        .open(&path)
-        .map_err(|e| io_error("opening", &path, e))
+        .open(path)
+        .map_err(|e| io_error("opening", path, e))
 }
 
 fn sync_dir(dir: &Path) -> Result<(), QueueError> {

@@ -86,7 +86,9 @@ impl From<NotForwarded> for Refused {
     /// or a stale fence can never pass; a lease that ended is the lease's.
     fn from(not: NotForwarded) -> Refused {
         match &not.error {
-            SinkError::Transient { .. } => Refused::SinkFailed(not.to_string()),
+            SinkError::Transient { .. } | SinkError::HeldBack { .. } => {
+                Refused::SinkFailed(not.to_string())
+            }
             SinkError::Permanent { .. } | SinkError::StaleFence { .. } => {
                 Refused::Invalid(not.to_string())
             }
