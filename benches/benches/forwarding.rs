@@ -13,8 +13,12 @@
 //! - `drain after an outage`: the queue filled while the receiver was
 //!   "down" (no forwarding), then drained: the rate of `forward` alone;
 //! - `HTTP alone`: the same `HttpSink` POSTing in a loop, no stream, no
-//!   queue: what one connection, one request at a time, carries to this
-//!   receiver on this machine (the ceiling of the sides above).
+//!   queue: what the sink carries to this receiver on this machine (the
+//!   ceiling of the sides above).
+//!
+//! Each side runs with one request in flight (in order, the default) and
+//! with `IN_FLIGHT` (`HttpSink::with_in_flight`, the forwarding window
+//! and the consumer's concurrency alike).
 //!
 //! Rates from the consumer's start to the receiver's last request. The
 //! receiver is a blocking HTTP/1.1 responder on a thread of its own
@@ -29,6 +33,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
@@ -133,18 +138,23 @@ async fn reached(receiver: &Receiver, from: u64, n: u64) {
     }
 }
 
+/// Requests in flight on the windowed sides.
+const IN_FLIGHT: usize = 8;
+
 /// Consumes `stream`, each entry sent through `sink` with its entry's
-/// id as the key, until `done`; `beside` runs along (a queue's
-/// forwarding). The time it took.
+/// id as the key, `concurrency` at once, until `done`; `beside` runs
+/// along (a queue's forwarding). The time it took.
 fn consume(
     conn: &RedisConnection,
     stream: &str,
     sink: Arc<dyn MessageSink>,
+    concurrency: usize,
     done: impl Future<Output = ()>,
     beside: impl Future<Output = ()>,
 ) -> Duration {
     let consumer = StreamConsumer::new(conn.clone(), stream, "bench", "consumer-1")
-        .and_then(|c| c.with_batch(guard_endpoints::redis::DEFAULT_BATCH))
+        .and_then(|c| c.with_batch(guard_endpoints::redis::DEFAULT_BATCH.max(concurrency)))
+        .and_then(|c| c.with_concurrency(concurrency))
         .expect("consumer");
     let (handle, control) = guard_smol::control();
     let started = Instant::now();
@@ -187,17 +197,28 @@ fn forwarded_rate(
     conn: &RedisConnection,
     stream: &str,
     n: u64,
-    sink: Arc<dyn MessageSink>,
+    (sink, concurrency): (Arc<dyn MessageSink>, usize),
     receiver: &Receiver,
     beside: impl Future<Output = ()>,
 ) -> f64 {
     let from = receiver.received();
-    let took = consume(conn, stream, sink, reached(receiver, from, n), beside);
+    let took = consume(
+        conn,
+        stream,
+        sink,
+        concurrency,
+        reached(receiver, from, n),
+        beside,
+    );
     n as f64 / took.as_secs_f64()
 }
 
-fn http_sink(receiver: &Receiver) -> Arc<HttpSink> {
-    Arc::new(HttpSink::new(&format!("http://127.0.0.1:{}/in", receiver.port)).expect("sink"))
+fn http_sink(receiver: &Receiver, in_flight: usize) -> Arc<HttpSink> {
+    Arc::new(
+        HttpSink::new(&format!("http://127.0.0.1:{}/in", receiver.port))
+            .and_then(|s| s.with_in_flight(in_flight))
+            .expect("sink"),
+    )
 }
 
 fn queue(sync: SyncPolicy) -> (tempfile::TempDir, Arc<QueuedSink>) {
@@ -214,9 +235,20 @@ fn queue(sync: SyncPolicy) -> (tempfile::TempDir, Arc<QueuedSink>) {
     )
 }
 
+/// What a side measures.
+#[derive(Clone, Copy, PartialEq)]
+enum Way {
+    Direct,
+    Queued(SyncPolicy),
+    Drain,
+    HttpAlone,
+}
+
 /// One side of the comparison.
 struct Side {
-    name: &'static str,
+    name: String,
+    way: Way,
+    in_flight: usize,
     best: f64,
 }
 
@@ -236,107 +268,131 @@ fn main() {
     ))
     .expect("connect");
     let receiver = Receiver::start();
-    let sink = http_sink(&receiver);
     let policy = RetryPolicy::new();
-    let mut sides = [
-        Side {
-            name: "direct (no queue)",
-            best: 0.0,
-        },
-        Side {
-            name: "queued, sync every 100 ms",
-            best: 0.0,
-        },
-        Side {
-            name: "queued, sync every write",
-            best: 0.0,
-        },
-        Side {
-            name: "drain after an outage",
-            best: 0.0,
-        },
-        Side {
-            name: "HTTP alone (the ceiling)",
-            best: 0.0,
-        },
+    let ways = [
+        ("direct (no queue)", Way::Direct),
+        (
+            "queued, sync every 100 ms",
+            Way::Queued(SyncPolicy::Every(Duration::from_millis(100))),
+        ),
+        (
+            "queued, sync every write",
+            Way::Queued(SyncPolicy::EveryWrite),
+        ),
+        ("drain after an outage", Way::Drain),
+        ("HTTP alone (the ceiling)", Way::HttpAlone),
     ];
+    let mut sides: Vec<Side> = [1, IN_FLIGHT]
+        .into_iter()
+        .flat_map(|in_flight| {
+            ways.iter().map(move |&(name, way)| Side {
+                name: format!("{name}, {in_flight} in flight"),
+                way,
+                in_flight,
+                best: 0.0,
+            })
+        })
+        .collect();
     let mut run = 0;
     for _ in 0..rounds {
-        for (i, side) in sides.iter_mut().enumerate() {
+        for side in &mut sides {
             run += 1;
             let stream = format!("forward-{run}");
             // Every write synced is slow on a disk: a tenth of the count.
-            let count = if i == 2 { (n / 10).max(100) } else { n };
+            let count = if side.way == Way::Queued(SyncPolicy::EveryWrite) {
+                (n / 10).max(100)
+            } else {
+                n
+            };
             fill(&server, &stream, count);
-            let rate = match i {
-                0 => forwarded_rate(
+            let sink = http_sink(&receiver, side.in_flight);
+            let window = NonZeroUsize::new(side.in_flight).expect("at least one");
+            let rate = match side.way {
+                Way::Direct => forwarded_rate(
                     &conn,
                     &stream,
                     count,
-                    sink.clone(),
+                    (sink, side.in_flight),
                     &receiver,
                     future::pending(),
                 ),
-                1 | 2 => {
-                    let sync = if i == 1 {
-                        SyncPolicy::Every(Duration::from_millis(100))
-                    } else {
-                        SyncPolicy::EveryWrite
-                    };
+                Way::Queued(sync) => {
                     let (_dir, queued) = queue(sync);
                     let drained = queued.clone();
-                    let sink = sink.clone();
-                    forwarded_rate(&conn, &stream, count, queued, &receiver, async move {
-                        forward(&drained, &*sink, &policy, |_| true).await
-                    })
+                    forwarded_rate(
+                        &conn,
+                        &stream,
+                        count,
+                        (queued, side.in_flight),
+                        &receiver,
+                        async move { forward(&drained, &*sink, &policy, window, |_| true).await },
+                    )
                 }
-                4 => http_alone(&*sink, count, &receiver),
-                _ => {
+                Way::HttpAlone => http_alone(&*sink, count, side.in_flight, &receiver),
+                Way::Drain => {
                     // The outage: everything queued, nothing forwarded,
                     // then the drain alone.
                     let (_dir, queued) = queue(SyncPolicy::Every(Duration::from_millis(100)));
-                    drain_rate(&conn, &stream, count, &queued, &*sink, &policy, &receiver)
+                    drain_rate(
+                        &conn,
+                        &stream,
+                        count,
+                        &queued,
+                        (&*sink, window),
+                        &policy,
+                        &receiver,
+                    )
                 }
             };
             side.best = side.best.max(rate);
         }
     }
-    let direct = sides[0].best;
     println!(
         "forwarding a Redis Stream to a local HTTP receiver, {n} entries (every write: {}):",
         (n / 10).max(100)
     );
-    println!("{:<28} {:>12} {:>10}", "side", "entries/s", "of direct");
-    for side in &sides {
-        println!(
-            "{:<28} {:>12.0} {:>10.2}",
-            side.name,
-            side.best,
-            side.best / direct
-        );
+    println!("{:<42} {:>12} {:>10}", "side", "entries/s", "of direct");
+    for group in sides.chunks(ways.len()) {
+        let direct = group[0].best;
+        for side in group {
+            println!(
+                "{:<42} {:>12.0} {:>10.2}",
+                side.name,
+                side.best,
+                side.best / direct
+            );
+        }
     }
-    let queued = sides[1].best;
     if !smoke {
-        println!(
-            "goal: queued >= 0.8 of direct ({}), >= 20,000/s ({})",
-            if queued >= 0.8 * direct {
-                "met"
-            } else {
-                "NOT met"
-            },
-            if queued >= 20_000.0 { "met" } else { "NOT met" }
-        );
+        for group in sides.chunks(ways.len()) {
+            let (direct, queued) = (group[0].best, group[1].best);
+            println!(
+                "goal, {} in flight: queued >= 0.8 of direct ({}), >= 20,000/s ({})",
+                group[0].in_flight,
+                if queued >= 0.8 * direct {
+                    "met"
+                } else {
+                    "NOT met"
+                },
+                if queued >= 20_000.0 { "met" } else { "NOT met" }
+            );
+        }
     }
 }
 
-/// `n` POSTs through the sink one after another, no stream, no queue:
-/// what one connection to this receiver carries on this machine.
-fn http_alone(sink: &dyn MessageSink, n: u64, receiver: &Receiver) -> f64 {
+/// `n` POSTs through the sink, `in_flight` loops at once, no stream, no
+/// queue: what the sink carries to this receiver on this machine.
+fn http_alone(sink: &dyn MessageSink, n: u64, in_flight: usize, receiver: &Receiver) -> f64 {
     let from = receiver.received();
     let payload = b"{\"reading\":1,\"device\":\"d1\"}";
+    let next = AtomicU64::new(0);
     let started = Instant::now();
-    smol::block_on(async {
-        for i in 0..n {
+    let post_loop = || async {
+        loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            if i >= n {
+                break;
+            }
             let id = format!("alone:{i}");
             let outgoing = Outgoing {
                 id: &id,
@@ -346,6 +402,9 @@ fn http_alone(sink: &dyn MessageSink, n: u64, receiver: &Receiver) -> f64 {
             };
             sink.send(&outgoing).await.expect("sent");
         }
+    };
+    smol::block_on(async {
+        futures_util::future::join_all((0..in_flight).map(|_| post_loop())).await;
         reached(receiver, from, n).await;
     });
     n as f64 / started.elapsed().as_secs_f64()
@@ -358,7 +417,7 @@ fn drain_rate(
     stream: &str,
     n: u64,
     queued: &Arc<QueuedSink>,
-    sink: &dyn MessageSink,
+    (sink, window): (&dyn MessageSink, NonZeroUsize),
     policy: &RetryPolicy,
     receiver: &Receiver,
 ) -> f64 {
@@ -367,12 +426,12 @@ fn drain_rate(
             async_io::Timer::after(Duration::from_millis(1)).await;
         }
     };
-    consume(conn, stream, queued.clone(), filled, future::pending());
+    consume(conn, stream, queued.clone(), 1, filled, future::pending());
     let from = receiver.received();
     let started = Instant::now();
     smol::block_on(future::or(
         async {
-            forward(queued, sink, policy, |_| true).await;
+            forward(queued, sink, policy, window, |_| true).await;
         },
         reached(receiver, from, n),
     ));

@@ -92,6 +92,10 @@ pub enum Parameter {
     DuplicateWindow,
     /// The MQTT topic a sink publishes to.
     PublishTopic,
+    /// Messages a sink has out at once.
+    InFlight,
+    /// A header a sink sends with every request.
+    Header,
 }
 
 impl Parameter {
@@ -170,6 +174,8 @@ impl fmt::Display for Parameter {
             Parameter::ContentType => "content type",
             Parameter::DuplicateWindow => "duplicate window",
             Parameter::PublishTopic => "topic to publish to",
+            Parameter::InFlight => "messages in flight",
+            Parameter::Header => "request header",
         })
     }
 }

@@ -275,3 +275,89 @@ fn a_port_out_of_range_is_refused_not_taken_for_the_default() {
     assert!(HttpSink::new("http://127.0.0.1:65535/").is_ok());
     assert!(HttpSink::new("http://127.0.0.1/").is_ok());
 }
+
+#[test]
+fn requests_in_flight_go_out_together_each_on_a_connection_of_its_own_never_more() {
+    let ids: Vec<String> = (0..40).map(|i| format!("orders:{i}")).collect();
+    let messages: Vec<Outgoing<'_>> = ids.iter().map(|id| message(id, b"{}")).collect();
+    for (in_flight, connections) in [(None, 1), (Some(4), 4)] {
+        let receiver = HttpReceiver::start().expect("receiver");
+        let mut sink = HttpSink::new(&receiver.url("/")).unwrap();
+        if let Some(n) = in_flight {
+            sink = sink.with_in_flight(n).unwrap();
+        }
+        // All forty sent at once: the first `in_flight` connect together,
+        // the rest wait for one of them and reuse it.
+        let outcomes = smol::block_on(futures_util::future::join_all(
+            messages.iter().map(|m| sink.send(m)),
+        ));
+        assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
+        assert_eq!(receiver.requests().len(), 40);
+        assert_eq!(
+            receiver.connections(),
+            connections,
+            "in flight {in_flight:?}: a connection per request in flight, no more"
+        );
+    }
+    for refused in [0, guard_endpoints::sink::http::MAX_IN_FLIGHT + 1] {
+        let error = HttpSink::new("http://127.0.0.1:1/")
+            .unwrap()
+            .with_in_flight(refused)
+            .unwrap_err();
+        assert_eq!(error.parameter, guard_endpoints::Parameter::InFlight);
+        assert!(error.to_string().contains("from 1 to 256"), "{error}");
+    }
+}
+
+#[test]
+fn headers_given_go_with_every_request_and_the_sink_s_own_are_refused() {
+    let receiver = HttpReceiver::start().expect("receiver");
+    let sink = HttpSink::new(&receiver.url("/"))
+        .unwrap()
+        .with_header("Authorization", "Bearer s3cret-token")
+        .unwrap()
+        .with_header("X-Tenant", "site-7")
+        .unwrap();
+    assert!(
+        !format!("{sink:?}").contains("s3cret"),
+        "Debug hides a header's value"
+    );
+    smol::block_on(async {
+        for id in ["a", "b"] {
+            sink.send(&message(id, b"{}")).await.expect("delivered");
+        }
+    });
+    for r in receiver.requests() {
+        assert_eq!(r.header("authorization"), Some("Bearer s3cret-token"));
+        assert_eq!(r.header("x-tenant"), Some("site-7"));
+        assert_eq!(r.header("guard-fence"), Some("42"), "the sink's own stay");
+    }
+    let base = || HttpSink::new("http://127.0.0.1:1/").unwrap();
+    for name in [
+        "Host",
+        "content-type",
+        "Content-Length",
+        "Idempotency-Key",
+        "Guard-Fence",
+        "guard-anything",
+        "bad name",
+        "",
+    ] {
+        let error = base().with_header(name, "x").unwrap_err();
+        assert_eq!(
+            error.parameter,
+            guard_endpoints::Parameter::Header,
+            "{name}"
+        );
+    }
+    let twice = base()
+        .with_header("X-A", "1")
+        .unwrap()
+        .with_header("x-a", "2")
+        .unwrap_err();
+    assert!(twice.to_string().contains("once"), "{twice}");
+    let error = base()
+        .with_header("Authorization", "Bearer s3cret\n")
+        .unwrap_err();
+    assert!(!error.to_string().contains("s3cret"), "{error}");
+}

@@ -311,3 +311,103 @@ fn a_waiting_reader_wakes_at_an_append() {
     queue.append(b"hello").unwrap();
     assert_eq!(reader.join().unwrap(), Some(b"hello".to_vec()));
 }
+
+#[test]
+fn records_read_ahead_of_the_head_are_advanced_past_in_order_across_segments() {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = settings(1 << 20).with_segment_bytes(256).unwrap();
+    {
+        let (queue, _) = DiskQueue::open(dir.path(), settings).unwrap();
+        for i in 0..100 {
+            queue.append(&record(i)).unwrap();
+        }
+        for i in 0..7 {
+            assert_eq!(queue.read_next().unwrap(), Some(record(i)));
+        }
+        assert_eq!(queue.handed_out(), 7);
+        for _ in 0..3 {
+            queue.advance().unwrap();
+        }
+        assert_eq!(queue.stats().forwarded, 3);
+        assert_eq!(
+            queue.read_next().unwrap(),
+            Some(record(7)),
+            "after the window"
+        );
+        queue.rewind();
+        assert_eq!(
+            queue.read_next().unwrap(),
+            Some(record(3)),
+            "the head again"
+        );
+        assert_eq!(
+            queue.peek().unwrap(),
+            Some(record(3)),
+            "peek starts again too"
+        );
+        // A window of five, its oldest advanced past each time: through
+        // every segment, in order.
+        let mut advanced = (0..3).map(record).collect::<Vec<_>>();
+        let mut handed = vec![record(3)];
+        while advanced.len() < 50 {
+            while handed.len() < 5 {
+                handed.push(queue.read_next().unwrap().unwrap());
+            }
+            queue.advance().unwrap();
+            advanced.push(handed.remove(0));
+        }
+        assert_eq!(advanced, (0..50).map(record).collect::<Vec<_>>());
+        assert_eq!(
+            queue.handed_out(),
+            handed.len(),
+            "read ahead, not forwarded"
+        );
+        assert_eq!(handed.len(), 4);
+    }
+    // Reopened: what was handed out and not advanced past is still there.
+    let (queue, recovery) = DiskQueue::open(dir.path(), settings).unwrap();
+    assert_eq!(recovery.pending, 50);
+    let mut rest = Vec::new();
+    while let Some(r) = queue.read_next().unwrap() {
+        rest.push(r);
+        queue.advance().unwrap();
+    }
+    assert_eq!(rest, (50..100).map(record).collect::<Vec<_>>());
+    assert_eq!(segments(dir.path()).len(), 1, "forwarded segments are gone");
+}
+
+#[test]
+fn a_record_damaged_ahead_of_the_head_ends_the_window_until_it_is_the_head() {
+    let dir = tempfile::tempdir().unwrap();
+    let (queue, _) = DiskQueue::open(dir.path(), settings(1 << 20)).unwrap();
+    for i in 0..10 {
+        queue.append(&record(i)).unwrap();
+    }
+    // The 7th record's payload damaged on disk while the queue is open.
+    let segment = segments(dir.path()).pop().unwrap();
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&segment)
+        .unwrap();
+    let frame = fs::metadata(&segment).unwrap().len() / 10;
+    let mut byte = [0u8];
+    std::os::unix::fs::FileExt::read_exact_at(&file, &mut byte, 6 * frame + 10).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&file, &[byte[0] ^ 0x40], 6 * frame + 10).unwrap();
+    let mut window = Vec::new();
+    while let Some(r) = queue.read_next().unwrap() {
+        window.push(r);
+    }
+    assert_eq!(window, (0..6).map(record).collect::<Vec<_>>());
+    assert_eq!(
+        queue.stats().damaged_bytes,
+        0,
+        "nothing skipped ahead of the head"
+    );
+    for _ in 0..6 {
+        queue.advance().unwrap();
+    }
+    // At the head now: skipped, counted, as a peek would.
+    assert_eq!(queue.read_next().unwrap(), None);
+    assert_eq!(queue.stats().damaged_bytes, 4 * frame);
+}

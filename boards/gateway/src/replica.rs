@@ -245,6 +245,11 @@ pub async fn run(
             cursor_reset: recovery.cursor_reset,
         });
         let (sink, retry) = crate::sink::forwarded(&built, config, name)?;
+        let in_flight = config
+            .sinks
+            .iter()
+            .find(|s| s.name == *name)
+            .map_or(std::num::NonZeroUsize::MIN, crate::sink::Sink::in_flight);
         let (queued, control, emit, name) =
             (queued.clone(), control.clone(), emit.clone(), name.clone());
         // The configuration refuses a queue without dead letters on disk.
@@ -287,7 +292,7 @@ pub async fn run(
                 true
             };
             futures_lite::future::or(
-                forward(&queued, &*sink, &retry, dead_letter),
+                forward(&queued, &*sink, &retry, in_flight, dead_letter),
                 control.stopped(),
             )
             .await;

@@ -66,6 +66,18 @@ pub struct Sink {
     pub queue: Option<crate::queue::SinkQueue>,
 }
 
+impl Sink {
+    /// Messages its queue's forwarding has out at once: an HTTP sink's
+    /// `in_flight`, one for the others (each carries one at a time).
+    pub fn in_flight(&self) -> std::num::NonZeroUsize {
+        let n = match &self.kind {
+            SinkKind::Http(target) => target.in_flight,
+            _ => 1,
+        };
+        std::num::NonZeroUsize::new(n).unwrap_or(std::num::NonZeroUsize::MIN)
+    }
+}
+
 /// A sink's quota: one of `[ratelimit.policies]`, keyed by the sink's
 /// name, so every endpoint and schedule sending there shares it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -142,9 +154,36 @@ pub struct HttpTarget {
     pub timeout: Duration,
     /// The `Content-Type` of every request.
     pub content_type: String,
+    /// Requests out at once, each on a connection of its own (1: one at
+    /// a time, in order).
+    pub in_flight: usize,
+    /// Headers sent with every request (`headers`), values expanded.
+    pub headers: Vec<SinkHeader>,
     /// TLS settings of an `https://` URL: the `tls_*` files (the system's
     /// roots when none is given).
     pub tls: Option<TlsFiles>,
+}
+
+/// A header an HTTP sink sends with every request: its value is often a
+/// credential, so `Debug` hides it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SinkHeader {
+    /// The header's name, as written.
+    pub name: String,
+    value: String,
+}
+
+impl SinkHeader {
+    /// The value to send, secrets included: never for printing.
+    pub fn value(&self) -> &str {
+        &self.value
+    }
+}
+
+impl std::fmt::Debug for SinkHeader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: (hidden)", self.name)
+    }
 }
 
 /// A `kind = "http"` entry of `[[sinks]]` as written.
@@ -157,6 +196,8 @@ pub(crate) struct HttpEntry {
     pub url: String,
     pub timeout_ms: Option<u64>,
     pub content_type: Option<String>,
+    pub headers: Option<BTreeMap<String, String>>,
+    pub in_flight: Option<u64>,
     pub retries: Option<u32>,
     pub retry_delay_ms: Option<u64>,
     pub max_retry_delay_ms: Option<u64>,
@@ -394,10 +435,22 @@ fn http(
         Some(_) => Some(tls::read(&keys, key, &|at, value| expand(at, value, env))?),
         None => None,
     };
+    let mut headers = Vec::new();
+    for (name, value) in h.headers.iter().flatten() {
+        headers.push(SinkHeader {
+            name: name.clone(),
+            value: expand(&key(&format!("headers.{name}")), value, env)?,
+        });
+    }
     let target = HttpTarget {
         url: RedactedUrl::new(url, &h.url),
+        headers,
         timeout,
         content_type,
+        // Out of range for a usize is out of range: the client names it.
+        in_flight: h
+            .in_flight
+            .map_or(1, |n| usize::try_from(n).unwrap_or(usize::MAX)),
         tls,
     };
     // Every value the client checks, checked now: a bad URL or media type
@@ -407,6 +460,7 @@ fn http(
             let field = match input.parameter {
                 guard_endpoints::Parameter::ContentType => "content_type",
                 guard_endpoints::Parameter::RequestTimeout => "timeout_ms",
+                guard_endpoints::Parameter::InFlight => "in_flight",
                 _ => "url",
             };
             let value = if field == "url" {
@@ -414,6 +468,15 @@ fn http(
             } else {
                 format!("{:?}", input.value)
             };
+            if input.parameter == guard_endpoints::Parameter::Header {
+                // The client names the header, never its value.
+                let name = input.value.split(':').next().unwrap_or_default();
+                return invalid(
+                    key(&format!("headers.{name}")),
+                    format!("{:?}", input.value),
+                    input.rule,
+                );
+            }
             invalid(key(field), value, input.rule)
         }
         HttpRefused::Tls(why) => invalid(key("tls_ca"), "set", why),
@@ -723,6 +786,13 @@ fn http_sink(target: &HttpTarget) -> Result<Arc<dyn MessageSink>, HttpRefused> {
     let sink = HttpSink::new(target.url.as_str())
         .and_then(|s| s.with_timeout(target.timeout))
         .and_then(|s| s.with_content_type(&target.content_type))
+        .and_then(|s| s.with_in_flight(target.in_flight))
+        .and_then(|s| {
+            target
+                .headers
+                .iter()
+                .try_fold(s, |s, h| s.with_header(&h.name, h.value()))
+        })
         .map_err(HttpRefused::Input)?;
     #[cfg(feature = "tls")]
     let sink = match &target.tls {

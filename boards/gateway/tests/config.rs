@@ -502,6 +502,31 @@ fn redis_urls_are_checked_and_named() {
 }
 
 #[test]
+fn an_http_sink_s_headers_come_from_the_environment_and_are_never_shown() {
+    let text = format!(
+        "{STREAM_TO}to = \"uplink\"\n\n[[sinks]]\nname = \"uplink\"\nkind = \"http\"\nurl = \"http://127.0.0.1:1/\"\nheaders = {{ Authorization = \"Bearer ${{UPLINK_TOKEN}}\", X-Tenant = \"site-7\" }}\n"
+    );
+    let env = |name: &str| (name == "UPLINK_TOKEN").then(|| "s3cret".to_owned());
+    let config = Config::from_toml_with_env(&text, env).unwrap();
+    let guard_gateway::config::SinkKind::Http(target) = &config.sinks[0].kind else {
+        unreachable!()
+    };
+    let headers: Vec<(&str, &str)> = target
+        .headers
+        .iter()
+        .map(|h| (h.name.as_str(), h.value()))
+        .collect();
+    assert_eq!(
+        headers,
+        [("Authorization", "Bearer s3cret"), ("X-Tenant", "site-7")]
+    );
+    assert!(
+        !format!("{config:?}").contains("s3cret"),
+        "Debug hides them"
+    );
+}
+
+#[test]
 fn secrets_come_from_the_environment() {
     let text = format!(
         "{JOB}[locker]\nkind = \"redis\"\nurl = \"redis://:${{REDIS_PASSWORD}}@${{REDIS_HOST}}:6379/\"\n"
@@ -1575,12 +1600,14 @@ fn a_sink_is_read_with_its_defaults_and_named_by_an_endpoint() {
     assert_eq!(target.url.as_str(), "http://127.0.0.1:8080/in");
     assert_eq!(target.timeout, Duration::from_secs(10));
     assert_eq!(target.content_type, "application/octet-stream");
+    assert_eq!(target.in_flight, 1, "one request at a time, in order");
+    assert_eq!(sink.in_flight().get(), 1);
     assert_eq!(sink.retry.max_attempts(), 10);
     assert_eq!(sink.retry.initial_delay(), Duration::from_millis(500));
     assert_eq!(sink.retry.max_delay(), Duration::from_secs(30));
     assert!(sink.retry.is_exponential());
     let config = Config::from_toml(&format!(
-        "{STREAM_TO}\n[[sinks]]\nname = \"uplink\"\nkind = \"http\"\nurl = \"https://cloud.example/in\"\ntimeout_ms = 2500\ncontent_type = \"application/json\"\nretries = 3\nretry_delay_ms = 50\nmax_retry_delay_ms = 400\n"
+        "{STREAM_TO}\n[[sinks]]\nname = \"uplink\"\nkind = \"http\"\nurl = \"https://cloud.example/in\"\ntimeout_ms = 2500\ncontent_type = \"application/json\"\nin_flight = 8\nretries = 3\nretry_delay_ms = 50\nmax_retry_delay_ms = 400\n"
     ))
     .unwrap();
     assert_eq!(config.endpoints[0].to, None, "no `to`: only reported");
@@ -1622,6 +1649,7 @@ fn a_sink_is_read_with_its_defaults_and_named_by_an_endpoint() {
     };
     assert_eq!(target.timeout, Duration::from_millis(2500));
     assert_eq!(target.content_type, "application/json");
+    assert_eq!((target.in_flight, sink.in_flight().get()), (8, 8));
     assert_eq!(sink.retry.max_attempts(), 3);
     assert_eq!(
         (sink.retry.initial_delay(), sink.retry.max_delay()),
@@ -1663,6 +1691,24 @@ fn a_bad_sink_or_a_to_naming_none_is_refused_with_its_key() {
         (sink("kind = \"http\"\n"), "sinks[0]"),
         (http("content_type = \"\"\n"), "sinks[0].content_type"),
         (http("timeout_ms = 0\n"), "sinks[0].timeout_ms"),
+        (http("in_flight = 0\n"), "sinks[0].in_flight"),
+        (
+            http("headers = { Host = \"x\" }\n"),
+            "sinks[0].headers.Host",
+        ),
+        (
+            http("headers = { \"Bad Name\" = \"x\" }\n"),
+            "sinks[0].headers.Bad Name",
+        ),
+        (
+            http("headers = { Authorization = \"${GUARD_NO_SUCH_VARIABLE}\" }\n"),
+            "sinks[0].headers.Authorization",
+        ),
+        (http("in_flight = 257\n"), "sinks[0].in_flight"),
+        (
+            http("in_flight = 9223372036854775807\n"),
+            "sinks[0].in_flight",
+        ),
         (
             http("retry_delay_ms = 500\nmax_retry_delay_ms = 100\n"),
             "sinks[0].max_retry_delay_ms",
@@ -1868,6 +1914,7 @@ fn the_readme_sink_queue_and_dead_letter_examples_parse() {
     let env = |name: &str| match name {
         "NATS_URL" => Some("nats://127.0.0.1:4222".to_owned()),
         "UPLINK_URL" => Some("https://cloud.example/ingest".to_owned()),
+        "UPLINK_TOKEN" => Some("s3cret".to_owned()),
         _ => None,
     };
     let sinks = readme_block("**Sinks: the gateway forwards.**");

@@ -9,9 +9,10 @@
 //! as configured, `application/octet-stream` by default), the message's
 //! stable id as `Idempotency-Key` (the IETF draft's header: a receiver
 //! that keeps the keys it has seen drops a repeat), its fence as
-//! `Guard-Fence` when it was read under a lease, and its origin as
-//! `Guard-Origin`. A byte of an id or origin that a header cannot carry
-//! is percent-encoded.
+//! `Guard-Fence` when it was read under a lease, its origin as
+//! `Guard-Origin`, and the headers given with [`HttpSink::with_header`]
+//! (credentials such as `Authorization`). A byte of an id or origin that
+//! a header cannot carry is percent-encoded.
 //!
 //! **What an answer means.**
 //!
@@ -23,24 +24,29 @@
 //! | 409 with `Guard-Highest-Fence: <n>` | [`SinkError::StaleFence`] (a fenced receiver refused a stale leader) |
 //! | other 1xx, 3xx and 4xx | [`SinkError::Permanent`] with the status and the first 256 bytes of the body (redirects are not followed) |
 //!
-//! One request at a time goes out on one kept-alive connection, so
-//! messages reach the receiver in the order they are sent; a connection
-//! the server closed while idle is replaced before the next request, and
-//! a failed one after it.
+//! **Order.** By default one request at a time goes out, on one
+//! kept-alive connection, so messages reach the receiver in the order
+//! they are sent. [`HttpSink::with_in_flight`]`(n)` lets up to `n` go out
+//! at once, each on a kept-alive connection of its own (up to `n` of
+//! them): more messages a second to a receiver that answers in parallel,
+//! and no order between those in flight together. A connection the
+//! server closed while idle is replaced before the next request, and a
+//! failed one after it.
 
 use std::fmt;
 use std::pin::Pin;
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use async_io::Timer;
-use async_lock::Mutex;
+use async_lock::Semaphore;
 use futures_lite::future;
 use futures_lite::io::{AsyncRead, AsyncWrite};
 use guard_std::BoxFuture;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Bytes;
 use hyper::client::conn::http1::{Connection, SendRequest};
-use hyper::header::{CONTENT_TYPE, HOST, HeaderValue, RETRY_AFTER};
+use hyper::header::{CONTENT_TYPE, HOST, HeaderName, HeaderValue, RETRY_AFTER};
 use hyper::{Method, Request, StatusCode, Uri};
 use smol_hyper::rt::FuturesIo;
 
@@ -68,6 +74,9 @@ pub const BODY_EXCERPT: usize = 256;
 
 /// The most of an answer's body read; a longer one closes the connection.
 const BODY_LIMIT: usize = 64 * 1024;
+
+/// The most requests [`HttpSink::with_in_flight`] lets out at once.
+pub const MAX_IN_FLIGHT: usize = 256;
 
 /// The longest `Retry-After` honoured: a day.
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 3600);
@@ -115,7 +124,16 @@ pub struct HttpSink {
     content_type: HeaderValue,
     #[cfg(feature = "tls")]
     tls: Option<std::sync::Arc<rustls::ClientConfig>>,
-    kept: Mutex<Option<Kept>>,
+    /// Headers sent with every request.
+    headers: Vec<(HeaderName, HeaderValue)>,
+    /// Requests let out at once.
+    in_flight: usize,
+    /// A permit per request out: `in_flight` of them.
+    permits: Semaphore,
+    /// Kept-alive connections not in use (a request takes one out and
+    /// puts it back once answered, so one cut short leaves none
+    /// half-used): at most `in_flight`.
+    idle: Mutex<Vec<Kept>>,
 }
 
 impl fmt::Debug for HttpSink {
@@ -123,6 +141,15 @@ impl fmt::Debug for HttpSink {
         f.debug_struct("HttpSink")
             .field("url", &self.target.uri)
             .field("timeout", &self.timeout)
+            .field("in_flight", &self.in_flight)
+            .field(
+                "headers",
+                &self
+                    .headers
+                    .iter()
+                    .map(|(n, _)| n.as_str())
+                    .collect::<Vec<_>>(),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -200,8 +227,78 @@ impl HttpSink {
             content_type: HeaderValue::from_static("application/octet-stream"),
             #[cfg(feature = "tls")]
             tls: None,
-            kept: Mutex::new(None),
+            headers: Vec::new(),
+            in_flight: 1,
+            permits: Semaphore::new(1),
+            idle: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Lets up to `in_flight` requests out at once (1 to
+    /// [`MAX_IN_FLIGHT`]; 1 unless set), each on a kept-alive connection
+    /// of its own: those in flight together may arrive in any order.
+    pub fn with_in_flight(mut self, in_flight: usize) -> Result<Self, InvalidInput> {
+        if !(1..=MAX_IN_FLIGHT).contains(&in_flight) {
+            return Err(invalid(
+                Parameter::InFlight,
+                in_flight.to_string(),
+                &format!("from 1 to {MAX_IN_FLIGHT}"),
+            ));
+        }
+        self.in_flight = in_flight;
+        self.permits = Semaphore::new(in_flight);
+        Ok(self)
+    }
+
+    /// Sends `name: value` with every request (an `Authorization`, a
+    /// tenant). Refuses a name the sink sets itself (`Host`,
+    /// `Content-Type`: see [`with_content_type`](Self::with_content_type),
+    /// `Content-Length`, `Transfer-Encoding`, `Connection`,
+    /// `Idempotency-Key`, any `Guard-…`), a name given twice, and a name
+    /// or value a header cannot carry; the value is never shown in an
+    /// error or in `Debug` (it is often a secret).
+    ///
+    /// ```
+    /// use guard_endpoints::sink::http::HttpSink;
+    ///
+    /// let sink = HttpSink::new("https://cloud.example/ingest")?
+    ///     .with_header("Authorization", "Bearer 0123456789")?;
+    /// assert!(HttpSink::new("https://cloud.example/ingest")?.with_header("Host", "x").is_err());
+    /// # Ok::<(), guard_endpoints::InvalidInput>(())
+    /// ```
+    pub fn with_header(mut self, name: &str, value: &str) -> Result<Self, InvalidInput> {
+        let refused = |rule: &str| invalid(Parameter::Header, name, rule);
+        let parsed = HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| refused("a header name (letters, digits and `-`)"))?;
+        let own = [
+            "host",
+            "content-type",
+            "content-length",
+            "transfer-encoding",
+            "connection",
+            IDEMPOTENCY_KEY,
+        ];
+        if own.contains(&parsed.as_str()) || parsed.as_str().starts_with("guard-") {
+            return Err(refused("a header the sink does not set itself"));
+        }
+        if self.headers.iter().any(|(n, _)| *n == parsed) {
+            return Err(refused("a header given once"));
+        }
+        let mut value = HeaderValue::from_str(value).map_err(|_| {
+            invalid(
+                Parameter::Header,
+                format!("{name}: (its value)"),
+                "a value of visible ASCII characters and spaces",
+            )
+        })?;
+        value.set_sensitive(true);
+        self.headers.push((parsed, value));
+        Ok(self)
+    }
+
+    /// Requests let out at once.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight
     }
 
     /// Each request, connecting included, ends within `timeout` (at least
@@ -302,6 +399,9 @@ impl HttpSink {
         if let Some(fence) = message.fence {
             request = request.header(FENCE_HEADER, fence);
         }
+        for (name, value) in &self.headers {
+            request = request.header(name, value);
+        }
         request
             .body(Full::new(Bytes::copy_from_slice(message.payload)))
             .map_err(|e| SinkError::Permanent {
@@ -352,20 +452,28 @@ impl HttpSink {
         .map(|((status, headers, body), open)| (status, headers, body, open))
     }
 
+    /// The kept-alive connection used last, if any is idle.
+    fn take_idle(&self) -> Option<Kept> {
+        self.idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop()
+    }
+
     async fn send_once(&self, message: &Outgoing<'_>) -> Result<(), SinkError> {
         let request = self.request(message)?;
-        let mut kept = self.kept.lock().await;
+        let _permit = self.permits.acquire().await;
         // Taken out while in use: a request cut short (its timeout, its
         // caller gone) leaves no half-used connection behind.
-        let reusable = match kept.take() {
+        let mut reusable = None;
+        while let Some(mut k) = self.take_idle() {
             // One the server closed while idle is finished: replaced
             // before sending rather than failed on.
-            Some(mut k) => future::poll_once(k.driver.as_mut())
-                .await
-                .is_none()
-                .then_some(k),
-            None => None,
-        };
+            if future::poll_once(k.driver.as_mut()).await.is_none() {
+                reusable = Some(k);
+                break;
+            }
+        }
         let mut connection = match reusable {
             Some(k) => k,
             None => self.connect().await.map_err(transient)?,
@@ -377,7 +485,10 @@ impl HttpSink {
             .get(hyper::header::CONNECTION)
             .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"));
         if open && !closing {
-            *kept = Some(connection);
+            self.idle
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(connection);
         }
         outcome(status, &headers, &body, message.fence)
     }

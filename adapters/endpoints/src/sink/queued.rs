@@ -7,11 +7,13 @@
 //!   the queue's [`SyncPolicy`](guard_std::disk_queue::SyncPolicy) says),
 //!   with its id, origin and fence, so the source acknowledges it then.
 //! - [`forward`] takes the queue's messages to the real sink in the order
-//!   they were queued, each with [`deliver`] under the sink's retry
-//!   policy; a message the sink is down for stays at the head and is
-//!   tried again (a queue rides out an outage: it is never dead-lettered
-//!   for a transient failure); one the sink refuses for good or as stale
-//!   goes to the caller's dead letters, then the next one is sent.
+//!   they were queued (one at a time, or a window of them in flight),
+//!   each with [`deliver`] under the sink's retry policy, and moves the
+//!   queue past a message only once it and all before it are done; a
+//!   message the sink is down for stays at the head and is tried again
+//!   (a queue rides out an outage: it is never dead-lettered for a
+//!   transient failure); one the sink refuses for good or as stale goes
+//!   to the caller's dead letters, then the queue moves on.
 //! - A full queue holds its senders back ([`WhenFull::Wait`]: the send
 //!   waits a while for room, then answers [`SinkError::HeldBack`], which
 //!   [`deliver`] asks again at once, the lease checked first, and counts
@@ -20,10 +22,13 @@
 //!   ([`WhenFull::Refuse`]: a permanent refusal, counted, which a source
 //!   dead-letters). Both are counted, and logged once per interval.
 
+use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use futures_util::StreamExt;
+use futures_util::stream::FuturesOrdered;
 use guard_core::retry::{RetryPolicy, WithoutRandom};
 use guard_std::BoxFuture;
 use guard_std::disk_queue::{AppendError, DiskQueue, SyncPolicy};
@@ -287,15 +292,6 @@ pub fn decode(record: &[u8]) -> Result<Queued, String> {
     })
 }
 
-/// `kept`, after a second's wait when it is false (the dead letters
-/// could not take a message: it is tried again, not dropped).
-async fn kept_or_wait(kept: bool) -> bool {
-    if !kept {
-        async_io::Timer::after(Duration::from_secs(1)).await;
-    }
-    kept
-}
-
 /// A queued message the sink did not take, for the dead letters.
 #[derive(Debug)]
 pub struct NotTaken {
@@ -307,88 +303,154 @@ pub struct NotTaken {
     pub attempts: u32,
 }
 
-/// Forwards `queued`'s messages to `sink` in order, for as long as it is
-/// polled (race it with a stop): each with `policy`'s retries; a message
-/// still failing transiently stays at the head and is tried again after
-/// the policy's longest delay; one refused for good or as stale goes to
-/// `dead_letter`, which answers whether it kept it: then the queue moves
-/// on; if not, the message stays at the head and is sent again after a
-/// second (nothing leaves the queue that is not kept elsewhere). A queue
-/// that cannot be read is retried after a second.
+/// What became of the message at the front of the window.
+struct Sent {
+    /// The message (`Err`: what is wrong with its record).
+    message: Result<Queued, String>,
+    /// How its delivery ended (none for a record that cannot be read).
+    delivery: Delivery,
+}
+
+/// Reads `record` and delivers it through `sink` under `policy`.
+async fn send_record(record: Vec<u8>, sink: &dyn MessageSink, policy: &RetryPolicy) -> Sent {
+    match decode(&record) {
+        Ok(message) => {
+            let delivery =
+                deliver(sink, &message.outgoing(), policy, &mut WithoutRandom, None).await;
+            Sent {
+                message: Ok(message),
+                delivery,
+            }
+        }
+        Err(reason) => Sent {
+            message: Err(reason.clone()),
+            delivery: Delivery {
+                attempts: 0,
+                outcome: Err(SinkError::Permanent { reason }),
+            },
+        },
+    }
+}
+
+/// Forwards `queued`'s messages to `sink` for as long as it is polled
+/// (race it with a stop), up to `in_flight` at once, taken off the queue
+/// in order:
+///
+/// - each is sent with `policy`'s retries ([`deliver`]);
+/// - the queue moves past a message only once it and every message
+///   before it are done (taken, or dead-lettered), so a crash sends again
+///   at most the window, each under its own id;
+/// - a message still failing transiently stays at the head: what is in
+///   flight behind it is dropped, and after the policy's longest delay
+///   sending starts again at the head (a message behind it that had
+///   arrived is sent again, under its id);
+/// - one refused for good or as stale goes to `dead_letter`, which
+///   answers whether it kept it: then the queue moves on; if not, the
+///   message stays at the head and is sent again after a second (nothing
+///   leaves the queue that is not kept elsewhere);
+/// - a queue that cannot be read is read again after a second.
+///
+/// With `in_flight` 1 the receiver gets the messages in the order they
+/// were queued, one at a time. With more, they leave in that order but
+/// may arrive in any order within a window of `in_flight`; the sink
+/// decides how many it carries at once (an
+/// [`HttpSink`](super::http::HttpSink) keeps as many connections as its
+/// own `in_flight`).
 pub async fn forward(
     queued: &QueuedSink,
     sink: &dyn MessageSink,
     policy: &RetryPolicy,
+    in_flight: NonZeroUsize,
     mut dead_letter: impl FnMut(NotTaken) -> bool,
 ) {
     let queue = &queued.queue;
     // Since when the sink has not taken the head (an outage), to log its
     // start and its end once each.
     let mut down_since: Option<std::time::Instant> = None;
+    let mut sending = FuturesOrdered::new();
+    // The queue said it held more than was handed out, yet read nothing
+    // (a damaged record ahead): wait before asking again, never spin.
+    let mut read_nothing = false;
     loop {
-        queue.appended().await;
-        let record = match queue.peek() {
-            Ok(Some(record)) => record,
-            Ok(None) => continue,
-            Err(e) => {
-                log::error!("{e}; reading again in 1 s");
-                async_io::Timer::after(Duration::from_secs(1)).await;
-                continue;
+        let mut read_all = false;
+        while sending.len() < in_flight.get() {
+            match queue.read_next() {
+                Ok(Some(record)) => sending.push_back(send_record(record, sink, policy)),
+                Ok(None) => {
+                    read_all = true;
+                    break;
+                }
+                Err(e) => {
+                    log::error!("{e}; reading again in 1 s");
+                    sending.clear();
+                    queue.rewind();
+                    async_io::Timer::after(Duration::from_secs(1)).await;
+                    break;
+                }
             }
+        }
+        if sending.is_empty() {
+            if read_all && read_nothing {
+                async_io::Timer::after(MIN_HEAD_WAIT).await;
+            }
+            read_nothing = read_all;
+            queue.unread().await;
+            continue;
+        }
+        read_nothing = false;
+        // The oldest in flight: the only one the queue may move past.
+        let Some(Sent { message, delivery }) = sending.next().await else {
+            continue;
         };
-        let taken = match decode(&record) {
-            Ok(message) => {
-                let Delivery { attempts, outcome } =
-                    deliver(sink, &message.outgoing(), policy, &mut WithoutRandom, None).await;
-                if outcome.is_ok()
-                    && let Some(since) = down_since.take()
-                {
-                    log::info!(
-                        "sink {}: forwarding again after {:?}",
+        let Delivery { attempts, outcome } = delivery;
+        if outcome.is_ok()
+            && let Some(since) = down_since.take()
+        {
+            log::info!(
+                "sink {}: forwarding again after {:?}",
+                queued.name,
+                since.elapsed()
+            );
+        }
+        let taken = match (outcome, message) {
+            (Ok(()), _) => true,
+            (
+                Err(SinkError::Transient {
+                    retry_after,
+                    ref reason,
+                }),
+                _,
+            ) => {
+                // Still down: the head waits, nothing behind it passes
+                // (order), nothing is dropped.
+                let wait = retry_after
+                    .unwrap_or_default()
+                    .max(policy.max_delay())
+                    .max(MIN_HEAD_WAIT);
+                if down_since.is_none() {
+                    down_since = Some(std::time::Instant::now());
+                    log::warn!(
+                        "sink {}: not taken after {attempts} attempt(s): {reason}; {} message(s) wait in the queue, tried again every {wait:?}",
                         queued.name,
-                        since.elapsed()
+                        queue.stats().pending
                     );
                 }
-                match outcome {
-                    Ok(()) => true,
-                    Err(SinkError::Transient {
-                        retry_after,
-                        ref reason,
-                    }) => {
-                        // Still down: the head waits, nothing behind it
-                        // passes (order), nothing is dropped.
-                        let wait = retry_after
-                            .unwrap_or_default()
-                            .max(policy.max_delay())
-                            .max(MIN_HEAD_WAIT);
-                        if down_since.is_none() {
-                            down_since = Some(std::time::Instant::now());
-                            log::warn!(
-                                "sink {}: not taken after {attempts} attempt(s): {reason}; {} message(s) wait in the queue, tried again every {wait:?}",
-                                queued.name,
-                                queue.stats().pending
-                            );
-                        }
-                        async_io::Timer::after(wait).await;
-                        false
-                    }
-                    Err(error) => {
-                        kept_or_wait(dead_letter(NotTaken {
-                            message: Some(message),
-                            error,
-                            attempts,
-                        }))
-                        .await
-                    }
-                }
+                sending.clear();
+                async_io::Timer::after(wait).await;
+                false
             }
-            Err(reason) => {
-                kept_or_wait(dead_letter(NotTaken {
-                    message: None,
-                    error: SinkError::Permanent { reason },
-                    attempts: 0,
-                }))
-                .await
+            (Err(error), message) => {
+                let kept = dead_letter(NotTaken {
+                    message: message.ok(),
+                    error,
+                    attempts,
+                });
+                if !kept {
+                    // Not kept elsewhere: it stays, and is tried again.
+                    sending.clear();
+                    async_io::Timer::after(Duration::from_secs(1)).await;
+                }
+                kept
             }
         };
         if taken {
@@ -396,6 +458,10 @@ pub async fn forward(
                 log::error!("{e}");
             }
             queued.measure();
+        } else {
+            // Sent again from the head, the window after it too.
+            sending.clear();
+            queue.rewind();
         }
     }
 }

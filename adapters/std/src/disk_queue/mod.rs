@@ -17,7 +17,9 @@
 //!   [`SyncPolicy::Every`]`(d)` a background thread syncs every `d`, so at
 //!   most the last `d` (and the sync's own time) of records.
 //! - **Records are read in the order appended**, each until the consumer
-//!   [`advance`]s past it; the cursor is written at every advance and
+//!   [`advance`]s past it ([`read_next`] reads on past those handed out,
+//!   a window in flight, and `advance` still moves past the oldest
+//!   first); the cursor is written at every advance and
 //!   synced with the data, so a crash makes the consumer read again at
 //!   most what it forwarded since the last sync (at least once, never
 //!   skipped).
@@ -60,6 +62,7 @@
 //!
 //! [`append`]: DiskQueue::append
 //! [`advance`]: DiskQueue::advance
+//! [`read_next`]: DiskQueue::read_next
 
 mod files;
 
@@ -301,8 +304,13 @@ struct State {
     read: Position,
     /// The segment being read, opened.
     reader: Option<(u64, File)>,
-    /// The frame length of the record [`DiskQueue::peek`] returned last.
-    peeked: Option<u64>,
+    /// The frame lengths of the records handed out (by
+    /// [`DiskQueue::peek`] and [`DiskQueue::read_next`]) and not advanced
+    /// past, oldest first: they start at `read`.
+    handed: VecDeque<u64>,
+    /// Where the next record [`DiskQueue::read_next`] hands out starts:
+    /// `read` moved past every record in `handed`.
+    ahead: Position,
     cursor: File,
     bytes: u64,
     /// Records not synced yet; the directory's entries changed.
@@ -353,7 +361,8 @@ impl DiskQueue {
             writer,
             read: recovered.read,
             reader: None,
-            peeked: None,
+            handed: VecDeque::new(),
+            ahead: recovered.read,
             cursor,
             bytes,
             unsynced: false,
@@ -535,20 +544,67 @@ impl DiskQueue {
     }
 
     /// The oldest record not yet forwarded, if any (the same one until
-    /// [`advance`](Self::advance)). One consumer reads a queue.
+    /// [`advance`](Self::advance)). Reading starts again at it: what
+    /// [`read_next`](Self::read_next) handed out since is forgotten. One
+    /// consumer reads a queue.
     pub fn peek(&self) -> Result<Option<Vec<u8>>, QueueError> {
         let mut state = self.state();
-        let state = &mut *state;
+        state.handed.clear();
+        self.read_ahead(&mut state)
+    }
+
+    /// The record after those handed out (by [`peek`](Self::peek) or
+    /// this) and not advanced past, if any: with [`advance`](Self::advance)
+    /// a window of records in flight at once, still advanced past in
+    /// order. [`rewind`](Self::rewind) starts again at the oldest.
+    pub fn read_next(&self) -> Result<Option<Vec<u8>>, QueueError> {
+        let mut state = self.state();
+        self.read_ahead(&mut state)
+    }
+
+    /// Forgets the records handed out and not advanced past: the next
+    /// [`read_next`](Self::read_next) hands out the oldest again.
+    pub fn rewind(&self) {
+        self.state().handed.clear();
+    }
+
+    /// Records handed out and not advanced past.
+    pub fn handed_out(&self) -> usize {
+        self.state().handed.len()
+    }
+
+    /// Reads the record at `ahead` (the oldest when nothing is handed
+    /// out) and hands it out.
+    fn read_ahead(&self, state: &mut State) -> Result<Option<Vec<u8>>, QueueError> {
         loop {
-            let Some(current) = state.segments.front().copied() else {
+            // Nothing handed out: read at the head, which skips what is
+            // forwarded or damaged for good. Past it, anything unusual
+            // ends the window and waits until it is the head.
+            let at_head = state.handed.is_empty();
+            if at_head {
+                state.ahead = state.read;
+            }
+            let Some(index) = state
+                .segments
+                .iter()
+                .position(|s| s.id == state.ahead.segment)
+            else {
                 return Ok(None);
             };
-            let is_newest = state.segments.len() == 1;
-            if state.read.offset >= current.len {
+            let current = state.segments[index];
+            let is_newest = index + 1 == state.segments.len();
+            if state.ahead.offset >= current.len {
                 if is_newest {
                     return Ok(None);
                 }
-                self.remove_oldest(state, current)?;
+                if at_head {
+                    self.remove_oldest(state, current)?;
+                } else {
+                    state.ahead = Position {
+                        segment: state.segments[index + 1].id,
+                        offset: 0,
+                    };
+                }
                 continue;
             }
             let reader = match state.reader.take() {
@@ -558,13 +614,16 @@ impl DiskQueue {
                     File::open(&path).map_err(|e| io_error("opening", &path, e))?
                 }
             };
-            let read = read_frame(&reader, state.read.offset, current.len);
+            let read = read_frame(&reader, state.ahead.offset, current.len);
             state.reader = Some((current.id, reader));
             match read {
                 Ok(Some(record)) => {
-                    state.peeked = Some((HEADER_LEN + record.len()) as u64);
+                    let len = (HEADER_LEN + record.len()) as u64;
+                    state.ahead.offset = state.ahead.offset.saturating_add(len);
+                    state.handed.push_back(len);
                     return Ok(Some(record));
                 }
+                Ok(None) if !at_head => return Ok(None),
                 Ok(None) => {
                     // Damaged after it was written whole (the disk): the
                     // rest of the segment cannot be placed; skip it,
@@ -593,12 +652,13 @@ impl DiskQueue {
         }
     }
 
-    /// Moves past the record [`peek`](Self::peek) returned: it was
-    /// forwarded. Frees its segment once all of it is.
+    /// Moves past the oldest record handed out ([`peek`](Self::peek),
+    /// [`read_next`](Self::read_next)): it was forwarded. Frees its
+    /// segment once all of it is. Nothing handed out: nothing moves.
     pub fn advance(&self) -> Result<(), QueueError> {
         let mut state = self.state();
         let state = &mut *state;
-        let Some(len) = state.peeked.take() else {
+        let Some(len) = state.handed.pop_front() else {
             return Ok(());
         };
         state.read.offset = state.read.offset.saturating_add(len);
@@ -694,6 +754,21 @@ impl DiskQueue {
             let listener = self.shared.appended.listen();
             if self.state().stats.pending > 0 {
                 return;
+            }
+            listener.await;
+        }
+    }
+
+    /// Waits until a record is there that [`read_next`](Self::read_next)
+    /// has not handed out.
+    pub async fn unread(&self) {
+        loop {
+            let listener = self.shared.appended.listen();
+            {
+                let state = self.state();
+                if state.stats.pending > state.handed.len() as u64 {
+                    return;
+                }
             }
             listener.await;
         }

@@ -72,7 +72,9 @@ pub use crate::endpoint::mysql::{BinlogSource, BinlogStart};
 pub use crate::endpoint::nats::{JetStreamSource, NatsDelivery, NatsSource};
 pub use crate::endpoint::postgres::PgQueueSource;
 pub use crate::endpoint::redis::{PubSubSource, StreamSource};
-pub use crate::sink::{HttpTarget, JetStreamTarget, RedisStreamTarget, Sink, SinkKind, SinkLimit};
+pub use crate::sink::{
+    HttpTarget, JetStreamTarget, RedisStreamTarget, Sink, SinkHeader, SinkKind, SinkLimit,
+};
 
 use std::fmt;
 use std::net::SocketAddr;
