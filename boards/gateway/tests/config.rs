@@ -1690,6 +1690,7 @@ fn a_bad_sink_or_a_to_naming_none_is_refused_with_its_key() {
         ),
         (sink("kind = \"http\"\n"), "sinks[0]"),
         (http("content_type = \"\"\n"), "sinks[0].content_type"),
+        (http("content_type = \"json\"\n"), "sinks[0].content_type"),
         (http("timeout_ms = 0\n"), "sinks[0].timeout_ms"),
         (http("in_flight = 0\n"), "sinks[0].in_flight"),
         (
@@ -1843,6 +1844,80 @@ fn a_bad_sink_or_a_to_naming_none_is_refused_with_its_key() {
     for (message, key) in cases {
         assert!(message.contains(key), "{key}: {message}");
         assert!(!message.contains("secret"), "a password shown: {message}");
+    }
+}
+
+/// A sink that writes where its endpoint reads is refused naming the
+/// endpoint's `to`: the same stream on the same server, an MQTT topic the
+/// endpoint's filter matches on the same broker, a NATS subject the
+/// endpoint's subject or stream takes in; elsewhere it is taken.
+#[test]
+fn a_sink_writing_where_its_endpoint_reads_is_refused() {
+    let routed = |endpoint: &str, sink: &str| {
+        Config::from_toml(&format!(
+            "{ENDPOINTS}[[endpoints]]\nname = \"e\"\n{endpoint}\nto = \"up\"\n\n[[sinks]]\nname = \"up\"\n{sink}\n"
+        ))
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+    };
+    let stream = "kind = \"redis-stream\"\nstream = \"orders\"\ngroup = \"g\"";
+    let mqtt = "kind = \"mqtt\"\nhost = \"broker\"\nfilter = \"plant/#\"";
+    let nats = "kind = \"nats\"\nurl = \"nats://127.0.0.1:4222\"\nsubject = \"up.*\"";
+    let jetstream = "kind = \"nats-jetstream\"\nurl = \"nats://127.0.0.1:4222\"\nstream = \"UP\"\nsubjects = [\"up.>\"]\ndurable = \"d\"";
+    for (endpoint, sink, place) in [
+        (
+            stream,
+            "kind = \"redis-stream\"\nstream = \"orders\"",
+            "the stream \"orders\"",
+        ),
+        (
+            mqtt,
+            "kind = \"mqtt\"\nhost = \"broker\"\ntopic = \"plant/line1\"",
+            "the topic \"plant/line1\"",
+        ),
+        (
+            mqtt,
+            "kind = \"mqtt\"\nhost = \"broker\"\ntopic = \"plant\"",
+            "the topic \"plant\"",
+        ),
+        (
+            nats,
+            "kind = \"nats-jetstream\"\nurl = \"nats://127.0.0.1:4222\"\nsubject = \"up.orders\"",
+            "the subject \"up.orders\"",
+        ),
+        (
+            jetstream,
+            "kind = \"nats-jetstream\"\nurl = \"nats://127.0.0.1:4222\"\nsubject = \"up.a.b\"",
+            "the subject \"up.a.b\"",
+        ),
+    ] {
+        let err = routed(endpoint, sink).unwrap_err();
+        assert!(
+            err.contains("`endpoints[3].to` = \"up\"") && err.contains(place),
+            "{endpoint} -> {sink}: {err}"
+        );
+    }
+    for (endpoint, sink) in [
+        (stream, "kind = \"redis-stream\"\nstream = \"uplink\""),
+        (
+            stream,
+            "kind = \"redis-stream\"\nurl = \"redis://cloud.example:6379\"\nstream = \"orders\"",
+        ),
+        (
+            mqtt,
+            "kind = \"mqtt\"\nhost = \"cloud\"\ntopic = \"plant/line1\"",
+        ),
+        (
+            mqtt,
+            "kind = \"mqtt\"\nhost = \"broker\"\ntopic = \"cloud/line1\"",
+        ),
+        (
+            nats,
+            "kind = \"nats-jetstream\"\nurl = \"nats://127.0.0.1:4222\"\nsubject = \"up.a.b\"",
+        ),
+        (stream, "kind = \"http\"\nurl = \"http://127.0.0.1:8080/\""),
+    ] {
+        routed(endpoint, sink).unwrap_or_else(|e| panic!("{endpoint} -> {sink}: {e}"));
     }
 }
 

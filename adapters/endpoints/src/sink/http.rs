@@ -139,7 +139,8 @@ pub struct HttpSink {
 impl fmt::Debug for HttpSink {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HttpSink")
-            .field("url", &self.target.uri)
+            // A query often carries a token: its text is never shown.
+            .field("url", &self.target.shown())
             .field("timeout", &self.timeout)
             .field("in_flight", &self.in_flight)
             .field(
@@ -152,6 +153,18 @@ impl fmt::Debug for HttpSink {
             )
             .finish_non_exhaustive()
     }
+}
+
+/// `type/subtype`, each an HTTP token, then any `; parameters`
+/// (RFC 9110, 8.3.1): what a receiver can parse as a media type.
+fn is_media_type(text: &str) -> bool {
+    let is_token = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+    };
+    let essence = text.split(';').next().unwrap_or_default().trim();
+    matches!(essence.split_once('/'), Some((kind, sub)) if is_token(kind) && is_token(sub))
 }
 
 fn invalid(parameter: Parameter, value: impl Into<String>, rule: &str) -> InvalidInput {
@@ -315,11 +328,12 @@ impl HttpSink {
         Ok(self)
     }
 
-    /// The `Content-Type` of every request.
+    /// The `Content-Type` of every request: a media type, `type/subtype`
+    /// with any `; parameters` (`application/json; charset=utf-8`).
     pub fn with_content_type(mut self, content_type: &str) -> Result<Self, InvalidInput> {
         self.content_type = HeaderValue::from_str(content_type)
             .ok()
-            .filter(|_| !content_type.is_empty())
+            .filter(|_| is_media_type(content_type))
             .ok_or_else(|| {
                 invalid(
                     Parameter::ContentType,
@@ -495,6 +509,18 @@ impl HttpSink {
 }
 
 impl Target {
+    /// The URL to show: its query, often a token, as `?…`.
+    fn shown(&self) -> String {
+        let uri = &self.uri;
+        let query = if uri.query().is_some() { "?…" } else { "" };
+        format!(
+            "{}://{}{}{query}",
+            uri.scheme_str().unwrap_or("http"),
+            self.authority_text(),
+            uri.path()
+        )
+    }
+
     fn authority_text(&self) -> &str {
         self.authority.to_str().unwrap_or("the sink")
     }
@@ -691,11 +717,45 @@ mod tests {
                 .with_timeout(Duration::ZERO)
                 .is_err()
         );
-        assert!(
-            HttpSink::new("http://h/")
-                .unwrap()
-                .with_content_type("a\nb")
-                .is_err()
-        );
+        for refused in [
+            "a\nb",
+            "",
+            "json",
+            "application/",
+            "/json",
+            "a/b/c",
+            "text /plain",
+        ] {
+            assert!(
+                HttpSink::new("http://h/")
+                    .unwrap()
+                    .with_content_type(refused)
+                    .is_err(),
+                "{refused:?}"
+            );
+        }
+        for taken in [
+            "application/json",
+            "application/json; charset=utf-8",
+            "application/vnd.api+json",
+        ] {
+            assert!(
+                HttpSink::new("http://h/")
+                    .unwrap()
+                    .with_content_type(taken)
+                    .is_ok(),
+                "{taken:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_url_s_query_is_never_shown() {
+        let sink = HttpSink::new("https://cloud.example:8443/in?api_key=TopSecret42").unwrap();
+        let shown = format!("{sink:?}");
+        assert!(shown.contains("https://cloud.example:8443/in?…"), "{shown}");
+        assert!(!shown.contains("TopSecret42"), "{shown}");
+        let plain = HttpSink::new("http://h/in").unwrap();
+        assert!(format!("{plain:?}").contains("http://h/in\""), "{plain:?}");
     }
 }

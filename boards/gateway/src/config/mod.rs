@@ -53,6 +53,7 @@
 
 pub(crate) mod check;
 pub(crate) mod connect;
+mod feedback;
 // Without its feature a kind is read, then refused.
 #[cfg_attr(not(feature = "etcd"), allow(dead_code, unused_imports))]
 mod etcd;

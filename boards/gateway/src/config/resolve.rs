@@ -173,7 +173,9 @@ pub(super) fn config(parsed: raw::Parsed, env: Env<'_>) -> Result<Config, Config
         )?;
         let mut endpoint = endpoint(e, &key, env, locker_url.as_ref(), has_redis, &limiters)?;
         if let Some(to) = to {
-            endpoint.to = Some(crate::sink::named(&key("to"), to, &sinks)?.name.clone());
+            let sink = crate::sink::named(&key("to"), to, &sinks)?;
+            super::feedback::not_into_its_source(&key("to"), &endpoint.source, sink)?;
+            endpoint.to = Some(sink.name.clone());
         }
         endpoints.push(endpoint);
     }
