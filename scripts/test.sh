@@ -62,6 +62,9 @@ command -v protoc >/dev/null 2>&1 || need_packages+=(protobuf-compiler)
 for tool in size objdump addr2line; do
     command -v "$tool" >/dev/null 2>&1 || { need_packages+=(binutils); break; }
 done
+# The gateway's systemd unit is checked by systemd-analyze (verify, and
+# its offline security score).
+command -v systemd-analyze >/dev/null 2>&1 || need_packages+=(systemd)
 # The Promela model of the lease and fencing protocol: spin, and a C
 # compiler for its verifiers.
 command -v spin >/dev/null 2>&1 || need_packages+=(spin)

@@ -47,6 +47,9 @@ struct Inner {
     /// Whether the source has stopped while it should run: no later
     /// success (a client's own reconnection) sets the link up again.
     stopped: AtomicBool,
+    /// Whether any connection attempt has ended, either way: until then
+    /// a source that connects at start is not known to reach its server.
+    answered: AtomicBool,
     /// The last failure while the link is down.
     failing: Mutex<Option<String>>,
     /// The failures' log lines: one per interval.
@@ -75,6 +78,7 @@ impl Link {
             name: name.to_owned(),
             down: AtomicBool::new(false),
             stopped: AtomicBool::new(false),
+            answered: AtomicBool::new(false),
             failing: Mutex::new(None),
             throttle: Throttle::new(),
             recoveries: Throttle::new(),
@@ -92,6 +96,20 @@ impl Link {
         !self.0.down.load(Ordering::Acquire)
     }
 
+    /// Whether the source has reported a connection attempt's outcome
+    /// (a success or a failure) since it started.
+    pub fn has_answered(&self) -> bool {
+        self.0.answered.load(Ordering::Acquire)
+    }
+
+    fn answer(&self) {
+        // Read first: a source reports a success per message, and a
+        // store each time would bounce the cache line between cores.
+        if !self.0.answered.load(Ordering::Relaxed) {
+            self.0.answered.store(true, Ordering::Release);
+        }
+    }
+
     /// The last failure while the link is down.
     pub fn failure(&self) -> Option<String> {
         self.0
@@ -103,6 +121,7 @@ impl Link {
 
     /// A connection (or subscription) is in place.
     pub(crate) fn up(&self) {
+        self.answer();
         if self.is_up() {
             return;
         }
@@ -135,6 +154,7 @@ impl Link {
     /// A connection failed or ended with `error`; the source tries again
     /// (`then` says how, for the log).
     pub(crate) fn down(&self, error: &dyn fmt::Display, then: &str) {
+        self.answer();
         let error = error.to_string();
         metrics::counter!(SOURCE_DISCONNECTS, "source" => self.0.name.clone()).increment(1);
         metrics::gauge!(SOURCE_UP, "source" => self.0.name.clone()).set(0.0);
@@ -157,6 +177,7 @@ impl Link {
     /// fixes): the link is down for good, counted once and logged at
     /// error, so a replica whose endpoint ended is not ready.
     pub fn stopped(&self, why: &dyn fmt::Display) {
+        self.answer();
         let failure = format!("stopped: {why}");
         metrics::counter!(SOURCE_DISCONNECTS, "source" => self.0.name.clone()).increment(1);
         metrics::gauge!(SOURCE_UP, "source" => self.0.name.clone()).set(0.0);
@@ -192,6 +213,15 @@ mod tests {
         assert!(!shared.is_up(), "clones share the state");
         link.up();
         assert!(shared.is_up());
+    }
+
+    #[test]
+    fn a_link_has_answered_after_its_first_outcome_either_way() {
+        let (ok, failing) = (Link::new("ok"), Link::new("failing"));
+        assert!(!ok.has_answered() && !failing.has_answered());
+        ok.up();
+        failing.down(&"refused", "trying again");
+        assert!(ok.has_answered() && failing.has_answered());
     }
 
     /// The lines logged by this test binary, by level.

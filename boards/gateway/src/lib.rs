@@ -19,4 +19,5 @@ pub mod prometheus;
 mod queue;
 pub mod readiness;
 pub mod replica;
+pub mod service;
 mod sink;

@@ -246,7 +246,15 @@ fn run_replica(path: &Path, identity: &str, metrics: Option<SocketAddr>) -> Exit
             return ExitCode::from(2);
         }
     };
-    let ready = Arc::new(guard_gateway::readiness::Readiness::new());
+    let ready = match guard_gateway::service::Notifier::from_env() {
+        Ok(None) => guard_gateway::readiness::Readiness::new(),
+        Ok(Some(notifier)) => guard_gateway::readiness::Readiness::reporting_to(notifier),
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let ready = Arc::new(ready);
     if let Some(address) = metrics.or(config.metrics.prometheus) {
         match prometheus::serve(address, ready.clone()) {
             Ok(bound) => log::info!("metrics at http://{bound}/metrics"),

@@ -49,8 +49,15 @@ pub async fn run(
 ) -> Result<(), GatewayError> {
     // A stop asked while connecting (a Redis that accepts but never
     // answers) ends the start at once, not after the request timeout.
+    // A service manager hears `connecting` and the watchdog's pings
+    // meanwhile, from this thread: a connect that hangs it stops them.
     let connected = futures_lite::future::or(async { Some(build(config).await) }, async {
-        control.stopped().await;
+        match ready.notifier() {
+            Some(notifier) => {
+                futures_lite::future::or(control.stopped(), notifier.connecting()).await
+            }
+            None => control.stopped().await,
+        }
         None
     })
     .await;
@@ -297,6 +304,11 @@ pub async fn run(
             )
             .await;
         }));
+    }
+    // On the executor that runs everything else: if it hangs, the
+    // watchdog's pings stop (service.rs).
+    if let Some(notifier) = ready.notifier() {
+        tasks.push(executor.spawn(notifier.clone().report(ready.clone(), control.clone())));
     }
     // Everything is connected and the locker has answered.
     ready.set_started(true);

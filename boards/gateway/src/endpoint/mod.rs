@@ -426,6 +426,29 @@ fn elected_scope(built: &Built, kind: &str, name: &str) -> Result<Scope, Gateway
         .map_err(|e| failed(name, e.into()))
 }
 
+/// Whether `source` connects as soon as it starts, on every replica;
+/// an elected one connects when its replica is promoted (a standby
+/// never does).
+fn connects_at_start(source: &Source) -> bool {
+    match source {
+        Source::RedisPubsub(_) => false,
+        Source::RedisStream(_) => true,
+        Source::Mqtt(s) => !matches!(s.delivery, mqtt::MqttDelivery::Elected),
+        #[cfg(feature = "nats")]
+        Source::Nats(s) => !matches!(s.delivery, nats::NatsDelivery::Elected),
+        #[cfg(feature = "nats")]
+        Source::NatsJetStream(_) => true,
+        #[cfg(feature = "amqp")]
+        Source::Rabbitmq(s) => {
+            !matches!(s.delivery, amqp::AmqpDelivery::Fanout { elected: true, .. })
+        }
+        #[cfg(feature = "postgres")]
+        Source::PostgresQueue(_) => true,
+        #[cfg(feature = "mysql")]
+        Source::MysqlBinlog(_) => false,
+    }
+}
+
 /// Builds the task of `entry`, in the module of its source kind. Only
 /// the stream and table-of-work endpoints connect here; the others
 /// connect when they subscribe.
@@ -439,7 +462,7 @@ pub(crate) async fn start(
     ready: &Readiness,
 ) -> Result<Task, GatewayError> {
     let link = Link::new(&entry.name);
-    ready.watch(link.clone());
+    ready.watch(link.clone(), connects_at_start(&entry.source));
     let (watched, stop) = (link.clone(), control.clone());
     let cx = Assembly {
         name: entry.name.clone(),
