@@ -28,6 +28,16 @@ pub struct CronSchedule {
     schedule: cron::Schedule,
 }
 
+/// Two schedules are the same when their expressions are: the parsed
+/// schedule is made from it alone.
+impl PartialEq for CronSchedule {
+    fn eq(&self, other: &Self) -> bool {
+        self.expression == other.expression
+    }
+}
+
+impl Eq for CronSchedule {}
+
 /// An expression that is not a valid cron schedule.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CronError {

@@ -140,6 +140,22 @@ impl DeadLetterLog {
         &self.dir
     }
 
+    /// The bytes the letters take on disk now (without the lock: a
+    /// letter being written may be counted in part).
+    pub fn bytes(&self) -> Result<u64, QueueError> {
+        let path = self.dir.join(LETTERS);
+        match fs::metadata(&path) {
+            Ok(meta) => Ok(meta.len()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(0),
+            Err(e) => Err(io_error("reading the size of", &path, e)),
+        }
+    }
+
+    /// The bound on [`bytes`](Self::bytes).
+    pub fn max_bytes(&self) -> u64 {
+        self.max_bytes
+    }
+
     /// Runs `work` on the letters' path with the log's lock held.
     fn locked<T>(
         &self,

@@ -446,3 +446,74 @@ fn without_a_locker_a_stop_tells_the_running_callback() {
         ]
     );
 }
+
+/// `held()` lists every runner of the process from the start of its run:
+/// the leader with its fence and a renew deadline within the lease, the
+/// standby not leading; a runner that returned is no longer listed.
+#[test]
+fn held_lists_each_running_runner_with_what_it_holds_and_forgets_it_once_it_returns() {
+    let config = GuardConfig::new().with_locker(SharedLocker::new(LocalLocker::new()));
+    let ttl = Duration::from_secs(5);
+    let timing = ActiveConfig::new()
+        .with_ttl(Ttl::from_secs(5).unwrap())
+        .with_interval(Duration::from_millis(200));
+    let scope = Scope::new("held-view").unwrap();
+    let log: Log = Arc::default();
+    let mut runs = Vec::new();
+    for id in 0..2 {
+        let runner = ActiveRunner::new(&config, &scope)
+            .unwrap()
+            .with_settings(timing)
+            .unwrap();
+        let (handle, ctl) = control();
+        let (log_p, log_d) = (log.clone(), log.clone());
+        let thread = thread::spawn(move || {
+            smol::block_on(runner.run(
+                ctl,
+                move |_| {
+                    let log = log_p.clone();
+                    async move {
+                        push(&log, Event::Promoted(id));
+                        Ok::<(), String>(())
+                    }
+                },
+                move |reason| {
+                    let log = log_d.clone();
+                    async move { push(&log, Event::Demoted(id, reason)) }
+                },
+            ))
+        });
+        runs.push((handle, thread));
+        if id == 0 {
+            assert!(
+                wait_for(Duration::from_secs(30), || events(&log)
+                    .contains(&Event::Promoted(0))),
+                "the first runner never led"
+            );
+        }
+    }
+    let ours = || -> Vec<guard_std::run::HeldLease> {
+        guard_std::run::held()
+            .into_iter()
+            .filter(|l| l.key.contains("held-view"))
+            .collect()
+    };
+    assert!(
+        wait_for(Duration::from_secs(30), || ours().len() == 2),
+        "{:?}",
+        ours()
+    );
+    let listed = ours();
+    let leading: Vec<_> = listed.iter().filter(|l| l.valid).collect();
+    assert_eq!(leading.len(), 1, "{listed:?}");
+    assert_eq!(leading[0].fence, Some(1), "{listed:?}");
+    let left = leading[0].renew_deadline_in.unwrap();
+    assert!(left > Duration::ZERO && left <= ttl, "{left:?}");
+    let standby = listed.iter().find(|l| !l.valid).unwrap();
+    assert_eq!((standby.fence, standby.renew_deadline_in), (None, None));
+    for (handle, thread) in runs {
+        handle.stop();
+        thread.join().unwrap();
+    }
+    assert!(ours().is_empty(), "{:?}", ours());
+}

@@ -172,6 +172,14 @@ impl DeadLetterStore {
         self.log.dir()
     }
 
+    /// The bytes the letters take on disk now, and their bound.
+    pub fn bytes(&self) -> Result<(u64, u64), GatewayError> {
+        let bytes = self.log.bytes().map_err(|e| GatewayError::DeadLetters {
+            source: Box::new(e),
+        })?;
+        Ok((bytes, self.log.max_bytes()))
+    }
+
     /// Opens the store `config` names for a tool: nothing created, a torn
     /// tail left for the gateway to cut; the bytes that cannot be read.
     fn inspect(config: &DeadLetters) -> Result<(Self, u64), GatewayError> {

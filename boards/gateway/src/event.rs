@@ -112,6 +112,27 @@ pub enum Event {
         /// Why.
         reason: String,
     },
+    /// The configuration was read again and applied: what started,
+    /// restarted and stopped (each `endpoint:<name>`,
+    /// `schedule:<router>` or `active:<name>`), and how many units kept
+    /// running.
+    Reloaded {
+        /// Units new in the file.
+        started: Vec<String>,
+        /// Units whose configuration changed.
+        restarted: Vec<String>,
+        /// Units no longer in the file.
+        stopped: Vec<String>,
+        /// Units that did not start again (each logged with its error).
+        failed: Vec<String>,
+        /// Units that kept running, their leases held.
+        kept: usize,
+    },
+    /// The configuration read again was refused: the running one stays.
+    ReloadRefused {
+        /// Why.
+        reason: String,
+    },
 }
 
 /// `text` as one line: a control character (a newline in a payload, a
@@ -245,6 +266,32 @@ impl fmt::Display for Event {
                 "failed router={router} slot={slot} attempts={attempts} reason={}",
                 one_line(reason)
             ),
+            Event::Reloaded {
+                started,
+                restarted,
+                stopped,
+                failed,
+                kept,
+            } => {
+                let list = |units: &[String]| {
+                    if units.is_empty() {
+                        "-".to_owned()
+                    } else {
+                        one_line(&units.join(",")).into_owned()
+                    }
+                };
+                write!(
+                    f,
+                    "reloaded started={} restarted={} stopped={} failed={} kept={kept}",
+                    list(started),
+                    list(restarted),
+                    list(stopped),
+                    list(failed)
+                )
+            }
+            Event::ReloadRefused { reason } => {
+                write!(f, "reload-refused reason={}", one_line(reason))
+            }
         }
     }
 }

@@ -4,7 +4,8 @@
 //!   scheduled job and a leader-only consumer, the leader stopped half-way;
 //!   a report of slots, duplicates, misses and the takeover.
 //! - [`replica`]: one real replica from a TOML configuration (Redis locker,
-//!   schedules, leader-only consumers, rate limiters, Prometheus metrics).
+//!   schedules, leader-only consumers, rate limiters, Prometheus metrics);
+//!   [`reload`]: what a reload of its file changes and keeps.
 
 mod action;
 pub mod admission;
@@ -18,6 +19,8 @@ mod event;
 pub mod prometheus;
 mod queue;
 pub mod readiness;
+pub mod reload;
 pub mod replica;
 pub mod service;
 mod sink;
+pub mod status;

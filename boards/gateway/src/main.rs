@@ -40,6 +40,7 @@ enum Command {
     /// Run one replica from a configuration file (see gateway.toml). Each
     /// execution, leadership change and handled message is printed on
     /// stdout, one per line; logs go to stderr (RUST_LOG=info by default).
+    /// SIGHUP reads the file again: what did not change keeps running.
     Run {
         /// The TOML configuration.
         #[arg(long, short)]
@@ -265,8 +266,9 @@ fn run_replica(path: &Path, identity: &str, metrics: Option<SocketAddr>) -> Exit
         }
     }
     let (handle, control) = guard_smol::control();
-    if let Err(e) = ctrlc::set_handler(move || handle.stop()) {
-        eprintln!("cannot install the signal handler: {e}");
+    let (reload, reloads) = smol::channel::unbounded();
+    if let Err(e) = signals(path.to_owned(), handle, reload) {
+        eprintln!("cannot install the signal handlers: {e}");
         return ExitCode::from(2);
     }
     let emit: Arc<dyn Fn(replica::Event) + Send + Sync> = Arc::new(|event| {
@@ -274,11 +276,39 @@ fn run_replica(path: &Path, identity: &str, metrics: Option<SocketAddr>) -> Exit
         let _ = writeln!(out, "{event}");
         let _ = out.flush();
     });
-    match smol::block_on(replica::run(&config, identity, control, emit, ready)) {
+    match smol::block_on(replica::run_reloading(
+        &config, identity, control, emit, ready, reloads,
+    )) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("{e}");
             ExitCode::from(2)
         }
     }
+}
+
+/// SIGTERM and SIGINT stop the replica; SIGHUP reads `path` again and
+/// hands the replica the configuration, or why it was refused.
+fn signals(
+    path: PathBuf,
+    stop: guard_smol::RunHandle,
+    reload: smol::channel::Sender<replica::Reload>,
+) -> std::io::Result<()> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGHUP, SIGINT, SIGTERM])?;
+    std::thread::Builder::new()
+        .name("signals".to_owned())
+        .spawn(move || {
+            for signal in signals.forever() {
+                if signal == SIGHUP {
+                    log::info!("SIGHUP: reading {} again", path.display());
+                    if reload.send_blocking(Config::from_path(&path)).is_err() {
+                        return; // the replica has ended
+                    }
+                } else {
+                    stop.stop();
+                }
+            }
+        })?;
+    Ok(())
 }

@@ -1,7 +1,8 @@
 //! Metrics and health over HTTP: `GET /metrics` (Prometheus text),
-//! `GET /healthz` (the process answers) and `GET /readyz` (the replica has
-//! connected and its locker answered); any other path is 404, any other
-//! method 405.
+//! `GET /healthz` (the process answers), `GET /readyz` (the replica has
+//! connected and its locker answered) and `GET /status` (what it holds,
+//! as JSON: [`crate::status`]); any other path is 404, any other method
+//! 405. Nothing served changes state.
 //!
 //! Served by hyper's HTTP/1 server on smol, on a thread of its own, and
 //! bounded so that nothing a client does can take what the lock backend
@@ -122,6 +123,11 @@ fn respond(
         match request.uri().path() {
             "/metrics" => (StatusCode::OK, "text/plain; version=0.0.4", handle.render()),
             "/healthz" => (StatusCode::OK, "text/plain", "ok\n".to_owned()),
+            "/status" => (
+                StatusCode::OK,
+                "application/json",
+                crate::status::render(ready),
+            ),
             "/readyz" => match ready.check() {
                 Ok(()) => (StatusCode::OK, "text/plain", "ready\n".to_owned()),
                 Err(waiting) => (

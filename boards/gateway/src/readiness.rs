@@ -1,10 +1,17 @@
 //! What `/readyz` answers: ready once the replica has started (its
 //! locker answered, its tasks running), and while every endpoint's source
 //! reaches its server ([`Link`]); otherwise what it waits for. The same
-//! is told to a service manager ([`Notifier`]) when one asks.
+//! is told to a service manager ([`Notifier`]) when one asks. It also
+//! holds what the status view shows besides: which unit each lease key
+//! is for, and the sinks' queues and the dead letters on disk.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+
+use guard_endpoints::sink::queued::QueuedSink;
+
+use crate::dead_letters::DeadLetterStore;
 
 use guard_endpoints::link::Link;
 
@@ -18,6 +25,32 @@ pub struct Readiness {
     /// promotion): such a link counts only once it has answered.
     links: Mutex<Vec<(Link, bool)>>,
     notifier: Option<Arc<Notifier>>,
+    /// The unit each lease key is for (`endpoint:<name>`,
+    /// `active:<name>`).
+    owners: Mutex<BTreeMap<String, String>>,
+    /// The stores the status view reads.
+    storage: Mutex<Storage>,
+}
+
+/// The sinks' queues and the dead letters on disk, as built.
+#[derive(Default)]
+pub struct Storage {
+    /// Each sink's queue, by the sink's name.
+    pub queues: Vec<(String, Arc<QueuedSink>)>,
+    /// The dead letters on disk, if configured.
+    pub dead_letters: Option<Arc<DeadLetterStore>>,
+}
+
+impl std::fmt::Debug for Storage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Storage")
+            .field(
+                "queues",
+                &self.queues.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+            )
+            .field("dead_letters", &self.dead_letters.as_ref().map(|d| d.dir()))
+            .finish()
+    }
 }
 
 impl Readiness {
@@ -49,11 +82,56 @@ impl Readiness {
     /// connects at start (`at_start`) is not ready until its first
     /// attempt has answered either; one that connects on a promotion (an
     /// elected source, which a standby never opens) only while it fails.
+    /// A link of the same name replaces the one before it (an endpoint
+    /// restarted by a reload).
     pub fn watch(&self, link: Link, at_start: bool) {
+        let mut links = self.links.lock().unwrap_or_else(PoisonError::into_inner);
+        links.retain(|(watched, _)| watched.name() != link.name());
+        links.push((link, at_start));
+    }
+
+    /// No longer counts the link named `name` (an endpoint a reload
+    /// removed).
+    pub fn forget(&self, name: &str) {
         self.links
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .push((link, at_start));
+            .retain(|(watched, _)| watched.name() != name);
+    }
+
+    /// Records that lease `key` is `unit`'s.
+    pub fn lease_of(&self, unit: &str, key: &str) {
+        self.owners
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(key.to_owned(), unit.to_owned());
+    }
+
+    /// The unit lease `key` is for, if this replica's.
+    pub fn owner(&self, key: &str) -> Option<String> {
+        self.owners
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key)
+            .cloned()
+    }
+
+    /// Shows `storage` in the status view.
+    pub fn show(&self, storage: Storage) {
+        *self.storage.lock().unwrap_or_else(PoisonError::into_inner) = storage;
+    }
+
+    /// Runs `read` on the stores shown.
+    pub fn storage<T>(&self, read: impl FnOnce(&Storage) -> T) -> T {
+        read(&self.storage.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Every source's link, with whether it connects at start.
+    pub fn links(&self) -> Vec<(Link, bool)> {
+        self.links
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// `Ok` when ready; else what the replica waits for, each source that

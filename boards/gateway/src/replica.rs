@@ -1,15 +1,19 @@
 //! One gateway replica, configured from a TOML file: what it runs, and
 //! the summary `guard-gateway check` prints.
 
-use guard_endpoints::sink::queued::{NotTaken, forward};
+use std::collections::BTreeMap;
 use std::sync::Arc;
+
+use guard_endpoints::sink::queued::{NotTaken, QueuedSink, forward};
 
 use crate::action::{self, Action};
 use crate::admission::{Admission, Verdict};
 use crate::config::{
-    Backend, Config, Cost, Locker, PolicyAlgorithm, Schedule, Source, Timing, WhenLimited,
+    Backend, Config, ConfigError, Cost, Locker, PolicyAlgorithm, Schedule, Source, Timing,
+    WhenLimited,
 };
-use guard_smol::{ActiveRunner, Control, RunnerError, Scheduler};
+use crate::reload::{self, Part, Unit};
+use guard_smol::{ActiveRunner, Control, RunHandle, RunnerError, Scheduler};
 
 use crate::built::limiter;
 pub use crate::built::{Built, build};
@@ -47,6 +51,25 @@ pub async fn run(
     emit: Arc<dyn Fn(Event) + Send + Sync>,
     ready: Arc<Readiness>,
 ) -> Result<(), GatewayError> {
+    // Never sends: the replica runs `config` as it is.
+    let (_none, reloads) = smol::channel::bounded(1);
+    run_reloading(config, identity, control, emit, ready, reloads).await
+}
+
+/// A configuration read again (`SIGHUP`), or why it could not be.
+pub type Reload = Result<Config, ConfigError>;
+
+/// As [`run`], and applies each configuration `reloads` brings, as
+/// [`crate::reload`] states: a refused one changes nothing; units that
+/// did not change keep running, their leases held.
+pub async fn run_reloading(
+    config: &Config,
+    identity: &str,
+    control: Control,
+    emit: Arc<dyn Fn(Event) + Send + Sync>,
+    ready: Arc<Readiness>,
+    reloads: smol::channel::Receiver<Reload>,
+) -> Result<(), GatewayError> {
     // A stop asked while connecting (a Redis that accepts but never
     // answers) ends the start at once, not after the request timeout.
     // A service manager hears `connecting` and the watchdog's pings
@@ -70,9 +93,243 @@ pub async fn run(
         log::info!("rate limiters: {}", built.limiters.names().join(", "));
     }
     announce_metrics(config, &built);
-    let scheduler = || {
-        let skipped = emit.clone();
-        Scheduler::new(built.guards.clone())
+    for outcome in ["applied", "refused"] {
+        metrics::counter!(reload::RELOADS, "outcome" => outcome).increment(0);
+    }
+    ready.show(crate::readiness::Storage {
+        queues: built
+            .queues
+            .iter()
+            .map(|(name, (queued, _))| (name.clone(), queued.clone()))
+            .collect(),
+        dead_letters: built.dead_letters.as_ref().map(|(store, _)| store.clone()),
+    });
+    let executor = smol::LocalExecutor::new();
+    let replica = Replica {
+        built: &built,
+        identity,
+        control: &control,
+        emit: &emit,
+        ready: &ready,
+        executor: &executor,
+    };
+    let mut units = BTreeMap::new();
+    for part in reload::parts(config) {
+        units.insert(part.unit(), replica.start(&part, config).await?);
+    }
+    let mut tasks = Vec::new();
+    // The keys each in-process limiter holds, refreshed every second for
+    // the exporter: a flood of distinct keys shows as a table at its
+    // bound, never beyond.
+    if built.limiters.iter().any(|l| l.keys_held().is_some()) {
+        let (limiters, control) = (built.limiters.clone(), control.clone());
+        tasks.push(executor.spawn(async move {
+            while !control.is_stopped() {
+                for limiter in limiters.iter() {
+                    limiter.keys_held();
+                }
+                futures_lite::future::or(control.stopped(), async {
+                    async_io::Timer::after(std::time::Duration::from_secs(1)).await;
+                })
+                .await;
+            }
+        }));
+    }
+    if let Some((store, lost_bytes)) = &built.dead_letters {
+        emit(Event::DeadLettersOpened {
+            dir: store.dir().display().to_string(),
+            lost_bytes: *lost_bytes,
+        });
+    }
+    for (name, (queued, recovery)) in &built.queues {
+        emit(Event::QueueOpened {
+            sink: name.clone(),
+            pending: recovery.pending,
+            lost_bytes: recovery.lost_bytes,
+            damaged_segments: recovery.damaged_segments,
+            missing_segments: recovery.missing_segments,
+            cursor_reset: recovery.cursor_reset,
+        });
+        tasks.push(executor.spawn(replica.forwarding(config, name, queued.clone())?));
+    }
+    // On the executor that runs everything else: if it hangs, the
+    // watchdog's pings stop (service.rs).
+    if let Some(notifier) = ready.notifier() {
+        tasks.push(executor.spawn(notifier.clone().report(ready.clone(), control.clone())));
+    }
+    // Everything is connected and the locker has answered.
+    ready.set_started(true);
+    executor
+        .run(async {
+            let mut running = config.clone();
+            // A replica runs until it is stopped, even when every task
+            // has ended (an endpoint refused for good, nothing
+            // scheduled): it keeps answering `/readyz` with what ended.
+            while let Some(reread) = futures_lite::future::or(
+                async {
+                    control.stopped().await;
+                    None
+                },
+                async {
+                    match reloads.recv().await {
+                        Ok(reread) => Some(reread),
+                        // No reloads will come: wait for the stop.
+                        Err(_) => std::future::pending().await,
+                    }
+                },
+            )
+            .await
+            {
+                if let Some(notifier) = ready.notifier() {
+                    notifier.reloading();
+                }
+                let next = reread
+                    .map_err(|e| e.to_string())
+                    .and_then(|next| reload::plan(&running, &next).map(|plan| (next, plan)));
+                match next {
+                    Ok((next, plan)) => {
+                        replica.apply(&mut units, &next, &plan).await;
+                        running = next;
+                    }
+                    Err(reason) => {
+                        log::error!("reload refused, the running configuration stays: {reason}");
+                        metrics::counter!(reload::RELOADS, "outcome" => "refused").increment(1);
+                        emit(Event::ReloadRefused { reason });
+                    }
+                }
+                if let Some(notifier) = ready.notifier() {
+                    notifier.reloaded(&ready);
+                }
+            }
+            for running in units.into_values() {
+                running.task.await;
+            }
+            for task in tasks {
+                task.await;
+            }
+        })
+        .await;
+    ready.set_started(false);
+    Ok(())
+}
+
+/// A unit of the replica, running: the handle that stops it alone, and
+/// its task.
+struct Running {
+    handle: RunHandle,
+    task: smol::Task<()>,
+}
+
+/// What every unit of a replica is started with.
+struct Replica<'a> {
+    built: &'a Built,
+    identity: &'a str,
+    control: &'a Control,
+    emit: &'a Arc<dyn Fn(Event) + Send + Sync>,
+    ready: &'a Arc<Readiness>,
+    /// Every task is `'static`: a unit outlives nothing it was started
+    /// from.
+    executor: &'a smol::LocalExecutor<'static>,
+}
+
+impl Replica<'_> {
+    /// Starts `part` of `config` under a control of its own, which the
+    /// replica's stop stops too.
+    async fn start(&self, part: &Part<'_>, config: &Config) -> Result<Running, GatewayError> {
+        let (handle, control) = self.control.linked();
+        let task: endpoint::Task = match part {
+            Part::Endpoint(entry) => {
+                endpoint::start(
+                    entry,
+                    self.built,
+                    config,
+                    self.identity,
+                    control,
+                    self.emit.clone(),
+                    self.ready,
+                )
+                .await?
+            }
+            Part::Schedule(schedule) => self.schedule(schedule, config, control)?,
+            Part::Active(name) => self.active(name, config, control)?,
+        };
+        Ok(Running {
+            handle,
+            task: self.executor.spawn(task),
+        })
+    }
+
+    /// Applies `plan`, whose started and restarted units are `next`'s:
+    /// what it stops has ended before anything starts again, so an old
+    /// and a new endpoint of one name never run together.
+    async fn apply(&self, units: &mut BTreeMap<Unit, Running>, next: &Config, plan: &reload::Plan) {
+        let stopping: Vec<Running> = plan
+            .stopped
+            .iter()
+            .chain(&plan.restarted)
+            .filter_map(|unit| units.remove(unit))
+            .collect();
+        for running in &stopping {
+            running.handle.stop();
+        }
+        for running in stopping {
+            running.task.await;
+        }
+        for unit in &plan.stopped {
+            if let Unit::Endpoint(name) = unit {
+                self.ready.forget(name);
+            }
+        }
+        announce_metrics(next, self.built);
+        let mut failed = Vec::new();
+        for part in reload::parts(next) {
+            let unit = part.unit();
+            if !plan.started.contains(&unit) && !plan.restarted.contains(&unit) {
+                continue;
+            }
+            match self.start(&part, next).await {
+                Ok(running) => {
+                    units.insert(unit, running);
+                }
+                Err(e) => {
+                    log::error!("reload: {unit} did not start: {e}");
+                    failed.push(unit.to_string());
+                }
+            }
+        }
+        let names = |units: &[Unit]| units.iter().map(Unit::to_string).collect::<Vec<_>>();
+        log::info!(
+            "reloaded: {} started, {} restarted, {} stopped, {} kept",
+            plan.started.len(),
+            plan.restarted.len(),
+            plan.stopped.len(),
+            plan.kept.len()
+        );
+        metrics::counter!(reload::RELOADS, "outcome" => "applied").increment(1);
+        (self.emit)(Event::Reloaded {
+            started: names(&plan.started),
+            restarted: names(&plan.restarted),
+            stopped: names(&plan.stopped),
+            failed,
+            kept: plan.kept.len(),
+        });
+    }
+
+    /// One schedule, on a scheduler of its own (exclusive runs are a
+    /// scheduler's setting: their run locks as long-lived as a leader's
+    /// lease).
+    fn schedule(
+        &self,
+        schedule: &Schedule,
+        config: &Config,
+        control: Control,
+    ) -> Result<endpoint::Task, GatewayError> {
+        let failed = |source| GatewayError::Schedule {
+            router: schedule.router.clone(),
+            source,
+        };
+        let skipped = self.emit.clone();
+        let mut scheduler = Scheduler::new(self.built.guards.clone())
             .with_slot_ttl(config.guards.once_ttl)
             .with_fail_policy(config.guards.fail_policy)
             // A slot skipped on an outage is a line on stdout, as a
@@ -83,29 +340,18 @@ pub async fn run(
                     slot,
                     reason: reason.name().to_owned(),
                 })
-            })
-    };
-    // Exclusive runs are a scheduler's setting: those schedules have one
-    // of their own, its run locks as long-lived as a leader's lease.
-    let mut plain = scheduler();
-    let mut exclusive = match config.schedules.iter().find(|s| s.exclusive) {
-        None => None,
-        Some(first) => Some(
-            scheduler()
+            });
+        if schedule.exclusive {
+            scheduler = scheduler
                 .with_exclusive_runs(config.guards.active.ttl())
-                .map_err(|source| GatewayError::Schedule {
-                    router: first.router.clone(),
-                    source,
-                })?,
-        ),
-    };
-    for schedule in &config.schedules {
+                .map_err(failed)?;
+        }
         let router = schedule.router.clone();
-        let emit = emit.clone();
-        let doing = Arc::new(Doing::new(schedule, &built, config, &control)?);
+        let emit = self.emit.clone();
+        let doing = Arc::new(Doing::new(schedule, self.built, config, &control)?);
         let gate = match &schedule.limit {
             Some(limit) => Some(Admission::new(
-                limiter(&built, &limit.limiter)?,
+                limiter(self.built, &limit.limiter)?,
                 WhenLimited::Wait(limit.max_wait),
             )),
             None => None,
@@ -146,10 +392,6 @@ pub async fn run(
                 }
             }
         };
-        let scheduler = match (schedule.exclusive, exclusive.as_mut()) {
-            (true, Some(exclusive)) => exclusive,
-            _ => &mut plain,
-        };
         match &schedule.timing {
             Timing::Every(every) => {
                 scheduler.add_job(&schedule.router, &schedule.chain, *every, job)
@@ -158,29 +400,33 @@ pub async fn run(
                 scheduler.add_job(&schedule.router, &schedule.chain, (**cron).clone(), job)
             }
         }
-        .map_err(|source| GatewayError::Schedule {
-            router: schedule.router.clone(),
-            source,
-        })?;
+        .map_err(failed)?;
+        Ok(Box::pin(scheduler.run(control)))
     }
-    let executor = smol::LocalExecutor::new();
-    let mut tasks = Vec::new();
-    for name in &config.active {
-        let runner = built
-            .guards
+
+    /// One leader-only consumer: it reports its promotions and demotions.
+    fn active(
+        &self,
+        name: &str,
+        config: &Config,
+        control: Control,
+    ) -> Result<endpoint::Task, GatewayError> {
+        let guards = &self.built.guards;
+        let runner = guards
             .scope("consumer")
             .and_then(|s| s.segment("name", name))
             .map_err(RunnerError::Key)
-            .and_then(|scope| ActiveRunner::new(&built.guards, &scope))
+            .and_then(|scope| ActiveRunner::new(guards, &scope))
             .and_then(|r| r.with_settings(config.guards.active.into()))
             .map_err(|source| GatewayError::Consumer {
-                name: name.clone(),
+                name: name.to_owned(),
                 source,
             })?;
-        let (name, promoted, demoted) = (name.clone(), emit.clone(), emit.clone());
-        let control = control.clone();
-        tasks.push(executor.spawn(async move {
-            let name2 = name.clone();
+        self.ready
+            .lease_of(&Unit::Active(name.to_owned()).to_string(), runner.key());
+        let (promoted, demoted) = (self.emit.clone(), self.emit.clone());
+        let (name, name2) = (name.to_owned(), name.to_owned());
+        Ok(Box::pin(async move {
             runner
                 .run(
                     control,
@@ -200,74 +446,34 @@ pub async fn run(
                     },
                 )
                 .await
-        }));
+        }))
     }
-    for entry in &config.endpoints {
-        let task = endpoint::start(
-            entry,
-            &built,
-            config,
-            identity,
-            control.clone(),
-            emit.clone(),
-            &ready,
-        )
-        .await?;
-        tasks.push(executor.spawn(task));
-    }
-    // The keys each in-process limiter holds, refreshed every second for
-    // the exporter: a flood of distinct keys shows as a table at its
-    // bound, never beyond.
-    if built.limiters.iter().any(|l| l.keys_held().is_some()) {
-        let (limiters, control) = (built.limiters.clone(), control.clone());
-        tasks.push(executor.spawn(async move {
-            while !control.is_stopped() {
-                for limiter in limiters.iter() {
-                    limiter.keys_held();
-                }
-                futures_lite::future::or(control.stopped(), async {
-                    async_io::Timer::after(std::time::Duration::from_secs(1)).await;
-                })
-                .await;
-            }
-        }));
-    }
-    tasks.push(executor.spawn(plain.run(control.clone())));
-    if let Some(exclusive) = exclusive {
-        tasks.push(executor.spawn(exclusive.run(control.clone())));
-    }
-    if let Some((store, lost_bytes)) = &built.dead_letters {
-        emit(Event::DeadLettersOpened {
-            dir: store.dir().display().to_string(),
-            lost_bytes: *lost_bytes,
-        });
-    }
-    for (name, (queued, recovery)) in &built.queues {
-        emit(Event::QueueOpened {
-            sink: name.clone(),
-            pending: recovery.pending,
-            lost_bytes: recovery.lost_bytes,
-            damaged_segments: recovery.damaged_segments,
-            missing_segments: recovery.missing_segments,
-            cursor_reset: recovery.cursor_reset,
-        });
-        let (sink, retry) = crate::sink::forwarded(&built, config, name)?;
+
+    /// Forwards `name`'s queue to its sink until the replica stops; what
+    /// the sink refuses for good becomes a dead letter on disk.
+    fn forwarding(
+        &self,
+        config: &Config,
+        name: &str,
+        queued: Arc<QueuedSink>,
+    ) -> Result<endpoint::Task, GatewayError> {
+        let (sink, retry) = crate::sink::forwarded(self.built, config, name)?;
         let in_flight = config
             .sinks
             .iter()
             .find(|s| s.name == *name)
             .map_or(std::num::NonZeroUsize::MIN, crate::sink::Sink::in_flight);
-        let (queued, control, emit, name) =
-            (queued.clone(), control.clone(), emit.clone(), name.clone());
         // The configuration refuses a queue without dead letters on disk.
-        let store = built
+        let store = self
+            .built
             .dead_letters
             .as_ref()
             .map(|(store, _)| store.clone())
             .ok_or_else(|| GatewayError::DeadLetters {
                 source: format!("sink {name} has a queue and there is no [dead_letters]").into(),
             })?;
-        tasks.push(executor.spawn(async move {
+        let (control, emit, name) = (self.control.clone(), self.emit.clone(), name.to_owned());
+        Ok(Box::pin(async move {
             let dead_letter = |not: NotTaken| {
                 let reason = format!("after {} attempt(s): {}", not.attempts, not.error);
                 let letter = crate::dead_letters::DeadLetter {
@@ -275,12 +481,20 @@ pub async fn run(
                     name: name.clone(),
                     sink: Some(name.clone()),
                     id: not.message.as_ref().map(|m| m.id.clone()),
-                    from: not.message.as_ref().map(|m| m.origin.clone()).unwrap_or_default(),
+                    from: not
+                        .message
+                        .as_ref()
+                        .map(|m| m.origin.clone())
+                        .unwrap_or_default(),
                     fence: not.message.as_ref().and_then(|m| m.fence),
                     reason: reason.clone(),
                     attempts: not.attempts,
                     at_ms: crate::dead_letters::now_ms(),
-                    payload: not.message.as_ref().map(|m| m.payload.clone()).unwrap_or_default(),
+                    payload: not
+                        .message
+                        .as_ref()
+                        .map(|m| m.payload.clone())
+                        .unwrap_or_default(),
                 };
                 if let Err(e) = crate::dead_letters::kept(&store, &letter) {
                     log::error!(
@@ -289,7 +503,11 @@ pub async fn run(
                     );
                     return false;
                 }
-                log::warn!("sink {name}: {} dead-lettered: {}", letter.id.as_deref().unwrap_or("-"), not.error);
+                log::warn!(
+                    "sink {name}: {} dead-lettered: {}",
+                    letter.id.as_deref().unwrap_or("-"),
+                    not.error
+                );
                 emit(Event::SinkDeadLettered {
                     sink: name.clone(),
                     id: letter.id.unwrap_or_default(),
@@ -303,28 +521,8 @@ pub async fn run(
                 control.stopped(),
             )
             .await;
-        }));
+        }))
     }
-    // On the executor that runs everything else: if it hangs, the
-    // watchdog's pings stop (service.rs).
-    if let Some(notifier) = ready.notifier() {
-        tasks.push(executor.spawn(notifier.clone().report(ready.clone(), control.clone())));
-    }
-    // Everything is connected and the locker has answered.
-    ready.set_started(true);
-    executor
-        .run(async {
-            for task in tasks {
-                task.await;
-            }
-            // A replica runs until it is stopped, even when every task has
-            // ended (an endpoint refused for good, nothing scheduled): it
-            // keeps answering `/readyz` with what ended.
-            control.stopped().await;
-        })
-        .await;
-    ready.set_started(false);
-    Ok(())
 }
 
 /// What `config` configures, for `guard-gateway check`: one line a

@@ -171,28 +171,37 @@ impl Notifier {
         self.watchdog.map_or(POLL, |w| (w / 4).min(POLL))
     }
 
+    /// Tells the manager a reload has begun (`RELOADING=1`): it holds
+    /// the unit in `reloading` until [`reloaded`](Self::reloaded).
+    pub fn reloading(&self) {
+        self.tell("RELOADING=1\nSTATUS=reloading");
+    }
+
+    /// Tells the manager a reload has ended, applied or refused
+    /// (`READY=1`), with what `ready` says now.
+    pub fn reloaded(&self, ready: &Readiness) {
+        self.tell(&format!("READY=1\nSTATUS={}", one_line(&status(ready))));
+    }
+
     /// Tells the manager what `ready` says until `control` stops: the
     /// status and `READY=1` once ready, the watchdog's pings throughout,
     /// `STOPPING=1` at the end. Runs as a task of the replica's own
     /// executor (the pings' guarantee).
     pub async fn report(self: Arc<Self>, ready: Arc<Readiness>, control: Control) {
         let mut told_ready = false;
-        let mut status = String::new();
+        let mut told = String::new();
         let mut pinged: Option<Instant> = None;
         while !control.is_stopped() {
-            let now = match ready.check() {
-                Ok(()) => "ready".to_owned(),
-                Err(waiting) => format!("waiting: {waiting}"),
-            };
-            if now != status {
-                status = now;
-                let ready_line = if !told_ready && status == "ready" {
+            let now = status(&ready);
+            if now != told {
+                told = now;
+                let ready_line = if !told_ready && told == "ready" {
                     told_ready = true;
                     "READY=1\n"
                 } else {
                     ""
                 };
-                self.tell(&format!("{ready_line}STATUS={}", one_line(&status)));
+                self.tell(&format!("{ready_line}STATUS={}", one_line(&told)));
             }
             if let Some(period) = self.watchdog
                 && pinged.is_none_or(|at| at.elapsed() >= period / 2)
@@ -231,6 +240,14 @@ fn watchdog(usec: Option<&str>, pid: Option<&str>) -> Result<Option<Duration>, S
         return Ok(None);
     }
     Ok(Some(Duration::from_micros(period)))
+}
+
+/// What `ready` says, as a status: `ready`, or what it waits for.
+fn status(ready: &Readiness) -> String {
+    match ready.check() {
+        Ok(()) => "ready".to_owned(),
+        Err(waiting) => format!("waiting: {waiting}"),
+    }
 }
 
 /// A status is one line: the protocol reads assignments a line each.

@@ -2626,6 +2626,13 @@ fn a_queued_sink_takes_entries_on_disk_and_forwards_them_in_order_across_an_outa
     let (_, text) = http_get(metrics, "/metrics");
     let queued = sample(&text, "guard_queue_pending{name=\"uplink\"}").unwrap_or(0.0);
     assert!(queued >= 300.0, "{queued} queued after 7 s down:\n{text}");
+    // The status view shows the queue and the dead letters on disk.
+    let status = status_of(metrics);
+    let sink = &status["sinks"][0];
+    assert_eq!(sink["name"], "uplink", "{status}");
+    assert!(sink["queued"].as_u64().unwrap_or(0) >= 300, "{status}");
+    assert!(sink["bytes"].as_u64().unwrap_or(0) > 0, "{status}");
+    assert!(status["dead_letters"]["bytes"].is_u64(), "{status}");
     signal(&gateway, "KILL");
     let _ = gateway.0.wait();
     gateway = start(1, &path, &lines);
@@ -3609,4 +3616,209 @@ fn a_full_queue_holds_the_source_back_and_a_stop_ends_the_wait_at_once() {
         keys_arrived(&receiver.requests()),
         sent.len()
     );
+}
+
+/// The lines of `lines` that start with `prefix`.
+fn lines_starting(lines: &Lines, prefix: &str) -> Vec<String> {
+    lines
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(_, _, l)| l.starts_with(prefix))
+        .map(|(_, _, l)| l.clone())
+        .collect()
+}
+
+/// SIGHUP reads the file again. Adding an endpoint starts it while the
+/// leader of `[[active]] sensors` and the elected Pub/Sub subscriber keep
+/// their leases (no demotion, the same fences); a file `check` refuses,
+/// and one that changes `[locker]`, change nothing and are counted; a
+/// changed endpoint restarts under a new fence and a removed one stops.
+#[test]
+fn a_reload_starts_what_was_added_while_leaders_keep_their_fences_and_refuses_a_bad_file() {
+    let server = RedisServer::start().expect("redis-server");
+    let metrics = free_port().unwrap();
+    let first = base_config(&server.url())
+        + &format!(
+            "\n[[active]]\nname = \"sensors\"\n\n[[endpoints]]\nname = \"alerts\"\nkind = \"redis-pubsub\"\npatterns = [\"alerts.*\"]\n\n[metrics]\nprometheus = \"127.0.0.1:{metrics}\"\n"
+        );
+    let (_dir, path) = written(&first);
+    let lines: Lines = Arc::default();
+    let gateway = start(0, &path, &lines);
+    assert!(ready(metrics), "/readyz never 200");
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let mut publish = |channel: &str, payload: &str| {
+        let _: i64 = redis::cmd("PUBLISH")
+            .arg(channel)
+            .arg(payload)
+            .query(&mut conn)
+            .unwrap();
+    };
+    // A payload published until the endpoint has handled it: its fence.
+    let mut handled = |channel: &str, payload: &str| -> u64 {
+        let mut fence = None;
+        let got = wait_for(SETTLE, || {
+            publish(channel, payload);
+            thread::sleep(Duration::from_millis(100));
+            fence = received_with_fences(&lines, "alerts")
+                .into_iter()
+                .find(|(_, _, p)| p == payload)
+                .map(|(_, f, _)| f);
+            fence.is_some()
+        });
+        assert!(got, "{payload} on {channel} never handled");
+        fence.unwrap()
+    };
+    let lease = handled("alerts.fire", "before");
+    assert!(
+        wait_for(SETTLE, || !lines_starting(&lines, "promoted name=sensors")
+            .is_empty()),
+        "sensors never led"
+    );
+    let sensors = lines_starting(&lines, "promoted name=sensors");
+    // The status view shows both leases led, with their fences; reading
+    // it twice changes nothing.
+    let led = |status: &serde_json::Value, unit: &str| -> Option<u64> {
+        status["leases"]
+            .as_array()?
+            .iter()
+            .find(|l| l["for"] == unit && l["leading"] == true)?["fence"]
+            .as_u64()
+    };
+    let status = status_of(metrics);
+    let sensors_fence: u64 = sensors[0]
+        .rsplit("fence=")
+        .next()
+        .and_then(|f| f.parse().ok())
+        .unwrap();
+    assert_eq!(
+        led(&status, "active:sensors"),
+        Some(sensors_fence),
+        "{status}"
+    );
+    assert_eq!(led(&status, "endpoint:alerts"), Some(lease), "{status}");
+    let alerts = &status["endpoints"][0];
+    assert_eq!(
+        (&alerts["name"], &alerts["connected"], &alerts["leading"]),
+        (
+            &serde_json::json!("alerts"),
+            &serde_json::json!(true),
+            &serde_json::json!(true)
+        ),
+        "{status}"
+    );
+    assert_eq!(status["ready"], true, "{status}");
+    assert_eq!(led(&status_of(metrics), "endpoint:alerts"), Some(lease));
+    let hup = |expected: &str| {
+        let before = lines.lock().unwrap().len();
+        signal(&gateway, "HUP");
+        let mut line = String::new();
+        assert!(
+            wait_for(SETTLE, || {
+                let seen = lines.lock().unwrap();
+                match seen[before..]
+                    .iter()
+                    .find(|(_, _, l)| l.starts_with("reload"))
+                {
+                    Some((_, _, l)) => {
+                        line = l.clone();
+                        true
+                    }
+                    None => false,
+                }
+            }),
+            "no reload line after SIGHUP"
+        );
+        assert!(line.starts_with(expected), "{line}");
+        line
+    };
+
+    // An endpoint added: started, everything else kept.
+    let added = first.clone()
+        + "\n[[endpoints]]\nname = \"orders\"\nkind = \"redis-stream\"\nstream = \"orders\"\ngroup = \"billing\"\n";
+    std::fs::write(&path, &added).unwrap();
+    hup("reloaded started=endpoint:orders restarted=- stopped=- failed=- kept=2");
+    let mut xadd = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let _: String = redis::cmd("XADD")
+        .arg("orders")
+        .arg("*")
+        .arg("payload")
+        .arg("o1")
+        .query(&mut xadd)
+        .unwrap();
+    assert!(
+        wait_for(SETTLE, || !received(&lines, "orders").is_empty()),
+        "the added endpoint handled nothing"
+    );
+    assert_eq!(
+        handled("alerts.fire", "after-add"),
+        lease,
+        "the subscriber's lease changed"
+    );
+
+    // A file check refuses, then a change to [locker]: nothing changes.
+    std::fs::write(&path, added.replace("group = \"billing\"", "group = \"\"")).unwrap();
+    let refused = hup("reload-refused reason=");
+    assert!(refused.contains("endpoints"), "{refused}");
+    std::fs::write(
+        &path,
+        added.replace("request_timeout_ms = 300", "request_timeout_ms = 400"),
+    )
+    .unwrap();
+    let refused = hup("reload-refused reason=");
+    assert!(
+        refused.contains("[locker]") && refused.contains("restart"),
+        "{refused}"
+    );
+    assert_eq!(handled("alerts.fire", "after-refusals"), lease);
+    let (_, body) = http_get(metrics, "/metrics");
+    for (outcome, count) in [("applied", 1), ("refused", 2)] {
+        let series = format!("guard_gateway_reloads_total{{outcome=\"{outcome}\"}} {count}");
+        assert!(body.contains(&series), "no {series} in:\n{body}");
+    }
+    assert!(
+        lines_starting(&lines, "demoted").is_empty(),
+        "a reload demoted a leader: {:?}",
+        lines_starting(&lines, "demoted")
+    );
+    assert_eq!(lines_starting(&lines, "promoted name=sensors"), sensors);
+
+    // The Pub/Sub endpoint changed, the stream endpoint removed: the one
+    // restarts under a new lease, the other stops; sensors is kept.
+    std::fs::write(&path, first.replace("alerts.*", "alarms.*")).unwrap();
+    hup("reloaded started=- restarted=endpoint:alerts stopped=endpoint:orders failed=- kept=1");
+    let renewed = handled("alarms.fire", "after-change");
+    assert!(
+        renewed > lease,
+        "fence {renewed} after a restart, {lease} before"
+    );
+    assert_eq!(lines_starting(&lines, "promoted name=sensors"), sensors);
+    assert!(ready(metrics), "not ready after the reloads");
+    let status = status_of(metrics);
+    assert_eq!(
+        led(&status, "active:sensors"),
+        Some(sensors_fence),
+        "{status}"
+    );
+    assert_eq!(led(&status, "endpoint:alerts"), Some(renewed), "{status}");
+    let names: Vec<&str> = status["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["name"].as_str())
+        .collect();
+    assert_eq!(names, ["alerts"], "a removed endpoint is no longer shown");
+}
+
+/// `GET /status` on the metrics address, parsed.
+fn status_of(port: u16) -> serde_json::Value {
+    let (head, body) = http_get(port, "/status");
+    assert!(head.contains("200"), "{head}");
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"))
 }

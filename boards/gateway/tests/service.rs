@@ -85,7 +85,8 @@ fn gateway(config: &Path, manager: &Manager, metrics: u16) -> KillOnDrop {
 /// `READY=1` waits for every endpoint's source to reach its server (an
 /// MQTT broker not yet up holds it back, the status saying why), is sent
 /// once, when `/readyz` answers 200; the watchdog is pinged at least
-/// every half of its period throughout; a stop says `STOPPING=1`.
+/// every half of its period throughout; a reload says `RELOADING=1`,
+/// then `READY=1`; a stop says `STOPPING=1`.
 #[test]
 fn a_replica_tells_its_manager_ready_once_connected_pings_its_watchdog_and_says_stopping() {
     let redis = RedisServer::start().expect("redis-server");
@@ -141,12 +142,15 @@ fn a_replica_tells_its_manager_ready_once_connected_pings_its_watchdog_and_says_
             seen.push(datagram);
         }
     }
-    let stop = Command::new("kill")
-        .arg("-TERM")
-        .arg(process.0.id().to_string())
-        .status()
-        .expect("kill");
-    assert!(stop.success());
+    // A reload (the same file): RELOADING=1, then READY=1 again.
+    kill(&process, "-HUP");
+    let reload = manager.until("READY=1", SETTLE);
+    assert!(
+        reload.iter().any(|(_, d)| d.starts_with("RELOADING=1")),
+        "READY=1 after a reload without RELOADING=1: {reload:?}"
+    );
+    seen.extend(reload);
+    kill(&process, "-TERM");
     seen.extend(manager.until("STOPPING=1", SETTLE));
     assert!(
         process.0.wait().unwrap().success(),
@@ -154,7 +158,10 @@ fn a_replica_tells_its_manager_ready_once_connected_pings_its_watchdog_and_says_
     );
 
     let readies = seen.iter().filter(|(_, d)| d.contains("READY=1")).count();
-    assert_eq!(readies, 1, "READY=1 once: {seen:?}");
+    assert_eq!(
+        readies, 2,
+        "READY=1 once, and once after the reload: {seen:?}"
+    );
     let pings: Vec<Instant> = seen
         .iter()
         .filter(|(_, d)| d == "WATCHDOG=1")
@@ -169,6 +176,16 @@ fn a_replica_tells_its_manager_ready_once_connected_pings_its_watchdog_and_says_
     // The manager restarts a service silent for a whole period; the
     // gateway aims at half of it, this allows the rest to a busy machine.
     assert!(widest < WATCHDOG, "a gap of {widest:?} between pings");
+}
+
+/// Sends `signal` (`-HUP`, `-TERM`) to `process`.
+fn kill(process: &KillOnDrop, signal: &str) {
+    let sent = Command::new("kill")
+        .arg(signal)
+        .arg(process.0.id().to_string())
+        .status()
+        .expect("kill");
+    assert!(sent.success(), "kill {signal}");
 }
 
 /// A `NOTIFY_SOCKET` the gateway cannot use stops it at start, naming
@@ -189,7 +206,8 @@ fn a_notify_socket_that_is_no_address_is_refused_at_start() {
     assert!(err.contains("NOTIFY_SOCKET"), "{err}");
 }
 
-/// The shipped unit verifies, is `Type=notify` with a watchdog, runs as
+/// The shipped unit verifies, is `Type=notify` with a watchdog, reloads
+/// with SIGHUP, runs as
 /// its own user with no new privileges and nothing writable but its state
 /// directory, and scores at most 2.0 ("OK") in systemd's own exposure
 /// check.
@@ -209,6 +227,7 @@ fn the_shipped_unit_verifies_and_is_hardened() {
         "NoNewPrivileges=yes",
         "ProtectSystem=strict",
         "CapabilityBoundingSet=",
+        "ExecReload=/bin/kill -HUP $MAINPID",
     ] {
         assert!(unit.lines().any(|l| l == line), "{line} missing");
     }

@@ -194,6 +194,7 @@ impl<R: Runtime> ActiveRunner<R> {
         // A standby is visible from the start (leader 0), not only once it
         // has led.
         crate::metrics::record_standby(&self.key);
+        let _listed = super::held::list(&self.key, self.lease.clone());
         let clock = &self.clock;
         let runtime = clock.runtime();
         let failures = Throttle::new();

@@ -1,5 +1,7 @@
 //! Stopping and demoting a running guard from elsewhere.
 
+use std::future::Future;
+
 use async_channel::{Receiver, Sender};
 
 /// A command to a running guard.
@@ -26,14 +28,21 @@ pub struct RunHandle {
 #[derive(Clone, Debug)]
 pub struct Control {
     rx: Receiver<Command>,
-    /// A second source of commands, from [`Control::linked`].
-    local: Option<Receiver<Command>>,
+    /// More sources of commands, one per [`Control::linked`] between
+    /// the first handle and this control.
+    local: Vec<Receiver<Command>>,
 }
 
 /// A connected handle and control.
 pub fn control() -> (RunHandle, Control) {
     let (tx, rx) = async_channel::unbounded();
-    (RunHandle { tx }, Control { rx, local: None })
+    (
+        RunHandle { tx },
+        Control {
+            rx,
+            local: Vec::new(),
+        },
+    )
 }
 
 impl RunHandle {
@@ -54,9 +63,23 @@ impl Control {
     /// Waits for the next command; stop once every handle is gone or
     /// `stop` was called.
     pub(crate) async fn heard(&self) -> Heard {
-        let received = match &self.local {
-            None => self.rx.recv().await,
-            Some(local) => futures_lite::future::or(self.rx.recv(), local.recv()).await,
+        let received = if self.local.is_empty() {
+            self.rx.recv().await
+        } else {
+            let mut waits: Vec<_> = std::iter::once(&self.rx)
+                .chain(&self.local)
+                .map(|rx| Box::pin(rx.recv()))
+                .collect();
+            futures_lite::future::poll_fn(|cx| {
+                waits
+                    .iter_mut()
+                    .find_map(|wait| match wait.as_mut().poll(cx) {
+                        std::task::Poll::Ready(heard) => Some(heard),
+                        std::task::Poll::Pending => None,
+                    })
+                    .map_or(std::task::Poll::Pending, std::task::Poll::Ready)
+            })
+            .await
         };
         match received {
             Ok(Command::Demote) => Heard::Demote,
@@ -74,7 +97,7 @@ impl Control {
     /// Whether stop has been requested.
     pub fn is_stopped(&self) -> bool {
         let stopped = |rx: &Receiver<Command>| rx.is_closed() && rx.is_empty();
-        stopped(&self.rx) || self.local.as_ref().is_some_and(stopped)
+        stopped(&self.rx) || self.local.iter().any(stopped)
     }
 
     /// A control that hears this one and also a handle of its own.
@@ -83,16 +106,51 @@ impl Control {
     /// it itself (a subscription died while the lease still renews): the
     /// caller's handle still stops and demotes the runner, and so does
     /// the returned handle (stopping it, or dropping it, stops the
-    /// runner). The returned control's own handle replaces any this
-    /// control was linked to before.
+    /// runner). Links nest: a control linked from a linked one hears
+    /// every handle along the way (a replica stops one endpoint with its
+    /// handle, the endpoint demotes its own runner with another).
     pub fn linked(&self) -> (RunHandle, Control) {
-        let (tx, local) = async_channel::unbounded();
+        let (tx, own) = async_channel::unbounded();
+        let mut local = self.local.clone();
+        local.push(own);
         (
             RunHandle { tx },
             Control {
                 rx: self.rx.clone(),
-                local: Some(local),
+                local,
             },
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_control_linked_twice_hears_every_handle_along_the_way() {
+        let (first, root) = control();
+        let (middle, once) = root.linked();
+        let (last, twice) = once.linked();
+        assert!(!twice.is_stopped());
+        // The inner handle demotes and stops only what it was made for.
+        assert!(last.demote());
+        assert!(matches!(
+            futures_lite::future::block_on(twice.heard()),
+            Heard::Demote
+        ));
+        last.stop();
+        assert!(twice.is_stopped() && !once.is_stopped() && !root.is_stopped());
+        // The handle in the middle reaches the control linked from its own.
+        let (_, again) = once.linked();
+        middle.stop();
+        assert!(again.is_stopped() && once.is_stopped() && !root.is_stopped());
+        futures_lite::future::block_on(again.stopped());
+        // The first handle reaches them all.
+        let (_kept, fresh) = root.linked();
+        let (_kept_too, fresher) = fresh.linked();
+        first.stop();
+        assert!(fresher.is_stopped() && root.is_stopped());
+        futures_lite::future::block_on(fresher.stopped());
     }
 }

@@ -91,6 +91,11 @@ impl<R: Runtime> LeaseCheck<R> {
         }
     }
 
+    /// Now on the runner's clock, which its leases' deadlines are on.
+    pub(crate) fn now(&self) -> guard_core::time::Instant {
+        self.clock.now()
+    }
+
     /// The lease published last (its deadline is on the runner's clock).
     pub fn lease(&self) -> Option<Lease> {
         self.published().lease

@@ -13,7 +13,9 @@
 //! - [`LockWatchdog`]: a lock held while a job runs, renewed every
 //!   ttl / 3 and released when the job ends; the job sees the fence and
 //!   learns when the hold is lost;
-//! - [`control`]: stopping and demoting a running guard from elsewhere.
+//! - [`control`]: stopping and demoting a running guard from elsewhere;
+//! - [`held`]: every lease this process's runners compete for, and what
+//!   each holds, for a status view.
 //!
 //! Every future here is `Send` when the callbacks given to it are: a
 //! runner can be spawned on a multi-threaded executor.
@@ -26,6 +28,7 @@
 mod active;
 mod caller;
 mod control;
+mod held;
 mod hold;
 mod lease;
 mod scheduler;
@@ -42,6 +45,7 @@ use crate::Clock;
 pub use active::{ActiveRunner, DEFAULT_RELEASE_TIMEOUT, RunnerError};
 pub use caller::{CallerRuntime, on_tokio};
 pub use control::{Control, RunHandle, control};
+pub use held::{HeldLease, held};
 pub use hold::{Hold, LockWatchdog};
 pub use lease::{LeaseCheck, LeaseState};
 pub use scheduler::{JobRun, RUNNING_KEY, SCHEDULE_COMPONENT, ScheduleError, Scheduler, SlotSkip};

@@ -68,6 +68,8 @@ const MQTT: Syntax = Syntax {
     rest_may_be_none: true,
 };
 
+// Used by the NATS kinds, each behind the `nats` feature (and the tests).
+#[cfg_attr(not(feature = "nats"), allow(dead_code))]
 const NATS: Syntax = Syntax {
     separator: '.',
     one: "*",

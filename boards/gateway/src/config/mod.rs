@@ -358,7 +358,7 @@ pub struct Guards {
 }
 
 /// `[[schedules]]`: one job.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Schedule {
     /// The router id: part of the dedup key.
     pub router: String,
@@ -376,7 +376,7 @@ pub struct Schedule {
 }
 
 /// When a scheduled job runs.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Timing {
     /// Epoch-aligned intervals.
     Every(Every),

@@ -202,7 +202,8 @@ pub(super) fn start(cx: Assembly<'_>, source: &AmqpSource) -> Result<Task, Gatew
     let (name, inbox, emit, control) = (cx.name, cx.inbox, cx.emit, cx.control);
     let (identity, built, timing) = (cx.identity, cx.built, cx.timing);
     let context = |source| failed(&name, source);
-    let scope = |kind: &str| elected_scope(built, kind, &name);
+    let ready = cx.ready;
+    let scope = |kind: &str| elected_scope(built, ready, kind, &name);
     let options = AmqpOptions::new(&source.url)
         .map_err(|e| context(e.into()))?
         .with_connection_name(&format!("{name}-{identity}"))

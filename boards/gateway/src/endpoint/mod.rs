@@ -402,6 +402,8 @@ struct Assembly<'a> {
     control: Control,
     /// Whether the source reaches its server, watched by `/readyz`.
     link: Link,
+    /// The replica's readiness and status, told the endpoint's lease.
+    ready: &'a Readiness,
 }
 
 /// An error of endpoint `name`, with its cause.
@@ -412,18 +414,31 @@ fn failed(name: &str, source: Box<dyn std::error::Error + Send + Sync>) -> Gatew
     }
 }
 
-/// An elected endpoint's lease scope: its kind and its name.
-fn elected_scope(built: &Built, kind: &str, name: &str) -> Result<Scope, GatewayError> {
+/// An elected endpoint's lease scope: its kind and its name; its lease
+/// key is told to `ready`, for the status view.
+fn elected_scope(
+    built: &Built,
+    ready: &Readiness,
+    kind: &str,
+    name: &str,
+) -> Result<Scope, GatewayError> {
     // The configuration checked the owner and the name against these.
     debug_assert!(
         crate::config::ENDPOINT_SCOPE_KINDS.contains(&kind),
         "{kind}"
     );
-    built
+    let scope = built
         .guards
         .scope(&format!("endpoint/{kind}"))
         .and_then(|s| s.segment("node", name))
-        .map_err(|e| failed(name, e.into()))
+        .map_err(|e| failed(name, e.into()))?;
+    let key = guard_core::lock::active_key(built.guards.prefix(), &scope)
+        .map_err(|e| failed(name, e.into()))?;
+    ready.lease_of(
+        &crate::reload::Unit::Endpoint(name.to_owned()).to_string(),
+        key.as_str(),
+    );
+    Ok(scope)
 }
 
 /// Whether `source` connects as soon as it starts, on every replica;
@@ -474,6 +489,7 @@ pub(crate) async fn start(
         emit,
         control,
         link,
+        ready,
     };
     let task = match &entry.source {
         Source::RedisPubsub(source) => redis::pubsub(cx, source),

@@ -234,7 +234,8 @@ pub(super) fn start(cx: Assembly<'_>, source: &MqttSource) -> Result<Task, Gatew
     let (name, inbox, emit, control) = (cx.name, cx.inbox, cx.emit, cx.control);
     let (identity, built, timing) = (cx.identity, cx.built, cx.timing);
     let context = |source| failed(&name, source);
-    let scope = |kind: &str| elected_scope(built, kind, &name);
+    let ready = cx.ready;
+    let scope = |kind: &str| elected_scope(built, ready, kind, &name);
     let client_id = format!("{name}-{identity}");
     let options = source.options(&client_id).map_err(|e| context(e.into()))?;
     let subscription = match &source.delivery {

@@ -149,7 +149,8 @@ pub(super) fn start(cx: Assembly<'_>, source: &BinlogSource) -> Result<Task, Gat
     let (name, inbox, emit, control) = (cx.name, cx.inbox, cx.emit, cx.control);
     let (built, timing) = (cx.built, cx.timing);
     let context = |source| failed(&name, source);
-    let scope = |kind: &str| elected_scope(built, kind, &name);
+    let ready = cx.ready;
+    let scope = |kind: &str| elected_scope(built, ready, kind, &name);
     let scope = scope("binlog")?;
     let mut reader = BinlogReader::new(&source.url, &name, &built.guards, &scope)
         .and_then(|r| r.with_lock_service(&built.lock_service))

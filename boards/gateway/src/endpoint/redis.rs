@@ -327,7 +327,8 @@ pub(super) fn pubsub(cx: Assembly<'_>, source: &PubSubSource) -> Result<Task, Ga
     let (name, inbox, emit, control) = (cx.name, cx.inbox, cx.emit, cx.control);
     let (built, timing) = (cx.built, cx.timing);
     let context = |source| failed(&name, source);
-    let scope = |kind: &str| elected_scope(built, kind, &name);
+    let ready = cx.ready;
+    let scope = |kind: &str| elected_scope(built, ready, kind, &name);
     let scope = scope("redis")?;
     let endpoint = source
         .endpoint(&built.guards, &scope)
