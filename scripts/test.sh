@@ -65,6 +65,8 @@ done
 # The gateway's systemd unit is checked by systemd-analyze (verify, and
 # its offline security score).
 command -v systemd-analyze >/dev/null 2>&1 || need_packages+=(systemd)
+# The gateway's alert rules: promtool checks them and runs their tests.
+command -v promtool >/dev/null 2>&1 || need_packages+=(prometheus)
 # The Promela model of the lease and fencing protocol: spin, and a C
 # compiler for its verifiers.
 command -v spin >/dev/null 2>&1 || need_packages+=(spin)

@@ -22,6 +22,9 @@ pub const QUEUE_FULL: &str = "guard_queue_full_total";
 pub const QUEUE_PENDING: &str = "guard_queue_pending";
 /// Bytes a sink's queue holds on disk, by sink `name`.
 pub const QUEUE_BYTES: &str = "guard_queue_bytes";
+/// A queue's bound in bytes, by `name`: with [`QUEUE_BYTES`], how near
+/// full it is.
+pub const QUEUE_MAX_BYTES: &str = "guard_queue_max_bytes";
 /// Once-guard decisions, by `scope` and `outcome` (won, lost,
 /// skipped_on_error, allowed_on_error, unguarded).
 pub const ONCE_OUTCOMES: &str = "guard_once_total";

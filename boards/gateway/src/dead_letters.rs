@@ -42,6 +42,17 @@ pub(crate) struct DeadLettersEntry {
     pub max_bytes: Option<u64>,
 }
 
+/// Letters kept on disk since the start, by `place` (`endpoint`: refused
+/// or failed at an endpoint; `sink`: given up by a sink's queue).
+pub const KEPT: &str = "guard_dead_letters_kept_total";
+/// Bytes the dead letters on disk take (after each letter kept, and at
+/// start; a `dlq purge` shows at the next).
+pub const BYTES: &str = "guard_dead_letters_bytes";
+/// The dead letters' bound in bytes (`[dead_letters] max_bytes`).
+pub const MAX_BYTES: &str = "guard_dead_letters_max_bytes";
+/// The places a letter is kept from.
+const PLACES: [&str; 2] = ["endpoint", "sink"];
+
 /// Where dead letters are kept, checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeadLetters {
@@ -164,7 +175,22 @@ impl DeadLetterStore {
                 source: Box::new(e),
             }
         })?;
-        Ok((DeadLetterStore { log }, lost))
+        let store = DeadLetterStore { log };
+        // Exported from the start: a dashboard and an alert see the
+        // series before the first letter.
+        for place in PLACES {
+            metrics::counter!(KEPT, "place" => place).increment(0);
+        }
+        metrics::gauge!(MAX_BYTES).set(config.max_bytes as f64);
+        store.measure();
+        Ok((store, lost))
+    }
+
+    /// Sets [`BYTES`] to what the letters take on disk now.
+    fn measure(&self) {
+        if let Ok((bytes, _)) = self.bytes() {
+            metrics::gauge!(BYTES).set(bytes as f64);
+        }
     }
 
     /// The directory.
@@ -194,7 +220,10 @@ impl DeadLetterStore {
 
     /// Keeps `letter`, synced: its id, or why not (a full store).
     pub(crate) fn keep(&self, letter: &DeadLetter) -> Result<u64, AppendError> {
-        self.log.append(&letter.encode())
+        let id = self.log.append(&letter.encode())?;
+        metrics::counter!(KEPT, "place" => letter.place.clone()).increment(1);
+        self.measure();
+        Ok(id)
     }
 
     /// Every letter, oldest first, each with its id (one that cannot be

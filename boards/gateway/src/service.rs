@@ -171,10 +171,14 @@ impl Notifier {
         self.watchdog.map_or(POLL, |w| (w / 4).min(POLL))
     }
 
-    /// Tells the manager a reload has begun (`RELOADING=1`): it holds
+    /// Tells the manager a reload has begun (`RELOADING=1`, with
+    /// `MONOTONIC_USEC=`, which systemd 253 and later require): it holds
     /// the unit in `reloading` until [`reloaded`](Self::reloaded).
     pub fn reloading(&self) {
-        self.tell("RELOADING=1\nSTATUS=reloading");
+        self.tell(&format!(
+            "RELOADING=1\nMONOTONIC_USEC={}\nSTATUS=reloading",
+            monotonic_usec()
+        ));
     }
 
     /// Tells the manager a reload has ended, applied or refused
@@ -240,6 +244,14 @@ fn watchdog(usec: Option<&str>, pid: Option<&str>) -> Result<Option<Duration>, S
         return Ok(None);
     }
     Ok(Some(Duration::from_micros(period)))
+}
+
+/// `CLOCK_MONOTONIC` now, in microseconds.
+fn monotonic_usec() -> u64 {
+    let now = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    let seconds = u64::try_from(now.tv_sec).unwrap_or(0);
+    let micros = u64::try_from(now.tv_nsec).unwrap_or(0) / 1_000;
+    seconds.saturating_mul(1_000_000).saturating_add(micros)
 }
 
 /// What `ready` says, as a status: `ready`, or what it waits for.

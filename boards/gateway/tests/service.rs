@@ -85,8 +85,8 @@ fn gateway(config: &Path, manager: &Manager, metrics: u16) -> KillOnDrop {
 /// `READY=1` waits for every endpoint's source to reach its server (an
 /// MQTT broker not yet up holds it back, the status saying why), is sent
 /// once, when `/readyz` answers 200; the watchdog is pinged at least
-/// every half of its period throughout; a reload says `RELOADING=1`,
-/// then `READY=1`; a stop says `STOPPING=1`.
+/// every half of its period throughout; a reload says `RELOADING=1`
+/// (with `MONOTONIC_USEC=`), then `READY=1`; a stop says `STOPPING=1`.
 #[test]
 fn a_replica_tells_its_manager_ready_once_connected_pings_its_watchdog_and_says_stopping() {
     let redis = RedisServer::start().expect("redis-server");
@@ -145,10 +145,17 @@ fn a_replica_tells_its_manager_ready_once_connected_pings_its_watchdog_and_says_
     // A reload (the same file): RELOADING=1, then READY=1 again.
     kill(&process, "-HUP");
     let reload = manager.until("READY=1", SETTLE);
-    assert!(
-        reload.iter().any(|(_, d)| d.starts_with("RELOADING=1")),
-        "READY=1 after a reload without RELOADING=1: {reload:?}"
-    );
+    let reloading = reload
+        .iter()
+        .find(|(_, d)| d.starts_with("RELOADING=1"))
+        .unwrap_or_else(|| panic!("READY=1 after a reload without RELOADING=1: {reload:?}"));
+    // systemd 253 and later end a reload without the monotonic time.
+    let usec: Option<u64> = reloading
+        .1
+        .lines()
+        .find_map(|l| l.strip_prefix("MONOTONIC_USEC="))
+        .and_then(|v| v.parse().ok());
+    assert!(usec.is_some_and(|u| u > 0), "{reloading:?}");
     seen.extend(reload);
     kill(&process, "-TERM");
     seen.extend(manager.until("STOPPING=1", SETTLE));
@@ -263,4 +270,168 @@ fn the_shipped_unit_verifies_and_is_hardened() {
         "exposure above 2.0: {report}{}",
         String::from_utf8_lossy(&security.stderr)
     );
+}
+
+/// Every metric name (`guard_…`) in `text`.
+fn metric_names(text: &str) -> std::collections::BTreeSet<String> {
+    let mut names = std::collections::BTreeSet::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("guard_") {
+        let name: String = rest[at..]
+            .chars()
+            .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_')
+            .collect();
+        rest = &rest[at + name.len()..];
+        names.insert(name);
+    }
+    names
+}
+
+/// The shipped Grafana dashboard and Prometheus rules query only families
+/// a live gateway exports from its start (a replica leading, a limiter,
+/// a sink's queue and dead letters on disk configured); every alert the
+/// operating guide lists is there; `promtool check rules` and `promtool
+/// test rules` (the rules' own unit tests) pass.
+#[test]
+fn the_dashboard_and_alert_rules_query_what_a_live_gateway_exports_and_pass_promtool() {
+    let dist = Path::new(env!("CARGO_MANIFEST_DIR")).join("dist");
+    let rules = dist.join("prometheus/guard-gateway.rules.yml");
+    let rules_text = std::fs::read_to_string(&rules).unwrap();
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dist.join("grafana/guard-gateway.json")).unwrap(),
+    )
+    .unwrap();
+    let mut queried = String::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            queried.push_str(target["expr"].as_str().unwrap());
+            queried.push('\n');
+        }
+    }
+    for variable in dashboard["templating"]["list"].as_array().unwrap() {
+        if let Some(query) = variable["query"]["query"].as_str() {
+            queried.push_str(query);
+            queried.push('\n');
+        }
+    }
+    for line in rules_text.lines() {
+        if let Some(expr) = line.trim().strip_prefix("expr:") {
+            queried.push_str(expr);
+            queried.push('\n');
+        }
+    }
+    let alerts: Vec<&str> = rules_text
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- alert: "))
+        .collect();
+    for needed in [
+        "GuardLeaseWithoutLeader",
+        "GuardRenewalsFailing",
+        "GuardDeadLettersGrowing",
+        "GuardQueueNearFull",
+        "GuardReloadRefused",
+        "GuardLimiterTableNearCapacity",
+    ] {
+        assert!(alerts.contains(&needed), "{needed} missing from {alerts:?}");
+    }
+
+    // A gateway with everything those queries are about.
+    let redis = RedisServer::start().expect("redis-server");
+    let receiver = guard_testkit::HttpReceiver::start().expect("receiver");
+    let metrics = free_port().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("gateway.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"[locker]
+kind = "redis"
+url = "{redis}"
+
+[[schedules]]
+router = "heartbeat"
+every_ms = 1000
+
+[[active]]
+name = "sensors"
+
+[ratelimit]
+enabled = true
+[ratelimit.policies.uplink]
+algorithm = "token-bucket"
+capacity = 100
+rate_per_second = 100
+
+[dead_letters]
+dir = "{letters}"
+
+[[sinks]]
+name = "uplink"
+kind = "http"
+url = "{uplink}"
+
+[sinks.queue]
+dir = "{queue}"
+
+[[endpoints]]
+name = "orders"
+kind = "redis-stream"
+stream = "orders"
+group = "billing"
+limit = "uplink"
+to = "uplink"
+
+[metrics]
+prometheus = "127.0.0.1:{metrics}"
+"#,
+            redis = redis.url(),
+            letters = dir.path().join("dead-letters").display(),
+            uplink = receiver.url("/ingest"),
+            queue = dir.path().join("queue").display(),
+        ),
+    )
+    .unwrap();
+    let _gateway = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_guard-gateway"))
+            .args(["run", "--config"])
+            .arg(&config)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("guard-gateway"),
+    );
+    let exported = |name: &str, text: &str| {
+        text.lines()
+            .any(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+    };
+    let wanted = metric_names(&queried);
+    assert!(wanted.len() >= 15, "{wanted:?}");
+    let mut text = String::new();
+    let all_there = guard_testkit::holds_within(SETTLE, || {
+        text = guard_testkit::http::get(metrics, "/metrics")
+            .map(|(_, body)| body)
+            .unwrap_or_default();
+        wanted.iter().all(|name| exported(name, &text))
+    });
+    let missing: Vec<&String> = wanted.iter().filter(|n| !exported(n, &text)).collect();
+    assert!(all_there, "queried, not exported: {missing:?}\n{text}");
+
+    let promtool = guard_testkit::binary("promtool", "prometheus").expect("promtool");
+    for args in [
+        ["check", "rules", "guard-gateway.rules.yml"],
+        ["test", "rules", "guard-gateway.rules.test.yml"],
+    ] {
+        let out = Command::new(&promtool)
+            .args(args)
+            .current_dir(dist.join("prometheus"))
+            .output()
+            .expect("promtool");
+        assert!(
+            out.status.success(),
+            "promtool {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }

@@ -65,17 +65,20 @@ pub struct QueuedSink {
 impl QueuedSink {
     /// Queues what is sent in `queue`; `when_full` says what a full queue
     /// does. `name` labels its metrics ([`QUEUE_FULL`],
-    /// [`QUEUE_PENDING`], [`QUEUE_BYTES`]).
+    /// [`QUEUE_PENDING`], [`QUEUE_BYTES`], [`QUEUE_MAX_BYTES`]).
     ///
     /// [`QUEUE_FULL`]: guard_std::metrics::QUEUE_FULL
     /// [`QUEUE_PENDING`]: guard_std::metrics::QUEUE_PENDING
     /// [`QUEUE_BYTES`]: guard_std::metrics::QUEUE_BYTES
+    /// [`QUEUE_MAX_BYTES`]: guard_std::metrics::QUEUE_MAX_BYTES
     pub fn new(name: &str, queue: DiskQueue, when_full: WhenFull) -> Self {
         // Both outcomes exported from the start, at 0.
         for outcome in ["held_back", "refused"] {
             metrics::counter!(guard_std::metrics::QUEUE_FULL, "name" => name.to_owned(), "outcome" => outcome)
                 .increment(0);
         }
+        metrics::gauge!(guard_std::metrics::QUEUE_MAX_BYTES, "name" => name.to_owned())
+            .set(queue.stats().max_bytes as f64);
         QueuedSink {
             name: name.to_owned(),
             queue,
