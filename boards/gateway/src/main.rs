@@ -288,7 +288,10 @@ fn run_replica(path: &Path, identity: &str, metrics: Option<SocketAddr>) -> Exit
 }
 
 /// SIGTERM and SIGINT stop the replica; SIGHUP reads `path` again and
-/// hands the replica the configuration, or why it was refused.
+/// hands the replica the configuration, or why it was refused. The file
+/// is read on a thread of its own, so a read that blocks (a FIFO, a hung
+/// mount) never delays a stop; SIGHUPs that arrive while a read is under
+/// way are one more read, of the file as it is then.
 fn signals(
     path: PathBuf,
     stop: guard_smol::RunHandle,
@@ -296,15 +299,26 @@ fn signals(
 ) -> std::io::Result<()> {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
     let mut signals = signal_hook::iterator::Signals::new([SIGHUP, SIGINT, SIGTERM])?;
+    // One read pending at most: a burst of SIGHUPs is one more read.
+    let (wake, woken) = smol::channel::bounded::<()>(1);
+    std::thread::Builder::new()
+        .name("reload".to_owned())
+        .spawn(move || {
+            while woken.recv_blocking().is_ok() {
+                log::info!("SIGHUP: reading {} again", path.display());
+                if reload.send_blocking(Config::from_path(&path)).is_err() {
+                    return; // the replica has ended
+                }
+            }
+        })?;
     std::thread::Builder::new()
         .name("signals".to_owned())
         .spawn(move || {
             for signal in signals.forever() {
                 if signal == SIGHUP {
-                    log::info!("SIGHUP: reading {} again", path.display());
-                    if reload.send_blocking(Config::from_path(&path)).is_err() {
-                        return; // the replica has ended
-                    }
+                    // Full: a read is pending already, and will see the
+                    // file as it is now.
+                    let _ = wake.try_send(());
                 } else {
                     stop.stop();
                 }

@@ -188,8 +188,11 @@ pub async fn run_reloading(
                     .and_then(|next| reload::plan(&running, &next).map(|plan| (next, plan)));
                 match next {
                     Ok((next, plan)) => {
-                        replica.apply(&mut units, &next, &plan).await;
-                        running = next;
+                        let failed = replica.apply(&mut units, &next, &plan).await;
+                        // A unit that did not start is not running: the
+                        // next reload starts it again, even from the same
+                        // file.
+                        running = without(next, &failed);
                     }
                     Err(reason) => {
                         log::error!("reload refused, the running configuration stays: {reason}");
@@ -211,6 +214,15 @@ pub async fn run_reloading(
         .await;
     ready.set_started(false);
     Ok(())
+}
+
+/// `config` without the units in `left_out`.
+fn without(mut config: Config, left_out: &[Unit]) -> Config {
+    let kept = |part: Part<'_>| !left_out.contains(&part.unit());
+    config.endpoints.retain(|e| kept(Part::Endpoint(e)));
+    config.schedules.retain(|s| kept(Part::Schedule(s)));
+    config.active.retain(|name| kept(Part::Active(name)));
+    config
 }
 
 /// A unit of the replica, running: the handle that stops it alone, and
@@ -262,7 +274,13 @@ impl Replica<'_> {
     /// Applies `plan`, whose started and restarted units are `next`'s:
     /// what it stops has ended before anything starts again, so an old
     /// and a new endpoint of one name never run together.
-    async fn apply(&self, units: &mut BTreeMap<Unit, Running>, next: &Config, plan: &reload::Plan) {
+    /// Returns the units that did not start.
+    async fn apply(
+        &self,
+        units: &mut BTreeMap<Unit, Running>,
+        next: &Config,
+        plan: &reload::Plan,
+    ) -> Vec<Unit> {
         let stopping: Vec<Running> = plan
             .stopped
             .iter()
@@ -293,7 +311,7 @@ impl Replica<'_> {
                 }
                 Err(e) => {
                     log::error!("reload: {unit} did not start: {e}");
-                    failed.push(unit.to_string());
+                    failed.push(unit);
                 }
             }
         }
@@ -310,9 +328,10 @@ impl Replica<'_> {
             started: names(&plan.started),
             restarted: names(&plan.restarted),
             stopped: names(&plan.stopped),
-            failed,
+            failed: names(&failed),
             kept: plan.kept.len(),
         });
+        failed
     }
 
     /// One schedule, on a scheduler of its own (exclusive runs are a

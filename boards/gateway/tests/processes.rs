@@ -3822,3 +3822,108 @@ fn status_of(port: u16) -> serde_json::Value {
     assert!(head.contains("200"), "{head}");
     serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"))
 }
+
+/// A reload adds an endpoint whose server is down: it is named in
+/// `failed=`, and `/readyz` names it with its error (not "connecting");
+/// once the server is up, a reload of the same file starts it.
+#[test]
+fn an_endpoint_that_fails_to_start_on_a_reload_is_not_ready_with_why_and_a_reload_starts_it() {
+    let server = RedisServer::start().expect("redis-server");
+    let mut late = RedisServer::start().expect("redis-server");
+    late.stop();
+    let metrics = free_port().unwrap();
+    let first = base_config(&server.url())
+        + &format!(
+            "\n[[active]]\nname = \"sensors\"\n\n[metrics]\nprometheus = \"127.0.0.1:{metrics}\"\n"
+        );
+    let (_dir, path) = written(&first);
+    let lines: Lines = Arc::default();
+    let gateway = start(0, &path, &lines);
+    assert!(ready(metrics), "/readyz never 200");
+    let reload = |expected: &str| {
+        let before = lines.lock().unwrap().len();
+        signal(&gateway, "HUP");
+        let mut line = String::new();
+        let seen = wait_for(SETTLE, || {
+            let all = lines.lock().unwrap();
+            match all[before..]
+                .iter()
+                .find(|(_, _, l)| l.starts_with("reload"))
+            {
+                Some((_, _, l)) => {
+                    line = l.clone();
+                    true
+                }
+                None => false,
+            }
+        });
+        assert!(seen && line.starts_with(expected), "{line}");
+    };
+    std::fs::write(
+        &path,
+        first.clone()
+            + &format!(
+                "\n[[endpoints]]\nname = \"late\"\nkind = \"redis-stream\"\nurl = \"{}\"\nstream = \"late\"\ngroup = \"g\"\n",
+                late.url()
+            ),
+    )
+    .unwrap();
+    reload("reloaded started=endpoint:late restarted=- stopped=- failed=endpoint:late kept=1");
+    let (status, body) = http_get(metrics, "/readyz");
+    assert!(
+        status.contains("503")
+            && body.contains("endpoint late: stopped:")
+            && !body.contains("connecting"),
+        "{status} {body}"
+    );
+
+    late.restart().expect("redis-server again");
+    reload("reloaded started=endpoint:late restarted=- stopped=- failed=- kept=1");
+    assert!(ready(metrics), "not ready once the endpoint started");
+    let mut conn = redis::Client::open(late.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let _: String = redis::cmd("XADD")
+        .arg("late")
+        .arg("*")
+        .arg("payload")
+        .arg("l1")
+        .query(&mut conn)
+        .unwrap();
+    assert!(
+        wait_for(SETTLE, || !received(&lines, "late").is_empty()),
+        "the endpoint started on the second reload handled nothing"
+    );
+}
+
+/// A reload whose file cannot be read (a FIFO nobody writes) does not
+/// hold up a stop: SIGTERM ends the replica at once, exit 0.
+#[test]
+fn a_stop_is_not_held_up_by_a_reload_that_cannot_read_its_file() {
+    let server = RedisServer::start().expect("redis-server");
+    let metrics = free_port().unwrap();
+    let (_dir, path) = written(
+        &(base_config(&server.url())
+            + &format!(
+                "\n[[active]]\nname = \"sensors\"\n\n[metrics]\nprometheus = \"127.0.0.1:{metrics}\"\n"
+            )),
+    );
+    let lines: Lines = Arc::default();
+    let mut gateway = start(0, &path, &lines);
+    assert!(ready(metrics), "/readyz never 200");
+    std::fs::remove_file(&path).unwrap();
+    let made = Command::new("mkfifo").arg(&path).status().expect("mkfifo");
+    assert!(made.success());
+    signal(&gateway, "HUP");
+    thread::sleep(Duration::from_millis(300));
+    signal(&gateway, "TERM");
+    let stopped = wait_for(Duration::from_secs(10), || {
+        matches!(gateway.0.try_wait(), Ok(Some(_)))
+    });
+    assert!(stopped, "SIGTERM held up by a reload reading a FIFO");
+    assert!(
+        gateway.0.wait().unwrap().success(),
+        "a stopped replica exits 0"
+    );
+}

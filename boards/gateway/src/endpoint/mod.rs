@@ -505,7 +505,10 @@ pub(crate) async fn start(
         Source::PostgresQueue(source) => postgres::start(cx, source).await,
         #[cfg(feature = "mysql")]
         Source::MysqlBinlog(source) => mysql::start(cx, source),
-    }?;
+    }
+    // One that cannot start (its server refused, on a reload) is down
+    // with why, not "connecting": readiness and `guard_source_up` say so.
+    .inspect_err(|e| watched.stopped(e))?;
     // An endpoint runs until the replica stops; one that ends before
     // (a declaration refused for good, a subscription that cannot be
     // made) leaves the replica not ready, whatever the source reported.
