@@ -134,6 +134,18 @@ impl Readiness {
             .clone()
     }
 
+    /// What `link`'s source is waiting for, if anything: its last
+    /// failure, or its first answer when it connects at start.
+    pub fn waiting_on(link: &Link, at_start: bool) -> Option<String> {
+        match link.failure() {
+            Some(failure) => Some(format!("endpoint {}: {failure}", link.name())),
+            None if at_start && !link.has_answered() => {
+                Some(format!("endpoint {}: connecting", link.name()))
+            }
+            None => None,
+        }
+    }
+
     /// `Ok` when ready; else what the replica waits for, each source that
     /// cannot reach its server named with its last failure.
     pub fn check(&self) -> Result<(), String> {
@@ -145,13 +157,7 @@ impl Readiness {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .iter()
-            .filter_map(|(link, at_start)| match link.failure() {
-                Some(failure) => Some(format!("endpoint {}: {failure}", link.name())),
-                None if *at_start && !link.has_answered() => {
-                    Some(format!("endpoint {}: connecting", link.name()))
-                }
-                None => None,
-            })
+            .filter_map(|(link, at_start)| Self::waiting_on(link, *at_start))
             .collect();
         if failing.is_empty() {
             Ok(())

@@ -13,6 +13,7 @@
 //! Reading it changes nothing: it reads the leases as a consumer checks
 //! them, the links, and the queues' counters; no backend is called.
 
+use guard_std::run::HeldLease;
 use serde_json::{Value, json};
 
 use crate::readiness::Readiness;
@@ -26,13 +27,20 @@ pub fn render(ready: &Readiness) -> String {
 
 /// The status view of `ready`'s replica.
 pub fn view(ready: &Readiness) -> Value {
-    let held = guard_std::run::held();
+    // Each lease with the unit it is for, looked up once.
+    let held: Vec<(HeldLease, Option<String>)> = guard_std::run::held()
+        .into_iter()
+        .map(|lease| {
+            let owner = ready.owner(&lease.key);
+            (lease, owner)
+        })
+        .collect();
     let leases: Vec<Value> = held
         .iter()
-        .map(|lease| {
+        .map(|(lease, owner)| {
             json!({
                 "key": lease.key,
-                "for": ready.owner(&lease.key),
+                "for": owner,
                 "leading": lease.valid,
                 "fence": lease.fence,
                 "renew_deadline_in_ms": lease.renew_deadline_in.map(|d| d.as_millis() as u64),
@@ -46,10 +54,11 @@ pub fn view(ready: &Readiness) -> Value {
             let unit = crate::reload::Unit::Endpoint(link.name().to_owned()).to_string();
             let lease = held
                 .iter()
-                .find(|l| ready.owner(&l.key).as_deref() == Some(unit.as_str()));
+                .find(|(_, owner)| owner.as_deref() == Some(unit.as_str()))
+                .map(|(lease, _)| lease);
             json!({
                 "name": link.name(),
-                "connected": link.failure().is_none() && (!at_start || link.has_answered()),
+                "connected": Readiness::waiting_on(link, *at_start).is_none(),
                 "failure": link.failure(),
                 "lease": lease.map(|l| l.key.clone()),
                 "leading": lease.map(|l| l.valid),

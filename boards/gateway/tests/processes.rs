@@ -3618,6 +3618,30 @@ fn a_full_queue_holds_the_source_back_and_a_stop_ends_the_wait_at_once() {
     );
 }
 
+/// Sends SIGHUP to `gateway` and waits for the reload line it prints,
+/// which must start with `expected`: that line.
+fn reload_line(gateway: &Process, lines: &Lines, expected: &str) -> String {
+    let before = lines.lock().unwrap().len();
+    signal(gateway, "HUP");
+    let mut line = String::new();
+    let seen = wait_for(SETTLE, || {
+        let all = lines.lock().unwrap();
+        match all[before..]
+            .iter()
+            .find(|(_, _, l)| l.starts_with("reload"))
+        {
+            Some((_, _, l)) => {
+                line = l.clone();
+                true
+            }
+            None => false,
+        }
+    });
+    assert!(seen, "no reload line after SIGHUP");
+    assert!(line.starts_with(expected), "{line}");
+    line
+}
+
 /// The lines of `lines` that start with `prefix`.
 fn lines_starting(lines: &Lines, prefix: &str) -> Vec<String> {
     lines
@@ -3712,29 +3736,7 @@ fn a_reload_starts_what_was_added_while_leaders_keep_their_fences_and_refuses_a_
     );
     assert_eq!(status["ready"], true, "{status}");
     assert_eq!(led(&status_of(metrics), "endpoint:alerts"), Some(lease));
-    let hup = |expected: &str| {
-        let before = lines.lock().unwrap().len();
-        signal(&gateway, "HUP");
-        let mut line = String::new();
-        assert!(
-            wait_for(SETTLE, || {
-                let seen = lines.lock().unwrap();
-                match seen[before..]
-                    .iter()
-                    .find(|(_, _, l)| l.starts_with("reload"))
-                {
-                    Some((_, _, l)) => {
-                        line = l.clone();
-                        true
-                    }
-                    None => false,
-                }
-            }),
-            "no reload line after SIGHUP"
-        );
-        assert!(line.starts_with(expected), "{line}");
-        line
-    };
+    let hup = |expected: &str| reload_line(&gateway, &lines, expected);
 
     // An endpoint added: started, everything else kept.
     let added = first.clone()
@@ -3840,25 +3842,7 @@ fn an_endpoint_that_fails_to_start_on_a_reload_is_not_ready_with_why_and_a_reloa
     let lines: Lines = Arc::default();
     let gateway = start(0, &path, &lines);
     assert!(ready(metrics), "/readyz never 200");
-    let reload = |expected: &str| {
-        let before = lines.lock().unwrap().len();
-        signal(&gateway, "HUP");
-        let mut line = String::new();
-        let seen = wait_for(SETTLE, || {
-            let all = lines.lock().unwrap();
-            match all[before..]
-                .iter()
-                .find(|(_, _, l)| l.starts_with("reload"))
-            {
-                Some((_, _, l)) => {
-                    line = l.clone();
-                    true
-                }
-                None => false,
-            }
-        });
-        assert!(seen && line.starts_with(expected), "{line}");
-    };
+    let reload = |expected: &str| reload_line(&gateway, &lines, expected);
     std::fs::write(
         &path,
         first.clone()
