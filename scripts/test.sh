@@ -100,10 +100,11 @@ step "format"
 cargo fmt --all -- --check
 
 # The gateway's optional etcd locker is built and tested too (its build
-# needs protoc, installed above; the main job's build does not), and
+# needs protoc, installed above; the main job's build does not), its
+# OpenTelemetry exporter, and
 # guard-core's fuzzing harnesses for users (feature arbitrary, host only),
 # and the disk queue's storage comparison (redb and fjall beside it).
-features=(--features guard-gateway/etcd --features guard-core/arbitrary --features guard-benches/storage-candidates)
+features=(--features guard-gateway/etcd --features guard-gateway/otel --features guard-core/arbitrary --features guard-benches/storage-candidates)
 
 step "clippy (all targets, warnings are errors)"
 cargo clippy --workspace --all-targets --locked "${features[@]}" -- -D warnings

@@ -18,6 +18,7 @@ use guard_core::retry::{
 use guard_std::run::CallerRuntime;
 use guard_std::run::Runtime as _;
 
+use crate::observe;
 use crate::parameter::{InvalidInput, Parameter};
 
 /// `policy` if an endpoint can run it: endpoints draw no random bits, so
@@ -74,7 +75,8 @@ where
     Fut: Future<Output = Result<(), E>>,
     E: fmt::Display,
 {
-    handle_while(policy, classifier, label, message, || true, handler).await
+    let handling = handle_while(policy, classifier, label, message, || true, handler);
+    observe::handled(label, None, handling, observe::handled_or_gave_up).await
 }
 
 /// As [`handle`], calling again only while `may_call` holds, asked after
@@ -148,6 +150,35 @@ mod tests {
         let gave_up = outcome.unwrap_err();
         assert_eq!((calls, gave_up.attempts), (3, 3));
         assert!(gave_up.error.contains("message failed"), "{gave_up}");
+    }
+
+    /// Each message's handling is one span `handle`, its retries inside
+    /// it, with its source and how it ended.
+    #[test]
+    fn a_handling_is_a_span_with_its_source_and_outcome() {
+        let policy = RetryPolicy::fixed_delay(1, Duration::from_millis(1));
+        let log = guard_testkit::SpanLog::new();
+        tracing::subscriber::with_default(log.subscriber(), || {
+            futures_lite::future::block_on(async {
+                let ok = async |()| Ok::<(), &str>(());
+                let down = async |()| Err::<(), &str>("down");
+                let retry = Classifier::retry_all;
+                assert!(handle(policy, retry(), "orders", &(), ok).await.is_ok());
+                assert!(handle(policy, retry(), "orders", &(), down).await.is_err());
+            });
+        });
+        let spans = log.closed("handle");
+        let handled: Vec<_> = spans
+            .iter()
+            .map(|s| (s.field("source"), s.field("outcome"), s.field("fence")))
+            .collect();
+        assert_eq!(
+            handled,
+            [
+                (Some("orders"), Some("handled"), None),
+                (Some("orders"), Some("gave_up"), None)
+            ]
+        );
     }
 
     #[test]

@@ -256,7 +256,7 @@ impl UnhandledSink {
             } else {
                 "the endpoint has no dead letters; lost"
             };
-            log::warn!(
+            tracing::warn!(
                 "{}: a message from {} not handled: {}; {whereto} ({held} more not logged)",
                 self.what,
                 message.origin,
@@ -349,6 +349,7 @@ mod step {
 
     use super::{ElectedLease, UnhandledReason};
     use crate::deliver::{self, GaveUp};
+    use crate::observe;
 
     /// How one message's delivery ended.
     #[derive(Debug, PartialEq, Eq)]
@@ -393,7 +394,9 @@ mod step {
             }
         }
         let may_call = || lease.is_none_or(ElectedLease::is_valid);
-        match deliver::handle_while(policy, classifier, label, message, may_call, handler).await {
+        let handling = deliver::handle_while(policy, classifier, label, message, may_call, handler);
+        let fence = lease.map(ElectedLease::fence);
+        match observe::handled(label, fence, handling, observe::handled_or_gave_up).await {
             Ok(()) => Delivered::Handled,
             Err(gave_up) if gave_up.interrupted || !may_call() => {
                 Delivered::Unhandled(UnhandledReason::LeaseLost {

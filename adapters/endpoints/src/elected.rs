@@ -120,7 +120,7 @@ pub(crate) async fn serve_while_leading<S, E, Open, OpenFut, Serve, ServeFut>(
     let task = match lease_thread::spawn(&format!("{what}-lease"), elect) {
         Ok(task) => task,
         Err(e) => {
-            log::error!("{what}: cannot start its lease thread: {e}");
+            tracing::error!("{what}: cannot start its lease thread: {e}");
             return;
         }
     };
@@ -148,7 +148,7 @@ pub(crate) async fn serve_while_leading<S, E, Open, OpenFut, Serve, ServeFut>(
             // own): nothing to step down from.
             Next::Ended if !rx.is_empty() => {}
             Next::Ended => {
-                log::warn!("{what}: the subscription ended while leading; stepping down");
+                tracing::warn!("{what}: the subscription ended while leading; stepping down");
                 own.demote();
             }
             Next::Command(Ok(subscription)) => next = subscription,
@@ -157,7 +157,7 @@ pub(crate) async fn serve_while_leading<S, E, Open, OpenFut, Serve, ServeFut>(
     }
     // The runner has returned once the channel closed.
     if !task.join().await {
-        log::error!("{what}: its lease thread panicked");
+        tracing::error!("{what}: its lease thread panicked");
     }
 }
 

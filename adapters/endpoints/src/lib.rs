@@ -63,6 +63,7 @@ pub mod mqtt;
 pub mod mysql;
 #[cfg(feature = "nats")]
 pub mod nats;
+mod observe;
 mod parameter;
 #[cfg(feature = "postgres")]
 pub mod postgres;

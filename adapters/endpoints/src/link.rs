@@ -143,7 +143,7 @@ impl Link {
         if let Some(failure) = was {
             metrics::gauge!(SOURCE_UP, "source" => self.0.name.clone()).set(1.0);
             if let Some(held) = self.0.recoveries.admit() {
-                log::info!(
+                tracing::info!(
                     "{}: connected again (after: {failure}; {held} more reconnections not logged)",
                     self.0.name
                 );
@@ -159,7 +159,7 @@ impl Link {
         metrics::counter!(SOURCE_DISCONNECTS, "source" => self.0.name.clone()).increment(1);
         metrics::gauge!(SOURCE_UP, "source" => self.0.name.clone()).set(0.0);
         if let Some(held) = self.0.throttle.admit() {
-            log::warn!(
+            tracing::warn!(
                 "{}: {error}; {then} ({held} more failures not logged)",
                 self.0.name
             );
@@ -181,7 +181,7 @@ impl Link {
         let failure = format!("stopped: {why}");
         metrics::counter!(SOURCE_DISCONNECTS, "source" => self.0.name.clone()).increment(1);
         metrics::gauge!(SOURCE_UP, "source" => self.0.name.clone()).set(0.0);
-        log::error!("{}: {failure}", self.0.name);
+        tracing::error!("{}: {failure}", self.0.name);
         let mut failing = self
             .0
             .failing
@@ -224,41 +224,26 @@ mod tests {
         assert!(ok.has_answered() && failing.has_answered());
     }
 
-    /// The lines logged by this test binary, by level.
-    struct Logged(Mutex<Vec<(log::Level, String)>>);
-
-    impl log::Log for Logged {
-        fn enabled(&self, _: &log::Metadata<'_>) -> bool {
-            true
-        }
-        fn log(&self, record: &log::Record<'_>) {
-            let line = record.args().to_string();
-            self.0.lock().unwrap().push((record.level(), line));
-        }
-        fn flush(&self) {}
-    }
-
-    static LOGGED: Logged = Logged(Mutex::new(Vec::new()));
-
     #[test]
     fn a_flapping_link_logs_one_failure_and_one_recovery_per_interval() {
-        log::set_logger(&LOGGED).unwrap();
-        log::set_max_level(log::LevelFilter::Info);
+        let log = guard_testkit::SpanLog::new();
         let link = Link::new("flapping");
-        for _ in 0..100 {
-            link.down(&"connection reset", "reconnecting");
-            link.up();
-        }
+        tracing::subscriber::with_default(log.subscriber(), || {
+            for _ in 0..100 {
+                link.down(&"connection reset", "reconnecting");
+                link.up();
+            }
+        });
         assert!(link.is_up());
-        let logged = LOGGED.0.lock().unwrap();
+        let logged = log.events();
         let of = |level| {
             logged
                 .iter()
-                .filter(|(l, line)| *l == level && line.starts_with("flapping"))
+                .filter(|e| e.level == level && e.message.starts_with("flapping"))
                 .count()
         };
         assert_eq!(
-            (of(log::Level::Warn), of(log::Level::Info)),
+            (of(tracing::Level::WARN), of(tracing::Level::INFO)),
             (1, 1),
             "{logged:#?}"
         );

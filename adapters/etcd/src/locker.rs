@@ -255,7 +255,7 @@ impl EtcdLocker {
                         );
                         return Err(error);
                     }
-                    log::debug!("{error}; trying the next endpoint");
+                    tracing::debug!("{error}; trying the next endpoint");
                     last = Some(error);
                 }
             }
@@ -300,7 +300,7 @@ impl EtcdLocker {
             })
             .await;
         if let Err(e) = revoked {
-            log::debug!("lease {lease:x} left to expire: {e}");
+            tracing::debug!("lease {lease:x} left to expire: {e}");
         }
     }
 

@@ -106,11 +106,13 @@ impl Drop for Entered {
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => drop(runtime.spawn(async move {
                 if let Err(e) = cancel.cancel_query(NoTls).await {
-                    log::debug!("PostgreSQL locker: cancelling a timed-out statement: {e}");
+                    tracing::debug!("PostgreSQL locker: cancelling a timed-out statement: {e}");
                 }
             })),
             Err(e) => {
-                log::debug!("PostgreSQL locker: no runtime to cancel a timed-out statement on: {e}")
+                tracing::debug!(
+                    "PostgreSQL locker: no runtime to cancel a timed-out statement on: {e}"
+                )
             }
         }
     }
@@ -353,7 +355,7 @@ impl PgLocker {
         let server = self.server.clone();
         tokio::spawn(async move {
             if let Err(e) = connection.await {
-                log::warn!("PostgreSQL locker connection to {server} ended: {e}");
+                tracing::warn!("PostgreSQL locker connection to {server} ended: {e}");
             }
         });
         // The server ends what a client gave up: a statement or a lock
@@ -417,7 +419,7 @@ impl PgLocker {
             return;
         }
         if let Err(e) = self.purge_expired().await {
-            log::warn!(
+            tracing::warn!(
                 "PostgreSQL locker {}: purging ended leases: {e}",
                 self.server
             );

@@ -366,7 +366,7 @@ impl DirectPool {
                 })
             }
             Err(e) => {
-                log::debug!(
+                tracing::debug!(
                     "redis: no direct connection to {}:{}: {e}",
                     self.host,
                     self.port

@@ -241,7 +241,7 @@ async fn watch(
                     *sub = Some(opened);
                     switches.fetch_add(1, Ordering::AcqRel);
                 }
-                Some(Err(e)) => log::debug!("redis: no {SWITCH_MASTER} subscription: {e}"),
+                Some(Err(e)) => tracing::debug!("redis: no {SWITCH_MASTER} subscription: {e}"),
             }
         }
         let missing = subscriptions.iter().any(Option::is_none);
@@ -265,7 +265,9 @@ async fn watch(
                     if let Some(open) = sub
                         && !open.answers(timeout).await
                     {
-                        log::debug!("redis: a sentinel left a PING unanswered; subscribing again");
+                        tracing::debug!(
+                            "redis: a sentinel left a PING unanswered; subscribing again"
+                        );
                         *sub = None;
                     }
                 }
@@ -276,7 +278,7 @@ async fn watch(
                 }
             }
             Woke::Message(i, None) => {
-                log::debug!("redis: the {SWITCH_MASTER} subscription to a sentinel ended");
+                tracing::debug!("redis: the {SWITCH_MASTER} subscription to a sentinel ended");
                 subscriptions[i] = None;
             }
         }

@@ -38,6 +38,7 @@ pub mod disk_queue;
 mod local_locker;
 pub mod metered;
 pub mod metrics;
+pub mod observe;
 pub mod ratelimit;
 pub mod run;
 mod shared;

@@ -61,6 +61,29 @@ pub const DLQ_SIZE: &str = "guard_dlq_size";
 /// Calls made by retried operations, by `name`.
 pub const RETRY_ATTEMPTS: &str = "guard_retry_attempts_total";
 
+/// Seconds a lock backend took to answer, by `op` and `outcome`:
+/// `acquire` (`acquired`, `held_elsewhere`, `error`), `renew` (`held`,
+/// `lost`, `error`) and `release` (`released`, `not_held`, `error`).
+/// Every backend behind a [`SharedLocker`](crate::SharedLocker).
+pub const LOCK_SECONDS: &str = "guard_lock_seconds";
+/// Seconds a limiter whose keys live on a shared backend (Redis) took to
+/// decide, by limiter `name` and `outcome` (`allowed`, `denied`,
+/// `error`). In-process limiters decide in nanoseconds and are not timed.
+pub const RL_DECISION_SECONDS: &str = "guard_rl_decision_seconds";
+/// Seconds from a message's arrival at its handler to its end, retries
+/// and their waits included, by `source` (a stream, queue, table, channel
+/// or topic filter) and `outcome` (`handled`, `gave_up`).
+pub const HANDLE_SECONDS: &str = "guard_handle_seconds";
+/// Seconds a sink took to answer one send, by `sink` and `outcome`
+/// (`ok`, or guard-endpoints' `SinkError::kind`: `transient`,
+/// `permanent`, `stale_fence`, `held_back`).
+pub const SINK_SEND_SECONDS: &str = "guard_sink_send_seconds";
+
+/// Records one lock backend call in [`LOCK_SECONDS`].
+pub fn record_lock_seconds(op: &'static str, outcome: &'static str, seconds: f64) {
+    metrics::histogram!(LOCK_SECONDS, "op" => op, "outcome" => outcome).record(seconds);
+}
+
 /// Records a skipped slot of `job` in [`SLOTS_SKIPPED`].
 pub fn record_slot_skipped(job: &str, reason: &'static str) {
     metrics::counter!(SLOTS_SKIPPED, "job" => job.to_owned(), "reason" => reason).increment(1);

@@ -9,6 +9,9 @@ use std::sync::Arc;
 use guard_core::lock::{
     DEFAULT_PREFIX, KeyError, Renewal, Scope, SendLocker, Token, Ttl, UnlockError,
 };
+use tracing::field::Empty;
+
+use crate::observe::timed;
 
 /// A boxed, `Send` future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -202,24 +205,71 @@ impl SharedLocker {
         self.0.can_renew()
     }
 
-    /// Renews `key` if the backend can; an error says it cannot.
+    /// Renews `key` if the backend can; an error says it cannot. In a
+    /// span `renew` (`key`, `fence`, `outcome`: `held`, `lost`, `error`),
+    /// timed in `guard_lock_seconds{op="renew"}` ([`crate::observe`]).
     pub async fn renew(&self, key: &str, token: &Token, ttl: Ttl) -> Result<Renewal, BackendError> {
         if !self.0.can_renew() {
             return Err(BackendError::new(RenewUnsupported));
         }
-        self.0.renew(key, token, ttl).await
+        let span = tracing::info_span!(
+            "renew",
+            key,
+            fence = token.fence(),
+            ttl_ms = ttl.as_millis_ceil(),
+            outcome = Empty
+        );
+        let (result, seconds) = timed(&span, self.0.renew(key, token, ttl)).await;
+        let outcome = match &result {
+            Ok(Renewal::Held) => "held",
+            Ok(Renewal::Lost) => "lost",
+            Err(_) => "error",
+        };
+        span.record("outcome", outcome);
+        crate::metrics::record_lock_seconds("renew", outcome, seconds);
+        result
     }
 }
 
+/// The lock calls are observed here, once for every backend and every
+/// guard built on a shared locker: spans `acquire` and `release` and
+/// `guard_lock_seconds{op}` ([`crate::observe`]).
 impl SendLocker for SharedLocker {
     type Error = BackendError;
 
     async fn try_lock(&self, key: &str, ttl: Ttl) -> Result<Option<Token>, BackendError> {
-        self.0.try_lock(key, ttl).await
+        let span = tracing::info_span!(
+            "acquire",
+            key,
+            ttl_ms = ttl.as_millis_ceil(),
+            fence = Empty,
+            outcome = Empty
+        );
+        let (result, seconds) = timed(&span, self.0.try_lock(key, ttl)).await;
+        let outcome = match &result {
+            Ok(Some(token)) => {
+                span.record("fence", token.fence());
+                "acquired"
+            }
+            Ok(None) => "held_elsewhere",
+            Err(_) => "error",
+        };
+        span.record("outcome", outcome);
+        crate::metrics::record_lock_seconds("acquire", outcome, seconds);
+        result
     }
 
     async fn unlock(&self, key: &str, token: &Token) -> Result<(), UnlockError<BackendError>> {
-        self.0.unlock(key, token).await
+        let span = tracing::info_span!("release", key, fence = token.fence(), outcome = Empty);
+        let (result, seconds) = timed(&span, self.0.unlock(key, token)).await;
+        let outcome = match &result {
+            Ok(()) => "released",
+            Err(UnlockError::NotHeld) => "not_held",
+            Err(UnlockError::Backend(_)) => "error",
+        };
+        span.record("outcome", outcome);
+        crate::metrics::record_lock_seconds("release", outcome, seconds);
+        result
     }
 }
 

@@ -43,6 +43,7 @@ pub mod rabbitmq;
 mod redis;
 pub mod sinks;
 pub mod sources;
+mod spans;
 mod tls;
 mod waiters;
 
@@ -54,5 +55,6 @@ pub use process::{
     wait_until,
 };
 pub use redis::{RedisCluster, RedisSentinel, RedisServer, SENTINEL_SERVICE};
+pub use spans::{ClosedSpan, LoggedEvent, SpanLog};
 pub use tls::TestCerts;
 pub use waiters::{Finished, finish_order};

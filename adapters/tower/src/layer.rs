@@ -483,7 +483,7 @@ impl Config {
             Err(LimitError::Backend(e)) => match self.on_backend_error {
                 OnBackendError::FailClosed { retry_after } => {
                     if let Some(held) = self.backend_log.admit() {
-                        log::warn!(
+                        tracing::warn!(
                             "rate limit: the limiter's backend failed, request refused with 503 \
                              (fail-closed): {e} ({held} more since the last line)"
                         );
@@ -501,7 +501,7 @@ impl Config {
                 }
                 OnBackendError::FailOpen => {
                     if let Some(held) = self.backend_log.admit() {
-                        log::warn!(
+                        tracing::warn!(
                             "rate limit: the limiter's backend failed, request admitted \
                              unlimited (fail-open): {e} ({held} more since the last line)"
                         );

@@ -105,7 +105,7 @@ pub(crate) async fn run_command(command: &CommandAction, slot: &Slot<'_>) -> Res
         let Some(delay) = backoff.next_delay(&mut WithoutRandom) else {
             return Err(Failed { attempts, reason });
         };
-        log::warn!(
+        tracing::warn!(
             "schedule {} slot {}: {reason}; retried in {delay:?}",
             slot.router,
             slot.run.slot

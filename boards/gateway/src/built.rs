@@ -100,7 +100,7 @@ pub async fn build(config: &Config) -> Result<Built, GatewayError> {
                 // The configuration refuses a Redis backend without a
                 // Redis locker unless fallback_to_memory is set.
                 (Backend::Redis, None) => {
-                    log::warn!(
+                    tracing::warn!(
                         "rate limiter {}: Redis backend without a Redis locker to connect with; using memory (fallback_to_memory = true)",
                         policy.name
                     );

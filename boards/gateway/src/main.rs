@@ -123,23 +123,13 @@ fn main() -> ExitCode {
     // On a terminal the demo keeps a status line at the bottom: each log
     // line first clears it, so the two never glue together.
     let status_line = std::io::stderr().is_terminal();
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
-        .format(move |out, record| {
-            if status_line {
-                write!(out, "\r\x1b[2K")?;
-            }
-            writeln!(
-                out,
-                "[{} {}] {}",
-                record.level(),
-                record.target(),
-                record.args()
-            )
-        })
-        // async-nats logs its connection attempts at debug with the
-        // server's URL whole, password included: never below info.
-        .filter_module("async_nats", log::LevelFilter::Info)
-        .init();
+    let _logging = match guard_gateway::logging::install(status_line) {
+        Ok(installed) => installed,
+        Err(e) => {
+            eprintln!("cannot set up logging: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     match cli.command {
         Command::Demo { replicas, seconds } => run_demo(replicas, seconds, status_line),
         Command::Run {
@@ -258,7 +248,7 @@ fn run_replica(path: &Path, identity: &str, metrics: Option<SocketAddr>) -> Exit
     let ready = Arc::new(ready);
     if let Some(address) = metrics.or(config.metrics.prometheus) {
         match prometheus::serve(address, ready.clone()) {
-            Ok(bound) => log::info!("metrics at http://{bound}/metrics"),
+            Ok(bound) => tracing::info!("metrics at http://{bound}/metrics"),
             Err(e) => {
                 eprintln!("cannot serve metrics on {address}: {e}");
                 return ExitCode::from(2);
@@ -305,7 +295,7 @@ fn signals(
         .name("reload".to_owned())
         .spawn(move || {
             while woken.recv_blocking().is_ok() {
-                log::info!("SIGHUP: reading {} again", path.display());
+                tracing::info!("SIGHUP: reading {} again", path.display());
                 if reload.send_blocking(Config::from_path(&path)).is_err() {
                     return; // the replica has ended
                 }

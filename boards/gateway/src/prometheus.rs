@@ -30,7 +30,7 @@ use futures_lite::future;
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper::{Method, Request, Response, StatusCode};
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use smol_hyper::rt::{FuturesIo, SmolTimer};
 
 use guard_std::Throttle;
@@ -50,7 +50,14 @@ pub fn serve(
     address: SocketAddr,
     ready: Arc<Readiness>,
 ) -> Result<SocketAddr, Box<dyn std::error::Error>> {
-    let handle = PrometheusBuilder::new().install_recorder()?;
+    // The `guard_*_seconds` families as histograms (a summary's quantiles
+    // cannot be summed across replicas).
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Suffix("_seconds".to_owned()),
+            guard_std::observe::SECONDS_BUCKETS,
+        )?
+        .install_recorder()?;
     let listener = Async::<TcpListener>::bind(address)?;
     let bound = listener.get_ref().local_addr()?;
     thread::Builder::new()
@@ -74,7 +81,7 @@ async fn accept(listener: Async<TcpListener>, handle: PrometheusHandle, ready: A
             }
             Err(e) => {
                 if let Some(unlogged) = errors.admit() {
-                    log::warn!(
+                    tracing::warn!(
                         "metrics listener: {e} ({unlogged} more not logged); backing off {backoff:?}"
                     );
                 }
@@ -101,7 +108,7 @@ async fn accept(listener: Async<TcpListener>, handle: PrometheusHandle, ready: A
                 Ok(())
             };
             if let Err(e) = future::or(connection, late).await {
-                log::debug!("metrics request: {e}");
+                tracing::debug!("metrics request: {e}");
             }
         })
         .detach();

@@ -85,12 +85,12 @@ pub async fn run_reloading(
     })
     .await;
     let Some(built) = connected else {
-        log::info!("stopped while connecting");
+        tracing::info!("stopped while connecting");
         return Ok(());
     };
     let built = built?;
     if !built.limiters.is_empty() {
-        log::info!("rate limiters: {}", built.limiters.names().join(", "));
+        tracing::info!("rate limiters: {}", built.limiters.names().join(", "));
     }
     announce_metrics(config, &built);
     for outcome in ["applied", "refused"] {
@@ -195,7 +195,9 @@ pub async fn run_reloading(
                         running = without(next, &failed);
                     }
                     Err(reason) => {
-                        log::error!("reload refused, the running configuration stays: {reason}");
+                        tracing::error!(
+                            "reload refused, the running configuration stays: {reason}"
+                        );
                         metrics::counter!(reload::RELOADS, "outcome" => "refused").increment(1);
                         emit(Event::ReloadRefused { reason });
                     }
@@ -310,13 +312,13 @@ impl Replica<'_> {
                     units.insert(unit, running);
                 }
                 Err(e) => {
-                    log::error!("reload: {unit} did not start: {e}");
+                    tracing::error!("reload: {unit} did not start: {e}");
                     failed.push(unit);
                 }
             }
         }
         let names = |units: &[Unit]| units.iter().map(Unit::to_string).collect::<Vec<_>>();
-        log::info!(
+        tracing::info!(
             "reloaded: {} started, {} restarted, {} stopped, {} kept",
             plan.started.len(),
             plan.restarted.len(),
@@ -382,7 +384,7 @@ impl Replica<'_> {
                 if let Some(gate) = &gate
                     && let Verdict::Refused(why) = gate.admit(&router, 0).await
                 {
-                    log::warn!("schedule {router} slot {}: {why}; skipped", run.slot);
+                    tracing::warn!("schedule {router} slot {}: {why}; skipped", run.slot);
                     emit(Event::Skipped {
                         router,
                         slot: run.slot,
@@ -396,7 +398,7 @@ impl Replica<'_> {
                     fence: run.fence,
                 });
                 if let Err(failed) = doing.act(&router, &run).await {
-                    log::warn!(
+                    tracing::warn!(
                         "schedule {router} slot {}: {} after {} attempt(s)",
                         run.slot,
                         failed.reason,
@@ -516,13 +518,13 @@ impl Replica<'_> {
                         .unwrap_or_default(),
                 };
                 if let Err(e) = crate::dead_letters::kept(&store, &letter) {
-                    log::error!(
+                    tracing::error!(
                         "sink {name}: {} not kept as a dead letter ({e}): it stays at the head of the queue",
                         letter.id.as_deref().unwrap_or("-")
                     );
                     return false;
                 }
-                log::warn!(
+                tracing::warn!(
                     "sink {name}: {} dead-lettered: {}",
                     letter.id.as_deref().unwrap_or("-"),
                     not.error

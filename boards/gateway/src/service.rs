@@ -145,7 +145,7 @@ impl Notifier {
         if let Err(e) = self.notify(state)
             && let Some(unlogged) = self.failures.admit()
         {
-            log::warn!(
+            tracing::warn!(
                 "service manager: {:?} not sent: {e} ({unlogged} more not logged)",
                 state.lines().next().unwrap_or_default()
             );

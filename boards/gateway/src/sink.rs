@@ -812,7 +812,8 @@ fn http_sink(_: &HttpTarget) -> Result<Arc<dyn MessageSink>, HttpRefused> {
     Err(HttpRefused::NotBuilt)
 }
 
-/// Every sink of the configuration, made, by name: an HTTP sink
+/// Every sink of the configuration, made, by name, each a
+/// [`NamedSink`](guard_endpoints::sink::NamedSink): an HTTP sink
 /// connects at its first message; a Redis sink with a URL of its own
 /// connects now (within `timeout`), one without shares `redis`, the
 /// locker's connection.
@@ -859,7 +860,9 @@ pub(crate) async fn build(
             SinkKind::JetStream(target) => jetstream_sink(target).map_err(failed)?,
             SinkKind::Mqtt(target) => mqtt_sink(&s.name, target).map_err(failed)?,
         };
-        made.insert(s.name.clone(), sink);
+        // Each send traced and timed under the sink's name.
+        let sink = Arc::new(guard_endpoints::sink::NamedSink::new(&s.name, sink));
+        made.insert(s.name.clone(), sink as Arc<dyn MessageSink>);
     }
     Ok(made)
 }

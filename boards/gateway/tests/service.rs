@@ -287,9 +287,30 @@ fn metric_names(text: &str) -> std::collections::BTreeSet<String> {
     names
 }
 
+/// A configuration's `[locker]` section on `redis`.
+fn redis_locker(redis: &RedisServer) -> String {
+    format!("[locker]\nkind = \"redis\"\nurl = \"{}\"\n", redis.url())
+}
+
+/// `guard-gateway run --config config` with `env`, its output discarded.
+fn quiet_gateway(config: &Path, env: &[(&str, &str)]) -> KillOnDrop {
+    KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_guard-gateway"))
+            .args(["run", "--config"])
+            .arg(config)
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("guard-gateway"),
+    )
+}
+
 /// The shipped Grafana dashboard and Prometheus rules query only families
-/// a live gateway exports from its start (a replica leading, a limiter,
-/// a sink's queue and dead letters on disk configured); every alert the
+/// a live gateway exports from its start (a replica leading, a limiter in
+/// memory and one on Redis, a sink's queue and dead letters on disk
+/// configured) or, for the latency histograms, once a message passed
+/// (one on each stream); every alert the
 /// operating guide lists is there; `promtool check rules` and `promtool
 /// test rules` (the rules' own unit tests) pass.
 #[test]
@@ -344,10 +365,7 @@ fn the_dashboard_and_alert_rules_query_what_a_live_gateway_exports_and_pass_prom
     std::fs::write(
         &config,
         format!(
-            r#"[locker]
-kind = "redis"
-url = "{redis}"
-
+            r#"{locker}
 [[schedules]]
 router = "heartbeat"
 every_ms = 1000
@@ -359,6 +377,11 @@ name = "sensors"
 enabled = true
 [ratelimit.policies.uplink]
 algorithm = "token-bucket"
+capacity = 100
+rate_per_second = 100
+[ratelimit.policies.shared]
+algorithm = "token-bucket"
+backend = "redis"
 capacity = 100
 rate_per_second = 100
 
@@ -381,34 +404,40 @@ group = "billing"
 limit = "uplink"
 to = "uplink"
 
+[[endpoints]]
+name = "events"
+kind = "redis-stream"
+stream = "events"
+group = "audit"
+limit = "shared"
+
 [metrics]
 prometheus = "127.0.0.1:{metrics}"
 "#,
-            redis = redis.url(),
+            locker = redis_locker(&redis),
             letters = dir.path().join("dead-letters").display(),
             uplink = receiver.url("/ingest"),
             queue = dir.path().join("queue").display(),
         ),
     )
     .unwrap();
-    let _gateway = KillOnDrop(
-        Command::new(env!("CARGO_BIN_EXE_guard-gateway"))
-            .args(["run", "--config"])
-            .arg(&config)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("guard-gateway"),
-    );
+    let _gateway = quiet_gateway(&config, &[("RUST_LOG", "warn")]);
     let exported = |name: &str, text: &str| {
         text.lines()
             .any(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
     };
     let wanted = metric_names(&queried);
-    assert!(wanted.len() >= 15, "{wanted:?}");
+    assert!(wanted.len() >= 19, "{wanted:?}");
     let mut text = String::new();
     let all_there = guard_testkit::holds_within(SETTLE, || {
+        // Messages on each stream until they show (the first may come
+        // before the gateway made its group): the latency histograms of
+        // handling, a sink's send and a shared limiter's decision.
+        for stream in ["orders", "events"] {
+            redis
+                .command(&format!("XADD {stream} * payload hello"))
+                .ok();
+        }
         text = guard_testkit::http::get(metrics, "/metrics")
             .map(|(_, body)| body)
             .unwrap_or_default();
@@ -434,4 +463,103 @@ prometheus = "127.0.0.1:{metrics}"
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+/// With the `otel` feature and `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` set,
+/// the gateway's spans reach an OpenTelemetry collector: OTLP over HTTP,
+/// protobuf, as service `guard-gateway`, with a lease's acquisition (its
+/// key) and a sink's send (the message's id). The batch is held far
+/// longer than the test runs, so what arrives was sent by the stop.
+#[cfg(feature = "otel")]
+#[test]
+fn spans_reach_an_opentelemetry_collector_and_the_last_are_sent_at_the_stop() {
+    let redis = RedisServer::start().expect("redis-server");
+    // The collector and the sink's receiver in one.
+    let receiver = guard_testkit::HttpReceiver::start().expect("receiver");
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("gateway.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"{locker}
+[[active]]
+name = "sensors"
+
+[[sinks]]
+name = "uplink"
+kind = "http"
+url = "{uplink}"
+
+[[endpoints]]
+name = "orders"
+kind = "redis-stream"
+stream = "orders"
+group = "billing"
+to = "uplink"
+"#,
+            locker = redis_locker(&redis),
+            uplink = receiver.url("/ingest"),
+        ),
+    )
+    .unwrap();
+    let collector = receiver.url("/v1/traces");
+    let mut gateway = quiet_gateway(
+        &config,
+        &[
+            ("RUST_LOG", "info,guard_endpoints=debug"),
+            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", &collector),
+            ("OTEL_BSP_SCHEDULE_DELAY", "600000"),
+        ],
+    );
+    let mut polls = 0;
+    let forwarded = guard_testkit::holds_within(SETTLE, || {
+        // An entry every 200 ms until one arrives: the first ones may
+        // come before the gateway made its group (from the stream's end).
+        if polls % 10 == 0 {
+            redis.command("XADD orders * payload hello").ok();
+        }
+        polls += 1;
+        receiver.requests().iter().any(|r| r.path == "/ingest")
+    });
+    assert!(
+        forwarded,
+        "the entry reached the sink: {:?}",
+        receiver.requests()
+    );
+    kill(&gateway, "-TERM");
+    assert!(
+        gateway.0.wait().unwrap().success(),
+        "a stopped replica exits 0"
+    );
+
+    let exported: Vec<u8> = receiver
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "POST" && r.path == "/v1/traces")
+        .inspect(|r| {
+            assert_eq!(r.header("content-type"), Some("application/x-protobuf"));
+        })
+        .flat_map(|r| r.body)
+        .collect();
+    let holds = |what: &str| exported.windows(what.len()).any(|w| w == what.as_bytes());
+    for expected in [
+        "guard-gateway",
+        "acquire",
+        "sensors",
+        "send",
+        "uplink",
+        "handle",
+    ] {
+        assert!(holds(expected), "{expected:?} not in the exported spans");
+    }
+    let sent = receiver
+        .requests()
+        .into_iter()
+        .find(|r| r.path == "/ingest")
+        .and_then(|r| r.header("idempotency-key").map(str::to_owned))
+        .expect("the message's id");
+    assert!(
+        holds(&sent),
+        "the send of {sent:?} not in the exported spans"
+    );
 }

@@ -394,7 +394,7 @@ impl FanoutConsumer {
         #[allow(clippy::await_holding_refcell_ref)]
         let serve_one = move |mut subscription: Subscription, lease: ElectedLease| async move {
             let Ok(mut handler) = handler.try_borrow_mut() else {
-                log::error!("AMQP {label}: two subscriptions served at once; closing this one");
+                tracing::error!("AMQP {label}: two subscriptions served at once; closing this one");
                 return;
             };
             let served = Box::pin(self.serve(
@@ -409,7 +409,7 @@ impl FanoutConsumer {
                 counters.failed();
                 metrics::counter!(guard_std::metrics::ENDPOINT_DISCONNECTS, "key" => key.to_owned())
                     .increment(1);
-                log::warn!("AMQP {label}: {e}; what it held is lost");
+                tracing::warn!("AMQP {label}: {e}; what it held is lost");
             }
             // Returning steps down, which releases the lease.
         };
@@ -533,7 +533,7 @@ impl FanoutConsumer {
                     Counters::add(&counters.refused_late, 1);
                     refused += 1;
                     if refused == 1 {
-                        log::warn!(
+                        tracing::warn!(
                             "AMQP {label}: lease no longer valid ({reason}); refusing messages until the connection closes"
                         );
                     }
@@ -551,7 +551,7 @@ impl FanoutConsumer {
                     match delivery.acker.nack(reject).await {
                         Ok(true) => {
                             Counters::add(&counters.dead_lettered, 1);
-                            log::warn!(
+                            tracing::warn!(
                                 "AMQP {label}: message given up after {} call(s): {gave_up}; dead-lettered to {}",
                                 gave_up.attempts,
                                 self.dead_letters
@@ -607,7 +607,7 @@ impl Drop for InHand<'_> {
     fn drop(&mut self) {
         if !self.settled {
             Counters::add(&self.counters.dropped_on_close, 1);
-            log::warn!(
+            tracing::warn!(
                 "AMQP {}: the connection closed while a message was in the handler or its retries; lost to this replica",
                 self.label
             );
@@ -664,7 +664,7 @@ impl Subscription {
         }
         if dropped > 0 {
             Counters::add(&self.counters.dropped_on_close, dropped);
-            log::warn!(
+            tracing::warn!(
                 "AMQP {}: {dropped} message(s) buffered when queue {} closed, not handled by this replica",
                 self.label,
                 self.queue

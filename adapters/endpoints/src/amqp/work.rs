@@ -319,7 +319,7 @@ impl WorkQueueConsumer {
                     Ok(true) => Counters::add(&self.counters.handled, 1),
                     sent => {
                         Counters::add(&self.counters.unacknowledged, 1);
-                        log::warn!(
+                        tracing::warn!(
                             "AMQP queue {queue}: a handled message could not be acknowledged ({}); the broker will deliver it again",
                             why_not_sent(&sent)
                         );
@@ -335,7 +335,7 @@ impl WorkQueueConsumer {
                     match delivery.acker.nack(reject).await {
                         Ok(true) => {
                             Counters::add(&self.counters.dead_lettered, 1);
-                            log::warn!(
+                            tracing::warn!(
                                 "AMQP queue {queue}: message given up after {} call(s): {gave_up}; dead-lettered to {}",
                                 gave_up.attempts,
                                 self.dead_letters
@@ -343,7 +343,7 @@ impl WorkQueueConsumer {
                         }
                         sent => {
                             Counters::add(&self.counters.unacknowledged, 1);
-                            log::error!(
+                            tracing::error!(
                                 "AMQP queue {queue}: message given up after {} call(s): {gave_up}; its rejection could not be sent ({}), so the broker will deliver it again",
                                 gave_up.attempts,
                                 why_not_sent(&sent)

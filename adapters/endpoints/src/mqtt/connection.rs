@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use crate::delivery::{ElectedLease, InHand, Unhandled, UnhandledReason, UnhandledSink};
 use crate::link::Link;
+use crate::observe;
 use async_channel::Sender;
 use async_compat::Compat;
 use futures_lite::future;
@@ -161,7 +162,7 @@ impl Connection {
                         if let (Some(reason), Some((lease, unhandled))) = (refusal, lease) {
                             refused += 1;
                             if refused == 1 {
-                                log::warn!(
+                                tracing::warn!(
                                     "MQTT {filter}: lease {} no longer valid ({reason}); refusing messages until demoted",
                                     lease.key()
                                 );
@@ -185,13 +186,14 @@ impl Connection {
                                 || {},
                             )
                         });
-                        handler(MqttMessage {
+                        let fence = lease.map(|(lease, _)| lease.fence());
+                        let handling = handler(MqttMessage {
                             topic: publish.topic.clone(),
                             payload: publish.payload.to_vec(),
-                            fence: lease.map(|(lease, _)| lease.fence()),
+                            fence,
                             lease: lease.map(|(lease, _)| lease.clone()),
-                        })
-                        .await;
+                        });
+                        observe::handled(filter, fence, handling, |()| "handled").await;
                         in_hand.into_iter().for_each(InHand::settle);
                         // Sent by the event loop; queued before the next
                         // poll (in order, after any still waiting).

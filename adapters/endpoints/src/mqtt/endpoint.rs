@@ -336,7 +336,7 @@ impl MqttEndpoint {
         let thread = match lease_thread::spawn("mqtt-lease", elect) {
             Ok(thread) => thread,
             Err(e) => {
-                log::error!("MQTT {filter}: cannot start its lease thread: {e}");
+                tracing::error!("MQTT {filter}: cannot start its lease thread: {e}");
                 return;
             }
         };
@@ -382,7 +382,7 @@ impl MqttEndpoint {
         }
         // The runner has returned once the channel closed.
         if !thread.join().await {
-            log::error!("MQTT {filter}: its lease thread panicked");
+            tracing::error!("MQTT {filter}: its lease thread panicked");
         }
     }
 }

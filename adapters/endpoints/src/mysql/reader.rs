@@ -454,7 +454,7 @@ impl BinlogReader {
             fence,
             checksummed,
         } = opened;
-        log::info!(
+        tracing::info!(
             "binlog {}: reading from {from} under fence {fence}",
             self.name
         );
@@ -485,12 +485,12 @@ impl BinlogReader {
             let event = match within(read_timeout, on_tokio(stream.next())).await {
                 Ok(Some(Ok(event))) => event,
                 Ok(Some(Err(e))) => {
-                    log::warn!("binlog {}: {e}", self.name);
+                    tracing::warn!("binlog {}: {e}", self.name);
                     break;
                 }
                 Ok(None) => break,
                 Err(Elapsed) => {
-                    log::warn!(
+                    tracing::warn!(
                         "binlog {}: no event, heartbeats included, for {read_timeout:?}: the connection is taken for dead; stopping",
                         self.name
                     );
@@ -517,7 +517,7 @@ impl BinlogReader {
                 Ok(Decoded::Boundary) => (Vec::new(), true),
                 Ok(Decoded::Other) => continue,
                 Err(e) => {
-                    log::error!(
+                    tracing::error!(
                         "binlog {}: {file}:{end}: cannot decode ({e}); stopping",
                         self.name
                     );
@@ -549,7 +549,7 @@ impl BinlogReader {
                     Delivered::GaveUp(gave_up) => {
                         if let Err(e) = self.dead_letter(&mut conn, &change, &gave_up).await {
                             // Not past it: the next leader reads it again.
-                            log::error!(
+                            tracing::error!(
                                 "binlog {}: {} {gave_up}; the dead-letter table failed ({e}); stopping",
                                 self.name,
                                 change.position
@@ -557,7 +557,7 @@ impl BinlogReader {
                             return;
                         }
                         Counters::add(&counters.dead_lettered);
-                        log::warn!(
+                        tracing::warn!(
                             "binlog {}: {} {gave_up}; dead-lettered",
                             self.name,
                             change.position
@@ -573,7 +573,7 @@ impl BinlogReader {
                             }
                             _ => Counters::add(&counters.refused_late),
                         }
-                        log::warn!(
+                        tracing::warn!(
                             "binlog {}: {}: not handled, {reason}; stopping (the next leader reads it again from the checkpoint)",
                             self.name,
                             change.position
@@ -598,7 +598,7 @@ impl BinlogReader {
                 // (the table's fence refuses a stale one as well).
                 if !lease.is_valid() {
                     Counters::add(&counters.refused_late);
-                    log::warn!(
+                    tracing::warn!(
                         "binlog {}: lease no longer valid at checkpoint {position}; stopping",
                         self.name
                     );
@@ -614,7 +614,7 @@ impl BinlogReader {
                 match within(self.request_timeout, saved).await {
                     Ok(Ok(())) => Counters::add(&counters.checkpoints),
                     Err(Elapsed) => {
-                        log::warn!(
+                        tracing::warn!(
                             "binlog {}: checkpoint {position}: no answer within {:?}; stopping",
                             self.name,
                             self.request_timeout
@@ -623,14 +623,14 @@ impl BinlogReader {
                     }
                     Ok(Err(CheckpointError::Stale { .. })) => {
                         Counters::add(&counters.checkpoints_refused);
-                        log::warn!(
+                        tracing::warn!(
                             "binlog {}: checkpoint {position} refused under fence {fence}: a newer reader leads; stopping",
                             self.name
                         );
                         return;
                     }
                     Ok(Err(e)) => {
-                        log::warn!("binlog {}: {e}; stopping", self.name);
+                        tracing::warn!("binlog {}: {e}; stopping", self.name);
                         return;
                     }
                 }

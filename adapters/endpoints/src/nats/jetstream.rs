@@ -439,7 +439,7 @@ impl JetStreamConsumer {
                 if let Some(delivered) = current
                     && let Err(e) = on_tokio(delivered.ack_with(AckKind::Progress)).await
                 {
-                    log::warn!("{what}: progress: {e}");
+                    tracing::warn!("{what}: progress: {e}");
                 }
             }
         };
@@ -469,7 +469,7 @@ impl JetStreamConsumer {
             // Not a JetStream delivery (no ack subject): nothing to
             // acknowledge, so nothing the server would redeliver either.
             Err(e) => {
-                log::error!(
+                tracing::error!(
                     "jetstream {}: a message without delivery information ({e}); not handled",
                     self.stream
                 );
@@ -498,7 +498,7 @@ impl JetStreamConsumer {
                 // A lost acknowledgement means one more delivery (at least
                 // once), never a loss.
                 if let Err(e) = on_tokio(delivered.ack()).await {
-                    log::warn!("jetstream {} #{sequence}: ack: {e}", self.stream);
+                    tracing::warn!("jetstream {} #{sequence}: ack: {e}", self.stream);
                 }
                 Counters::add(&counters.handled);
                 return;
@@ -507,7 +507,7 @@ impl JetStreamConsumer {
         };
         if deliveries < u64::from(self.max_deliver) {
             Counters::add(&counters.redelivery_requested);
-            log::warn!(
+            tracing::warn!(
                 "jetstream {} #{sequence}: {gave_up}; delivery {deliveries} of {}, delivered again",
                 self.stream,
                 self.max_deliver
@@ -515,17 +515,17 @@ impl JetStreamConsumer {
             let nak = AckKind::Nak(Some(self.redelivery_delay));
             if let Err(e) = on_tokio(delivered.ack_with(nak)).await {
                 // Redelivered after the ack wait instead.
-                log::warn!("jetstream {} #{sequence}: nak: {e}", self.stream);
+                tracing::warn!("jetstream {} #{sequence}: nak: {e}", self.stream);
             }
             return;
         }
         match self.dead_letter(context, &message, &gave_up).await {
             Ok(()) => {
                 if let Err(e) = on_tokio(delivered.ack_with(AckKind::Term)).await {
-                    log::warn!("jetstream {} #{sequence}: term: {e}", self.stream);
+                    tracing::warn!("jetstream {} #{sequence}: term: {e}", self.stream);
                 }
                 Counters::add(&counters.dead_lettered);
-                log::warn!(
+                tracing::warn!(
                     "jetstream {} #{sequence}: {gave_up}; dead letter on {}",
                     self.stream,
                     self.dead_letters
@@ -533,7 +533,7 @@ impl JetStreamConsumer {
             }
             Err(e) => {
                 Counters::add(&counters.left_in_stream);
-                log::error!(
+                tracing::error!(
                     "jetstream {} #{sequence}: {gave_up}; the dead-letter stream refused it ({e}): left unacknowledged in the stream",
                     self.stream
                 );

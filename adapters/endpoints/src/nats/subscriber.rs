@@ -368,7 +368,7 @@ impl NatsSubscriber {
                     }
                     late += 1;
                     if late == 1 {
-                        log::warn!(
+                        tracing::warn!(
                             "nats {}: lease no longer valid ({reason}); refusing messages until demoted",
                             self.subject
                         );
@@ -415,7 +415,7 @@ impl NatsSubscriber {
         .await;
         match published {
             Ok(()) => {
-                log::warn!(
+                tracing::warn!(
                     "nats {}: {gave_up}; published to {subject}",
                     message.subject
                 );

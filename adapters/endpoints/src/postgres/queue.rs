@@ -521,7 +521,7 @@ impl PgQueue {
                 // ends the session.
                 let driven = async {
                     if let Err(e) = connection.await {
-                        log::warn!(
+                        tracing::warn!(
                             "table {}: connection to {} ended: {e}",
                             self.table,
                             self.server
@@ -606,7 +606,7 @@ impl PgQueue {
                     // invalidates the old statements.
                     prepared = None;
                     if let Some(held) = failures.admit() {
-                        log::warn!("table {}: {e} ({held} more not logged)", self.table);
+                        tracing::warn!("table {}: {e} ({held} more not logged)", self.table);
                     }
                     true
                 }
@@ -671,7 +671,7 @@ impl PgQueue {
                 for _ in 0..late {
                     guard_std::metrics::record_refused_late(&self.table);
                 }
-                log::warn!(
+                tracing::warn!(
                     "table {}: {late} claimed rows not started before the claim's deadline (lease {:?}); they return when the lease ends",
                     self.table,
                     self.claim_lease
@@ -690,7 +690,7 @@ impl PgQueue {
                 },
                 Completion::LostClaim => {
                     stats.lost_claim += 1;
-                    log::warn!(
+                    tracing::warn!(
                         "table {}: row {}: claim {} ended and the row was claimed again before it was {}; not removed by this consumer (it may be handled twice)",
                         self.table,
                         message.id,
@@ -704,7 +704,7 @@ impl PgQueue {
                 }
                 Completion::Failed(e) => {
                     stats.unfinished += 1;
-                    log::error!(
+                    tracing::error!(
                         "table {}: row {}: {e}; it returns when its lease ends and is handled again",
                         self.table,
                         message.id
@@ -798,7 +798,7 @@ impl PgQueue {
         match moved {
             Ok(0) => Completion::LostClaim,
             Ok(_) => {
-                log::warn!(
+                tracing::warn!(
                     "table {}: row {} dead-lettered to {} after {attempts} attempts: {error}",
                     self.table,
                     message.id,

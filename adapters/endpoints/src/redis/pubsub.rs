@@ -74,6 +74,7 @@ use super::EndpointError;
 use crate::delivery::{ElectedLease, Unhandled, UnhandledFn, UnhandledReason, UnhandledSink};
 use crate::lease_thread::{self, StopOnDrop};
 use crate::link::Link;
+use crate::observe;
 use crate::parameter::Parameter;
 use crate::queue::{DEFAULT_QUEUE, Feeder, WhenFull};
 
@@ -376,7 +377,7 @@ impl PubSubEndpoint {
         let thread = match thread {
             Ok(thread) => thread,
             Err(e) => {
-                log::error!(
+                tracing::error!(
                     "Pub/Sub {:?}: cannot start its lease thread: {e}",
                     self.patterns
                 );
@@ -385,6 +386,9 @@ impl PubSubEndpoint {
         };
         let mut late = 0_u64;
         let mut burst = 0_u32;
+        // The handling's label: the configured patterns, never a channel
+        // (a pattern's channels are unbounded).
+        let source = self.patterns.join(",");
         // Ends when the lease thread ends (stop) and the queue is empty.
         while let Ok(Queued { msg, fence }) = queue.recv().await {
             // The lease is checked where the side effect happens, under
@@ -395,14 +399,14 @@ impl PubSubEndpoint {
             let reason = match read_under.state() {
                 LeaseState::Valid(fence) => {
                     late = 0;
-                    handler(PubSubMessage {
+                    let handling = handler(PubSubMessage {
                         channel: msg.get_channel_name().to_owned(),
                         pattern: msg.get_pattern().ok(),
                         payload: msg.get_payload_bytes().to_vec(),
                         fence,
                         lease: read_under,
-                    })
-                    .await;
+                    });
+                    observe::handled(&source, Some(fence), handling, |()| "handled").await;
                     Counters::add(&self.counters.handled, 1);
                     None
                 }
@@ -411,7 +415,7 @@ impl PubSubEndpoint {
                     Counters::add(&self.counters.refused_late, 1);
                     guard_std::metrics::record_refused_late(&key);
                     if late == 1 {
-                        log::warn!(
+                        tracing::warn!(
                             "Pub/Sub {:?}: lease {key} past its renew deadline; refusing messages until demoted",
                             self.patterns
                         );
@@ -436,7 +440,7 @@ impl PubSubEndpoint {
         }
         // The lease thread has finished its work once the queue closed.
         if !thread.join().await {
-            log::error!("Pub/Sub {:?}: its lease thread panicked", self.patterns);
+            tracing::error!("Pub/Sub {:?}: its lease thread panicked", self.patterns);
         }
         self.stats()
     }
@@ -483,7 +487,7 @@ impl LeaseKeeper {
                             .down(e, "the promotion fails, the lease is released");
                     })?;
                     this.link.up();
-                    log::info!("Pub/Sub {:?} subscribed", this.reader.patterns);
+                    tracing::info!("Pub/Sub {:?} subscribed", this.reader.patterns);
                     *current.lock().unwrap_or_else(PoisonError::into_inner) = Some(subscription);
                     Ok::<(), RedisGuardError>(())
                 },

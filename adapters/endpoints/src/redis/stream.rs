@@ -408,7 +408,7 @@ impl StreamConsumer {
         };
         let error = failure.to_string();
         let Some((dlq, topic)) = &self.dead_letters else {
-            log::error!(
+            tracing::error!(
                 "stream {} entry {}: {error}; no dead-letter queue, left pending",
                 self.stream,
                 entry.id
@@ -433,7 +433,7 @@ impl StreamConsumer {
         };
         match dlq.send(topic, &letter).await {
             Ok(id) => {
-                log::warn!(
+                tracing::warn!(
                     "stream {} entry {}: {error}; dead letter {id}",
                     self.stream,
                     entry.id
@@ -443,7 +443,7 @@ impl StreamConsumer {
             Err(e) => {
                 // Not acknowledged: the entry stays pending and is claimed
                 // again later rather than lost.
-                log::error!(
+                tracing::error!(
                     "stream {} entry {}: {error}; dead-letter queue failed ({e}), left pending",
                     self.stream,
                     entry.id

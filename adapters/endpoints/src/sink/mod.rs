@@ -28,10 +28,14 @@ pub mod queued;
 pub mod redis_stream;
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use guard_core::retry::{Backoff, RandomSource, RetryPolicy};
 use guard_std::BoxFuture;
+use guard_std::metrics::SINK_SEND_SECONDS;
+use guard_std::observe::timed;
+use tracing::field::Empty;
 
 use crate::delivery::ElectedLease;
 
@@ -168,6 +172,78 @@ pub trait MessageSink: Send + Sync {
     fn send<'a>(&'a self, message: &'a Outgoing<'a>) -> BoxFuture<'a, Result<(), SinkError>>;
 }
 
+/// A sink with a name: each send is a span `send` at debug (`sink`, the
+/// message's `id` and `fence`, `outcome`: `ok` or the error's
+/// [`kind`](SinkError::kind)) and is timed in
+/// `guard_sink_send_seconds{sink, outcome}` ([`guard_std::observe`]).
+///
+/// ```
+/// use std::sync::Arc;
+/// use guard_endpoints::sink::{MessageSink, NamedSink, Outgoing, SinkError};
+/// use guard_std::BoxFuture;
+///
+/// struct Accepts;
+/// impl MessageSink for Accepts {
+///     fn send<'a>(&'a self, _: &'a Outgoing<'a>) -> BoxFuture<'a, Result<(), SinkError>> {
+///         Box::pin(async { Ok(()) })
+///     }
+/// }
+///
+/// let sink = NamedSink::new("archive", Arc::new(Accepts));
+/// let message = Outgoing { id: "m-1", origin: "sensors", fence: None, payload: b"21.5" };
+/// assert_eq!(futures_lite::future::block_on(sink.send(&message)), Ok(()));
+/// ```
+pub struct NamedSink {
+    name: String,
+    inner: Arc<dyn MessageSink>,
+}
+
+impl NamedSink {
+    /// Names `inner`.
+    pub fn new(name: impl Into<String>, inner: Arc<dyn MessageSink>) -> Self {
+        NamedSink {
+            name: name.into(),
+            inner,
+        }
+    }
+
+    /// The name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl fmt::Debug for NamedSink {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NamedSink")
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+impl MessageSink for NamedSink {
+    fn send<'a>(&'a self, message: &'a Outgoing<'a>) -> BoxFuture<'a, Result<(), SinkError>> {
+        Box::pin(async move {
+            let span = tracing::debug_span!(
+                "send",
+                sink = %self.name,
+                id = message.id,
+                fence = message.fence,
+                outcome = Empty
+            );
+            let (sent, seconds) = timed(&span, self.inner.send(message)).await;
+            let outcome = match &sent {
+                Ok(()) => "ok",
+                Err(e) => e.kind(),
+            };
+            span.record("outcome", outcome);
+            metrics::histogram!(SINK_SEND_SECONDS, "sink" => self.name.clone(), "outcome" => outcome)
+                .record(seconds);
+            sent
+        })
+    }
+}
+
 /// How [`deliver`] ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Delivery {
@@ -226,5 +302,64 @@ pub async fn deliver(
         CallerRuntime
             .sleep(delay.max(retry_after.unwrap_or_default()))
             .await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+
+    /// Busy once, then takes everything.
+    struct BusyOnce(AtomicU32);
+
+    impl MessageSink for BusyOnce {
+        fn send<'a>(&'a self, _: &'a Outgoing<'a>) -> BoxFuture<'a, Result<(), SinkError>> {
+            let first = self.0.fetch_add(1, Ordering::SeqCst) == 0;
+            Box::pin(async move {
+                if first {
+                    Err(SinkError::Transient {
+                        reason: "busy".to_owned(),
+                        retry_after: None,
+                    })
+                } else {
+                    Ok(())
+                }
+            })
+        }
+    }
+
+    /// Each send of a named sink is a span with the sink's name, the
+    /// message's id and fence, and the send's outcome.
+    #[test]
+    fn each_send_of_a_named_sink_is_a_span_with_its_outcome() {
+        let sink = NamedSink::new("uplink", Arc::new(BusyOnce(AtomicU32::new(0))));
+        let message = Outgoing {
+            id: "orders:1-0",
+            origin: "orders",
+            fence: Some(7),
+            payload: b"{}",
+        };
+        let policy = RetryPolicy::fixed_delay(2, Duration::from_millis(1));
+        let log = guard_testkit::SpanLog::new();
+        let delivery = tracing::subscriber::with_default(log.subscriber(), || {
+            futures_lite::future::block_on(deliver(
+                &sink,
+                &message,
+                &policy,
+                &mut guard_core::retry::WithoutRandom,
+                None,
+            ))
+        });
+        assert_eq!((delivery.attempts, delivery.outcome), (2, Ok(())));
+        let sent = log.closed("send");
+        let outcomes: Vec<_> = sent.iter().map(|s| s.field("outcome")).collect();
+        assert_eq!(outcomes, [Some("transient"), Some("ok")]);
+        for span in &sent {
+            assert_eq!(span.field("sink"), Some("uplink"));
+            assert_eq!(span.field("id"), Some("orders:1-0"));
+            assert_eq!(span.field("fence"), Some("7"));
+        }
     }
 }

@@ -142,7 +142,7 @@ impl MessageSink for QueuedSink {
                 (true, WhenFull::Wait(look_again)) => {
                     self.count_full("held_back");
                     if let Some(more) = self.warnings.admit() {
-                        log::warn!(
+                        tracing::warn!(
                             "sink {}: {error}; its sources are held back until there is room ({more} more not logged)",
                             self.name
                         );
@@ -172,7 +172,7 @@ impl MessageSink for QueuedSink {
                     self.refused.fetch_add(1, Ordering::Relaxed);
                     self.count_full("refused");
                     if let Some(more) = self.warnings.admit() {
-                        log::warn!(
+                        tracing::warn!(
                             "sink {}: {error}; refused ({more} more not logged)",
                             self.name
                         );
@@ -384,7 +384,7 @@ pub async fn forward(
                     break;
                 }
                 Err(e) => {
-                    log::error!("{e}; reading again in 1 s");
+                    tracing::error!("{e}; reading again in 1 s");
                     sending.clear();
                     queue.rewind();
                     async_io::Timer::after(Duration::from_secs(1)).await;
@@ -409,7 +409,7 @@ pub async fn forward(
         if outcome.is_ok()
             && let Some(since) = down_since.take()
         {
-            log::info!(
+            tracing::info!(
                 "sink {}: forwarding again after {:?}",
                 queued.name,
                 since.elapsed()
@@ -432,7 +432,7 @@ pub async fn forward(
                     .max(MIN_HEAD_WAIT);
                 if down_since.is_none() {
                     down_since = Some(std::time::Instant::now());
-                    log::warn!(
+                    tracing::warn!(
                         "sink {}: not taken after {attempts} attempt(s): {reason}; {} message(s) wait in the queue, tried again every {wait:?}",
                         queued.name,
                         queue.stats().pending
@@ -458,7 +458,7 @@ pub async fn forward(
         };
         if taken {
             if let Err(e) = queue.advance() {
-                log::error!("{e}");
+                tracing::error!("{e}");
             }
             queued.measure();
         } else {

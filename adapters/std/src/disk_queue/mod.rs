@@ -630,7 +630,7 @@ impl DiskQueue {
                     // counted.
                     let rest = current.len.saturating_sub(state.read.offset);
                     state.stats.damaged_bytes = state.stats.damaged_bytes.saturating_add(rest);
-                    log::error!(
+                    tracing::error!(
                         "queue {}: a record of segment {} at {} fails its checksum; the segment's last {rest} bytes are skipped",
                         self.shared.dir.display(),
                         current.id,
@@ -847,7 +847,7 @@ fn sync_every(queue: Weak<Shared>, period: Duration) {
         };
         let queue = DiskQueue { shared };
         if let Err(e) = queue.sync() {
-            log::error!("{e}");
+            tracing::error!("{e}");
         }
     }
 }

@@ -4,7 +4,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::{KeysHeld, LimitResult, Quota, RateLimiter, ReconfigureError};
-use crate::metrics::{RL_ALLOWED, RL_DENIED, RL_KEYS, RL_KEYS_CAPACITY};
+use tracing::Instrument as _;
+use tracing::field::Empty;
+
+use crate::metrics::{RL_ALLOWED, RL_DECISION_SECONDS, RL_DENIED, RL_KEYS, RL_KEYS_CAPACITY};
+use crate::observe::timed;
 use crate::sync::{AtomicU64, Ordering};
 
 /// A limiter with a name: every decision is counted, in the limiter and
@@ -13,6 +17,8 @@ use crate::sync::{AtomicU64, Ordering};
 pub struct NamedRateLimiter {
     name: String,
     inner: Arc<dyn RateLimiter>,
+    /// Whether its keys live on a shared backend (timed decisions).
+    shared: bool,
     allowed: AtomicU64,
     denied: AtomicU64,
 }
@@ -32,6 +38,7 @@ impl NamedRateLimiter {
     pub fn new(name: impl Into<String>, inner: Arc<dyn RateLimiter>) -> Self {
         NamedRateLimiter {
             name: name.into(),
+            shared: inner.keys_held().is_none(),
             inner,
             allowed: AtomicU64::new(0),
             denied: AtomicU64::new(0),
@@ -50,8 +57,23 @@ impl NamedRateLimiter {
 
     /// Decides a request of `cost` units for `key` and counts it (as one
     /// decision).
+    ///
+    /// In a span `limit` at debug (`name`, `key`, `cost`, `outcome`:
+    /// `allowed`, `denied`, `error`); a limiter whose keys live on a
+    /// shared backend is timed in `guard_rl_decision_seconds{name,
+    /// outcome}` ([`crate::observe`]).
     pub async fn check_n(&self, key: &str, cost: u32) -> LimitResult {
-        let decision = self.inner.check_n(key, cost).await?;
+        let span = tracing::debug_span!("limit", name = %self.name, key, cost, outcome = Empty);
+        let decided = if self.shared {
+            let (decided, seconds) = timed(&span, self.inner.check_n(key, cost)).await;
+            metrics::histogram!(RL_DECISION_SECONDS, "name" => self.name.clone(), "outcome" => outcome_of(&decided))
+                .record(seconds);
+            decided
+        } else {
+            self.inner.check_n(key, cost).instrument(span.clone()).await
+        };
+        span.record("outcome", outcome_of(&decided));
+        let decision = decided?;
         let (counter, metric) = if decision.is_allowed() {
             (&self.allowed, RL_ALLOWED)
         } else {
@@ -72,7 +94,7 @@ impl NamedRateLimiter {
     pub fn reconfigure(&self, quota: Quota) -> Result<(), ReconfigureError> {
         let before = self.inner.quota();
         self.inner.reconfigure(quota)?;
-        log::info!(
+        tracing::info!(
             "rate limiter {}: quota {before:?} replaced by {quota:?}",
             self.name
         );
@@ -97,6 +119,15 @@ impl NamedRateLimiter {
     /// Requests refused so far.
     pub fn denied(&self) -> u64 {
         self.denied.load(Ordering::Relaxed)
+    }
+}
+
+/// A decision's `outcome` label.
+fn outcome_of(decided: &LimitResult) -> &'static str {
+    match decided {
+        Ok(decision) if decision.is_allowed() => "allowed",
+        Ok(_) => "denied",
+        Err(_) => "error",
     }
 }
 

@@ -126,7 +126,7 @@ impl<T, S: Sink<T>> Sink<T> for RateLimitingSink<T, S> {
                 DenyPolicy::Drop => {
                     self.dropped.fetch_add(1, Ordering::Relaxed);
                     metrics::counter!(SINK_DROPPED, "name" => self.name.clone()).increment(1);
-                    log::debug!(
+                    tracing::debug!(
                         "sink {}: dropped an element rate-limited on key {key}",
                         self.name
                     );

@@ -16,6 +16,19 @@ use guard_core::guard::{
 };
 use guard_core::lock::{KeyError, Locker, Renewal, Scope, Token, Ttl, active_key};
 
+/// A promotion's or a demotion's line: debug while promotions fail (a
+/// source that cannot connect would otherwise log two lines each
+/// interval), info otherwise.
+macro_rules! transition {
+    ($failing:expr, $($line:tt)+) => {
+        if $failing {
+            tracing::debug!($($line)+)
+        } else {
+            tracing::info!($($line)+)
+        }
+    };
+}
+
 /// The original's timeout for the release of a lease.
 pub const DEFAULT_RELEASE_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -250,7 +263,7 @@ impl<R: Runtime> ActiveRunner<R> {
                         if machine.lease().and_then(|l| l.valid_at(now)).is_none() {
                             // Woken past the deadline between the grant and
                             // this call (a pause): never start acting late.
-                            log::warn!(
+                            tracing::warn!(
                                 "active guard {} granted fence {fence} too late to act on",
                                 self.key
                             );
@@ -260,8 +273,8 @@ impl<R: Runtime> ActiveRunner<R> {
                             continue;
                         }
                         last_fence = fence;
-                        log::log!(
-                            quiet_while(promotions_failing),
+                        transition!(
+                            promotions_failing,
                             "active guard {} promoted (fence {fence})",
                             self.key
                         );
@@ -278,8 +291,8 @@ impl<R: Runtime> ActiveRunner<R> {
                         // Tells a running `on_promoted` (its `LeaseCheck`
                         // gives no fence and `lost` resolves).
                         self.lease.publish(None);
-                        log::log!(
-                            quiet_while(promotions_failing),
+                        transition!(
+                            promotions_failing,
                             "active guard {} demoted: {reason:?}",
                             self.key
                         );
@@ -385,7 +398,7 @@ impl<R: Runtime> ActiveRunner<R> {
                     if let Err(e) = &result
                         && let Some(held) = activations.admit()
                     {
-                        log::warn!(
+                        tracing::warn!(
                             "active guard {} activate: {e} ({held} more not logged)",
                             self.key
                         );
@@ -397,7 +410,7 @@ impl<R: Runtime> ActiveRunner<R> {
                         machine.handle_promote_failed(now);
                     } else if promotions_failing {
                         promotions_failing = false;
-                        log::info!(
+                        tracing::info!(
                             "active guard {} promoted (fence {last_fence}) after failed promotions",
                             self.key
                         );
@@ -405,7 +418,7 @@ impl<R: Runtime> ActiveRunner<R> {
                 }
                 Wake::Demoted => callbacks.demoted = None,
                 Wake::GiveUp => {
-                    log::warn!(
+                    tracing::warn!(
                         "active guard {}: backend did not answer within {:?} of stop; the lease expires on its own",
                         self.key,
                         self.release_timeout
@@ -421,7 +434,7 @@ impl<R: Runtime> ActiveRunner<R> {
     fn report_demoted_while_running(&self, reason: DemoteReason) {
         match reason {
             DemoteReason::LeaseLost | DemoteReason::RenewFailed | DemoteReason::RenewDeadline => {
-                log::warn!(
+                tracing::warn!(
                     "active guard {}: lease ended ({reason:?}) while on_promoted still runs; \
                      it is told through its lease check, and what it does until it returns \
                      is not covered by the lease",
@@ -430,7 +443,7 @@ impl<R: Runtime> ActiveRunner<R> {
                 crate::metrics::record_callback_overrun(&self.key);
             }
             DemoteReason::PromoteFailed | DemoteReason::Requested | DemoteReason::Stopping => {
-                log::info!(
+                tracing::info!(
                     "active guard {}: on_promoted told to stop ({reason:?}); on_demoted follows its return",
                     self.key
                 );
@@ -456,7 +469,7 @@ impl<R: Runtime> ActiveRunner<R> {
             .publish(Some(Lease::new(0, guard_core::time::Instant::MAX)));
         let stay_active = async {
             while let Heard::Demote = control.heard().await {
-                log::info!(
+                tracing::info!(
                     "active guard {}: no locker, nobody to hand over to; staying active",
                     self.key
                 );
@@ -472,14 +485,14 @@ impl<R: Runtime> ActiveRunner<R> {
         let promoted = match promoting.await {
             Ok(()) => true,
             Err(e) => {
-                log::warn!("active guard {} activate: {e}", self.key);
+                tracing::warn!("active guard {} activate: {e}", self.key);
                 self.lease.publish(None);
                 false
             }
         };
         // At once if stop was heard above: the handles are closed.
         while let Heard::Demote = control.heard().await {
-            log::info!(
+            tracing::info!(
                 "active guard {}: no locker, nobody to hand over to; staying active",
                 self.key
             );
@@ -524,17 +537,6 @@ impl<PF, DF> Callbacks<PF, DF> {
     }
 }
 
-/// The level of a promotion's and a demotion's line: debug while
-/// promotions fail (a source that cannot connect would otherwise log two
-/// lines each interval), info otherwise.
-fn quiet_while(failing: bool) -> log::Level {
-    if failing {
-        log::Level::Debug
-    } else {
-        log::Level::Info
-    }
-}
-
 // The backend calls log what went wrong; guard-core maps their results.
 
 // A backend that is down fails every attempt, each interval: logged once
@@ -572,7 +574,7 @@ async fn acquire(
     if let Err(e) = &result
         && let Some(held) = failures.admit()
     {
-        log::warn!("active guard {key} try lock: {e} ({held} more not logged)");
+        tracing::warn!("active guard {key} try lock: {e} ({held} more not logged)");
     }
     Done::acquired(result)
 }
@@ -588,10 +590,10 @@ async fn renew(
     let result = within_lease(locker.renew(key, &token, ttl), ttl, runtime).await;
     match &result {
         Ok(Renewal::Held) => {}
-        Ok(Renewal::Lost) => log::warn!("active guard {key} lost lease, demote"),
+        Ok(Renewal::Lost) => tracing::warn!("active guard {key} lost lease, demote"),
         Err(e) => {
             if let Some(held) = failures.admit() {
-                log::warn!("active guard {key} renew: {e} ({held} more not logged)");
+                tracing::warn!("active guard {key} renew: {e} ({held} more not logged)");
             }
         }
     }
@@ -608,13 +610,13 @@ async fn release(
     let unlock = async {
         let result = locker.unlock(key, &token).await;
         if let Err(e) = &result {
-            log::warn!("active guard {key} release: {e}");
+            tracing::warn!("active guard {key} release: {e}");
         }
         Done::released(result)
     };
     let late = async {
         runtime.sleep(timeout).await;
-        log::warn!("active guard {key} release timed out after {timeout:?}");
+        tracing::warn!("active guard {key} release timed out after {timeout:?}");
         Done::Released(false)
     };
     future::or(unlock, late).await

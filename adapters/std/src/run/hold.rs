@@ -156,7 +156,7 @@ impl<R: Runtime> LockWatchdog<R> {
             let Some(next) = next else {
                 // Lost: tell the job, and renew no more.
                 shared.lost.0.close();
-                log::warn!("lock {key}: hold lost ({:?})", shared.lost());
+                tracing::warn!("lock {key}: hold lost ({:?})", shared.lost());
                 return;
             };
             let Some(token) = due else {
@@ -179,7 +179,7 @@ impl<R: Runtime> LockWatchdog<R> {
             match renewed {
                 Some(result) => {
                     if let Err(e) = &result {
-                        log::warn!("lock {key}: renewal failed, retried: {e}");
+                        tracing::warn!("lock {key}: renewal failed, retried: {e}");
                     }
                     shared.dog().handle_renewed(now, result);
                 }
@@ -191,12 +191,12 @@ impl<R: Runtime> LockWatchdog<R> {
     async fn release(&self, key: &str, token: &Token) {
         let unlock = async {
             if let Err(e) = self.locker.unlock(key, token).await {
-                log::warn!("lock {key}: release: {e}");
+                tracing::warn!("lock {key}: release: {e}");
             }
         };
         let late = async {
             self.clock.runtime().sleep(self.release_timeout).await;
-            log::warn!(
+            tracing::warn!(
                 "lock {key}: release timed out after {:?}; it expires on its own",
                 self.release_timeout
             );
@@ -295,11 +295,11 @@ impl<R: Runtime> Drop for Unreleased<R> {
         let (locker, key) = (self.locker.clone(), std::mem::take(&mut self.key));
         let spawned = self.runtime.spawn_detached(Box::pin(async move {
             if let Err(e) = locker.unlock(&key, &token).await {
-                log::warn!("lock {key}: release after the job was dropped: {e}");
+                tracing::warn!("lock {key}: release after the job was dropped: {e}");
             }
         }));
         if !spawned {
-            log::info!("lock dropped with its job: it expires after its ttl");
+            tracing::info!("lock dropped with its job: it expires after its ttl");
         }
     }
 }

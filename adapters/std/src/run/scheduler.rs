@@ -374,7 +374,7 @@ fn log_outcome(event: &OnceEvent<'_>, failures: &Throttle) {
     match (event.outcome, event.error) {
         (OnceOutcome::SkippedOnError, Some(e)) => {
             if let Some(held) = failures.admit() {
-                log::warn!(
+                tracing::warn!(
                     "once guard {} key={} backend error, skip action: {e} ({held} more not logged)",
                     event.scope,
                     event.key
@@ -383,19 +383,19 @@ fn log_outcome(event: &OnceEvent<'_>, failures: &Throttle) {
         }
         (OnceOutcome::AllowedOnError, Some(e)) => {
             if let Some(held) = failures.admit() {
-                log::warn!(
+                tracing::warn!(
                     "once guard {} key={} backend error, fail-open proceed: {e} ({held} more not logged)",
                     event.scope,
                     event.key
                 );
             }
         }
-        (OnceOutcome::AlreadyClaimed, _) => log::info!(
+        (OnceOutcome::AlreadyClaimed, _) => tracing::info!(
             "once guard {} key={} already executed by another holder, skip",
             event.scope,
             event.key
         ),
-        (outcome, _) => log::debug!(
+        (outcome, _) => tracing::debug!(
             "once guard {} key={} {}",
             event.scope,
             event.key,
@@ -442,7 +442,7 @@ async fn run_job<R: Runtime>(
                 key,
             )),
             Err(e) => {
-                log::error!("scheduled job {}: run lock key: {e}", job.name);
+                tracing::error!("scheduled job {}: run lock key: {e}", job.name);
                 return;
             }
         },
@@ -491,7 +491,7 @@ async fn run_job<R: Runtime>(
                     match ran {
                         Ok(Some(())) => {}
                         Ok(None) => {
-                            log::info!(
+                            tracing::info!(
                                 "scheduled job {}: slot {} skipped, a run of it is still going on elsewhere",
                                 job.name,
                                 slot.as_millis()
@@ -499,7 +499,7 @@ async fn run_job<R: Runtime>(
                             skip(slot, SlotSkip::RunningElsewhere);
                         }
                         Err(e) => {
-                            log::error!("scheduled job {}: run lock: {e}", job.name);
+                            tracing::error!("scheduled job {}: run lock: {e}", job.name);
                             skip(slot, SlotSkip::RunLock(e.to_string()));
                         }
                     }
@@ -510,7 +510,7 @@ async fn run_job<R: Runtime>(
                 skip(slot, SlotSkip::BackendError(error));
             }
             Ok(_) => {}
-            Err(e) => log::error!("scheduled job {}: {e}", job.name),
+            Err(e) => tracing::error!("scheduled job {}: {e}", job.name),
         }
     }
 }

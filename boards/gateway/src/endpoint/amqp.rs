@@ -233,8 +233,8 @@ pub(super) fn start(cx: Assembly<'_>, source: &AmqpSource) -> Result<Task, Gatew
                     })
                     .await;
                 match ran {
-                    Ok(stats) => log::info!("endpoint {name}: {stats:?}"),
-                    Err(e) => log::error!("endpoint {name}: {e}"),
+                    Ok(stats) => tracing::info!("endpoint {name}: {stats:?}"),
+                    Err(e) => tracing::error!("endpoint {name}: {e}"),
                 }
             }))
         }
@@ -264,8 +264,8 @@ pub(super) fn start(cx: Assembly<'_>, source: &AmqpSource) -> Result<Task, Gatew
                     })
                     .await;
                 match ran {
-                    Ok(stats) => log::info!("endpoint {name}: {stats:?}"),
-                    Err(e) => log::error!("endpoint {name}: {e}"),
+                    Ok(stats) => tracing::info!("endpoint {name}: {stats:?}"),
+                    Err(e) => tracing::error!("endpoint {name}: {e}"),
                 }
             }))
         }

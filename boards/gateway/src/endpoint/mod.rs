@@ -227,7 +227,7 @@ impl Inbox {
                 payload: payload.to_vec(),
             };
             if let Err(e) = crate::dead_letters::kept(store, &letter) {
-                log::error!(
+                tracing::error!(
                     "endpoint {}: {from}: not kept as a dead letter: {e}",
                     self.name
                 );
@@ -247,7 +247,7 @@ impl Inbox {
             }
         }
         if let Some(held) = self.warnings.admit() {
-            log::warn!(
+            tracing::warn!(
                 "endpoint {}: {from}: {why}; dead-lettered ({held} more not logged)",
                 self.name
             );
@@ -286,7 +286,7 @@ impl Inbox {
         metrics::counter!(guard_std::metrics::SINK_DROPPED, "name" => self.name.clone())
             .increment(1);
         if let Some(held) = self.drops.admit() {
-            log::error!(
+            tracing::error!(
                 "endpoint {}: {from}: {why}; message dropped ({held} more dropped, not logged)",
                 self.name
             );
@@ -365,7 +365,7 @@ impl Inbox {
         let waited = match &self.limit {
             Some((admission, key)) if self.too_large(payload.len()).is_none() => {
                 if let Some(held) = self.warnings.admit() {
-                    log::warn!(
+                    tracing::warn!(
                         "endpoint {}: {from}: {why}; the dead-letter queue is full, waiting for the limiter ({held} more not logged)",
                         self.name
                     );
@@ -548,31 +548,13 @@ fn never_invalid() -> Classifier<Refused> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Mutex;
-
     use guard_endpoints::delivery::UnhandledReason;
 
     use super::*;
 
-    /// The lines logged at `warn` and above in this test binary.
-    struct Logged(Mutex<Vec<String>>);
-
-    impl log::Log for Logged {
-        fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
-            metadata.level() <= log::Level::Warn
-        }
-        fn log(&self, record: &log::Record<'_>) {
-            self.0.lock().unwrap().push(record.args().to_string());
-        }
-        fn flush(&self) {}
-    }
-
-    static LOGGED: Logged = Logged(Mutex::new(Vec::new()));
-
     #[test]
     fn a_full_dead_letter_queue_logs_what_it_drops_once_per_interval() {
-        log::set_logger(&LOGGED).unwrap();
-        log::set_max_level(log::LevelFilter::Warn);
+        let log = guard_testkit::SpanLog::new();
         let inbox = Inbox {
             name: "alerts".into(),
             max_payload: 1024,
@@ -585,6 +567,7 @@ mod tests {
             drops: Throttle::new(),
         };
         let emit: Emit = Arc::new(|_| {});
+        let _logged = tracing::subscriber::set_default(log.subscriber());
         for n in 0..DEAD_LETTERS + 500 {
             inbox.keep_unhandled(
                 Unhandled {
@@ -596,8 +579,11 @@ mod tests {
                 &emit,
             );
         }
-        let logged = LOGGED.0.lock().unwrap();
-        let dropped: Vec<_> = logged.iter().filter(|l| l.contains("dropped")).collect();
+        let logged = log.events();
+        let dropped: Vec<_> = logged
+            .iter()
+            .filter(|e| e.level <= tracing::Level::WARN && e.message.contains("dropped"))
+            .collect();
         assert_eq!(dropped.len(), 1, "one line for 500 drops: {dropped:#?}");
         assert_eq!(inbox.dead_letters.len(), DEAD_LETTERS, "the queue is full");
     }

@@ -224,6 +224,6 @@ pub(super) fn start(cx: Assembly<'_>, source: &BinlogSource) -> Result<Task, Gat
                 }
             })
             .await;
-        log::info!("endpoint {name}: {stats:?}");
+        tracing::info!("endpoint {name}: {stats:?}");
     }))
 }

@@ -351,7 +351,7 @@ pub(super) fn subject(cx: Assembly<'_>, source: &NatsSource) -> Result<Task, Gat
                 report.payload(message.subject, message.payload, message.lease, None)
             })
             .await;
-        log::info!("endpoint {name}: {stats:?}");
+        tracing::info!("endpoint {name}: {stats:?}");
     }))
 }
 
@@ -385,6 +385,6 @@ pub(super) fn jetstream(cx: Assembly<'_>, source: &JetStreamSource) -> Result<Ta
                 Report::new(&inbox, &emit, &name).kept(from, message.payload)
             })
             .await;
-        log::info!("endpoint {name}: {stats:?}");
+        tracing::info!("endpoint {name}: {stats:?}");
     }))
 }

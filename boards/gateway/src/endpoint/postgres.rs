@@ -185,6 +185,6 @@ pub(super) async fn start(cx: Assembly<'_>, source: &PgQueueSource) -> Result<Ta
                 Report::new(&inbox, &emit, &name).kept(from, message.payload)
             })
             .await;
-        log::info!("endpoint {name}: {stats:?}");
+        tracing::info!("endpoint {name}: {stats:?}");
     }))
 }

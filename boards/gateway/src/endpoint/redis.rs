@@ -436,6 +436,6 @@ pub(super) async fn stream(cx: Assembly<'_>, source: &StreamSource) -> Result<Ta
                 }
             })
             .await;
-        log::info!("endpoint {name}: {stats:?}");
+        tracing::info!("endpoint {name}: {stats:?}");
     }))
 }
