@@ -203,6 +203,14 @@ step "the main job: three replicas, every slot once (exit 1 on a duplicate)"
 # minutes here).
 "${CARGO_TARGET_DIR:-target}/debug/guard-gateway" demo --seconds 4
 
+if [ "${GUARD_CROSS_ALL:-0}" = "1" ]; then
+    step "static gateways for x86_64, aarch64 and armv7, small and full sets, each run under qemu-user"
+    bash scripts/cross.sh --all
+else
+    step "a static aarch64 gateway (Redis and MQTT sources, HTTP sink) at most 6 MiB, run under qemu-user"
+    bash scripts/cross.sh
+fi
+
 step "the simulator: every scenario for a simulated day on five replicas"
 cargo run --release --locked -p guard-sim -- --seed 1 --scenario all --duration 86400 --replicas 5 \
     --svg target/guard-sim.svg

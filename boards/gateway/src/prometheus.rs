@@ -28,7 +28,7 @@ use async_io::Async;
 use async_lock::Semaphore;
 use futures_lite::future;
 use http_body_util::Full;
-use hyper::body::{Bytes, Incoming};
+use hyper::body::Bytes;
 use hyper::{Method, Request, Response, StatusCode};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use smol_hyper::rt::{FuturesIo, SmolTimer};
@@ -115,8 +115,8 @@ async fn accept(listener: Async<TcpListener>, handle: PrometheusHandle, ready: A
     }
 }
 
-fn respond(
-    request: &Request<Incoming>,
+fn respond<B>(
+    request: &Request<B>,
     handle: &PrometheusHandle,
     ready: &Readiness,
 ) -> Response<Full<Bytes>> {
@@ -152,10 +152,46 @@ fn respond(
     };
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;
+    if status == StatusCode::METHOD_NOT_ALLOWED {
+        // A 405 names the methods the resource takes (RFC 9110 15.5.6).
+        response.headers_mut().insert(
+            hyper::header::ALLOW,
+            hyper::header::HeaderValue::from_static("GET"),
+        );
+    }
     if let Ok(value) = hyper::header::HeaderValue::from_str(content_type) {
         response
             .headers_mut()
             .insert(hyper::header::CONTENT_TYPE, value);
     }
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A method other than GET is 405 with `Allow: GET` (RFC 9110 15.5.6),
+    /// on every path; nothing served changes state.
+    #[test]
+    fn another_method_is_refused_naming_the_one_allowed() {
+        let handle = PrometheusBuilder::new().build_recorder().handle();
+        let ready = Readiness::new();
+        for method in [Method::HEAD, Method::POST, Method::DELETE] {
+            for path in ["/status", "/metrics", "/nowhere"] {
+                let request = Request::builder()
+                    .method(method.clone())
+                    .uri(path)
+                    .body(())
+                    .unwrap();
+                let response = respond(&request, &handle, &ready);
+                assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED);
+                assert_eq!(
+                    response.headers().get(hyper::header::ALLOW),
+                    Some(&hyper::header::HeaderValue::from_static("GET")),
+                    "{method} {path}"
+                );
+            }
+        }
+    }
 }
