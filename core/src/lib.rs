@@ -41,6 +41,7 @@
     )
 )]
 
+pub mod claim;
 pub mod dedup;
 pub mod dlq;
 pub mod failure;

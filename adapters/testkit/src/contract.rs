@@ -59,19 +59,19 @@ pub const FENCE_ROUNDS: usize = 1_000;
 /// written; etcd, whose leases are whole seconds with a server minimum,
 /// needs about 40).
 #[derive(Clone, Copy)]
-struct Scale(u32);
+pub(crate) struct Scale(pub(crate) u32);
 
 impl Scale {
-    fn ttl(self, ms: u64) -> Ttl {
+    pub(crate) fn ttl(self, ms: u64) -> Ttl {
         Ttl::from_millis(ms.saturating_mul(u64::from(self.0))).expect("positive test TTL")
     }
 
-    fn ms(self, ms: u64) -> Duration {
+    pub(crate) fn ms(self, ms: u64) -> Duration {
         Duration::from_millis(ms.saturating_mul(u64::from(self.0)))
     }
 }
 
-fn backend<T>(key: &str, call: &str, result: Result<T, impl Display>) -> T {
+pub(crate) fn backend<T>(key: &str, call: &str, result: Result<T, impl Display>) -> T {
     result.unwrap_or_else(|e| panic!("{key}: backend error in {call}: {e}"))
 }
 
@@ -361,7 +361,26 @@ pub async fn one_winner_among<L: Locker>(locker: &L, key: &str, contenders: usiz
 }
 
 async fn one_winner_among_at<L: Locker>(locker: &L, key: &str, contenders: usize, scale: Scale) {
+    let winners: Vec<Token> = race(contenders, || grant(locker, key, scale, 10_000))
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    assert_eq!(
+        winners.len(),
+        1,
+        "{key}: exactly one of {contenders} concurrent contenders wins"
+    );
+    let ids: HashSet<_> = winners.iter().map(|t| *t.id()).collect();
+    assert_eq!(ids.len(), 1, "{key}: the winner holds one token");
+}
+
+/// Runs `contenders` calls of `call` on the caller's task, each started
+/// only once all have reached a start line, so with a backend that
+/// answers later all the requests are in flight together; their outputs.
+pub(crate) async fn race<F: Future>(contenders: usize, call: impl Fn() -> F) -> Vec<F::Output> {
     let arrived = &Cell::new(0usize);
+    let call = &call;
     let racers = (0..contenders).map(|_| async move {
         arrived.set(arrived.get() + 1);
         poll_fn(|cx| {
@@ -373,16 +392,9 @@ async fn one_winner_among_at<L: Locker>(locker: &L, key: &str, contenders: usize
             }
         })
         .await;
-        grant(locker, key, scale, 10_000).await
+        call().await
     });
-    let winners: Vec<Token> = join_all(racers).await.into_iter().flatten().collect();
-    assert_eq!(
-        winners.len(),
-        1,
-        "{key}: exactly one of {contenders} concurrent contenders wins"
-    );
-    let ids: HashSet<_> = winners.iter().map(|t| *t.id()).collect();
-    assert_eq!(ids.len(), 1, "{key}: the winner holds one token");
+    join_all(racers).await
 }
 
 /// Polls every future on the caller's task until all are done; their

@@ -1,7 +1,8 @@
 //! guard-testkit: what guard's own tests share, as a development
 //! dependency only (not published).
 //!
-//! - [`contract`]: the `Locker` contract suite every backend runs;
+//! - [`contract`]: the `Locker` contract suite every backend runs, and
+//!   [`claims`]: the `ClaimStore` contract suite;
 //! - [`sources`]: the elected-source contract suite every elected source
 //!   runs against its real server;
 //! - [`RedisServer`], [`RedisCluster`], [`RedisSentinel`]: real
@@ -29,6 +30,7 @@
 //! # Ok::<(), guard_testkit::HarnessError>(())
 //! ```
 
+pub mod claims;
 pub mod contract;
 pub mod etcd;
 mod faulty;
@@ -58,3 +60,18 @@ pub use redis::{RedisCluster, RedisSentinel, RedisServer, SENTINEL_SERVICE};
 pub use spans::{ClosedSpan, LoggedEvent, SpanLog};
 pub use tls::TestCerts;
 pub use waiters::{Finished, finish_order};
+
+/// What a contract suite's failure says: the message `run` panicked
+/// with. Panics itself if `run` passed, saying `what` was expected to
+/// fail. How each suite is shown to catch an implementation that breaks
+/// one of its rules.
+pub fn broken_rule(what: &str, run: impl FnOnce()) -> String {
+    let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) else {
+        panic!("the suite passed {what}");
+    };
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+        .unwrap_or_default()
+}

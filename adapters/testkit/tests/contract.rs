@@ -6,7 +6,6 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::convert::Infallible;
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Duration;
 
 use futures_lite::future::block_on;
@@ -102,17 +101,6 @@ impl LeaseRenewer for Broken {
     }
 }
 
-/// The message of the check that `run` panicked in.
-fn broken_rule(run: impl FnOnce()) -> String {
-    let payload =
-        catch_unwind(AssertUnwindSafe(run)).expect_err("the suite passed a broken locker");
-    payload
-        .downcast_ref::<String>()
-        .cloned()
-        .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-        .unwrap_or_default()
-}
-
 #[test]
 fn a_locker_that_breaks_a_rule_fails_the_check_that_names_it() {
     for (fault, rule) in [
@@ -144,7 +132,7 @@ fn a_locker_that_breaks_a_rule_fails_the_check_that_names_it() {
             holders: RefCell::default(),
             grants: Cell::new(0),
         };
-        let message = broken_rule(|| {
+        let message = guard_testkit::broken_rule("a broken locker", || {
             block_on(contract::run_all(&locker, "contract", 8, |d: Duration| {
                 clock.advance(d);
                 std::future::ready(())
@@ -190,7 +178,9 @@ impl Locker for CheckThenAct {
 #[test]
 fn a_check_then_act_race_is_caught_by_contenders_joined_on_one_thread() {
     let locker = CheckThenAct::default();
-    let message = broken_rule(|| block_on(contract::one_winner_among(&locker, "race", 8)));
+    let message = guard_testkit::broken_rule("a broken locker", || {
+        block_on(contract::one_winner_among(&locker, "race", 8))
+    });
     assert!(
         message.contains("race: exactly one of 8 concurrent contenders wins"),
         "{message}"

@@ -4,7 +4,6 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashSet;
-use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use futures_lite::future::block_on;
 use guard_testkit::sinks::{self, Answered, Sent, SinkUnderTest};
@@ -136,16 +135,6 @@ impl SinkUnderTest for MemorySink {
     }
 }
 
-/// The message of the check that `run` panicked in.
-fn broken_rule(run: impl FnOnce()) -> String {
-    let payload = catch_unwind(AssertUnwindSafe(run)).expect_err("the suite passed a broken sink");
-    payload
-        .downcast_ref::<String>()
-        .cloned()
-        .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-        .unwrap_or_default()
-}
-
 #[test]
 fn a_sink_that_keeps_every_rule_passes_with_and_without_a_duplicate_window() {
     for deduplicates in [false, true] {
@@ -172,7 +161,9 @@ fn a_sink_that_breaks_a_rule_fails_the_check_that_names_it() {
     ] {
         for deduplicates in [false, true] {
             let sink = MemorySink::new(fault, deduplicates);
-            let message = broken_rule(|| block_on(sinks::run_all(&sink, "broken")));
+            let message = guard_testkit::broken_rule("a broken sink", || {
+                block_on(sinks::run_all(&sink, "broken"))
+            });
             assert!(
                 message.contains(&format!("{rule}:")),
                 "{fault:?} (deduplicating: {deduplicates}) failed elsewhere: {message}"

@@ -4,7 +4,6 @@
 //! of that rule, naming it.
 
 use std::collections::VecDeque;
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -194,13 +193,7 @@ fn a_source_built_right_passes_every_scenario() {
 /// Runs `scenario` on `fake` (which breaks a rule); what its failure
 /// says.
 fn failure_of<S>(fake: S, scenario: fn(&S)) -> String {
-    let failed = catch_unwind(AssertUnwindSafe(|| scenario(&fake)))
-        .expect_err("the scenario passed a broken source");
-    failed
-        .downcast_ref::<String>()
-        .cloned()
-        .or_else(|| failed.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-        .unwrap_or_default()
+    guard_testkit::broken_rule("a broken source", || scenario(&fake))
 }
 
 /// Runs `scenario` on a fake with `fault`; the rule its failure names.

@@ -74,6 +74,29 @@ fn start(id: usize, config: &std::path::Path, lines: &Lines) -> Process {
     collect(id, child, lines)
 }
 
+/// [`start`], with the process's log lines (from `info` on, each
+/// prefixed `log: `) among its stdout lines: what a failure shows.
+fn start_logged(id: usize, config: &std::path::Path, lines: &Lines) -> Process {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_guard-gateway"))
+        .args(["run", "--replica", &format!("replica-{id}"), "--config"])
+        .arg(config)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("guard-gateway");
+    let stderr = child.stderr.take().unwrap();
+    let log = lines.clone();
+    thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            log.lock()
+                .unwrap()
+                .push((id, Instant::now(), format!("log: {line}")));
+        }
+    });
+    collect(id, child, lines)
+}
+
 /// Collects the lines `child` prints on its (piped) stdout as process `id`.
 fn collect(id: usize, mut child: Child, lines: &Lines) -> Process {
     let stdout = child.stdout.take().unwrap();
@@ -1312,7 +1335,7 @@ url = "{}"
     )
     .unwrap();
     let lines: Lines = Arc::default();
-    let processes: Vec<Process> = (0..3).map(|id| start(id, &path, &lines)).collect();
+    let processes: Vec<Process> = (0..3).map(|id| start_logged(id, &path, &lines)).collect();
     // Each source is ready: the queue declared, the table created, the
     // binlog reader's checkpoint claimed.
     let amqp = smol::block_on(Connection::connect(
@@ -1322,23 +1345,50 @@ url = "{}"
     .expect("amqp connect");
     let channel = smol::block_on(amqp.create_channel()).unwrap();
     smol::block_on(channel.confirm_select(ConfirmSelectOptions::default())).unwrap();
-    assert!(
-        wait_for(SETTLE, || {
-            database.query("SELECT count(*) FROM jobs").is_ok()
-                && mariadb
+    let waiting = std::cell::Cell::new("");
+    let set_up = wait_for(SETTLE, || {
+        let ready = [
+            (
+                "the jobs table",
+                database.query("SELECT count(*) FROM jobs").is_ok(),
+            ),
+            (
+                "the binlog checkpoint",
+                mariadb
                     .execute("SELECT fence FROM app.guard_binlog_checkpoints")
-                    .is_ok_and(|out| !out.trim().is_empty())
-                && smol::block_on(channel.queue_declare(
-                    "orders".into(),
-                    lapin::options::QueueDeclareOptions {
-                        passive: true,
-                        ..Default::default()
-                    },
-                    lapin::types::FieldTable::default(),
-                ))
-                .is_ok()
-        }),
-        "a source was not set up: {:?}",
+                    .is_ok_and(|out| !out.trim().is_empty()),
+            ),
+            (
+                // A passive declare of a missing queue closes its channel
+                // (404): each check asks on a channel of its own.
+                "the orders queue",
+                smol::block_on(async {
+                    let probe = amqp.create_channel().await?;
+                    probe
+                        .queue_declare(
+                            "orders".into(),
+                            lapin::options::QueueDeclareOptions {
+                                passive: true,
+                                ..Default::default()
+                            },
+                            lapin::types::FieldTable::default(),
+                        )
+                        .await
+                })
+                .is_ok(),
+            ),
+        ];
+        let missing = ready
+            .iter()
+            .find(|(_, ok)| !ok)
+            .map_or("", |(what, _)| *what);
+        waiting.set(missing);
+        missing.is_empty()
+    });
+    assert!(
+        set_up,
+        "a source was not set up ({} missing): {:?}",
+        waiting.get(),
         lines.lock().unwrap()
     );
     thread::sleep(Duration::from_millis(500));

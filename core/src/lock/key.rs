@@ -3,6 +3,7 @@
 //! ```text
 //! <prefix>once:<scope>:<delivery key>     OnceGuard, e.g. guard:once:endpoint/schedule:owner=t1:router=r1:1767225600000
 //! <prefix>active:<scope>                  ActiveGuard
+//! <prefix>claim:<scope>:<delivery key>    Claims (done at most once, retried until done)
 //! scope = <component>(:<label>=<value>)*  segments with an empty value are skipped
 //! ```
 //!
@@ -166,14 +167,35 @@ pub fn once_key(
     scope: &Scope,
     delivery_key: &str,
 ) -> Result<String<MAX_KEY_LEN>, KeyError> {
+    delivery_scoped_key(prefix, "once:", scope, delivery_key)
+}
+
+/// `<prefix><kind><scope>:<delivery key>`, the delivery key escaped.
+fn delivery_scoped_key(
+    prefix: &str,
+    kind: &str,
+    scope: &Scope,
+    delivery_key: &str,
+) -> Result<String<MAX_KEY_LEN>, KeyError> {
     check_prefix(prefix)?;
     let mut key = String::new();
     push_raw(&mut key, prefix)?;
-    push_raw(&mut key, "once:")?;
+    push_raw(&mut key, kind)?;
     push_raw(&mut key, scope.as_str())?;
     push_raw(&mut key, ":")?;
     push_escaped(&mut key, delivery_key)?;
     Ok(key)
+}
+
+/// `<prefix>claim:<scope>:<delivery key>`, the key of a
+/// [`Claims`](crate::claim::Claims) record, escaped and checked as
+/// [`once_key`]'s: a claim and a once-guard on one scope never share a key.
+pub fn claim_key(
+    prefix: &str,
+    scope: &Scope,
+    delivery_key: &str,
+) -> Result<String<MAX_KEY_LEN>, KeyError> {
+    delivery_scoped_key(prefix, "claim:", scope, delivery_key)
 }
 
 /// `<prefix>active:<scope>`; the prefix is checked with [`check_prefix`].

@@ -1,4 +1,6 @@
-//! An in-process locker with fencing.
+//! An in-process locker with fencing, and a claim store beside it.
+
+mod claims;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -25,9 +27,33 @@ struct Held {
 struct State {
     held: HashMap<String, Held>,
     last_sweep: Option<Instant>,
-    /// The last fence granted. One counter for every key: it strictly
-    /// increases per key too, and survives the sweep of expired keys.
+    /// Claim records (see `claims`), swept with the locks.
+    claims: HashMap<String, claims::Record>,
+    /// The last fence granted, to a lock or a claim attempt. One counter
+    /// for every key: it strictly increases per key too, and survives the
+    /// sweep of expired keys.
     last_fence: u64,
+}
+
+impl State {
+    /// Forgets expired locks and claim records at most once per
+    /// `interval`, so unique keys (schedule slots, message ids) do not
+    /// accumulate.
+    fn sweep(&mut self, now: Instant, interval: Duration) {
+        let due = self
+            .last_sweep
+            .is_none_or(|last| now.saturating_duration_since(last) >= interval);
+        if due {
+            self.held.retain(|_, h| now < h.expires_at);
+            self.claims.retain(|_, r| !r.forgotten(now));
+            self.last_sweep = Some(now);
+        }
+    }
+
+    fn next_fence(&mut self) -> u64 {
+        self.last_fence = self.last_fence.saturating_add(1);
+        self.last_fence
+    }
 }
 
 /// A [`Locker`](guard_core::lock::Locker) and lease renewer inside one
@@ -70,6 +96,7 @@ impl<C: Clock> LocalLocker<C> {
             ids: TokenIds::new(),
             state: Mutex::new(State {
                 held: HashMap::new(),
+                claims: HashMap::new(),
                 last_sweep: None,
                 last_fence: 0,
             }),
@@ -84,9 +111,11 @@ impl<C: Clock> LocalLocker<C> {
         self
     }
 
-    /// Keys currently stored (held or expired but not yet swept).
+    /// Keys currently stored (held or expired but not yet swept), claim
+    /// records included.
     pub fn stored_keys(&self) -> usize {
-        self.lock_state().held.len()
+        let state = self.lock_state();
+        state.held.len().saturating_add(state.claims.len())
     }
 
     fn lock_state(&self) -> MutexGuard<'_, State> {
@@ -99,18 +128,11 @@ impl<C: Clock> LocalLocker<C> {
     pub fn try_lock_now(&self, key: &str, ttl: Ttl) -> Option<Token> {
         let now = self.clock.now();
         let mut state = self.lock_state();
-        let sweep_due = state
-            .last_sweep
-            .is_none_or(|last| now.saturating_duration_since(last) >= self.sweep_interval);
-        if sweep_due {
-            state.held.retain(|_, h| now < h.expires_at);
-            state.last_sweep = Some(now);
-        }
+        state.sweep(now, self.sweep_interval);
         if state.held.get(key).is_some_and(|h| now < h.expires_at) {
             return None;
         }
-        state.last_fence = state.last_fence.saturating_add(1);
-        let fence = state.last_fence;
+        let fence = state.next_fence();
         let id = self.ids.next_id();
         let expires_at = now.saturating_add(ttl.as_duration());
         state.held.insert(key.to_owned(), Held { id, expires_at });

@@ -1,4 +1,6 @@
-//! A fenced lock service on Redis.
+//! A fenced lock service on Redis, and a claim store beside it.
+
+mod claims;
 
 use std::fmt;
 
@@ -46,6 +48,7 @@ pub struct RedisLocker {
     acquire: Script,
     release: Script,
     renew: Script,
+    claims: claims::Scripts,
 }
 
 impl fmt::Debug for RedisLocker {
@@ -67,6 +70,7 @@ impl RedisLocker {
             acquire: Script::new(ACQUIRE),
             release: Script::new(RELEASE),
             renew: Script::new(RENEW),
+            claims: claims::Scripts::new(),
         }
     }
 
