@@ -10,6 +10,20 @@
 //! );
 //! CREATE SEQUENCE "<table>_fence" AS bigint;
 //! CREATE INDEX "<table>_expires" ON "<table>" (expires_at);
+//!
+//! -- Claim records (guard-core's `claim` module), fences from the same sequence.
+//! CREATE TABLE "<table>_claims" (
+//!     key         text        PRIMARY KEY,
+//!     state       text        NOT NULL,  -- 'r' running, 'f' failed, 'd' done
+//!     token       bytea       NOT NULL,  -- the running or last attempt's token id
+//!     fence       bigint      NOT NULL,
+//!     attempt     integer     NOT NULL,
+//!     started     text        NOT NULL,  -- why it started: fresh, failed, expired
+//!     lease_until timestamptz,           -- while running, on the server's clock
+//!     forget_at   timestamptz NOT NULL,  -- keep after the last write, at least the lease
+//!     result      bytea                  -- when done
+//! );
+//! CREATE INDEX "<table>_forget" ON "<table>_claims" (forget_at);
 //! ```
 //!
 //! A released key's row stays, its lease ended, until a purge after the
@@ -32,6 +46,12 @@ const SEQUENCE_SUFFIX: &str = "_fence";
 /// Appended to the table's name to name its expiry index (the longest
 /// suffix).
 const INDEX_SUFFIX: &str = "_expires";
+
+/// Appended to the table's name to name its claim records' table.
+const CLAIMS_SUFFIX: &str = "_claims";
+
+/// Appended to the table's name to name the claim records' index.
+const CLAIMS_INDEX_SUFFIX: &str = "_forget";
 
 /// The longest table name: its sequence and index names must fit too.
 pub const MAX_TABLE: usize = MAX_IDENTIFIER - INDEX_SUFFIX.len();
@@ -86,6 +106,20 @@ pub(crate) struct Statements {
     /// Deletes up to `$1` rows whose leases ended more than `$2`
     /// milliseconds ago.
     pub(crate) purge: String,
+    /// Begins an attempt on claim `$1` with token `$2` (bytea), lease
+    /// `$3` and keep `$4` milliseconds (bigint). One row: `kind` 1 (an
+    /// attempt started: fence, attempt, started), 2 (running: ms left)
+    /// or 3 (done: result); no row when the record changed under the
+    /// statement (answered as running).
+    pub(crate) claim_begin: String,
+    /// Extends `$1`'s lease to `$4` ms from now if token `$2` with fence
+    /// `$3` runs it and its lease has not ended.
+    pub(crate) claim_extend: String,
+    /// Settles `$1` as state `$4` (text), kept `$5` ms, with result `$6`
+    /// (bytea, or null) if token `$2` with fence `$3` runs it.
+    pub(crate) claim_settle: String,
+    /// Deletes up to `$1` claim records forgotten more than `$2` ms ago.
+    pub(crate) claim_purge: String,
 }
 
 impl Statements {
@@ -95,15 +129,20 @@ impl Statements {
         let t = quoted(table);
         let sequence = quoted(&format!("{table}{SEQUENCE_SUFFIX}"));
         let index = quoted(&format!("{table}{INDEX_SUFFIX}"));
+        let c = quoted(&format!("{table}{CLAIMS_SUFFIX}"));
+        let claims_index = quoted(&format!("{table}{CLAIMS_INDEX_SUFFIX}"));
         // A lease's end: the server's clock plus the TTL. `clock_timestamp`
         // rather than `now`: the instant it is evaluated, not the
         // statement's transaction's start.
         let until =
             |param: &str| format!("clock_timestamp() + {param}::bigint * interval '1 millisecond'");
         Statements {
-            exists: format!("SELECT to_regclass('{t}') IS NOT NULL"),
+            exists: format!(
+                "SELECT to_regclass('{t}') IS NOT NULL AND to_regclass('{c}') IS NOT NULL"
+            ),
             privileges: format!(
                 "SELECT has_table_privilege('{t}', 'SELECT, INSERT, UPDATE, DELETE') \
+                 AND has_table_privilege('{c}', 'SELECT, INSERT, UPDATE, DELETE') \
                  AND has_sequence_privilege('{sequence}', 'USAGE')"
             ),
             create: format!(
@@ -116,6 +155,17 @@ impl Statements {
                  expires_at timestamptz NOT NULL); \
                  CREATE SEQUENCE IF NOT EXISTS {sequence} AS bigint; \
                  CREATE INDEX IF NOT EXISTS {index} ON {t} (expires_at); \
+                 CREATE TABLE IF NOT EXISTS {c} (\
+                 key text PRIMARY KEY, \
+                 state text NOT NULL, \
+                 token bytea NOT NULL, \
+                 fence bigint NOT NULL, \
+                 attempt integer NOT NULL, \
+                 started text NOT NULL, \
+                 lease_until timestamptz, \
+                 forget_at timestamptz NOT NULL, \
+                 result bytea); \
+                 CREATE INDEX IF NOT EXISTS {claims_index} ON {c} (forget_at); \
                  COMMIT"
             ),
             // One statement. Contenders for one key wait on each other's
@@ -152,6 +202,52 @@ impl Statements {
                  SELECT key FROM {t} \
                  WHERE expires_at <= clock_timestamp() - $2::bigint * interval '1 millisecond' \
                  ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)"
+            ),
+            // One statement, as the acquire: contenders wait on the
+            // record's row lock and the second finds a running lease. A
+            // record that did not start an attempt is read in the
+            // statement's snapshot, which may predate a write the upsert
+            // saw: it can only answer Running where the truth is a newer
+            // state (a retry later finds it), never Done where the work
+            // is not (a done record stays done until it is forgotten).
+            claim_begin: format!(
+                "WITH up AS (\
+                 INSERT INTO {c} AS held (key, state, token, fence, attempt, started, lease_until, forget_at, result) \
+                 VALUES ($1, 'r', $2, nextval('{sequence}'), 1, 'fresh', {lease}, {forget}, NULL) \
+                 ON CONFLICT (key) DO UPDATE SET \
+                 state = 'r', token = excluded.token, fence = nextval('{sequence}'), \
+                 attempt = CASE WHEN held.forget_at <= clock_timestamp() THEN 1 ELSE held.attempt + 1 END, \
+                 started = CASE WHEN held.forget_at <= clock_timestamp() THEN 'fresh' \
+                 WHEN held.state = 'f' THEN 'failed' ELSE 'expired' END, \
+                 lease_until = {lease}, forget_at = {forget}, result = NULL \
+                 WHERE held.forget_at <= clock_timestamp() OR held.state = 'f' \
+                 OR (held.state = 'r' AND held.lease_until <= clock_timestamp()) \
+                 RETURNING fence, attempt, started) \
+                 SELECT 1 AS kind, fence, attempt, started, NULL::bigint AS left_ms, NULL::bytea AS result FROM up \
+                 UNION ALL \
+                 SELECT CASE WHEN state = 'd' THEN 3 ELSE 2 END, NULL, NULL, NULL, \
+                 GREATEST(0, CEIL(EXTRACT(EPOCH FROM (lease_until - clock_timestamp())) * 1000))::bigint, result \
+                 FROM {c} WHERE key = $1 AND forget_at > clock_timestamp() AND NOT EXISTS (SELECT 1 FROM up)",
+                lease = until("$3"),
+                forget = until("GREATEST($3::bigint, $4::bigint)"),
+            ),
+            claim_extend: format!(
+                "UPDATE {c} SET lease_until = {lease}, forget_at = GREATEST(forget_at, {lease}) \
+                 WHERE key = $1 AND token = $2 AND fence = $3 AND state = 'r' \
+                 AND lease_until > clock_timestamp()",
+                lease = until("$4"),
+            ),
+            claim_settle: format!(
+                "UPDATE {c} SET state = $4, lease_until = NULL, forget_at = {}, result = $6 \
+                 WHERE key = $1 AND token = $2 AND fence = $3 AND state = 'r' \
+                 AND forget_at > clock_timestamp()",
+                until("$5"),
+            ),
+            claim_purge: format!(
+                "DELETE FROM {c} WHERE key IN (\
+                 SELECT key FROM {c} \
+                 WHERE forget_at <= clock_timestamp() - $2::bigint * interval '1 millisecond' \
+                 ORDER BY forget_at LIMIT $1 FOR UPDATE SKIP LOCKED)"
             ),
         }
     }

@@ -1,4 +1,7 @@
-//! A fenced lock service on a PostgreSQL lease table.
+//! A fenced lock service on a PostgreSQL lease table, and a claim store
+//! beside it.
+
+mod claims;
 
 use std::fmt;
 use std::ops::Deref;
@@ -42,6 +45,10 @@ struct Session {
     renew: Statement,
     release: Statement,
     purge: Statement,
+    claim_begin: Statement,
+    claim_extend: Statement,
+    claim_settle: Statement,
+    claim_purge: Statement,
     /// How many callers wait on the connection (the low bits), and
     /// [`ABANDONED`]: one word, so that no caller enters a connection
     /// once it is abandoned, and the last one out knows it is the last.
@@ -264,13 +271,19 @@ impl PgLocker {
         .await
     }
 
-    /// Deletes up to [`PURGE_BATCH`] rows whose leases ended more than
-    /// the purge grace ago; returns how many. The locker does this by
-    /// itself at the start of every [`PURGE_EVERY`]-th acquisition.
+    /// Deletes up to [`PURGE_BATCH`] rows whose leases ended, and as many
+    /// claim records forgotten, more than the purge grace ago; returns
+    /// how many. The locker does this by itself at the start of every
+    /// [`PURGE_EVERY`]-th acquisition or claim begin.
     pub async fn purge_expired(&self) -> Result<u64, PgLockError> {
         let grace = i64::try_from(self.purge_grace.as_millis()).unwrap_or(i64::MAX);
         self.request("purge", async |s: &Session| {
-            s.client.execute(&s.purge, &[&PURGE_BATCH, &grace]).await
+            let locks = s.client.execute(&s.purge, &[&PURGE_BATCH, &grace]).await?;
+            let claims = s
+                .client
+                .execute(&s.claim_purge, &[&PURGE_BATCH, &grace])
+                .await?;
+            Ok(locks.saturating_add(claims))
         })
         .await
     }
@@ -388,7 +401,7 @@ impl PgLocker {
             return Err(PgLockError::invalid(
                 "table",
                 self.table.clone(),
-                "the role needs SELECT, INSERT, UPDATE and DELETE on the table and USAGE on its sequence <table>_fence",
+                "the role needs SELECT, INSERT, UPDATE and DELETE on the table and on <table>_claims, and USAGE on its sequence <table>_fence",
             ));
         }
         let prepare = async |sql: &str| {
@@ -402,6 +415,10 @@ impl PgLocker {
         let release = prepare(&self.statements.release).await?;
         let purge = prepare(&self.statements.purge).await?;
         Ok(Session {
+            claim_begin: prepare(&self.statements.claim_begin).await?,
+            claim_extend: prepare(&self.statements.claim_extend).await?,
+            claim_settle: prepare(&self.statements.claim_settle).await?,
+            claim_purge: prepare(&self.statements.claim_purge).await?,
             client,
             acquire,
             renew,
