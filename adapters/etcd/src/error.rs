@@ -22,6 +22,16 @@ pub enum Call {
     LeaseRevoke,
     /// `Status` of a member ([`EtcdLocker::check`](crate::EtcdLocker::check)).
     Status,
+    /// A claim's read of its record and lease keys.
+    ClaimRead,
+    /// The transaction of a claim's begin (compare and start an attempt).
+    ClaimBegin,
+    /// The transaction of a claim's extend (compare and move the lease).
+    ClaimExtend,
+    /// The transaction of a claim's complete or fail.
+    ClaimSettle,
+    /// `LeaseKeepAlive` of a claim record's lease at an extend.
+    LeaseKeepAlive,
 }
 
 impl fmt::Display for Call {
@@ -34,6 +44,11 @@ impl fmt::Display for Call {
             Call::Renew => "renew transaction",
             Call::LeaseRevoke => "lease revoke",
             Call::Status => "status",
+            Call::ClaimRead => "claim read",
+            Call::ClaimBegin => "claim begin transaction",
+            Call::ClaimExtend => "claim extend transaction",
+            Call::ClaimSettle => "claim settle transaction",
+            Call::LeaseKeepAlive => "lease keep-alive",
         })
     }
 }

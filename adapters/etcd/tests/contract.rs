@@ -1,4 +1,4 @@
-//! The common Locker contract against a real 3-member etcd cluster, from
+//! The common Locker and ClaimStore contracts against a real 3-member etcd cluster, from
 //! smol (async-compat's tokio runtime underneath) and from inside a tokio
 //! runtime.
 
@@ -182,4 +182,18 @@ fn a_missing_etcd_names_its_debian_package() {
         err.to_string().contains("apt-get install etcd-server"),
         "{err}"
     );
+}
+
+#[test]
+fn a_three_member_cluster_passes_the_claim_contract() {
+    let cluster = EtcdCluster::start(3).expect("etcd cluster");
+    let started = Instant::now();
+    smol::block_on(async {
+        let store = EtcdLocker::connect(EtcdConfig::new(cluster.endpoints()))
+            .await
+            .expect("etcd client");
+        guard_testkit::claims::run_all(&store, "guard/test/claims", 10, SCALE, smol::Timer::after)
+            .await;
+    });
+    eprintln!("claim suite on etcd: {:?}", started.elapsed());
 }

@@ -1,5 +1,7 @@
 //! A linearizable, fenced lock service on etcd (see the crate
-//! documentation for what it guarantees).
+//! documentation for what it guarantees), and a claim store beside it.
+
+mod claims;
 
 use std::error::Error as StdError;
 use std::fmt;
