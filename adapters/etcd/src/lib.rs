@@ -18,6 +18,11 @@
 //!   new lease" (which keeps the create revision), then revoke the old
 //!   lease. etcd cannot change a lease's TTL, so renewal moves the key.
 //!
+//! It is also a `ClaimStore` (guard-core's `claim`: done at most once,
+//! retried until done): a record key on a keep lease and a lease key that
+//! exists exactly while the attempt's lease runs (layout in its module,
+//! `tests/contract.rs::a_three_member_cluster_passes_the_claim_contract`).
+//!
 //! Guarantees:
 //! - **One holder per key while etcd's quorum holds.** Every request is a
 //!   raft-committed, linearizable transaction: two grants of a key cannot

@@ -5,7 +5,10 @@
 //!
 //! [`PgLocker`] keeps one row per held key in a lease table (layout in
 //! [`sql`]): acquire, renew and release are one statement each, leases
-//! end on the server's clock, and fences come from a sequence.
+//! end on the server's clock, and fences come from a sequence. It is also
+//! a `ClaimStore` (guard-core's `claim`: done at most once, retried until
+//! done), with records in `<table>_claims`, one statement a call
+//! (`tests/pg_claims.rs`).
 //!
 //! ```no_run
 //! # smol::block_on(async {

@@ -5,7 +5,9 @@
 //! - [`RedisLocker`]: `Locker` + `LeaseRenewer` with fencing: one script
 //!   takes the lock (`SET NX PX`) and increments a fence counter in the
 //!   same hash slot; unlock is compare-and-delete, renew
-//!   compare-and-`PEXPIRE`.
+//!   compare-and-`PEXPIRE`. It is also a `ClaimStore` (guard-core's
+//!   `claim`: done at most once, retried until done), one script a call,
+//!   the record beside the lock layout.
 //! - [`RedisTokenBucket`], [`RedisLeakyBucket`], [`RedisSlidingWindow`]:
 //!   one script per decision, deciding exactly as guard-core's limiters.
 //! - [`RedisSetDeduplicator`], [`RedisWindowedDeduplicator`],

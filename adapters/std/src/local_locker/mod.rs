@@ -67,6 +67,10 @@ impl State {
 ///   an acquisition, so unique keys (schedule slots) do not accumulate.
 /// - Safe to share between threads and tasks; its futures never wait.
 ///
+/// It is also a [`ClaimStore`](guard_core::claim::ClaimStore) (records
+/// beside the locks, on the same clock and fence counter, swept with
+/// them), the reference the other claim stores are compared with.
+///
 /// It never fails: its error type is [`Infallible`].
 #[derive(Debug)]
 pub struct LocalLocker<C: Clock = SystemClock> {
