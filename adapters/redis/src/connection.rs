@@ -198,6 +198,24 @@ impl std::fmt::Debug for RedisConnection {
     }
 }
 
+/// What a tokio application built without guard-redis's `tokio` feature
+/// is told: its connections would run on async-io's reactor, a second one
+/// beside tokio's, with timers of their own. `None` when nothing is wrong.
+pub(crate) fn second_reactor(inside_tokio: bool, tokio_feature: bool) -> Option<&'static str> {
+    (inside_tokio && !tokio_feature).then_some(
+        "guard-redis: connecting from inside a tokio runtime, but guard-redis was built without its `tokio` feature: its connections run on async-io's reactor, a second one beside tokio's; enable `guard-redis/tokio` (guard-server's `redis` feature does)",
+    )
+}
+
+/// Says [`second_reactor`]'s warning once per process, at a connect.
+fn warn_of_a_second_reactor() {
+    static TOLD: std::sync::Once = std::sync::Once::new();
+    let inside_tokio = tokio::runtime::Handle::try_current().is_ok();
+    if let Some(warning) = second_reactor(inside_tokio, cfg!(feature = "tokio")) {
+        TOLD.call_once(|| tracing::warn!("{warning}"));
+    }
+}
+
 pub(crate) async fn bounded<T>(
     timeout: Duration,
     request: impl Future<Output = Result<T, RedisGuardError>>,
@@ -217,6 +235,7 @@ impl RedisConnection {
     /// `rediss://` or none. `connect_with_tls` (same feature) takes a
     /// private CA or a client certificate.
     pub async fn connect(topology: Topology, timeout: Duration) -> Result<Self, RedisGuardError> {
+        warn_of_a_second_reactor();
         #[cfg(feature = "tls")]
         if uses_tls(&topology)? {
             return Box::pin(Self::open(topology, timeout, Some(&RedisTls::new()))).await;
@@ -467,4 +486,18 @@ fn masters(nodes: &str) -> Vec<(String, u16)> {
             Some((host.to_owned(), port))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::second_reactor;
+
+    #[test]
+    fn a_tokio_caller_without_the_tokio_feature_is_told_how_to_fix_it() {
+        let warning = second_reactor(true, false).expect("a warning");
+        assert!(warning.contains("guard-redis/tokio"), "{warning}");
+        assert_eq!(second_reactor(true, true), None);
+        assert_eq!(second_reactor(false, false), None);
+        assert_eq!(second_reactor(false, true), None);
+    }
 }

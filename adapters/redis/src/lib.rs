@@ -66,3 +66,8 @@ pub use stream_dlq::{
 };
 #[cfg(feature = "tls")]
 pub use tls::RedisTls;
+
+/// The `redis` crate guard-redis is built on: build the commands
+/// [`RedisConnection::query`] takes from here (`guard_redis::redis::cmd`),
+/// so they are always of the same version.
+pub use redis;
