@@ -25,6 +25,9 @@
 //! assert!(limiter.check(t0 + Duration::from_millis(200)).is_allowed());
 //! # Ok::<(), guard_core::limit::LimiterError>(())
 //! ```
+// docs.rs (nightly, `--cfg docsrs`) marks each feature-gated item with
+// the feature it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 // `arbitrary` links std (its derive names it): a host-only feature.
 #![cfg_attr(not(any(test, guard_loom, feature = "arbitrary")), no_std)]
 // Panic freedom of the library code is checked by clippy (tests may panic).

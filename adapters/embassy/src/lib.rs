@@ -18,6 +18,9 @@
 //! The crate is `no_std` and allocation-free. The final binary provides an
 //! embassy-time driver (a HAL's, or `embassy-time`'s `std` feature on a
 //! host).
+// docs.rs (nightly, `--cfg docsrs`) marks each feature-gated item with
+// the feature it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 #![no_std]
 

@@ -47,6 +47,9 @@
 //! here: a Kafka consumer group already delivers each record to one
 //! member (the seeds' rule: no guard), and a configuration change must
 //! reach every replica (deliberately not deduplicated); see the README.
+// docs.rs (nightly, `--cfg docsrs`) marks each feature-gated item with
+// the feature it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 #[cfg(feature = "amqp")]
 pub mod amqp;

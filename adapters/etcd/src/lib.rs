@@ -105,6 +105,9 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! # });
 //! ```
+// docs.rs (nightly, `--cfg docsrs`) marks each feature-gated item with
+// the feature it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod error;
 mod locker;

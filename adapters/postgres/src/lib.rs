@@ -108,6 +108,9 @@
 //!   a task of that runtime (which must have its time driver enabled);
 //!   elsewhere (smol, async-io, a plain executor) it runs on
 //!   async-compat's runtime thread.
+// docs.rs (nightly, `--cfg docsrs`) marks each feature-gated item with
+// the feature it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod error;
 mod locker;

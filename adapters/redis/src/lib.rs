@@ -36,6 +36,9 @@
 //! # Ok::<(), guard_redis::RedisGuardError>(())
 //! # });
 //! ```
+// docs.rs (nightly, `--cfg docsrs`) marks each feature-gated item with
+// the feature it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod connection;
 mod dedup;

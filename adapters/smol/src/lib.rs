@@ -36,6 +36,9 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! # });
 //! ```
+// docs.rs (nightly, `--cfg docsrs`) marks each feature-gated item with
+// the feature it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 /// The README's examples, compiled and run as doctests.
 #[doc = include_str!("../../../README.md")]

@@ -2,7 +2,7 @@
 //! others list, remove or purge, each letter under an id of its own.
 //!
 //! The log is a directory holding `letters`, a file of guard-core
-//! [`frame`](guard_core::frame)s, and `letters.lock`, the lock every operation
+//! [`frame`]s, and `letters.lock`, the lock every operation
 //! takes (so a tool may work on the letters of a running process). A
 //! letter is kept until it is removed; removing rewrites the file without
 //! it (a new file renamed over the old, so a crash leaves one or the

@@ -30,6 +30,9 @@
 //! # Ok::<(), guard_core::lock::KeyError>(())
 //! # }).unwrap();
 //! ```
+// docs.rs (nightly, `--cfg docsrs`) marks each feature-gated item with
+// the feature it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod clock;
 mod cron_schedule;

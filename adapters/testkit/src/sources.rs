@@ -1,6 +1,6 @@
 //! The elected-source contract, as a suite every elected source runs
-//! against its real server, in the spirit of the Locker [`contract`]
-//! (crate::contract).
+//! against its real server, in the spirit of the Locker
+//! [`contract`](crate::contract).
 //!
 //! An elected source (a broadcast read by the replica that holds a lease)
 //! promises, whatever the lease does while a message is in its hands:

@@ -50,6 +50,9 @@
 //! # Ok(())
 //! # }
 //! ```
+// docs.rs (nightly, `--cfg docsrs`) marks each feature-gated item with
+// the feature it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 use std::future::Future;
 

@@ -150,6 +150,9 @@
 //! `tokio::time::pause` (with the limiter on the same clock,
 //! `MemoryLimiter::with_clock(.., RuntimeClock::new(Tokio::new()))`) a
 //! test of waits finishes at once.
+// docs.rs (nightly, `--cfg docsrs`) marks each feature-gated item with
+// the feature it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod body;
 mod error;

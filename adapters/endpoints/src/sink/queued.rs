@@ -4,7 +4,7 @@
 //!
 //! - [`QueuedSink`] is the [`MessageSink`] a source sends through: a
 //!   message is taken once it is in the queue (written, and synced as
-//!   the queue's [`SyncPolicy`](guard_std::disk_queue::SyncPolicy) says),
+//!   the queue's [`SyncPolicy`] says),
 //!   with its id, origin and fence, so the source acknowledges it then.
 //! - [`forward`] takes the queue's messages to the real sink in the order
 //!   they were queued (one at a time, or a window of them in flight),
