@@ -118,11 +118,11 @@ step "docs (warnings are errors) and the publishable crates packaged"
 # What docs.rs shows: every public item documented, every link resolved.
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked "${features[@]}"
 # The crates a user adds (boards, benches, the simulator and the testkit
-# are not published). Packaging checks each manifest, its files and its
-# dependencies' versions; the workspace's build above already compiled
-# the same sources, so the packages are not built again.
+# are not published): each packaged, together (they depend on each
+# other), and built from its package as a user's build would (about a
+# minute here, the dependencies being built already).
 publishable=(guard-core guard-std guard-smol guard-tokio guard-redis guard-etcd guard-postgres guard-embassy guard-endpoints guard-tower guard-server)
-cargo package --locked --no-verify --allow-dirty "${publishable[@]/#/-p}"
+cargo package --locked --allow-dirty "${publishable[@]/#/-p}"
 
 step "loom models (LOOM_MAX_PREEMPTIONS=${LOOM_MAX_PREEMPTIONS:-3})"
 # A project-specific cfg: a global `--cfg loom` would change third-party

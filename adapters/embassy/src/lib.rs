@@ -21,7 +21,6 @@
 // docs.rs (nightly, `--cfg docsrs`) marks each feature-gated item with
 // the feature it needs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
-
 #![no_std]
 
 #[cfg(test)]
