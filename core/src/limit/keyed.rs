@@ -26,7 +26,8 @@ const DEFAULT_SEED: u64 = 0x6775_6172_645f_6b65; // "guard_ke"
 /// [`Keyed::with_storage`] when it is too large for the stack.
 pub type KeyedSlots<K, A, const N: usize> = [KeyedSlot<K, <A as Algorithm>::State>; N];
 
-/// What a [`Keyed`] table does with a new key when the key's slots are all
+/// What a [`Keyed`] table does with a new key that finds no room: the
+/// key's slots, and those its slots' residents could move to, are all
 /// taken by keys that are still limited.
 ///
 /// Only entries whose state is indistinguishable from a new key at the
@@ -68,8 +69,18 @@ pub struct KeyedStats {
 /// Each key is limited independently by `A`. A key whose state has returned
 /// to that of a new key (a bucket refilled, a window emptied) may be
 /// forgotten to make room; a busy key never is. When a new key finds no
-/// room, the [`FullPolicy`] decides. Lookups and inserts touch a bounded
-/// number of slots (two sets of eight), whatever the load.
+/// room, the [`FullPolicy`] decides. Lookups touch at most two sets of
+/// eight slots, and inserts at most those and the other sets of their
+/// sixteen residents, whatever the load.
+///
+/// A new key finds room unless its two sets hold only busy keys and so do
+/// the other sets of each of their residents (one resident moves there,
+/// into a free slot or over a forgettable key, to free a slot for the new
+/// one). A table full of settled keys therefore takes every new key while
+/// up to 80% of its slots are busy
+/// (`a_table_full_of_settled_keys_refuses_no_new_key_while_most_slots_are_busy`
+/// in `core/tests/keyed.rs`), and a table of busy keys alone fills past
+/// 93% of its slots before it refuses one.
 ///
 /// `N` must be positive and, above 8, a multiple of 8.
 ///
