@@ -2,7 +2,7 @@
 
 use core::future::Future;
 
-use guard_core::retry::{RandomSource, RetryError, RetryExecutor};
+use guard_core::retry::{Budget, Classify, RandomSource, RetryError, RetryExecutor};
 
 /// Calls `op(attempt)` under `executor`'s policy, waiting on
 /// `embassy_time::Delay` between calls: no busy wait, other tasks run.
@@ -21,12 +21,14 @@ use guard_core::retry::{RandomSource, RetryError, RetryExecutor};
 /// assert_eq!(result.unwrap(), 3);
 /// # }
 /// ```
-pub async fn retry<T, E, R, F, Fut>(
-    executor: &mut RetryExecutor<E, R>,
+pub async fn retry<T, E, R, C, B, F, Fut>(
+    executor: &mut RetryExecutor<E, R, C, B>,
     op: F,
 ) -> Result<T, RetryError<E>>
 where
     R: RandomSource,
+    C: Classify<E>,
+    B: Budget,
     F: FnMut(u32) -> Fut,
     Fut: Future<Output = Result<T, E>>,
 {

@@ -4,7 +4,7 @@ use std::sync::PoisonError;
 use std::time::Duration;
 
 use guard_core::dlq::{DeadLetterQueue, DeadLetterSink, FailedElement};
-use guard_core::retry::{Interrupted, RandomSource, RetryError, RetryExecutor};
+use guard_core::retry::{Budget, Classify, Interrupted, RandomSource, RetryError, RetryExecutor};
 use guard_core::time::Instant;
 
 use crate::metrics::{record_dlq_size, record_retry_attempts};
@@ -91,9 +91,9 @@ impl<T, E, const N: usize> DeadLetterSink<T, E> for &MeteredDeadLetterQueue<T, E
 /// Runs `op` under `executor` (see `RetryExecutor::run_blocking`) and adds
 /// the calls it made to `guard_retry_attempts_total{name}`, whether it
 /// succeeded or gave up.
-pub fn retry_blocking<T, E, R: RandomSource>(
+pub fn retry_blocking<T, E, R: RandomSource, C: Classify<E>, B: Budget>(
     name: &str,
-    executor: &mut RetryExecutor<E, R>,
+    executor: &mut RetryExecutor<E, R, C, B>,
     sleep: impl FnMut(Duration) -> Result<(), Interrupted>,
     mut op: impl FnMut(u32) -> Result<T, E>,
 ) -> Result<T, RetryError<E>> {

@@ -129,12 +129,7 @@ macro_rules! impl_dyn_locker {
                 ::std::boxed::Box::pin(async move {
                     ::guard_core::lock::Locker::unlock(self, key, token)
                         .await
-                        .map_err(|e| match e {
-                            ::guard_core::lock::UnlockError::NotHeld => ::guard_core::lock::UnlockError::NotHeld,
-                            ::guard_core::lock::UnlockError::Backend(e) => {
-                                ::guard_core::lock::UnlockError::Backend($crate::BackendError::new(e))
-                            }
-                        })
+                        .map_err(|e| e.map_backend($crate::BackendError::new))
                 })
             }
 
@@ -265,7 +260,7 @@ impl SendLocker for SharedLocker {
         let outcome = match &result {
             Ok(()) => "released",
             Err(UnlockError::NotHeld) => "not_held",
-            Err(UnlockError::Backend(_)) => "error",
+            Err(_) => "error",
         };
         span.record("outcome", outcome);
         crate::metrics::record_lock_seconds("release", outcome, seconds);

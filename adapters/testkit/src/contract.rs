@@ -83,7 +83,7 @@ async fn unlock<L: Locker>(locker: &L, key: &str, token: &Token) -> Result<(), (
     match locker.unlock(key, token).await {
         Ok(()) => Ok(()),
         Err(UnlockError::NotHeld) => Err(()),
-        Err(UnlockError::Backend(e)) => panic!("{key}: backend error in unlock: {e}"),
+        Err(e) => panic!("{key}: unlock failed: {e}"),
     }
 }
 

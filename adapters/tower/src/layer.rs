@@ -586,7 +586,11 @@ impl Config {
             Waited::Ended(WaitError::LineFull(_)) => {
                 Verdict::Answer(self.crowded(Crowded::LineFull, refusal))
             }
-            Waited::TimedOut => Verdict::Answer(self.crowded(Crowded::TimedOut, refusal)),
+            // A way of ending that guard-core adds later is a refusal, as
+            // a wait that ran out is: never a pass.
+            Waited::TimedOut | Waited::Ended(_) => {
+                Verdict::Answer(self.crowded(Crowded::TimedOut, refusal))
+            }
         }
     }
 

@@ -16,6 +16,7 @@ pub const MAX_HASHES: u32 = 32;
 /// Bloom parameters that cannot work.
 #[derive(Clone, Copy, Debug, PartialEq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[non_exhaustive]
 pub enum BloomError {
     /// Expected insertions must be positive.
     ZeroExpectedInsertions,

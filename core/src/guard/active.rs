@@ -288,6 +288,7 @@ const fn third(ttl: Ttl) -> Duration {
 /// An [`ActiveConfig`] whose timing cannot work.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[non_exhaustive]
 pub enum ActiveConfigError {
     /// The drift margin must be shorter than the TTL.
     DriftNotBelowTtl,

@@ -179,6 +179,7 @@ impl core::error::Error for CostAboveLimit {}
 /// Parameters that no limiter can honour.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[non_exhaustive]
 pub enum LimiterError {
     /// A bucket capacity of zero admits nothing.
     ZeroCapacity,

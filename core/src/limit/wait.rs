@@ -202,6 +202,7 @@ impl<M: RawMutex, const N: usize> Drop for Place<'_, M, N> {
 /// Why waiting ended without an admission.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[non_exhaustive]
 pub enum WaitError<E> {
     /// The limiter refuses until after the deadline: the last refusal,
     /// whose `retry_after` says how long past it.

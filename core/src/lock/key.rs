@@ -31,6 +31,7 @@ pub const MAX_SCOPE_LEN: usize = 128;
 /// A key or scope that cannot be built.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[non_exhaustive]
 pub enum KeyError {
     /// The result exceeds `limit` bytes.
     TooLong {

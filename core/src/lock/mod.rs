@@ -112,11 +112,23 @@ pub enum Renewal {
 /// Why an unlock did not release.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[non_exhaustive]
 pub enum UnlockError<E> {
     /// The key is missing or held by another token: nothing was released.
     NotHeld,
     /// The backend failed.
     Backend(E),
+}
+
+impl<E> UnlockError<E> {
+    /// The same error with the backend's error turned by `f` (an adapter
+    /// boxing its client's error, say).
+    pub fn map_backend<F>(self, f: impl FnOnce(E) -> F) -> UnlockError<F> {
+        match self {
+            UnlockError::NotHeld => UnlockError::NotHeld,
+            UnlockError::Backend(e) => UnlockError::Backend(f(e)),
+        }
+    }
 }
 
 impl<E: fmt::Display> fmt::Display for UnlockError<E> {
@@ -128,7 +140,15 @@ impl<E: fmt::Display> fmt::Display for UnlockError<E> {
     }
 }
 
-impl<E: fmt::Debug + fmt::Display> core::error::Error for UnlockError<E> {}
+/// A backend failure is the source.
+impl<E: core::error::Error + 'static> core::error::Error for UnlockError<E> {
+    fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
+        match self {
+            UnlockError::Backend(e) => Some(e),
+            UnlockError::NotHeld => None,
+        }
+    }
+}
 
 /// A lock service: one holder per key at a time, with expiry.
 ///

@@ -14,6 +14,7 @@ pub const DEFAULT_POLL: Duration = Duration::from_millis(50);
 /// Why `lock_with_retry` gave up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[non_exhaustive]
 pub enum LockWithRetryError<E> {
     /// Every attempt found the key held.
     NotAcquired {
@@ -35,7 +36,15 @@ impl<E: fmt::Display> fmt::Display for LockWithRetryError<E> {
     }
 }
 
-impl<E: fmt::Debug + fmt::Display> core::error::Error for LockWithRetryError<E> {}
+/// A backend failure is the source.
+impl<E: core::error::Error + 'static> core::error::Error for LockWithRetryError<E> {
+    fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
+        match self {
+            LockWithRetryError::Backend(e) => Some(e),
+            LockWithRetryError::NotAcquired { .. } => None,
+        }
+    }
+}
 
 /// Waiting forms of [`Locker::try_lock`], for every locker. Waits go
 /// through an `embedded_hal_async` delay, so they run on embassy and on

@@ -1,5 +1,8 @@
 //! Retry: a policy (how many times, how long to wait), jitter from random
-//! bits the caller supplies, error classification, and executors.
+//! bits the caller supplies, error classification, and executors that
+//! listen: to the wait an error asks for ([`RetryExecutor::with_hint`],
+//! [`RetryAfter`] for HTTP's header) and to a budget shared with other
+//! callers ([`RetryExecutor::with_budget`], [`RetryBudget`]).
 //!
 //! Semantics follow the original module: `max_attempts` counts *retries*
 //! after the first call, so a policy makes `max_attempts + 1` calls in all
@@ -17,13 +20,20 @@
 //! assert_eq!(policy.total_calls(), 4);
 //! ```
 
+mod after;
 mod backoff;
+mod budget;
+mod classify;
 mod executor;
 
+pub use after::{InvalidRetryAfter, RetryAfter};
 pub use backoff::{Backoff, Jitter, RandomSource, WithoutRandom};
+pub use budget::{
+    Budget, BudgetOnClock, InvalidRetryBudget, RetryBudget, SharedRetryBudget, Unbudgeted,
+};
+pub use classify::{Classifier, Classify, Hinted};
 pub use executor::{GiveUpReason, Interrupted, JitterNeedsRandom, RetryError, RetryExecutor};
 
-use core::fmt;
 use core::time::Duration;
 
 use crate::time::nanos_saturating;
@@ -240,72 +250,5 @@ const fn scale(value: u128, per_mille: u32, power: u32) -> u128 {
     match value.checked_mul(factor) {
         Some(p) => p >> 32,
         None => u128::MAX,
-    }
-}
-
-/// Decides which errors are worth retrying.
-///
-/// As in the original: an error matching `non_retryable` is never retried
-/// (it wins over `retryable`); otherwise, if `retryable` is set, only
-/// matching errors are retried; with neither set, every error is.
-pub struct Classifier<E> {
-    retryable: Option<fn(&E) -> bool>,
-    non_retryable: Option<fn(&E) -> bool>,
-}
-
-impl<E> Clone for Classifier<E> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-
-impl<E> Copy for Classifier<E> {}
-
-impl<E> fmt::Debug for Classifier<E> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Classifier")
-            .field("retryable", &self.retryable.is_some())
-            .field("non_retryable", &self.non_retryable.is_some())
-            .finish()
-    }
-}
-
-impl<E> Default for Classifier<E> {
-    fn default() -> Self {
-        Self::retry_all()
-    }
-}
-
-impl<E> Classifier<E> {
-    /// Every error is retryable.
-    pub const fn retry_all() -> Self {
-        Classifier {
-            retryable: None,
-            non_retryable: None,
-        }
-    }
-
-    /// Only errors for which `matches` is true are retried (a whitelist).
-    pub const fn only(mut self, matches: fn(&E) -> bool) -> Self {
-        self.retryable = Some(matches);
-        self
-    }
-
-    /// Errors for which `matches` is true are never retried (a blacklist,
-    /// checked first).
-    pub const fn never(mut self, matches: fn(&E) -> bool) -> Self {
-        self.non_retryable = Some(matches);
-        self
-    }
-
-    /// Whether `error` may be retried.
-    pub fn is_retryable(&self, error: &E) -> bool {
-        if self.non_retryable.is_some_and(|never| never(error)) {
-            return false;
-        }
-        match self.retryable {
-            Some(only) => only(error),
-            None => true,
-        }
     }
 }

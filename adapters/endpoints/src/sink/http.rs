@@ -42,6 +42,7 @@ use async_io::Timer;
 use async_lock::Semaphore;
 use futures_lite::future;
 use futures_lite::io::{AsyncRead, AsyncWrite};
+use guard_core::retry::RetryAfter;
 use guard_std::BoxFuture;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Bytes;
@@ -584,17 +585,14 @@ fn outcome(
     }
 }
 
-/// A `Retry-After` value: delta-seconds or an HTTP date, at most a day.
+/// A `Retry-After` value: delta-seconds or an HTTP date (read by
+/// guard-core's `RetryAfter` against the system clock), at most a day.
 fn retry_after(value: &HeaderValue) -> Option<Duration> {
-    let text = value.to_str().ok()?.trim();
-    let wait = match text.parse::<u64>() {
-        Ok(secs) => Duration::from_secs(secs),
-        Err(_) => httpdate::parse_http_date(text)
-            .ok()?
-            .duration_since(SystemTime::now())
-            .unwrap_or_default(),
-    };
-    Some(wait.min(MAX_RETRY_AFTER))
+    let asked = RetryAfter::parse(value.to_str().ok()?).ok()?;
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |since| since.as_secs());
+    Some(asked.delay_from(now).min(MAX_RETRY_AFTER))
 }
 
 /// `text` as a header value: visible ASCII as it is, anything else
