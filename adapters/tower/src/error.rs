@@ -41,6 +41,26 @@ pub enum ConfigError {
         /// The duration given.
         value: Duration,
     },
+    /// [`ClientIp::with_ipv6_prefix`](crate::ClientIp::with_ipv6_prefix)
+    /// outside 1 to 128 bits.
+    Ipv6Prefix {
+        /// The bits given.
+        value: u8,
+    },
+    /// [`AllowList::network`](crate::AllowList::network): not an address
+    /// or a network (`10.0.0.0/8`, `2001:db8::/32`), or one with bits set
+    /// past its prefix.
+    AllowedNetwork {
+        /// The text given.
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// [`RateLimitLayerBuilder::dry_run`](crate::RateLimitLayerBuilder::dry_run)
+    /// together with
+    /// [`wait_up_to`](crate::RateLimitLayerBuilder::wait_up_to): a dry
+    /// run never holds a request.
+    DryRunWithWait,
 }
 
 impl fmt::Display for ConfigError {
@@ -68,6 +88,18 @@ impl fmt::Display for ConfigError {
                 f,
                 "wait up to: {value:?}: a wait must be longer than zero (no refusal asks for \
                  less); leave the option out to refuse at once"
+            ),
+            ConfigError::Ipv6Prefix { value } => write!(
+                f,
+                "IPv6 prefix: {value} bits: an IPv6 client's key keeps 1 to 128 bits of its \
+                 address (64, its network, by default)"
+            ),
+            ConfigError::AllowedNetwork { value, reason } => {
+                write!(f, "allowed network: {value:?}: {reason}")
+            }
+            ConfigError::DryRunWithWait => f.write_str(
+                "dry run and wait_up_to: a dry run never refuses, so it never holds a request; \
+                 use one or the other",
             ),
         }
     }

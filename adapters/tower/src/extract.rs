@@ -1,7 +1,7 @@
 //! What a request is limited by: its key.
 
 use std::fmt::{self, Write as _};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use http::header::{FORWARDED, HeaderMap, HeaderName};
 use http::request::Parts;
@@ -138,6 +138,19 @@ impl From<IpAddr> for Key<'_> {
     }
 }
 
+/// The key of the IPv6 network of `prefix` bits (1 to 127) that holds
+/// `ip`: `2001:db8:1:2::/64`.
+fn network_key(ip: Ipv6Addr, prefix: u8) -> Key<'static> {
+    let mask = u128::MAX.checked_shl(128 - u32::from(prefix)).unwrap_or(0);
+    let network = Ipv6Addr::from(u128::from(ip) & mask);
+    // At most 39 bytes of address and 4 of prefix: it fits.
+    let mut inline = Inline::EMPTY;
+    match write!(inline, "{network}/{prefix}") {
+        Ok(()) => Key(Repr::Inline(inline)),
+        Err(_) => Key(Repr::Owned(format!("{network}/{prefix}"))),
+    }
+}
+
 impl fmt::Debug for Key<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(self.as_str(), f)
@@ -201,10 +214,24 @@ enum Trust {
 /// used (the request did not come through a proxy). Taking the leftmost
 /// entry, or trusting the header on a server clients reach directly, lets
 /// every client choose its own key and escape the limit.
+///
+/// An IPv6 client is keyed by its network, the first 64 bits of its
+/// address by default ([`DEFAULT_IPV6_PREFIX`]): a host is usually given a
+/// whole /64, and keyed by its full address it could take a fresh key for
+/// every request and fill the limiter's table. The key is then written as
+/// the network (`2001:db8:1:2::/64`); [`ClientIp::with_ipv6_prefix`]
+/// chooses another length (128 keys each address alone). IPv4 clients
+/// (and IPv4-mapped IPv6 ones) are keyed by their address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ClientIp {
     trust: Trust,
+    /// Leading bits of an IPv6 address that make its key, 1 to 128.
+    ipv6_prefix: u8,
 }
+
+/// The bits of an IPv6 client's address its key keeps unless told
+/// otherwise: its /64.
+pub const DEFAULT_IPV6_PREFIX: u8 = 64;
 
 impl Default for ClientIp {
     fn default() -> Self {
@@ -215,7 +242,20 @@ impl Default for ClientIp {
 impl ClientIp {
     /// The TCP peer's address; forwarding headers are ignored.
     pub const fn peer() -> Self {
-        ClientIp { trust: Trust::Peer }
+        ClientIp {
+            trust: Trust::Peer,
+            ipv6_prefix: DEFAULT_IPV6_PREFIX,
+        }
+    }
+
+    /// Keys an IPv6 client by the first `bits` of its address (1 to 128;
+    /// [`DEFAULT_IPV6_PREFIX`] unless told). Anything else is refused.
+    pub fn with_ipv6_prefix(mut self, bits: u8) -> Result<Self, ConfigError> {
+        if !(1..=128).contains(&bits) {
+            return Err(ConfigError::Ipv6Prefix { value: bits });
+        }
+        self.ipv6_prefix = bits;
+        Ok(self)
     }
 
     /// The `X-Forwarded-For` entry `trusted_proxies` positions from the
@@ -238,10 +278,14 @@ impl ClientIp {
                 value: trusted_proxies,
             });
         }
-        Ok(ClientIp { trust })
+        Ok(ClientIp {
+            trust,
+            ipv6_prefix: DEFAULT_IPV6_PREFIX,
+        })
     }
 
-    /// The client's address under this trust, if the request has one.
+    /// The client's address under this trust, if the request has one (the
+    /// whole address: the key of an IPv6 one is its network).
     pub fn client_addr(&self, request: &Parts) -> Option<IpAddr> {
         let forwarded = match self.trust {
             Trust::Peer => None,
@@ -262,7 +306,10 @@ impl ClientIp {
 
 impl KeyExtractor for ClientIp {
     fn extract<'a>(&self, request: &'a Parts) -> Option<Key<'a>> {
-        self.client_addr(request).map(Key::from)
+        self.client_addr(request).map(|ip| match ip {
+            IpAddr::V6(v6) if self.ipv6_prefix < 128 => network_key(v6, self.ipv6_prefix),
+            ip => Key::from(ip),
+        })
     }
 
     fn describe(&self) -> &str {
@@ -554,9 +601,11 @@ mod tests {
         // No header: the peer.
         let direct = parts(&[], Some("10.0.0.3:1"));
         assert_eq!(key(&one, &direct).as_deref(), Some("10.0.0.3"));
-        // A port is dropped.
+        // A port is dropped; an IPv6 client is keyed by its /64.
         let port = parts(&[("x-forwarded-for", "[2001:db8::1]:443")], None);
-        assert_eq!(key(&one, &port).as_deref(), Some("2001:db8::1"));
+        assert_eq!(key(&one, &port).as_deref(), Some("2001:db8::/64"));
+        let whole = one.with_ipv6_prefix(128).unwrap();
+        assert_eq!(key(&whole, &port).as_deref(), Some("2001:db8::1"));
     }
 
     #[test]
@@ -569,7 +618,7 @@ mod tests {
             )],
             Some("10.0.0.1:1"),
         );
-        assert_eq!(key(&one, &p).as_deref(), Some("2001:db8:cafe::17"));
+        assert_eq!(key(&one, &p).as_deref(), Some("2001:db8:cafe::/64"));
         let two = ClientIp::forwarded(2).unwrap();
         assert_eq!(key(&two, &p).as_deref(), Some("6.6.6.6"));
         let hidden = parts(&[("forwarded", "for=_hidden")], Some("10.0.0.1:1"));

@@ -5,6 +5,7 @@ use std::future::Future;
 use std::mem;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
@@ -20,6 +21,7 @@ use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
 
+use crate::allow::AllowList;
 use crate::body::ResponseBody;
 use crate::error::ConfigError;
 use crate::extract::{ClientIp, Key, KeyExtractor};
@@ -97,6 +99,15 @@ struct Config {
     backend_log: Throttle,
     /// Set by [`RateLimitLayerBuilder::wait_up_to`].
     wait: Option<Wait>,
+    /// Set by [`RateLimitLayerBuilder::allow`].
+    allow: AllowList,
+    /// Requests let through by `allow`.
+    allowed: AtomicU64,
+    /// Set by [`RateLimitLayerBuilder::dry_run`].
+    dry_run: bool,
+    /// Requests a dry run let through that enforcing would have refused.
+    would_refuse: AtomicU64,
+    dry_run_log: Throttle,
 }
 
 /// Builds a [`RateLimitLayer`]; every option has a default, and
@@ -111,6 +122,8 @@ struct Config {
 /// | [`on_backend_error`](Self::on_backend_error) | [`OnBackendError::FailClosed`] (`503`, `Retry-After: 1`) |
 /// | [`legacy_headers`](Self::legacy_headers) | off |
 /// | [`wait_up_to`](Self::wait_up_to) | no waiting: a refusal is a `429` at once |
+/// | [`allow`](Self::allow) | nothing bypasses the limiter |
+/// | [`dry_run`](Self::dry_run) | off: refusals are enforced |
 #[must_use = "a builder does nothing until built"]
 pub struct RateLimitLayerBuilder {
     limiter: Arc<dyn RateLimiter>,
@@ -121,6 +134,8 @@ pub struct RateLimitLayerBuilder {
     on_backend_error: OnBackendError,
     legacy_headers: bool,
     wait: Option<Wait>,
+    allow: AllowList,
+    dry_run: bool,
 }
 
 impl fmt::Debug for RateLimitLayerBuilder {
@@ -134,6 +149,8 @@ impl fmt::Debug for RateLimitLayerBuilder {
             .field("on_backend_error", &self.on_backend_error)
             .field("legacy_headers", &self.legacy_headers)
             .field("wait_up_to", &self.wait.as_ref().map(|w| w.max))
+            .field("allow", &self.allow)
+            .field("dry_run", &self.dry_run)
             .finish()
     }
 }
@@ -230,8 +247,36 @@ impl RateLimitLayerBuilder {
         self
     }
 
+    /// Lets the requests `allow` names through without deciding: nothing
+    /// is counted against them and no rate-limit fields are written. They
+    /// are counted in [`RateLimitLayer::allowed`].
+    pub fn allow(mut self, allow: AllowList) -> Self {
+        self.allow = allow;
+        self
+    }
+
+    /// Decide, count and write the rate-limit fields as usual, but never
+    /// refuse (Envoy's `filter_enabled` without `filter_enforced`): to
+    /// see what a limit would do to real traffic before it is enforced.
+    /// A request enforcing would refuse goes to the inner service with the
+    /// fields of its refusal (`RateLimit` with `r=0`, no `Retry-After`),
+    /// is counted in [`RateLimitLayer::dry_run_refusals`] and logged at
+    /// `info`, at most one line per [`guard_std::THROTTLE_INTERVAL`]. That
+    /// holds for each of the layer's refusals: `429`, `413` (a cost above
+    /// the quota), `503` (a failed backend, fail-closed) and `400` (no
+    /// key, [`MissingKey::Refuse`]). Refused by
+    /// [`build`](Self::build) together with
+    /// [`wait_up_to`](Self::wait_up_to). Off by default.
+    pub fn dry_run(mut self, on: bool) -> Self {
+        self.dry_run = on;
+        self
+    }
+
     /// The layer, or the first parameter it cannot work with.
     pub fn build(self) -> Result<RateLimitLayer, ConfigError> {
+        if self.dry_run && self.wait.is_some() {
+            return Err(ConfigError::DryRunWithWait);
+        }
         let policy = sf_string(&self.policy_name)?;
         if let OnBackendError::FailClosed { retry_after } = self.on_backend_error
             && retry_after.is_zero()
@@ -254,6 +299,11 @@ impl RateLimitLayerBuilder {
                 legacy_headers: self.legacy_headers,
                 backend_log: Throttle::new(),
                 wait: self.wait,
+                allow: self.allow,
+                allowed: AtomicU64::new(0),
+                dry_run: self.dry_run,
+                would_refuse: AtomicU64::new(0),
+                dry_run_log: Throttle::new(),
             }),
         })
     }
@@ -282,6 +332,8 @@ impl fmt::Debug for Config {
             .field("on_backend_error", &self.on_backend_error)
             .field("legacy_headers", &self.legacy_headers)
             .field("wait_up_to", &self.wait.as_ref().map(|w| w.max))
+            .field("allow", &self.allow)
+            .field("dry_run", &self.dry_run)
             .finish_non_exhaustive()
     }
 }
@@ -307,12 +359,27 @@ impl RateLimitLayer {
             on_backend_error: OnBackendError::default(),
             legacy_headers: false,
             wait: None,
+            allow: AllowList::new(),
+            dry_run: false,
         }
     }
 
     /// The limiter the layer decides with.
     pub fn limiter(&self) -> &Arc<dyn RateLimiter> {
         &self.config.limiter
+    }
+
+    /// Requests let through by the allowlist
+    /// ([`RateLimitLayerBuilder::allow`]) since the layer was built.
+    pub fn allowed(&self) -> u64 {
+        self.config.allowed.load(Ordering::Relaxed)
+    }
+
+    /// Requests a dry run ([`RateLimitLayerBuilder::dry_run`]) let
+    /// through that enforcing would have refused, since the layer was
+    /// built.
+    pub fn dry_run_refusals(&self) -> u64 {
+        self.config.would_refuse.load(Ordering::Relaxed)
     }
 }
 
@@ -448,6 +515,10 @@ impl Config {
                     // the draft asks that Retry-After not be earlier than
                     // the end of the effective window.
                     let secs = ceil_secs(wait).max(1);
+                    if self.dry_run {
+                        self.would_refuse(StatusCode::TOO_MANY_REQUESTS);
+                        return Verdict::Admit(Some(self.fields(&report, secs)));
+                    }
                     let mut refusal = answer(
                         StatusCode::TOO_MANY_REQUESTS,
                         format!(
@@ -462,6 +533,15 @@ impl Config {
                 }
             },
             Err(LimitError::Cost(e)) => {
+                let fields = Fields {
+                    policy: self.policy_value(),
+                    state: None,
+                    legacy_limit: self.legacy_headers.then_some(e.limit),
+                };
+                if self.dry_run {
+                    self.would_refuse(StatusCode::PAYLOAD_TOO_LARGE);
+                    return Verdict::Admit(Some(fields));
+                }
                 let mut refusal = answer(
                     StatusCode::PAYLOAD_TOO_LARGE,
                     format!(
@@ -472,15 +552,21 @@ impl Config {
                         self.policy.name()
                     ),
                 );
-                Fields {
-                    policy: self.policy_value(),
-                    state: None,
-                    legacy_limit: self.legacy_headers.then_some(e.limit),
-                }
-                .write(refusal.headers_mut());
+                fields.write(refusal.headers_mut());
                 Verdict::Answer(refusal)
             }
             Err(LimitError::Backend(e)) => match self.on_backend_error {
+                OnBackendError::FailClosed { .. } if self.dry_run => {
+                    if let Some(held) = self.backend_log.admit() {
+                        tracing::warn!(
+                            "rate limit: the limiter's backend failed, request admitted (dry \
+                             run; enforced, fail-closed would refuse it): {e} ({held} more \
+                             since the last line)"
+                        );
+                    }
+                    self.would_refuse(StatusCode::SERVICE_UNAVAILABLE);
+                    Verdict::Admit(None)
+                }
                 OnBackendError::FailClosed { retry_after } => {
                     if let Some(held) = self.backend_log.admit() {
                         tracing::warn!(
@@ -509,6 +595,18 @@ impl Config {
                     Verdict::Admit(None)
                 }
             },
+        }
+    }
+
+    /// Counts and logs a refusal that a dry run does not make.
+    fn would_refuse(&self, status: StatusCode) {
+        self.would_refuse.fetch_add(1, Ordering::Relaxed);
+        if let Some(held) = self.dry_run_log.admit() {
+            tracing::info!(
+                "rate limit (dry run) of policy {}: a request was let through that enforcing \
+                 would answer {status} ({held} more since the last line)",
+                self.policy.name()
+            );
         }
     }
 
@@ -664,6 +762,27 @@ enum Later {
     Wait(Queued),
 }
 
+impl<S> RateLimitService<S> {
+    /// Passes the request to the inner service, these fields to be
+    /// written on its response.
+    fn admit<ReqBody, ResBody>(
+        &mut self,
+        parts: Parts,
+        body: ReqBody,
+        fields: Option<Fields>,
+    ) -> ResponseFuture<S::Future>
+    where
+        S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    {
+        ResponseFuture {
+            state: State::Admitted {
+                future: self.inner.call(Request::from_parts(parts, body)),
+                fields,
+            },
+        }
+    }
+}
+
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimitService<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
@@ -681,10 +800,20 @@ where
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let config = &*self.config;
         let (parts, body) = request.into_parts();
+        let extracted = config.key.extract(&parts);
+        if !config.allow.is_empty() && config.allow.admits(&parts, extracted.as_ref()) {
+            drop(extracted);
+            config.allowed.fetch_add(1, Ordering::Relaxed);
+            return self.admit(parts, body, None);
+        }
         let cost = config.cost.as_ref().map_or(1, |cost| cost(&parts));
-        let key = match config.key.extract(&parts) {
+        let key = match extracted {
             Some(key) => key,
             None => match &config.missing_key {
+                MissingKey::Refuse if config.dry_run => {
+                    config.would_refuse(StatusCode::BAD_REQUEST);
+                    return self.admit(parts, body, None);
+                }
                 MissingKey::Refuse => return ResponseFuture::answered(config.no_key()),
                 MissingKey::Shared(key) => Key::from(key.as_str()),
             },
@@ -738,12 +867,7 @@ where
         };
         match next {
             Next::Now(result) => match config.verdict(result) {
-                Verdict::Admit(fields) => ResponseFuture {
-                    state: State::Admitted {
-                        future: self.inner.call(Request::from_parts(parts, body)),
-                        fields,
-                    },
-                },
+                Verdict::Admit(fields) => self.admit(parts, body, fields),
                 Verdict::Answer(refusal) => ResponseFuture::answered(refusal),
             },
             Next::Answered(refusal) => ResponseFuture::answered(refusal),

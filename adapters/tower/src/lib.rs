@@ -154,6 +154,7 @@
 // the feature it needs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod allow;
 mod body;
 mod error;
 mod extract;
@@ -161,9 +162,12 @@ mod headers;
 mod layer;
 mod wait;
 
+pub use allow::AllowList;
 pub use body::ResponseBody;
 pub use error::ConfigError;
-pub use extract::{ClientIp, HeaderKey, Key, KeyExtractor, KeyFn, PathKey, key_fn};
+pub use extract::{
+    ClientIp, DEFAULT_IPV6_PREFIX, HeaderKey, Key, KeyExtractor, KeyFn, PathKey, key_fn,
+};
 pub use headers::{
     RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
 };

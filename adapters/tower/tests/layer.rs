@@ -775,3 +775,196 @@ fn bad_parameters_are_errors_naming_them() {
         .on_backend_error(OnBackendError::FailOpen)
         .legacy_headers(true);
 }
+
+/// The statuses of `requests`, sent in turn.
+async fn statuses(
+    layer: &RateLimitLayer,
+    inner: &Hello,
+    requests: impl IntoIterator<Item = Request<String>>,
+) -> Vec<StatusCode> {
+    let mut out = Vec::new();
+    for request in requests {
+        out.push(send(layer, inner, request).await.status);
+    }
+    out
+}
+
+const OK: StatusCode = StatusCode::OK;
+const TOO_MANY: StatusCode = StatusCode::TOO_MANY_REQUESTS;
+
+/// Addresses in one IPv6 /64 are one client: a host given a /64 cannot
+/// take a fresh quota with every address of it.
+#[tokio::test]
+async fn ipv6_clients_are_keyed_by_their_slash_64_unless_told_otherwise() {
+    let (limiter, _clock) = bucket(1, Rate::per_second(1));
+    let layer = RateLimitLayer::builder(Arc::clone(&limiter))
+        .build()
+        .unwrap();
+    let inner = Hello::default();
+    let sent = [
+        "2001:db8:1:2::1",
+        "2001:db8:1:2:ffff:ffff:ffff:fffe",
+        "2001:db8:1:3::1",
+        // An IPv4-mapped address is its IPv4 client.
+        "192.0.2.9",
+        "::ffff:192.0.2.9",
+    ];
+    assert_eq!(
+        statuses(&layer, &inner, sent.map(from)).await,
+        [OK, TOO_MANY, OK, OK, TOO_MANY]
+    );
+    let keys: Vec<String> = ["2001:db8:1:2::1"]
+        .iter()
+        .map(|ip| {
+            let (parts, _) = from(ip).into_parts();
+            guard_tower::KeyExtractor::extract(&ClientIp::peer(), &parts)
+                .unwrap()
+                .into_owned()
+        })
+        .collect();
+    assert_eq!(keys, ["2001:db8:1:2::/64"]);
+
+    // Each address alone, with 128 bits.
+    let (limiter, _clock) = bucket(1, Rate::per_second(1));
+    let layer = RateLimitLayer::builder(limiter)
+        .key(ClientIp::peer().with_ipv6_prefix(128).unwrap())
+        .build()
+        .unwrap();
+    for ip in ["2001:db8:1:2::1", "2001:db8:1:2::2"] {
+        assert_eq!(send(&layer, &inner, from(ip)).await.status, StatusCode::OK);
+    }
+    let (parts, _) = from("2001:db8:1:2::1").into_parts();
+    let key = ClientIp::peer().with_ipv6_prefix(48).unwrap();
+    assert_eq!(
+        guard_tower::KeyExtractor::extract(&key, &parts)
+            .unwrap()
+            .as_str(),
+        "2001:db8:1::/48"
+    );
+    for bits in [0, 129] {
+        assert_eq!(
+            ClientIp::peer().with_ipv6_prefix(bits),
+            Err(ConfigError::Ipv6Prefix { value: bits })
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_allowlisted_key_or_network_bypasses_the_limiter_and_costs_nothing() {
+    let (limiter, _clock) = bucket(1, Rate::per_second(1));
+    let allow = guard_tower::AllowList::new()
+        .network("10.0.0.0/8")
+        .unwrap()
+        .network("2001:db8:42::/48")
+        .unwrap()
+        .network("192.0.2.7")
+        .unwrap();
+    let layer = RateLimitLayer::builder(Arc::clone(&limiter))
+        .allow(allow)
+        .build()
+        .unwrap();
+    let inner = Hello::default();
+    for ip in [
+        "10.1.2.3",
+        "10.1.2.3",
+        "2001:db8:42:1::5",
+        "192.0.2.7",
+        "192.0.2.7",
+    ] {
+        let a = send(&layer, &inner, from(ip)).await;
+        assert_eq!(a.status, StatusCode::OK, "{ip}");
+        assert_eq!(a.header("ratelimit"), None, "{ip}: not decided");
+        assert_eq!(a.header("ratelimit-policy"), None, "{ip}");
+    }
+    assert_eq!(layer.allowed(), 5);
+    // Nothing was counted against them: the same limiter without the list
+    // admits each once.
+    let plain = RateLimitLayer::builder(Arc::clone(&limiter))
+        .build()
+        .unwrap();
+    assert_eq!(statuses(&plain, &inner, [from("10.1.2.3")]).await, [OK]);
+    // Others are limited as before.
+    let others = ["192.0.2.8", "192.0.2.8"].map(from);
+    assert_eq!(statuses(&layer, &inner, others).await, [OK, TOO_MANY]);
+
+    // By key, whatever the extractor.
+    let (limiter, _clock) = bucket(1, Rate::per_second(1));
+    let layer = RateLimitLayer::builder(limiter)
+        .key(HeaderKey::new("x-api-key").unwrap())
+        .allow(guard_tower::AllowList::new().key("internal"))
+        .build()
+        .unwrap();
+    for _ in 0..3 {
+        let a = send(&layer, &inner, with_header("x-api-key", "internal")).await;
+        assert_eq!(a.status, StatusCode::OK);
+    }
+    let limited = [(); 2].map(|()| with_header("x-api-key", "k1"));
+    assert_eq!(statuses(&layer, &inner, limited).await, [OK, TOO_MANY]);
+
+    for bad in ["10.0.0.1/8", "10.0.0.0/33", "ten", "", "2001:db8::1/32"] {
+        let refused = guard_tower::AllowList::new().network(bad).unwrap_err();
+        assert!(
+            matches!(&refused, ConfigError::AllowedNetwork { value, .. } if value == bad),
+            "{bad}: {refused:?}"
+        );
+        assert!(refused.to_string().contains(bad), "{refused}");
+    }
+}
+
+/// A dry run decides and counts as enforcing would, writes the fields,
+/// and lets every request through, counting those it would refuse.
+#[tokio::test]
+async fn a_dry_run_lets_every_request_through_with_the_fields_and_counts_the_refusals() {
+    let (limiter, _clock) = bucket(2, Rate::per_second(1));
+    let layer = RateLimitLayer::builder(limiter)
+        .cost(|request| if request.uri.path() == "/big" { 3 } else { 1 })
+        .dry_run(true)
+        .build()
+        .unwrap();
+    let inner = Hello::default();
+    for i in 0..2 {
+        let a = send(&layer, &inner, from("192.0.2.1")).await;
+        assert_eq!(a.status, StatusCode::OK, "{i}");
+    }
+    let over = send(&layer, &inner, from("192.0.2.1")).await;
+    assert_eq!(over.status, StatusCode::OK);
+    assert_eq!(over.text, "hello");
+    assert_eq!(over.header("ratelimit"), Some(r#""default";r=0;t=1"#));
+    assert_eq!(
+        over.header("ratelimit-policy"),
+        Some(r#""default";q=2;w=2"#)
+    );
+    assert_eq!(over.header("retry-after"), None);
+    assert_eq!(layer.dry_run_refusals(), 1);
+
+    let mut big = from("192.0.2.2");
+    *big.uri_mut() = "/big".parse().unwrap();
+    assert_eq!(send(&layer, &inner, big).await.status, StatusCode::OK);
+    // No key at all.
+    assert_eq!(
+        send(&layer, &inner, Request::new(String::new()))
+            .await
+            .status,
+        StatusCode::OK
+    );
+    assert_eq!(layer.dry_run_refusals(), 3);
+    assert_eq!(inner.calls(), 5, "every request reached the inner service");
+
+    // A failed backend, fail-closed.
+    let down = RateLimitLayer::builder(Arc::new(Down))
+        .dry_run(true)
+        .build()
+        .unwrap();
+    assert_eq!(
+        send(&down, &inner, from("192.0.2.1")).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(down.dry_run_refusals(), 1);
+
+    let (limiter, _clock) = bucket(2, Rate::per_second(1));
+    let both = RateLimitLayer::builder(limiter)
+        .dry_run(true)
+        .wait_up_to(Duration::from_secs(1), guard_tokio::Tokio::new())
+        .build();
+    assert_eq!(both.unwrap_err(), ConfigError::DryRunWithWait);
+}
