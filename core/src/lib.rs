@@ -44,6 +44,7 @@
     )
 )]
 
+pub mod breaker;
 pub mod claim;
 pub mod dedup;
 pub mod dlq;
