@@ -1,6 +1,7 @@
 //! Metric names and recording helpers, through the `metrics` facade (any
 //! exporter: Prometheus, statsd, ...).
 
+use guard_core::breaker::{State, Transition};
 use guard_core::guard::{DemoteReason, OnceEvent};
 
 /// Requests admitted, by limiter `name`.
@@ -60,6 +61,16 @@ pub const ENDPOINT_DISCONNECTS: &str = "guard_endpoint_disconnects_total";
 pub const DLQ_SIZE: &str = "guard_dlq_size";
 /// Calls made by retried operations, by `name`.
 pub const RETRY_ATTEMPTS: &str = "guard_retry_attempts_total";
+/// Calls through a circuit breaker, by breaker `name` and `outcome`
+/// (`successful`, `failed`, `not_permitted`, `ignored`); each slow one
+/// also in `slow`.
+pub const BREAKER_CALLS: &str = "guard_breaker_calls_total";
+/// 1 for a circuit breaker's current `state` (`closed`, `open`,
+/// `half_open`, `disabled`, `forced_open`), 0 for the others, by breaker
+/// `name`.
+pub const BREAKER_STATE: &str = "guard_breaker_state";
+/// A circuit breaker's moves, by breaker `name`, `from` and `to`.
+pub const BREAKER_TRANSITIONS: &str = "guard_breaker_transitions_total";
 
 /// Seconds a lock backend took to answer, by `op` and `outcome`:
 /// `acquire` (`acquired`, `held_elsewhere`, `error`), `renew` (`held`,
@@ -161,4 +172,53 @@ pub fn record_dlq_size(topic: &str, size: usize) {
 /// Records the calls a retried operation made.
 pub fn record_retry_attempts(name: &str, attempts: u32) {
     metrics::counter!(RETRY_ATTEMPTS, "name" => name.to_owned()).increment(u64::from(attempts));
+}
+
+/// Records one call through circuit breaker `name`: `outcome` is
+/// `successful`, `failed`, `not_permitted` or `ignored`.
+pub fn record_breaker_call(name: &str, outcome: &'static str, slow: bool) {
+    metrics::counter!(BREAKER_CALLS, "name" => name.to_owned(), "outcome" => outcome).increment(1);
+    if slow {
+        metrics::counter!(BREAKER_CALLS, "name" => name.to_owned(), "outcome" => "slow")
+            .increment(1);
+    }
+}
+
+/// Records a move of circuit breaker `name`, and its state gauge.
+pub fn record_breaker_transition(name: &str, transition: Transition) {
+    metrics::counter!(
+        BREAKER_TRANSITIONS,
+        "name" => name.to_owned(),
+        "from" => state_label(transition.from),
+        "to" => state_label(transition.to)
+    )
+    .increment(1);
+    record_breaker_state(name, transition.to);
+}
+
+/// Sets circuit breaker `name`'s state gauge to `state`.
+pub fn record_breaker_state(name: &str, state: State) {
+    for each in [
+        State::Closed,
+        State::Open,
+        State::HalfOpen,
+        State::Disabled,
+        State::ForcedOpen,
+    ] {
+        let on = if each == state { 1.0 } else { 0.0 };
+        metrics::gauge!(BREAKER_STATE, "name" => name.to_owned(), "state" => state_label(each))
+            .set(on);
+    }
+}
+
+/// A state as a metric label.
+fn state_label(state: State) -> &'static str {
+    match state {
+        State::Closed => "closed",
+        State::Open => "open",
+        State::HalfOpen => "half_open",
+        State::Disabled => "disabled",
+        State::ForcedOpen => "forced_open",
+        _ => "other",
+    }
 }

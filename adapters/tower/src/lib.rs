@@ -156,6 +156,7 @@
 
 mod allow;
 mod body;
+mod breaker;
 mod error;
 mod extract;
 mod headers;
@@ -164,6 +165,9 @@ mod wait;
 
 pub use allow::AllowList;
 pub use body::ResponseBody;
+pub use breaker::{
+    BreakerFuture, CircuitBreakerLayer, CircuitBreakerLayerBuilder, CircuitBreakerService,
+};
 pub use error::ConfigError;
 pub use extract::{
     ClientIp, DEFAULT_IPV6_PREFIX, HeaderKey, Key, KeyExtractor, KeyFn, PathKey, key_fn,

@@ -421,20 +421,7 @@ pub struct CircuitBreaker<W> {
     not_permitted: u64,
 }
 
-impl<W: CallWindow> CircuitBreaker<W> {
-    /// A closed breaker with `config`, judging over `window`.
-    pub fn new(config: BreakerConfig, window: W) -> Result<Self, InvalidBreakerConfig> {
-        config.validate()?;
-        Ok(CircuitBreaker {
-            config,
-            window,
-            phase: Phase::Closed,
-            epoch: 0,
-            last_tally: Tally::default(),
-            not_permitted: 0,
-        })
-    }
-
+impl<W> CircuitBreaker<W> {
     /// The parameters.
     pub const fn config(&self) -> &BreakerConfig {
         &self.config
@@ -450,6 +437,21 @@ impl<W: CallWindow> CircuitBreaker<W> {
             Phase::Disabled => State::Disabled,
             Phase::ForcedOpen => State::ForcedOpen,
         }
+    }
+}
+
+impl<W: CallWindow> CircuitBreaker<W> {
+    /// A closed breaker with `config`, judging over `window`.
+    pub fn new(config: BreakerConfig, window: W) -> Result<Self, InvalidBreakerConfig> {
+        config.validate()?;
+        Ok(CircuitBreaker {
+            config,
+            window,
+            phase: Phase::Closed,
+            epoch: 0,
+            last_tally: Tally::default(),
+            not_permitted: 0,
+        })
     }
 
     /// What the breaker is judging, and its refusals.

@@ -4,6 +4,7 @@ use http::{HeaderMap, Response, StatusCode};
 use http_body_util::BodyExt;
 
 /// A response's status, fields and text.
+#[derive(Debug)]
 pub struct Answer {
     pub status: StatusCode,
     pub headers: HeaderMap,
