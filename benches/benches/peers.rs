@@ -18,6 +18,7 @@ use embassy_sync::blocking_mutex::raw::CriticalSectionRawMutex;
 use governor::clock::FakeRelativeClock;
 use governor::{Quota, RateLimiter};
 use guard_benches::{SteppingClock, SteppingGovernorClock};
+use guard_core::breaker::{BreakerConfig, CircuitBreaker, CountWindow};
 use guard_core::dlq::{DeadLetterQueue, FailedElement, SharedDeadLetterQueue};
 use guard_core::guard::OnceGuard;
 use guard_core::limit::{
@@ -254,10 +255,52 @@ fn once_guard_without_locker(c: &mut Criterion) {
     g.finish();
 }
 
+/// One permitted call through a closed circuit breaker that records it as
+/// a success: guard-core's `&mut` breaker on a count window of 100 calls
+/// (time passed in), the same behind a `std` mutex reading a quanta clock
+/// at permission and at outcome (what guard-tower's layer does), and
+/// failsafe-rs's `call` with its defaults (a mutex inside, its own clock).
+fn breaker_decision(c: &mut Criterion) {
+    let mut g = c.benchmark_group("breaker_decision");
+    let config = BreakerConfig::new();
+    let mut ours = CircuitBreaker::new(config, CountWindow::<100>::new()).unwrap();
+    let now = Instant::from_secs(1);
+    g.bench_function("guard_breaker_mut", |b| {
+        b.iter(|| {
+            let permit = ours.try_acquire(black_box(now)).unwrap();
+            black_box(ours.on_result(permit, now, black_box(false)))
+        })
+    });
+    let shared =
+        std::sync::Mutex::new(CircuitBreaker::new(config, CountWindow::<100>::new()).unwrap());
+    let clock = QuantaClock::new();
+    g.bench_function("guard_breaker_mutex_quanta_clock", |b| {
+        b.iter(|| {
+            let permit = shared.lock().unwrap().try_acquire(clock.now()).unwrap();
+            let ok: Result<(), ()> = black_box(Ok(()));
+            black_box(
+                shared
+                    .lock()
+                    .unwrap()
+                    .on_result(permit, clock.now(), ok.is_err()),
+            )
+        })
+    });
+    let peer = failsafe::Config::new().build();
+    g.bench_function("failsafe_call", |b| {
+        b.iter(|| {
+            use failsafe::CircuitBreaker as _;
+            black_box(peer.call(|| black_box(Ok::<(), ()>(()))))
+        })
+    });
+    g.finish();
+}
+
 criterion_group!(
     benches,
     direct,
     retry_delays,
+    breaker_decision,
     dlq,
     once_guard_without_locker
 );

@@ -160,6 +160,20 @@ const PAIRS: &[Pair] = &[
         "five retry delays vs backon",
     ),
     pair(
+        "breaker_decision",
+        "guard_breaker_mut",
+        "failsafe_call",
+        Some(1.0),
+        "circuit breaker, one permitted call recorded (`&mut`, time passed in) vs failsafe-rs",
+    ),
+    pair(
+        "breaker_decision",
+        "guard_breaker_mutex_quanta_clock",
+        "failsafe_call",
+        Some(1.0),
+        "circuit breaker behind a mutex on a quanta clock (as guard-tower's layer) vs failsafe-rs",
+    ),
+    pair(
         "queue_push_pop",
         "guard_dead_letter_queue",
         "heapless_deque",
