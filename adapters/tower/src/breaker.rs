@@ -326,8 +326,9 @@ impl<W: CallWindow> Judge<W> {
         };
         let now = self.shared.clock.now();
         let mut breaker = self.shared.breaker();
-        let slow = now.saturating_duration_since(permit.started())
-            >= breaker.config().slow_call_duration();
+        let slow = breaker
+            .config()
+            .is_slow(now.saturating_duration_since(permit.started()));
         let moved = breaker.on_result(permit, now, failed);
         drop(breaker);
         let outcome = if failed { "failed" } else { "successful" };

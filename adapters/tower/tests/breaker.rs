@@ -187,7 +187,8 @@ async fn failed_trials_open_it_again_and_slow_calls_count() {
     let clock = ManualClock::default();
     let (layer, inner) = (layer(config(), &clock), Inner::new(&clock));
     // Three slow calls of four: 75% slow, though none failed.
-    inner.set(Reply::Slow(Duration::from_secs(2)));
+    // Slow: longer than the 2 s threshold.
+    inner.set(Reply::Slow(Duration::from_millis(2_001)));
     for _ in 0..3 {
         assert_eq!(call(&layer, &inner).await.unwrap().status, StatusCode::OK);
     }

@@ -10,7 +10,7 @@
 //!   of the last `N` seconds). Once the window holds at least
 //!   `minimum_calls` calls, the breaker opens when the share of failures
 //!   reaches `failure_rate` percent, or the share of slow calls (calls that
-//!   took at least `slow_call_duration`, failed or not) reaches
+//!   took longer than `slow_call_duration`, failed or not) reaches
 //!   `slow_call_rate` percent.
 //! - **Open**: no call is permitted; the refusal says how long until the
 //!   breaker half-opens, `wait_in_open` after it opened. The move is made
@@ -180,7 +180,7 @@ impl Default for BreakerConfig {
 
 impl BreakerConfig {
     /// Resilience4j's defaults: failure rate 50%, slow call rate 100%, slow
-    /// from 60 s, at least 100 calls, 10 trial calls, 60 s open, no limit
+    /// beyond 60 s, at least 100 calls, 10 trial calls, 60 s open, no limit
     /// on the half-open wait.
     pub const fn new() -> Self {
         BreakerConfig {
@@ -206,7 +206,7 @@ impl BreakerConfig {
         self
     }
 
-    /// A call is slow when it takes at least this long.
+    /// A call is slow when it takes longer than this.
     pub const fn with_slow_call_duration(mut self, duration: Duration) -> Self {
         self.slow_call_duration = duration;
         self
@@ -248,9 +248,16 @@ impl BreakerConfig {
         self.slow_call_rate
     }
 
-    /// The duration from which a call is slow.
+    /// The duration beyond which a call is slow.
     pub const fn slow_call_duration(&self) -> Duration {
         self.slow_call_duration
+    }
+
+    /// Whether a call that took `took` is slow: longer than
+    /// `slow_call_duration` (Resilience4j's rule: a call of exactly the
+    /// threshold is not slow).
+    pub fn is_slow(&self, took: Duration) -> bool {
+        took > self.slow_call_duration
     }
 
     /// The calls a closed breaker judges over at the least.
@@ -361,27 +368,31 @@ impl core::error::Error for NotPermitted {}
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub struct Metrics {
     /// The calls being judged: the window's while closed, the trials'
-    /// while half-open, the window's last tally while open.
+    /// while half-open, those last judged while open.
     pub tally: Tally,
+    /// The calls `tally` must hold to be judged: `minimum_calls` (at most
+    /// a count window's size) for a window, `half_open_calls` for trials.
+    pub minimum_calls: u32,
     /// Calls refused since the breaker was built.
     pub not_permitted: u64,
 }
 
 impl Metrics {
-    /// The failure rate in percent, rounded down; `None` until the calls
-    /// judged reach `minimum` (Resilience4j's `-1`).
-    pub fn failure_rate(&self, minimum: u32) -> Option<u32> {
-        Self::rate(self.tally.failures, self.tally.calls, minimum)
+    /// The failure rate in percent, rounded down; `None` while the calls
+    /// judged are fewer than `minimum_calls` (Resilience4j's `-1`).
+    pub fn failure_rate(&self) -> Option<u32> {
+        self.rate(self.tally.failures)
     }
 
-    /// The slow call rate in percent, rounded down; `None` until the calls
-    /// judged reach `minimum`.
-    pub fn slow_call_rate(&self, minimum: u32) -> Option<u32> {
-        Self::rate(self.tally.slow, self.tally.calls, minimum)
+    /// The slow call rate in percent, rounded down; `None` while the calls
+    /// judged are fewer than `minimum_calls`.
+    pub fn slow_call_rate(&self) -> Option<u32> {
+        self.rate(self.tally.slow)
     }
 
-    fn rate(count: u32, calls: u32, minimum: u32) -> Option<u32> {
-        if calls < minimum {
+    fn rate(&self, count: u32) -> Option<u32> {
+        let calls = self.tally.calls;
+        if calls < self.minimum_calls {
             return None;
         }
         let percent = u64::from(count)
@@ -416,8 +427,11 @@ pub struct CircuitBreaker<W> {
     /// Counts the states entered, so that a permit from an earlier one is
     /// known (wrapping: four billion moves apart is the same epoch).
     epoch: u32,
-    /// The window's tally when the breaker last judged it.
+    /// The calls the breaker last judged (the window's or the trials'),
+    /// with the minimum they were judged against: an open breaker's
+    /// metrics.
     last_tally: Tally,
+    last_minimum: u32,
     not_permitted: u64,
 }
 
@@ -450,30 +464,22 @@ impl<W: CallWindow> CircuitBreaker<W> {
             phase: Phase::Closed,
             epoch: 0,
             last_tally: Tally::default(),
+            last_minimum: 0,
             not_permitted: 0,
         })
     }
 
     /// What the breaker is judging, and its refusals.
     pub fn metrics(&mut self, now: Instant) -> Metrics {
-        let tally = match self.phase {
-            Phase::Closed => self.window.tally(now),
-            Phase::HalfOpen { trials, .. } => trials,
-            _ => self.last_tally,
+        let (tally, minimum_calls) = match self.phase {
+            Phase::Closed => (self.window.tally(now), self.closed_minimum()),
+            Phase::HalfOpen { trials, .. } => (trials, self.config.half_open_calls),
+            _ => (self.last_tally, self.last_minimum),
         };
         Metrics {
             tally,
+            minimum_calls,
             not_permitted: self.not_permitted,
-        }
-    }
-
-    /// The minimum number of calls the breaker judges over in its state:
-    /// `minimum_calls` (at most a count window's size) while closed, the
-    /// trials while half-open.
-    pub fn minimum_calls(&self) -> u32 {
-        match self.phase {
-            Phase::HalfOpen { .. } => self.config.half_open_calls,
-            _ => self.closed_minimum(),
         }
     }
 
@@ -500,11 +506,7 @@ impl<W: CallWindow> CircuitBreaker<W> {
             if now < until {
                 return refuse(self, Some(until.saturating_duration_since(now)));
             }
-            self.enter(Phase::HalfOpen {
-                since: now,
-                handed: 0,
-                trials: Tally::default(),
-            });
+            self.half_open(now);
         }
         if let Phase::HalfOpen { since, .. } = self.phase {
             let max_wait = self.config.max_wait_in_half_open;
@@ -526,20 +528,23 @@ impl<W: CallWindow> CircuitBreaker<W> {
     }
 
     /// Records the outcome of the call `permit` allowed, ended at `now`:
-    /// failed or not, slow if it took at least `slow_call_duration`. The
+    /// failed or not, slow if it took longer than `slow_call_duration`. The
     /// move this makes, if any, comes back. An outcome from a permit of an
     /// earlier state is not counted.
     pub fn on_result(&mut self, permit: Permit, now: Instant, failed: bool) -> Option<Transition> {
         if permit.epoch != self.epoch {
             return None;
         }
-        let slow = now.saturating_duration_since(permit.started) >= self.config.slow_call_duration;
+        let slow = self
+            .config
+            .is_slow(now.saturating_duration_since(permit.started));
         match &mut self.phase {
             Phase::Closed => {
                 self.window.record(now, failed, slow);
                 let tally = self.window.tally(now);
-                self.last_tally = tally;
-                if tally.calls >= self.closed_minimum() && self.config.exceeded(tally) {
+                let minimum = self.closed_minimum();
+                (self.last_tally, self.last_minimum) = (tally, minimum);
+                if tally.calls >= minimum && self.config.exceeded(tally) {
                     return Some(self.enter(Phase::Open { since: now }));
                 }
                 None
@@ -550,7 +555,7 @@ impl<W: CallWindow> CircuitBreaker<W> {
                 if trials.calls < self.config.half_open_calls {
                     return None;
                 }
-                self.last_tally = trials;
+                (self.last_tally, self.last_minimum) = (trials, self.config.half_open_calls);
                 if self.config.exceeded(trials) {
                     Some(self.enter(Phase::Open { since: now }))
                 } else {
@@ -583,6 +588,15 @@ impl<W: CallWindow> CircuitBreaker<W> {
     /// Moves to open, as of `now`.
     pub fn open(&mut self, now: Instant) -> Transition {
         self.enter(Phase::Open { since: now })
+    }
+
+    /// Moves to half-open, as of `now`: `half_open_calls` fresh trials.
+    pub fn half_open(&mut self, now: Instant) -> Transition {
+        self.enter(Phase::HalfOpen {
+            since: now,
+            handed: 0,
+            trials: Tally::default(),
+        })
     }
 
     /// Moves to forced open: nothing is permitted until the next move.
