@@ -22,7 +22,7 @@ use guard_core::breaker::{BreakerConfig, CircuitBreaker, CountWindow};
 use guard_core::dlq::{DeadLetterQueue, FailedElement, SharedDeadLetterQueue};
 use guard_core::guard::OnceGuard;
 use guard_core::limit::{
-    AtomicTokenBucket, LeakyBucket, Limiter, Rate, SlidingWindow, TokenBucket,
+    AtomicTokenBucket, Bandwidths, LeakyBucket, Limiter, Rate, SlidingWindow, TokenBucket,
 };
 use guard_core::lock::Scope;
 use guard_core::retry::RetryPolicy;
@@ -73,6 +73,15 @@ fn direct(c: &mut Criterion) {
     let mut ours = Limiter::new(bucket);
     let mut clock = SteppingClock::new(2_000);
     g.bench_function("guard_token_bucket_mut", |b| {
+        b.iter(|| black_box(ours.check(black_box(clock.tick()))))
+    });
+
+    // Two bandwidths on one key, all or nothing, both admitting: what a
+    // second limit on a key costs beside the single bucket above.
+    let second = TokenBucket::new(1_000, Rate::per(1, Duration::from_micros(1))).unwrap();
+    let mut ours = Limiter::new(Bandwidths::new([bucket, second]));
+    let mut clock = SteppingClock::new(2_000);
+    g.bench_function("guard_two_bandwidths_mut", |b| {
         b.iter(|| black_box(ours.check(black_box(clock.tick()))))
     });
 

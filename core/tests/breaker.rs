@@ -579,7 +579,12 @@ fn sliding_time_window_metrics() {
         t = t + advance;
         w.record(t, failed, false);
         let got = w.tally(t);
-        assert_eq!((got.calls, got.failures), (calls, failures), "step {}", i + 1);
+        assert_eq!(
+            (got.calls, got.failures),
+            (calls, failures),
+            "step {}",
+            i + 1
+        );
     }
 }
 

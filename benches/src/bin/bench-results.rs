@@ -63,6 +63,13 @@ const PAIRS: &[Pair] = &[
     ),
     pair(
         "direct_admit",
+        "guard_two_bandwidths_mut",
+        "guard_token_bucket_mut",
+        Some(2.0),
+        "two bandwidths on one key, all or nothing (`&mut`) vs one token bucket",
+    ),
+    pair(
+        "direct_admit",
         "guard_atomic_bucket",
         "governor_direct_stepping_clock",
         Some(1.0),

@@ -12,6 +12,7 @@
 //! | [`LeakyBucket`] | starts empty | `water + 1 <= capacity` |
 //! | [`SlidingWindow`] | has no timestamps | fewer than `limit` timestamps are newer than `now - window` |
 //! | [`FixedWindow`] | has used nothing | fewer than `limit` units were used in the aligned window of `now` |
+//! | [`Bandwidths`] of any of them | is new in each | every one of its limits admits (all or nothing) |
 //!
 //! A denial is an outcome, not an error: [`Decision::Denied`] carries the
 //! time until the next admission can succeed. Only impossible parameters are
@@ -36,6 +37,7 @@
 
 #[cfg(any(target_has_atomic = "ptr", feature = "critical-section"))]
 mod atomic;
+mod bandwidths;
 mod fixed_window;
 mod gcra;
 mod keyed;
@@ -44,6 +46,7 @@ pub mod wait;
 
 #[cfg(any(target_has_atomic = "ptr", feature = "critical-section"))]
 pub use atomic::AtomicTokenBucket;
+pub use bandwidths::Bandwidths;
 pub use fixed_window::{FixedWindow, WindowCount};
 pub use gcra::{Bucket, BucketState, LeakyBucket, TokenBucket, Tokens, Water};
 pub use keyed::{
