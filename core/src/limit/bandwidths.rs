@@ -114,15 +114,6 @@ where
     }
 }
 
-/// The tightest of `reports`: fewest units left, then the longest reset.
-fn tightest<const N: usize>(reports: &[Report; N]) -> Option<Report> {
-    reports.iter().copied().min_by(|a, b| {
-        a.remaining
-            .cmp(&b.remaining)
-            .then(b.reset_after.cmp(&a.reset_after))
-    })
-}
-
 impl<A: Algorithm, const N: usize> Algorithm for Bandwidths<A, N>
 where
     A::State: Clone,
@@ -161,7 +152,7 @@ where
     ) -> Result<Report, CostAboveLimit> {
         let reports = self.check_each(state, cost, now)?;
         // N > 0 (checked at construction), so there is a tightest one.
-        Ok(tightest(&reports).unwrap_or(Report {
+        Ok(Report::tightest(&reports).unwrap_or(Report {
             decision: Decision::Allowed,
             limit: 0,
             remaining: 0,

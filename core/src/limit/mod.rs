@@ -153,6 +153,17 @@ impl Report {
     pub const fn retry_after(&self) -> Option<Duration> {
         self.decision.retry_after()
     }
+
+    /// The tightest of several limits' reports on one request (see
+    /// [`Bandwidths`]): the fewest units left, of two with as few the one
+    /// that takes longer to reset, the first of equals; `None` for none.
+    pub fn tightest(reports: &[Report]) -> Option<Report> {
+        reports.iter().copied().reduce(|tight, r| {
+            let tighter = r.remaining < tight.remaining
+                || (r.remaining == tight.remaining && r.reset_after > tight.reset_after);
+            if tighter { r } else { tight }
+        })
+    }
 }
 
 /// A request costs more than the key's whole quota, so no wait can ever

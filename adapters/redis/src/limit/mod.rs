@@ -29,11 +29,14 @@
 //!
 //! Keys (the hash tag keeps each key's data in one cluster slot):
 //! sliding window `<prefix>:{<key>}` and `<prefix>:{<key>}:seq`; buckets
-//! `<prefix>:{<key>}:tb` or `:lb`; fixed window `<prefix>:{<key>}:fw`. Keys expire once their state equals a
+//! `<prefix>:{<key>}:tb` or `:lb`; bandwidths `<prefix>:{<key>}:bw<i>`, one
+//! a bucket; fixed window `<prefix>:{<key>}:fw`. Keys expire once their state equals a
 //! new key's, so memory follows the active keys.
 
+mod bandwidths;
 mod fixed_window;
 
+pub use bandwidths::{BANDWIDTHS_PREFIX, RedisBandwidths};
 pub use fixed_window::{FIXED_WINDOW_PREFIX, RedisFixedWindow};
 
 use std::fmt;
@@ -111,47 +114,58 @@ fn now_preamble() -> String {
         .replace("MARGIN_MS", &margin_ms.to_string())
 }
 
-/// GCRA: KEYS[1] holds the settle instant and the parameters it was kept
-/// under, `<settle>:<interval>:<capacity>` (a bare `<settle>` is read as
-/// kept under the current ones). ARGV: now, interval, capacity, cost.
+/// GCRA on Redis, the functions every bucket script shares. A key holds
+/// its settle instant and the parameters it was kept under,
+/// `<settle>:<interval>:<capacity>` (a bare `<settle>` is read as kept
+/// under the current ones).
 ///
-/// Returns redis-cell's five values in one reply: `{admitted (1 or 0),
-/// limit, remaining, retry after, reset after}`, times in microseconds,
-/// retry after 0 when admitted.
-///
-/// A key kept under other parameters is carried over first, as
-/// guard-core's `Gcra::carry_over` does: the units it owes now are
-/// rescaled to the new interval (rounded up), at most one full bucket.
-const GCRA: &str = r"
-local interval = tonumber(ARGV[2])
-local capacity = tonumber(ARGV[3])
-local cost = tonumber(ARGV[4])
-local span = interval * capacity
-local tolerance = span - interval
-local tat = 0
-local stored = redis.call('GET', KEYS[1])
-if stored then
+/// `settle_of` reads a key's settle instant; a key kept under other
+/// parameters is carried over first, as guard-core's `Gcra::carry_over`
+/// does (the units it owes now rescaled to the new interval, rounded up,
+/// at most one full bucket) and stored at once, so it is carried over
+/// once. `admit_from` is the instant from which `cost` units are admitted,
+/// `take` records them, `room` and `reset` are the report's remaining
+/// units and reset time.
+const GCRA_FUNCTIONS: &str = r"
+local function settle_of(key, interval, capacity)
+  local stored = redis.call('GET', key)
+  if not stored then return 0 end
   local t, was_interval, was_capacity = string.match(stored, '^(%d+):?(%d*):?(%d*)$')
   if not t then
-    return redis.error_reply('guard: bucket state ' .. KEYS[1] .. ' is not <settle>:<interval>:<capacity>: ' .. stored)
+    return nil, 'guard: bucket state ' .. key .. ' is not <settle>:<interval>:<capacity>: ' .. stored
   end
-  tat = tonumber(t)
+  local tat = tonumber(t)
   was_interval = tonumber(was_interval) or interval
   was_capacity = tonumber(was_capacity) or capacity
   if tat > now and (was_interval ~= interval or was_capacity ~= capacity) then
     local debt = math.ceil((tat - now) * interval / was_interval)
-    if debt > span then debt = span end
+    if debt > interval * capacity then debt = interval * capacity end
     tat = now + debt
-    -- Stored at once, refused or not: the key is carried over once.
-    redis.call('SET', KEYS[1], string.format('%.0f:%.0f:%.0f', tat, interval, capacity),
+    redis.call('SET', key, string.format('%.0f:%.0f:%.0f', tat, interval, capacity),
       'PX', keep_ms(debt))
   end
+  return tat
+end
+local function admit_from(t, interval, capacity, cost)
+  local from = t - (interval * capacity - cost * interval)
+  if from < 0 then return 0 end
+  return from
+end
+-- Keeps the key exactly until the bucket has settled; after that it
+-- decides as a new key would, so it may go.
+local function take(key, t, interval, capacity, cost)
+  local base = t
+  if now > base then base = now end
+  local settles = base + cost * interval
+  redis.call('SET', key, string.format('%.0f:%.0f:%.0f', settles, interval, capacity),
+    'PX', keep_ms(settles - now))
+  return settles
 end
 -- Whole units that could be admitted at now against settle instant t.
-local function room(t)
+local function room(t, interval, capacity)
   local ahead = t - now
   if ahead < 0 then return capacity end
-  local slack = tolerance - ahead
+  local slack = interval * capacity - interval - ahead
   if slack < 0 then return 0 end
   return math.min(capacity, math.floor(slack / interval) + 1)
 end
@@ -159,23 +173,28 @@ local function reset(t)
   if t > now then return t - now end
   return 0
 end
+";
+
+/// One bucket: KEYS[1]; ARGV: now, interval, capacity, cost.
+///
+/// Returns redis-cell's five values in one reply: `{admitted (1 or 0),
+/// limit, remaining, retry after, reset after}`, times in microseconds,
+/// retry after 0 when admitted.
+const GCRA: &str = r"
+local interval = tonumber(ARGV[2])
+local capacity = tonumber(ARGV[3])
+local cost = tonumber(ARGV[4])
+local tat, bad = settle_of(KEYS[1], interval, capacity)
+if not tat then return redis.error_reply(bad) end
 if cost == 0 then
-  return {1, capacity, room(tat), 0, reset(tat)}
+  return {1, capacity, room(tat, interval, capacity), 0, reset(tat)}
 end
-local increment = cost * interval
-local admit_from = tat - (span - increment)
-if admit_from < 0 then admit_from = 0 end
-if now < admit_from then
-  return {0, capacity, room(tat), admit_from - now, reset(tat)}
+local from = admit_from(tat, interval, capacity, cost)
+if now < from then
+  return {0, capacity, room(tat, interval, capacity), from - now, reset(tat)}
 end
-local base = tat
-if now > base then base = now end
-local settles = base + increment
--- Keep the key exactly until the bucket has settled; after that it
--- decides as a new key would, so it may go.
-redis.call('SET', KEYS[1], string.format('%.0f:%.0f:%.0f', settles, interval, capacity),
-  'PX', keep_ms(settles - now))
-return {1, capacity, room(settles), 0, settles - now}
+local settles = take(KEYS[1], tat, interval, capacity, cost)
+return {1, capacity, room(settles, interval, capacity), 0, settles - now}
 ";
 
 /// Sliding-window log: KEYS[1] sorted set of admissions, KEYS[2] sequence.
@@ -429,7 +448,7 @@ impl<V: Copy> RedisBucket<V> {
     /// themselves. It replies redis-cell's five values: admitted (1 or
     /// 0), limit, remaining, retry after and reset after in microseconds.
     pub fn script_source() -> String {
-        format!("{}{GCRA}", now_preamble())
+        format!("{}{GCRA_FUNCTIONS}{GCRA}", now_preamble())
     }
 
     /// The Redis key of `key`.
