@@ -176,3 +176,40 @@ fn every_decision_is_one_round_trip_and_runs_on_a_cluster() {
         );
     }
 }
+
+/// Through guard-std's `RateLimiter` (what guard-tower's layer calls): every
+/// bucket's report on the server's clock, the bandwidths' quotas, and one
+/// quota refused as a new policy.
+#[test]
+fn as_a_rate_limiter_it_reports_every_bandwidth() {
+    use guard_std::ratelimit::{Quota, RateLimiter, ReconfigureError};
+    let server = RedisServer::start().expect("redis-server");
+    let conn = connect(Topology::Standalone { url: server.url() });
+    let redis = RedisBandwidths::new(conn, policy()).unwrap();
+    let limiter: &dyn RateLimiter = &redis;
+    let quotas = limiter.bandwidths().unwrap();
+    assert_eq!(quotas.len(), 3);
+    assert_eq!(
+        quotas[1],
+        Quota::TokenBucket {
+            capacity: 10,
+            rate: Rate::per(10, Duration::from_secs(10)),
+        }
+    );
+    assert_eq!(limiter.quota(), quotas[0]);
+    let each = smol::block_on(limiter.check_each("k", 2)).unwrap();
+    assert_eq!(
+        each.iter()
+            .map(|r| (r.limit, r.remaining))
+            .collect::<Vec<_>>(),
+        [(4, 2), (10, 8), (40, 38)]
+    );
+    let tightest = smol::block_on(limiter.check_n("k", 2)).unwrap();
+    assert_eq!((tightest.limit, tightest.remaining), (4, 0));
+    let err = limiter.reconfigure(quotas[0]).unwrap_err();
+    assert!(matches!(
+        err,
+        ReconfigureError::SeveralBandwidths { bandwidths: 3 }
+    ));
+    assert!(err.to_string().contains("3 bandwidths"), "{err}");
+}

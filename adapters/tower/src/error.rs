@@ -61,6 +61,17 @@ pub enum ConfigError {
     /// [`wait_up_to`](crate::RateLimitLayerBuilder::wait_up_to): a dry
     /// run never holds a request.
     DryRunWithWait,
+    /// [`RateLimitLayerBuilder::bandwidth_names`](crate::RateLimitLayerBuilder::bandwidth_names):
+    /// not one name for each of the limiter's bandwidths.
+    BandwidthNames {
+        /// The names given.
+        given: usize,
+        /// The limiter's bandwidths (1 for a limiter of one quota).
+        bandwidths: usize,
+    },
+    /// [`RateLimitLayerBuilder::wait_up_to`](crate::RateLimitLayerBuilder::wait_up_to)
+    /// over a limiter of several bandwidths: waiting follows one quota.
+    WaitWithBandwidths,
 }
 
 impl fmt::Display for ConfigError {
@@ -100,6 +111,15 @@ impl fmt::Display for ConfigError {
             ConfigError::DryRunWithWait => f.write_str(
                 "dry run and wait_up_to: a dry run never refuses, so it never holds a request; \
                  use one or the other",
+            ),
+            ConfigError::BandwidthNames { given, bandwidths } => write!(
+                f,
+                "bandwidth names: {given} given for a limiter of {bandwidths} bandwidth(s): \
+                 each entry of the RateLimit fields needs one name per bandwidth"
+            ),
+            ConfigError::WaitWithBandwidths => f.write_str(
+                "wait_up_to over several bandwidths: a request waits for one quota's turn; \
+                 refuse at once (leave wait_up_to out) or limit by one bandwidth",
             ),
         }
     }

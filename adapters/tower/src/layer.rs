@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use guard_core::limit::wait::WaitError;
-use guard_std::Throttle;
-use guard_std::ratelimit::{LimitError, LimitFuture, LimitResult, RateLimiter, Report};
+use guard_std::ratelimit::{EachResult, LimitError, LimitFuture, LimitResult, RateLimiter, Report};
 use guard_std::run::Runtime;
+use guard_std::{BackendError, Throttle};
 use http::header::{CONTENT_TYPE, HeaderValue};
 use http::request::Parts;
 use http::{Request, Response, StatusCode};
@@ -26,7 +26,7 @@ use crate::body::ResponseBody;
 use crate::error::ConfigError;
 use crate::extract::{ClientIp, Key, KeyExtractor};
 use crate::headers::{
-    Fields, PolicyField, ceil_secs, ratelimit_value, sf_string, write_retry_after,
+    Fields, PolicyField, ceil_secs, policy_value, ratelimit_value, sf_string, write_retry_after,
 };
 use crate::wait::{Place, Wait, Waited};
 
@@ -93,6 +93,9 @@ struct Config {
     cost: Option<Box<CostFn>>,
     /// The policy name and its `RateLimit-Policy` value.
     policy: PolicyField,
+    /// For a limiter of several bandwidths: each one's name (an
+    /// sf-string), one field entry each.
+    bandwidths: Option<Vec<String>>,
     missing_key: MissingKey,
     on_backend_error: OnBackendError,
     legacy_headers: bool,
@@ -118,6 +121,7 @@ struct Config {
 /// | [`key`](Self::key) | [`ClientIp::peer`] |
 /// | [`cost`](Self::cost) | 1 per request |
 /// | [`policy_name`](Self::policy_name) | [`DEFAULT_POLICY_NAME`] |
+/// | [`bandwidth_names`](Self::bandwidth_names) | `<policy name>-0`, `-1`, … for a limiter of several bandwidths |
 /// | [`on_missing_key`](Self::on_missing_key) | [`MissingKey::Refuse`] (`400`) |
 /// | [`on_backend_error`](Self::on_backend_error) | [`OnBackendError::FailClosed`] (`503`, `Retry-After: 1`) |
 /// | [`legacy_headers`](Self::legacy_headers) | off |
@@ -130,6 +134,7 @@ pub struct RateLimitLayerBuilder {
     key: Box<dyn KeyExtractor>,
     cost: Option<Box<CostFn>>,
     policy_name: String,
+    bandwidth_names: Option<Vec<String>>,
     missing_key: MissingKey,
     on_backend_error: OnBackendError,
     legacy_headers: bool,
@@ -145,6 +150,7 @@ impl fmt::Debug for RateLimitLayerBuilder {
             .field("key", &self.key.describe())
             .field("cost", &self.cost.as_ref().map(|_| "fn"))
             .field("policy_name", &self.policy_name)
+            .field("bandwidth_names", &self.bandwidth_names)
             .field("missing_key", &self.missing_key)
             .field("on_backend_error", &self.on_backend_error)
             .field("legacy_headers", &self.legacy_headers)
@@ -179,6 +185,22 @@ impl RateLimitLayerBuilder {
     /// not empty (checked by [`build`](Self::build)).
     pub fn policy_name(mut self, name: impl Into<String>) -> Self {
         self.policy_name = name.into();
+        self
+    }
+
+    /// For a limiter of several bandwidths (guard-std's
+    /// `RateLimiter::bandwidths`: `MemoryLimiter` of a `Bandwidths`,
+    /// `RedisBandwidths`): the name of each, in order, in its own entry of
+    /// `RateLimit-Policy` and `RateLimit` (`"<name>";q=..;w=..` and
+    /// `"<name>";r=..;t=..`, one per bandwidth); `<policy name>-0`, `-1`,
+    /// … by default. One name per bandwidth, each printable ASCII (checked
+    /// by [`build`](Self::build)).
+    pub fn bandwidth_names<I, N>(mut self, names: I) -> Self
+    where
+        I: IntoIterator<Item = N>,
+        N: Into<String>,
+    {
+        self.bandwidth_names = Some(names.into_iter().map(Into::into).collect());
         self
     }
 
@@ -288,9 +310,39 @@ impl RateLimitLayerBuilder {
         {
             return Err(ConfigError::WaitUpTo { value: wait.max });
         }
+        let bandwidths = match (self.limiter.bandwidths(), self.bandwidth_names) {
+            (None, None) => None,
+            (None, Some(names)) => {
+                return Err(ConfigError::BandwidthNames {
+                    given: names.len(),
+                    bandwidths: 1,
+                });
+            }
+            (Some(_), _) if self.wait.is_some() => return Err(ConfigError::WaitWithBandwidths),
+            (Some(quotas), names) => {
+                let names = names.unwrap_or_else(|| {
+                    (0..quotas.len())
+                        .map(|i| format!("{}-{i}", self.policy_name))
+                        .collect()
+                });
+                if names.len() != quotas.len() {
+                    return Err(ConfigError::BandwidthNames {
+                        given: names.len(),
+                        bandwidths: quotas.len(),
+                    });
+                }
+                Some(
+                    names
+                        .iter()
+                        .map(|name| sf_string(name))
+                        .collect::<Result<Vec<_>, _>>()?,
+                )
+            }
+        };
         Ok(RateLimitLayer {
             config: Arc::new(Config {
                 policy: PolicyField::new(policy, self.limiter.quota()),
+                bandwidths,
                 limiter: self.limiter,
                 key: self.key,
                 cost: self.cost,
@@ -355,6 +407,7 @@ impl RateLimitLayer {
             key: Box::new(ClientIp::peer()),
             cost: None,
             policy_name: DEFAULT_POLICY_NAME.to_owned(),
+            bandwidth_names: None,
             missing_key: MissingKey::default(),
             on_backend_error: OnBackendError::default(),
             legacy_headers: false,
@@ -476,6 +529,10 @@ enum Crowded {
 impl Config {
     /// The decision, when the limiter gives it without waiting.
     fn decide_now(&self, key: &str, cost: u32) -> Option<LimitResult> {
+        // Several bandwidths report each one in a future of its own.
+        if self.bandwidths.is_some() {
+            return None;
+        }
         match self.limiter.check_n(key, cost) {
             LimitFuture::Ready(Some(result)) => Some(result),
             // A remote limiter: this future is dropped unpolled and the
@@ -487,29 +544,71 @@ impl Config {
         }
     }
 
-    /// The `RateLimit-Policy` value for the limiter's quota now.
+    /// The `RateLimit-Policy` value for the limiter's quota now: one
+    /// entry per bandwidth for a limiter of several.
     fn policy_value(&self) -> HeaderValue {
-        self.policy.value(&self.limiter.quota())
+        match (&self.bandwidths, self.limiter.bandwidths()) {
+            (Some(names), Some(quotas)) => list_value(
+                names
+                    .iter()
+                    .zip(&quotas)
+                    .map(|(name, quota)| policy_value(name, quota)),
+            ),
+            _ => self.policy.value(&self.limiter.quota()),
+        }
     }
 
-    /// The fields of a decision, `t` seconds being the effective window.
-    fn fields(&self, report: &Report, t: u64) -> Fields {
+    /// The fields of a decision, `t` seconds being the effective window;
+    /// with every bandwidth's report, an entry for each.
+    fn fields(&self, report: &Report, t: u64, each: Option<&Each>) -> Fields {
+        let ratelimit = match (&self.bandwidths, each) {
+            (Some(names), Some(each)) => {
+                list_value(names.iter().zip(&each.reports).map(|(name, r)| {
+                    // A bandwidth that refused is back for this request
+                    // when the refusal says; the others reset by their own
+                    // clock.
+                    let t = if r.is_denied() && r.remaining < each.cost {
+                        t
+                    } else {
+                        ceil_secs(r.reset_after)
+                    };
+                    ratelimit_value(name, r.remaining, t)
+                }))
+            }
+            _ => ratelimit_value(self.policy.name(), report.remaining, t),
+        };
         Fields {
             policy: self.policy_value(),
-            state: Some((
-                ratelimit_value(self.policy.name(), report.remaining, t),
-                report.remaining,
-                t,
-            )),
+            state: Some((ratelimit, report.remaining, t)),
             legacy_limit: self.legacy_headers.then_some(report.limit),
         }
     }
 
     fn verdict(&self, result: LimitResult) -> Verdict {
+        self.verdict_of(result, None)
+    }
+
+    /// The verdict on every bandwidth's reports: the request is decided by
+    /// the tightest ([`Report::tightest`]), the fields written for each.
+    fn verdict_each(&self, result: EachResult, cost: u32) -> Verdict {
+        match result {
+            Ok(reports) => match Report::tightest(&reports) {
+                Some(tightest) => self.verdict_of(Ok(tightest), Some(&Each { reports, cost })),
+                None => self.verdict(Err(LimitError::Backend(BackendError::new(NoBandwidth)))),
+            },
+            Err(e) => self.verdict(Err(e)),
+        }
+    }
+
+    fn verdict_of(&self, result: LimitResult, each: Option<&Each>) -> Verdict {
         match result {
             Ok(report) => match report.retry_after() {
                 // `t` is the time until the key is back to a full quota.
-                None => Verdict::Admit(Some(self.fields(&report, ceil_secs(report.reset_after)))),
+                None => Verdict::Admit(Some(self.fields(
+                    &report,
+                    ceil_secs(report.reset_after),
+                    each,
+                ))),
                 Some(wait) => {
                     // Never 0 for a refusal. `t` is the same point in time:
                     // the draft asks that Retry-After not be earlier than
@@ -517,7 +616,7 @@ impl Config {
                     let secs = ceil_secs(wait).max(1);
                     if self.dry_run {
                         self.would_refuse(StatusCode::TOO_MANY_REQUESTS);
-                        return Verdict::Admit(Some(self.fields(&report, secs)));
+                        return Verdict::Admit(Some(self.fields(&report, secs, each)));
                     }
                     let mut refusal = answer(
                         StatusCode::TOO_MANY_REQUESTS,
@@ -527,7 +626,8 @@ impl Config {
                             self.policy.name()
                         ),
                     );
-                    self.fields(&report, secs).write(refusal.headers_mut());
+                    self.fields(&report, secs, each)
+                        .write(refusal.headers_mut());
                     write_retry_after(refusal.headers_mut(), secs);
                     Verdict::Answer(refusal)
                 }
@@ -654,7 +754,7 @@ impl Config {
         };
         let mut refusal_answer = answer(StatusCode::TOO_MANY_REQUESTS, text);
         match refusal {
-            Some(report) => self.fields(&report, secs),
+            Some(report) => self.fields(&report, secs, None),
             None => Fields {
                 policy: self.policy_value(),
                 state: None,
@@ -698,6 +798,12 @@ impl Config {
     async fn decide_later(&self, cost: u32, later: Later) -> Verdict {
         let queued = match later {
             Later::Wait(queued) => queued,
+            Later::Ask { key, held } if self.bandwidths.is_some() => {
+                // No line with several bandwidths (refused at build).
+                drop(held);
+                let result = self.limiter.check_each(&key, cost).await;
+                return self.verdict_each(result, cost);
+            }
             Later::Ask { key, held } => {
                 let result = self.limiter.check_n(&key, cost).await;
                 let (Some(wait), Some((place, deadline))) = (&self.wait, held) else {
@@ -729,6 +835,37 @@ impl Config {
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// Every bandwidth's report of one decision, and the cost decided.
+struct Each {
+    reports: Vec<Report>,
+    cost: u32,
+}
+
+/// A limiter that says it has bandwidths and reports none.
+#[derive(Debug)]
+struct NoBandwidth;
+
+impl fmt::Display for NoBandwidth {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the limiter reported no bandwidth for a decision")
+    }
+}
+
+impl std::error::Error for NoBandwidth {}
+
+/// Field values as one list value: `a, b, c` (structured-field lists).
+fn list_value(items: impl Iterator<Item = HeaderValue>) -> HeaderValue {
+    let mut text = Vec::new();
+    for (i, item) in items.enumerate() {
+        if i > 0 {
+            text.extend_from_slice(b", ");
+        }
+        text.extend_from_slice(item.as_bytes());
+    }
+    // Joined valid values: always valid; the fallback is never taken.
+    HeaderValue::try_from(text).unwrap_or_else(|_| HeaderValue::from_static(""))
+}
 
 /// A decision made in the response future, with what followed it.
 enum Remote<O> {

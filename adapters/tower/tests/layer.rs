@@ -15,7 +15,9 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::extract::ConnectInfo;
-use guard_core::limit::{FixedWindow, FullPolicy, LeakyBucket, Rate, SlidingWindow, TokenBucket};
+use guard_core::limit::{
+    Bandwidths, FixedWindow, FullPolicy, LeakyBucket, Rate, SlidingWindow, TokenBucket,
+};
 use guard_std::BackendError;
 use guard_std::ManualClock;
 use guard_std::ratelimit::{
@@ -967,4 +969,131 @@ async fn a_dry_run_lets_every_request_through_with_the_fields_and_counts_the_ref
         .wait_up_to(Duration::from_secs(1), guard_tokio::Tokio::new())
         .build();
     assert_eq!(both.unwrap_err(), ConfigError::DryRunWithWait);
+}
+
+/// 4 a second and 6 a minute, in memory on a hand-moved clock.
+fn second_and_minute() -> (Arc<dyn RateLimiter>, ManualClock) {
+    let clock = ManualClock::default();
+    let policy = Bandwidths::new([
+        TokenBucket::new(4, Rate::per_second(4)).unwrap(),
+        TokenBucket::new(6, Rate::per(6, Duration::from_secs(60))).unwrap(),
+    ]);
+    let limiter =
+        MemoryLimiter::<_, _, 64>::with_clock(policy, 64, FullPolicy::DenyNewKeys, clock.clone());
+    (Arc::new(limiter), clock)
+}
+
+#[tokio::test]
+async fn several_bandwidths_write_an_entry_each_and_admit_all_or_nothing() {
+    let (limiter, clock) = second_and_minute();
+    let layer = RateLimitLayer::builder(limiter)
+        .bandwidth_names(["second", "minute"])
+        .legacy_headers(true)
+        .build()
+        .unwrap();
+    let inner = Hello::default();
+    let policy = r#""second";q=4;w=1, "minute";q=6;w=60"#;
+    for i in 0..4u32 {
+        let a = send(&layer, &inner, from("192.0.2.1")).await;
+        assert_eq!(a.status, StatusCode::OK, "request {i}");
+        assert_eq!(a.header("ratelimit-policy"), Some(policy));
+        // A token back every 250 ms in the first, every 10 s in the second.
+        let expected = format!(
+            r#""second";r={};t=1, "minute";r={};t={}"#,
+            3 - i,
+            5 - i,
+            10 * (i + 1)
+        );
+        assert_eq!(a.header("ratelimit"), Some(expected.as_str()));
+    }
+    // The second's bandwidth refuses; the minute's is not charged.
+    let refused = send(&layer, &inner, from("192.0.2.1")).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.header("retry-after"), Some("1"));
+    assert_eq!(
+        refused.header("ratelimit"),
+        Some(r#""second";r=0;t=1, "minute";r=2;t=40"#)
+    );
+    // The tightest bandwidth's in the legacy fields.
+    assert_eq!(refused.header("x-ratelimit-limit"), Some("4"));
+    assert_eq!(refused.header("x-ratelimit-remaining"), Some("0"));
+
+    clock.advance(Duration::from_secs(1));
+    for _ in 0..2 {
+        let a = send(&layer, &inner, from("192.0.2.1")).await;
+        assert_eq!(a.status, StatusCode::OK);
+    }
+    // Now the minute's refuses (its next token 9 s away); the second's
+    // keeps its own reset.
+    let refused = send(&layer, &inner, from("192.0.2.1")).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.header("retry-after"), Some("9"));
+    assert_eq!(
+        refused.header("ratelimit"),
+        Some(r#""second";r=2;t=1, "minute";r=0;t=9"#)
+    );
+    assert_eq!(refused.header("ratelimit-policy"), Some(policy));
+    assert_eq!(inner.calls(), 6);
+
+    // A cost above a bandwidth's quota is 413, with every policy entry.
+    let layer = RateLimitLayer::builder(second_and_minute().0)
+        .cost(|_| 5)
+        .build()
+        .unwrap();
+    let too_much = send(&layer, &inner, from("192.0.2.1")).await;
+    assert_eq!(too_much.status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(
+        too_much.header("ratelimit-policy"),
+        Some(r#""default-0";q=4;w=1, "default-1";q=6;w=60"#),
+        "named after the policy by default"
+    );
+}
+
+#[test]
+fn bandwidth_names_must_match_the_bandwidths() {
+    let (several, _clock) = second_and_minute();
+    let err = RateLimitLayer::builder(Arc::clone(&several))
+        .bandwidth_names(["second"])
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        err,
+        ConfigError::BandwidthNames {
+            given: 1,
+            bandwidths: 2
+        }
+    );
+    assert!(
+        err.to_string().starts_with("bandwidth names: 1 given"),
+        "{err}"
+    );
+    let (one, _clock) = bucket(1, Rate::per_second(1));
+    assert_eq!(
+        RateLimitLayer::builder(one)
+            .bandwidth_names(["a", "b"])
+            .build()
+            .unwrap_err(),
+        ConfigError::BandwidthNames {
+            given: 2,
+            bandwidths: 1
+        }
+    );
+    assert!(matches!(
+        RateLimitLayer::builder(Arc::clone(&several))
+            .bandwidth_names(["s\u{e9}c", "m"])
+            .build(),
+        Err(ConfigError::PolicyName { .. })
+    ));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let _entered = rt.enter();
+    assert_eq!(
+        RateLimitLayer::builder(several)
+            .wait_up_to(Duration::from_secs(1), guard_tokio::Tokio::new())
+            .build()
+            .unwrap_err(),
+        ConfigError::WaitWithBandwidths
+    );
 }

@@ -6,7 +6,7 @@ use core::hash::{BuildHasher, Hash};
 
 use embassy_sync::blocking_mutex::raw::RawMutex;
 
-use super::{Algorithm, CostAboveLimit, Decision, Report};
+use super::{Algorithm, Bandwidths, CostAboveLimit, Decision, Report};
 use crate::sync::BlockingMutex;
 pub use crate::table::KeyedSlot;
 use crate::table::{SetTable, hash_of};
@@ -519,6 +519,65 @@ pub struct SharedKeyed<
     B = KeyedSlots<K, A, N>,
 > {
     inner: BlockingMutex<M, RefCell<Keyed<K, A, N, S, B>>>,
+}
+
+impl<K, A, const W: usize, const N: usize, S, B> Keyed<K, Bandwidths<A, W>, N, S, B>
+where
+    K: Hash + Eq + Clone,
+    A: Algorithm,
+    A::State: Clone,
+    S: BuildHasher,
+    B: BorrowMut<KeyedSlots<K, Bandwidths<A, W>, N>>,
+{
+    /// [`Self::check_n_borrowed`] with every bandwidth's report, in the
+    /// order given (see [`Bandwidths::check_each`]). A new key that finds
+    /// no room is refused in each, with the wait until a slot frees.
+    pub fn check_each_borrowed<Q: Hash + Eq + ?Sized>(
+        &mut self,
+        key: &Q,
+        to_key: impl FnOnce() -> K,
+        cost: u32,
+        now: Instant,
+    ) -> Result<[Report; W], CostAboveLimit>
+    where
+        K: Borrow<Q>,
+    {
+        if let Some(too_much) = self
+            .algorithm
+            .limits()
+            .iter()
+            .find(|limit| cost > limit.limit())
+        {
+            return Err(CostAboveLimit {
+                cost,
+                limit: too_much.limit(),
+            });
+        }
+        let mut each = self.algorithm.limits().iter();
+        let quotas: [u32; W] = core::array::from_fn(|_| each.next().map_or(0, A::limit));
+        let refused = move |at: Instant| -> [Report; W] {
+            quotas.map(|limit| Report {
+                decision: Decision::denied_until(at, now),
+                limit,
+                remaining: 0,
+                reset_after: at.saturating_duration_since(now),
+            })
+        };
+        Ok(self.decide(
+            key,
+            to_key,
+            now,
+            // No cost is above a bandwidth's quota (checked above); were
+            // one refused as an error all the same, the request is refused.
+            |policy, state| {
+                policy
+                    .check_each(state, cost, now)
+                    .unwrap_or_else(|_| refused(Instant::MAX))
+            },
+            |each| cost > 0 && each.iter().all(Report::is_allowed),
+            refused,
+        ))
+    }
 }
 
 impl<M, K, A, const N: usize, S, B> SharedKeyed<M, K, A, N, S, B>

@@ -8,8 +8,12 @@ use std::time::Duration;
 use guard_core::limit::{Bandwidths, Decision, Report, TokenBucket};
 use redis::{Script, ScriptInvocation};
 
+use guard_std::BoxFuture;
+use guard_std::ratelimit::{EachResult, FromQuota, LimitFuture, Quota, ReconfigureError};
+
 use super::{
-    BucketParams, Clock, GCRA_FUNCTIONS, checked_cost, checked_key, checked_prefix, now_preamble,
+    BucketParams, Clock, GCRA_FUNCTIONS, checked_cost, checked_key, checked_prefix, limit_error,
+    now_preamble,
 };
 use crate::connection::RedisConnection;
 use crate::error::RedisGuardError;
@@ -198,6 +202,51 @@ impl RedisBandwidths {
             invocation.arg(p.interval_us).arg(p.capacity);
         }
         Ok(invocation)
+    }
+}
+
+/// Several bandwidths for guard-std's callers (guard-tower's layer, one
+/// `RateLimit` entry per bandwidth), on the Redis server's clock so every
+/// replica agrees. Its `quota` is the first bandwidth's; a new policy is
+/// set with [`RedisBandwidths::reconfigure`], as one quota cannot say
+/// which bandwidth to change.
+impl guard_std::ratelimit::RateLimiter for RedisBandwidths {
+    fn check_n<'a>(&'a self, key: &'a str, cost: u32) -> LimitFuture<'a> {
+        LimitFuture::Pending(Box::pin(async move {
+            RedisBandwidths::check_n(self, key, cost, Clock::Server)
+                .await
+                .map_err(limit_error)
+        }))
+    }
+
+    fn quota(&self) -> Quota {
+        self.params()
+            .first()
+            .map(|p| p.token_bucket().quota())
+            .unwrap_or_else(|| unreachable!("a policy has at least one bandwidth"))
+    }
+
+    fn reconfigure(&self, _: Quota) -> Result<(), ReconfigureError> {
+        Err(ReconfigureError::SeveralBandwidths {
+            bandwidths: self.params().len(),
+        })
+    }
+
+    fn bandwidths(&self) -> Option<Vec<Quota>> {
+        Some(
+            self.params()
+                .iter()
+                .map(|p| p.token_bucket().quota())
+                .collect(),
+        )
+    }
+
+    fn check_each<'a>(&'a self, key: &'a str, cost: u32) -> BoxFuture<'a, EachResult> {
+        Box::pin(async move {
+            RedisBandwidths::check_each(self, key, cost, Clock::Server)
+                .await
+                .map_err(limit_error)
+        })
     }
 }
 

@@ -336,6 +336,13 @@ struct BucketParams {
 }
 
 impl BucketParams {
+    /// The token bucket of these parameters (accepted by its constructor
+    /// before they were stored).
+    fn token_bucket(&self) -> Bucket<Tokens> {
+        Bucket::new(self.capacity, self.rate)
+            .unwrap_or_else(|_| unreachable!("stored bucket parameters are valid"))
+    }
+
     fn of<V>(bucket: &Bucket<V>) -> Result<Self, RedisGuardError> {
         let interval_us = whole_micros(Parameter::RefillInterval, bucket.interval())?;
         if interval_us.saturating_mul(u64::from(bucket.capacity())) >= 1 << 53 {

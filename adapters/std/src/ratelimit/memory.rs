@@ -6,12 +6,13 @@ use std::hash::BuildHasher;
 use std::sync::PoisonError;
 
 use guard_core::limit::{
-    Algorithm, CostAboveLimit, Decision, DefaultHashState, FixedWindow, FullPolicy, Keyed,
-    KeyedSlot, KeyedSlots, Report,
+    Algorithm, Bandwidths, CostAboveLimit, Decision, DefaultHashState, FixedWindow, FullPolicy,
+    Keyed, KeyedSlot, KeyedSlots, Report,
 };
 
-use super::{FromQuota, KeysHeld, LimitFuture, Quota, RateLimiter, ReconfigureError};
+use super::{EachResult, FromQuota, KeysHeld, LimitFuture, Quota, RateLimiter, ReconfigureError};
 use crate::clock::{Clock, EpochClock, QuantaClock};
+use crate::shared::BoxFuture;
 use crate::sync::Mutex;
 
 /// Keys per shard by default.
@@ -268,5 +269,77 @@ where
             held: self.len(),
             capacity: self.capacity(),
         })
+    }
+}
+
+impl<A, C, const W: usize, const S: usize> MemoryLimiter<Bandwidths<A, W>, C, S>
+where
+    A: Algorithm + Clone,
+    A::State: Clone,
+    C: Clock,
+{
+    /// Decides `cost` units for `key` now by every bandwidth, all or
+    /// nothing, with each one's report; see guard-core's
+    /// `Bandwidths::check_each`.
+    pub fn check_each_now(&self, key: &str, cost: u32) -> Result<[Report; W], CostAboveLimit> {
+        self.with_table(key, |table| {
+            let now = self.clock.now();
+            table.check_each_borrowed(key, || key.to_owned(), cost, now)
+        })
+    }
+}
+
+/// Several bandwidths on one key in memory: decided as one
+/// (`check_n` reports the tightest), with every bandwidth's report from
+/// `check_each`. Its `quota` is the first bandwidth's; a new policy is set
+/// with [`MemoryLimiter::reconfigure_with`], as one quota cannot say which
+/// bandwidth to change.
+impl<A, C, const W: usize, const S: usize> RateLimiter for MemoryLimiter<Bandwidths<A, W>, C, S>
+where
+    A: FromQuota + Clone + Send + Sync,
+    A::State: Clone + Send,
+    C: Clock,
+{
+    fn check_n<'a>(&'a self, key: &'a str, cost: u32) -> LimitFuture<'a> {
+        LimitFuture::Ready(Some(self.check_n_now(key, cost).map_err(Into::into)))
+    }
+
+    fn quota(&self) -> Quota {
+        let policy = self.algorithm();
+        policy
+            .limits()
+            .iter()
+            .map(FromQuota::quota)
+            .next()
+            .unwrap_or_else(|| unreachable!("a policy has at least one bandwidth"))
+    }
+
+    fn reconfigure(&self, _: Quota) -> Result<(), ReconfigureError> {
+        Err(ReconfigureError::SeveralBandwidths { bandwidths: W })
+    }
+
+    fn keys_held(&self) -> Option<KeysHeld> {
+        Some(KeysHeld {
+            held: self.len(),
+            capacity: self.capacity(),
+        })
+    }
+
+    fn bandwidths(&self) -> Option<Vec<Quota>> {
+        Some(
+            self.algorithm()
+                .limits()
+                .iter()
+                .map(FromQuota::quota)
+                .collect(),
+        )
+    }
+
+    fn check_each<'a>(&'a self, key: &'a str, cost: u32) -> BoxFuture<'a, EachResult> {
+        let result = self
+            .check_each_now(key, cost)
+            .map(Vec::from)
+            .map_err(Into::into);
+        Box::pin(std::future::ready(result))
     }
 }

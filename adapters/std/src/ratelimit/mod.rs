@@ -94,6 +94,10 @@ impl Future for LimitFuture<'_> {
     }
 }
 
+/// Every bandwidth's report of one decision, in the order of
+/// [`RateLimiter::bandwidths`].
+pub type EachResult = Result<Vec<Report>, LimitError>;
+
 /// A rate limiter keyed by strings, deciding with the current time.
 pub trait RateLimiter: Send + Sync {
     /// Decides a request of `cost` units for `key`, all or nothing, and
@@ -120,6 +124,19 @@ pub trait RateLimiter: Send + Sync {
     /// elsewhere (Redis).
     fn keys_held(&self) -> Option<KeysHeld> {
         None
+    }
+
+    /// For a limiter of several bandwidths on one key (guard-core's
+    /// `Bandwidths`, all or nothing): each one's quota, in order. `None`,
+    /// the default, for a limiter of one quota.
+    fn bandwidths(&self) -> Option<Vec<Quota>> {
+        None
+    }
+
+    /// Decides as [`Self::check_n`] and reports every bandwidth, in the
+    /// order of [`Self::bandwidths`]; by default, `check_n`'s one report.
+    fn check_each<'a>(&'a self, key: &'a str, cost: u32) -> BoxFuture<'a, EachResult> {
+        Box::pin(async move { self.check_n(key, cost).await.map(|report| vec![report]) })
     }
 }
 

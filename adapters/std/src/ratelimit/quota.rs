@@ -81,6 +81,13 @@ pub enum ReconfigureError {
         /// The quota's.
         quota: &'static str,
     },
+    /// The limiter decides by several bandwidths: one quota cannot say
+    /// which of them to change. Its own call takes the whole policy
+    /// (`MemoryLimiter::reconfigure_with`, `RedisBandwidths::reconfigure`).
+    SeveralBandwidths {
+        /// How many bandwidths the limiter has.
+        bandwidths: usize,
+    },
     /// The parameters are impossible (guard-core's check).
     Invalid(LimiterError),
     /// The backend cannot represent them (for example a Redis interval
@@ -96,6 +103,11 @@ impl fmt::Display for ReconfigureError {
                 "a {limiter} limiter cannot take a {quota} quota: a limiter changes its \
                  parameters, not its algorithm"
             ),
+            ReconfigureError::SeveralBandwidths { bandwidths } => write!(
+                f,
+                "a limiter of {bandwidths} bandwidths cannot take one quota: replace its \
+                 whole policy"
+            ),
             ReconfigureError::Invalid(e) => write!(f, "invalid quota: {e}"),
             ReconfigureError::Backend(e) => write!(f, "quota refused by the backend: {e}"),
         }
@@ -105,7 +117,8 @@ impl fmt::Display for ReconfigureError {
 impl std::error::Error for ReconfigureError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            ReconfigureError::OtherAlgorithm { .. } => None,
+            ReconfigureError::OtherAlgorithm { .. }
+            | ReconfigureError::SeveralBandwidths { .. } => None,
             ReconfigureError::Invalid(e) => Some(e),
             ReconfigureError::Backend(e) => Some(e),
         }
