@@ -305,9 +305,36 @@ fn breaker_decision(c: &mut Criterion) {
     g.finish();
 }
 
+/// One permit taken and given back while nobody waits: guard-core's
+/// bulkhead (by reference, and through an `Arc` as guard-tower's layer
+/// holds it) beside tokio's semaphore (what tower's
+/// `ConcurrencyLimitLayer` uses), both with room to spare.
+fn bulkhead_permit(c: &mut Criterion) {
+    use embassy_sync::blocking_mutex::raw::CriticalSectionRawMutex;
+    use guard_core::bulkhead::Bulkhead;
+    let mut g = c.benchmark_group("bulkhead_permit");
+    let ours = Bulkhead::<CriticalSectionRawMutex, 1024>::new(1_000_000).unwrap();
+    g.bench_function("guard_bulkhead", |b| {
+        b.iter(|| black_box(Bulkhead::try_acquire(black_box(&ours)).is_ok()))
+    });
+    let shared = std::sync::Arc::new(ours);
+    g.bench_function("guard_bulkhead_arc", |b| {
+        b.iter(|| black_box(Bulkhead::try_acquire(std::sync::Arc::clone(&shared)).is_ok()))
+    });
+    let tokio = std::sync::Arc::new(tokio::sync::Semaphore::new(1_000_000));
+    g.bench_function("tokio_semaphore", |b| {
+        b.iter(|| black_box(black_box(&tokio).try_acquire().is_ok()))
+    });
+    g.bench_function("tokio_semaphore_owned", |b| {
+        b.iter(|| black_box(std::sync::Arc::clone(&tokio).try_acquire_owned().is_ok()))
+    });
+    g.finish();
+}
+
 criterion_group!(
     benches,
     direct,
+    bulkhead_permit,
     retry_delays,
     breaker_decision,
     dlq,

@@ -15,6 +15,9 @@
 //! clock): nobody ever waits, so it measures what the option costs a
 //! request decided at once (a look at the key's count of waiters).
 //!
+//! `concurrency_limit`: guard-tower's `BulkheadLayer` beside tower's
+//! `ConcurrencyLimitLayer`, with room for every request.
+//!
 //! `cargo bench -p guard-benches --bench tower_layer`
 
 use std::convert::Infallible;
@@ -33,8 +36,9 @@ use criterion::{
 };
 use guard_core::limit::{FullPolicy, Rate, TokenBucket};
 use guard_std::ratelimit::MemoryLimiter;
-use guard_tower::{ClientIp, RateLimitLayer};
+use guard_tower::{BulkheadLayer, ClientIp, RateLimitLayer};
 use http::{Request, Response, StatusCode};
+use tower::limit::ConcurrencyLimitLayer;
 use tower::{Layer, Service, service_fn};
 use tower_governor::GovernorLayer;
 use tower_governor::governor::GovernorConfigBuilder;
@@ -168,6 +172,24 @@ fn layers(c: &mut Criterion, group: &str, peers: &[SocketAddr]) {
     g.finish();
 }
 
+/// guard-tower's bulkhead beside tower's `ConcurrencyLimitLayer`, both
+/// with room for every request (nothing waits): what taking and giving
+/// back one permit costs a request.
+fn concurrency_limit(c: &mut Criterion) {
+    let peers = peers(1);
+    let mut g = c.benchmark_group("concurrency_limit");
+    row(&mut g, "inner_only", inner(), &peers);
+    let bulkhead = BulkheadLayer::builder("bench", 1_000_000).build().unwrap();
+    row(&mut g, "guard_bulkhead", bulkhead.layer(inner()), &peers);
+    row(
+        &mut g,
+        "tower_concurrency_limit",
+        ConcurrencyLimitLayer::new(1_000_000).layer(inner()),
+        &peers,
+    );
+    g.finish();
+}
+
 fn one_key(c: &mut Criterion) {
     layers(c, "tower_layer_one_key", &peers(1));
 }
@@ -176,5 +198,5 @@ fn many_keys(c: &mut Criterion) {
     layers(c, "tower_layer_many_keys", &peers(KEYS));
 }
 
-criterion_group!(benches, one_key, many_keys);
+criterion_group!(benches, one_key, many_keys, concurrency_limit);
 criterion_main!(benches);

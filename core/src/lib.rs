@@ -45,6 +45,8 @@
 )]
 
 pub mod breaker;
+#[cfg(any(target_has_atomic = "ptr", feature = "critical-section"))]
+pub mod bulkhead;
 pub mod claim;
 pub mod dedup;
 pub mod dlq;

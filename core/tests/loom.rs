@@ -281,3 +281,66 @@ fn a_checked_lease_never_pairs_one_grant_s_fence_with_another_s_deadline() {
         assert_eq!(lease.check(Instant::from_millis(300)), None);
     });
 }
+
+/// Two threads wait for the one permit of a bulkhead while the main
+/// thread holds it and then gives it back: in every interleaving no two
+/// calls are ever in flight together, each waiter gets the permit once,
+/// and every permit comes back.
+#[test]
+fn a_bulkhead_never_has_two_calls_in_flight_and_loses_no_permit() {
+    use guard_core::bulkhead::Bulkhead;
+    use loom::sync::atomic::{AtomicUsize, Ordering};
+    loom::model(|| {
+        let bulkhead = Arc::new(Bulkhead::<CriticalSectionRawMutex, 4>::new(1).unwrap());
+        let inside = Arc::new(AtomicUsize::new(0));
+        let held = Bulkhead::try_acquire(bulkhead.clone()).unwrap();
+        let threads: Vec<_> = (0..2)
+            .map(|_| {
+                let bulkhead = bulkhead.clone();
+                let inside = inside.clone();
+                thread::spawn(move || {
+                    let permit = loom::future::block_on(Bulkhead::acquire(bulkhead)).unwrap();
+                    assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two in flight");
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    drop(permit);
+                })
+            })
+            .collect();
+        drop(held);
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(bulkhead.in_flight(), 0);
+        assert_eq!(bulkhead.waiting(), 0);
+    });
+}
+
+/// A caller that takes the one permit past the line and gives it back
+/// races a caller that waits for it: in every interleaving the waiter is
+/// granted it (no permit lost between the waiter's arrival and the give
+/// back) and both leave nothing behind.
+#[test]
+fn a_permit_given_back_as_a_waiter_arrives_is_not_lost() {
+    use guard_core::bulkhead::Bulkhead;
+    loom::model(|| {
+        let bulkhead = Arc::new(Bulkhead::<CriticalSectionRawMutex, 4>::new(1).unwrap());
+        let quick = {
+            let bulkhead = bulkhead.clone();
+            thread::spawn(move || {
+                if let Ok(permit) = Bulkhead::try_acquire(bulkhead) {
+                    drop(permit);
+                }
+            })
+        };
+        let waiter = {
+            let bulkhead = bulkhead.clone();
+            thread::spawn(move || {
+                drop(loom::future::block_on(Bulkhead::acquire(bulkhead)).unwrap());
+            })
+        };
+        quick.join().unwrap();
+        waiter.join().unwrap();
+        assert_eq!(bulkhead.in_flight(), 0);
+        assert_eq!(bulkhead.waiting(), 0);
+    });
+}

@@ -72,6 +72,13 @@ pub enum ConfigError {
     /// [`RateLimitLayerBuilder::wait_up_to`](crate::RateLimitLayerBuilder::wait_up_to)
     /// over a limiter of several bandwidths: waiting follows one quota.
     WaitWithBandwidths,
+    /// [`BulkheadLayer::builder`](crate::BulkheadLayer::builder) or
+    /// [`BulkheadLayer::set_max`](crate::BulkheadLayer::set_max) letting
+    /// no request in.
+    MaxConcurrent {
+        /// The count given.
+        value: u32,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -116,6 +123,10 @@ impl fmt::Display for ConfigError {
                 f,
                 "bandwidth names: {given} given for a limiter of {bandwidths} bandwidth(s): \
                  each entry of the RateLimit fields needs one name per bandwidth"
+            ),
+            ConfigError::MaxConcurrent { value } => write!(
+                f,
+                "bulkhead max concurrent: {value}: it must let at least one request in"
             ),
             ConfigError::WaitWithBandwidths => f.write_str(
                 "wait_up_to over several bandwidths: a request waits for one quota's turn; \

@@ -157,6 +157,7 @@
 mod allow;
 mod body;
 mod breaker;
+mod bulkhead;
 mod error;
 mod extract;
 mod headers;
@@ -167,6 +168,10 @@ pub use allow::AllowList;
 pub use body::ResponseBody;
 pub use breaker::{
     BreakerFuture, CircuitBreakerLayer, CircuitBreakerLayerBuilder, CircuitBreakerService,
+};
+pub use bulkhead::{
+    BULKHEAD_LINE, BulkheadFuture, BulkheadLayer, BulkheadLayerBuilder, BulkheadPermit,
+    BulkheadService,
 };
 pub use error::ConfigError;
 pub use extract::{

@@ -181,6 +181,20 @@ const PAIRS: &[Pair] = &[
         "circuit breaker behind a mutex on a quanta clock (as guard-tower's layer) vs failsafe-rs",
     ),
     pair(
+        "bulkhead_permit",
+        "guard_bulkhead",
+        "tokio_semaphore",
+        None,
+        "one bulkhead permit taken and given back, by reference, vs tokio's semaphore",
+    ),
+    pair(
+        "bulkhead_permit",
+        "guard_bulkhead_arc",
+        "tokio_semaphore_owned",
+        None,
+        "one bulkhead permit through an `Arc` (as guard-tower holds it) vs tokio's owned permit",
+    ),
+    pair(
         "queue_push_pop",
         "guard_dead_letter_queue",
         "heapless_deque",
