@@ -59,8 +59,9 @@ pub use direct::DIRECT_CONNECTIONS;
 pub use error::{Parameter, RedisGuardError};
 pub use limit::{
     BANDWIDTHS_PREFIX, CALLER_OFFSET_BOUND, CALLER_RATE_BOUND_PPM, Clock, FIXED_WINDOW_PREFIX,
-    LEAKY_BUCKET_PREFIX, RedisBandwidths, RedisBucket, RedisFixedWindow, RedisLeakyBucket,
-    RedisSlidingWindow, RedisTokenBucket, SLIDING_WINDOW_PREFIX, TOKEN_BUCKET_PREFIX,
+    LEAKY_BUCKET_PREFIX, RedisBandwidths, RedisBatchedBucket, RedisBucket, RedisFixedWindow,
+    RedisLeakyBucket, RedisSlidingWindow, RedisTokenBucket, SLIDING_WINDOW_PREFIX,
+    TOKEN_BUCKET_PREFIX, Taken,
 };
 pub use locker::{RedisLocker, lock_keys};
 pub use stream_dlq::{

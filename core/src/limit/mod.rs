@@ -38,6 +38,8 @@
 #[cfg(any(target_has_atomic = "ptr", feature = "critical-section"))]
 mod atomic;
 mod bandwidths;
+#[cfg(any(target_has_atomic = "ptr", feature = "critical-section"))]
+pub mod batch;
 mod fixed_window;
 mod gcra;
 mod keyed;

@@ -34,9 +34,11 @@
 //! new key's, so memory follows the active keys.
 
 mod bandwidths;
+mod batched;
 mod fixed_window;
 
 pub use bandwidths::{BANDWIDTHS_PREFIX, RedisBandwidths};
+pub use batched::RedisBatchedBucket;
 pub use fixed_window::{FIXED_WINDOW_PREFIX, RedisFixedWindow};
 
 use std::fmt;
@@ -195,6 +197,24 @@ if now < from then
 end
 local settles = take(KEYS[1], tat, interval, capacity, cost)
 return {1, capacity, room(settles, interval, capacity), 0, settles - now}
+";
+
+/// Up to `want` tokens of one bucket, as many as it holds: KEYS[1];
+/// ARGV: now, interval, capacity, want. Returns `{granted, retry after}`:
+/// the tokens taken (0 to `want`) and, when none, the microseconds until
+/// one is there. For a cache in front of the bucket (`RedisBatchedBucket`).
+const TAKE_UP_TO: &str = r"
+local interval = tonumber(ARGV[2])
+local capacity = tonumber(ARGV[3])
+local want = tonumber(ARGV[4])
+local tat, bad = settle_of(KEYS[1], interval, capacity)
+if not tat then return redis.error_reply(bad) end
+local granted = math.min(want, room(tat, interval, capacity))
+if granted <= 0 then
+  return {0, admit_from(tat, interval, capacity, 1) - now}
+end
+take(KEYS[1], tat, interval, capacity, granted)
+return {granted, 0}
 ";
 
 /// Sliding-window log: KEYS[1] sorted set of admissions, KEYS[2] sequence.
@@ -375,6 +395,8 @@ pub struct RedisBucket<V> {
     suffix: &'static str,
     params: RwLock<BucketParams>,
     script: Script,
+    /// [`TAKE_UP_TO`], for token buckets.
+    take_up_to: Script,
     view: PhantomData<V>,
 }
 
@@ -424,6 +446,7 @@ impl<V: Copy> RedisBucket<V> {
             suffix,
             params: RwLock::new(params),
             script: Script::new(&Self::script_source()),
+            take_up_to: Script::new(&format!("{}{GCRA_FUNCTIONS}{TAKE_UP_TO}", now_preamble())),
             view: PhantomData,
         })
     }
@@ -520,6 +543,49 @@ impl RedisBucket<Tokens> {
     pub fn with_prefix(mut self, prefix: &str) -> Result<Self, RedisGuardError> {
         self.prefix = checked_prefix(prefix)?;
         Ok(self)
+    }
+}
+
+/// What [`RedisTokenBucket::take_up_to`] took.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Taken {
+    /// Tokens taken: from 0 to the number asked.
+    pub granted: u32,
+    /// When none: how long until one is there (at least 1 µs).
+    pub retry_after: Option<Duration>,
+}
+
+impl RedisBucket<Tokens> {
+    /// Takes up to `want` tokens of `key`'s bucket, as many as it holds
+    /// (at most the capacity): one round trip. What a cache in front of
+    /// the bucket spends locally ([`RedisBatchedBucket`](crate::RedisBatchedBucket)).
+    pub async fn take_up_to(
+        &self,
+        key: &str,
+        want: u32,
+        clock: Clock,
+    ) -> Result<Taken, RedisGuardError> {
+        let params = self.params();
+        let want = want.min(params.capacity);
+        let mut invocation = self.take_up_to.prepare_invoke();
+        invocation
+            .key(self.redis_key(key)?)
+            .arg(clock.arg())
+            .arg(params.interval_us)
+            .arg(params.capacity)
+            .arg(want);
+        let reply: (i64, i64) = self.conn.invoke(&invocation).await?;
+        let unexpected = || RedisGuardError::UnexpectedReply(format!("{reply:?}"));
+        let granted = u32::try_from(reply.0).map_err(|_| unexpected())?;
+        if granted > want {
+            return Err(unexpected());
+        }
+        let retry_after =
+            (granted == 0).then(|| Duration::from_micros(reply.1.max(1).unsigned_abs()));
+        Ok(Taken {
+            granted,
+            retry_after,
+        })
     }
 }
 
