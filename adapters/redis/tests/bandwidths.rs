@@ -141,14 +141,6 @@ fn the_report_is_the_tightest_and_a_refusal_counts_in_no_bucket() {
     assert!(err.to_string().contains("cost"), "{err}");
 }
 
-fn calls(server: &RedisServer, command: &str) -> u64 {
-    let info = server.command("INFO commandstats").unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
-        .and_then(|rest| rest.split(',').next()?.parse().ok())
-        .unwrap_or(0)
-}
-
 #[test]
 fn every_decision_is_one_round_trip_and_runs_on_a_cluster() {
     let server = RedisServer::start().expect("redis-server");
@@ -159,8 +151,12 @@ fn every_decision_is_one_round_trip_and_runs_on_a_cluster() {
     for i in 0..100 {
         let _ = smol::block_on(redis.check(&format!("k{i}"), Clock::Server)).unwrap();
     }
-    assert_eq!(calls(&server, "evalsha"), 100, "one EVALSHA per decision");
-    assert_eq!(calls(&server, "eval"), 0);
+    assert_eq!(
+        server.command_calls("evalsha").unwrap(),
+        100,
+        "one EVALSHA per decision"
+    );
+    assert_eq!(server.command_calls("eval").unwrap(), 0);
 
     let cluster = RedisCluster::start().expect("redis cluster");
     let conn = connect(Topology::Cluster {

@@ -19,14 +19,6 @@ const PER_SECOND: u32 = 500;
 const MAX_BATCH: u32 = 20;
 const RUN: Duration = Duration::from_secs(3);
 
-fn calls(server: &RedisServer, command: &str) -> u64 {
-    let info = server.command("INFO commandstats").unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
-        .and_then(|rest| rest.split(',').next()?.parse().ok())
-        .unwrap_or(0)
-}
-
 #[test]
 fn replicas_with_a_local_cache_admit_at_most_the_quota_plus_a_batch_each() {
     let server = RedisServer::start().expect("redis-server");
@@ -75,7 +67,8 @@ fn replicas_with_a_local_cache_admit_at_most_the_quota_plus_a_batch_each() {
     let mut admitted = admitted.lock().unwrap().clone();
     admitted.sort();
     let decisions = *decisions.lock().unwrap();
-    let round_trips = calls(&server, "evalsha") + calls(&server, "eval");
+    let round_trips =
+        server.command_calls("evalsha").unwrap() + server.command_calls("eval").unwrap();
 
     // The bucket's budget over the run (its clock is the server's: a
     // decision observed here was made within the span measured here).
@@ -157,7 +150,11 @@ fn a_cached_key_and_an_uncached_one_share_the_bucket() {
     let refused = smol::block_on(cached.check("k")).unwrap();
     assert!(refused.retry_after().unwrap() > Duration::from_secs(50));
     assert!(smol::block_on(cached.check("k")).unwrap().is_denied());
-    assert_eq!(calls(&server, "evalsha"), 1, "the second refusal is local");
+    assert_eq!(
+        server.command_calls("evalsha").unwrap(),
+        1,
+        "the second refusal is local"
+    );
     // Beyond max_keys, a key is decided by the shared bucket directly.
     assert!(smol::block_on(cached.check("other")).unwrap().is_allowed());
     assert_eq!(cached.cached_keys(), 1);

@@ -337,13 +337,6 @@ fn bucket_keys_expire_once_settled() {
 }
 
 /// Calls of `command` since the last `CONFIG RESETSTAT`, from `INFO commandstats`.
-fn calls(server: &RedisServer, command: &str) -> u64 {
-    let info = server.command("INFO commandstats").unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
-        .and_then(|rest| rest.split(',').next()?.parse().ok())
-        .unwrap_or(0)
-}
 
 #[test]
 fn each_decision_and_each_acquisition_is_one_round_trip() {
@@ -381,8 +374,12 @@ fn each_decision_and_each_acquisition_is_one_round_trip() {
                 .unwrap();
         }
     });
-    assert_eq!(calls(&server, "evalsha"), 300, "one EVALSHA per decision");
-    assert_eq!(calls(&server, "eval"), 0);
+    assert_eq!(
+        server.command_calls("evalsha").unwrap(),
+        300,
+        "one EVALSHA per decision"
+    );
+    assert_eq!(server.command_calls("eval").unwrap(), 0);
 }
 
 /// A caller's clock: `offset` from real time, running `ppm` slower.

@@ -241,6 +241,19 @@ impl RedisServer {
         let tls = self.tls.as_ref().map(|t| &t.client);
         Ok(command_reply(self.port, tls, cmd)?)
     }
+
+    /// How many times `command` (lower case: `evalsha`) ran since the
+    /// server started or its last `CONFIG RESETSTAT`, from `INFO
+    /// commandstats`; 0 if it never ran.
+    pub fn command_calls(&self, command: &str) -> Result<u64, HarnessError> {
+        let info = self.command("INFO commandstats")?;
+        let prefix = format!("cmdstat_{command}:calls=");
+        Ok(info
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|rest| rest.split(',').next()?.parse().ok())
+            .unwrap_or(0))
+    }
 }
 
 impl Drop for RedisServer {
