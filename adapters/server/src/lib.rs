@@ -58,12 +58,15 @@ pub use guard_tower;
 
 /// What a service uses most, in one import.
 pub mod prelude {
+    pub use guard_core::breaker::{BreakerConfig, CircuitBreaker, CountWindow, TimeWindow};
     pub use guard_core::claim::{
         Claim, ClaimError, ClaimOutcome, ClaimStore, Claims, Settled, Start,
     };
     pub use guard_core::guard::{ActiveConfig, FailPolicy, OnceGuard, OnceOutcome};
-    pub use guard_core::limit::{FullPolicy, Rate, SlidingWindow, TokenBucket};
+    pub use guard_core::limit::batch::BatchSize;
+    pub use guard_core::limit::{Bandwidths, FullPolicy, Rate, SlidingWindow, TokenBucket};
     pub use guard_core::lock::{LeaseRenewer, Locker, Scope, Token, Ttl};
+    pub use guard_core::retry::{RetryAfter, RetryBudget, RetryPolicy};
     pub use guard_std::ratelimit::{MemoryLimiter, RateLimiter};
     pub use guard_std::{GuardConfig, LocalLocker, SharedLocker};
     pub use guard_tokio::{ActiveRunner, LockWatchdog, Scheduler, Tokio, control};
@@ -77,9 +80,12 @@ pub mod prelude {
     #[cfg(feature = "redis")]
     #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     pub use guard_redis::{
-        RedisConnection, RedisLocker, RedisSlidingWindow, RedisTokenBucket, Topology, redis,
+        RedisBandwidths, RedisBatchedBucket, RedisConnection, RedisLocker, RedisSlidingWindow,
+        RedisTokenBucket, Topology, redis,
     };
     #[cfg(feature = "tower")]
     #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
-    pub use guard_tower::{ClientIp, HeaderKey, RateLimitLayer};
+    pub use guard_tower::{
+        BulkheadLayer, CircuitBreakerLayer, ClientIp, HeaderKey, RateLimitLayer,
+    };
 }
