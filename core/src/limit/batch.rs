@@ -31,7 +31,9 @@ use crate::time::Instant;
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 #[non_exhaustive]
 pub enum InvalidBatch {
-    /// `min` must be at least 1 and at most `max`.
+    /// `min` must be at least 1 and at most `max`, and `max` below 2^31
+    /// (a batch and what is left of the last one fit the 32 bits of
+    /// [`LocalTokens`]).
     Bounds {
         /// The smallest batch given.
         min: u32,
@@ -47,8 +49,8 @@ impl fmt::Display for InvalidBatch {
         match self {
             InvalidBatch::Bounds { min, max } => write!(
                 f,
-                "batch size: min {min}, max {max}: a batch takes at least 1 token and min must \
-                 not exceed max"
+                "batch size: min {min}, max {max}: a batch takes at least 1 token, min must \
+                 not exceed max, and max must be below 2^31"
             ),
             InvalidBatch::ZeroTarget => {
                 f.write_str("batch target: 0: a batch must be meant to last some time")
@@ -76,7 +78,7 @@ impl BatchSize {
     /// Batches from `min` to `max` tokens, meant to last about `target`;
     /// the first is `min`.
     pub const fn new(min: u32, max: u32, target: Duration) -> Result<Self, InvalidBatch> {
-        if min == 0 || min > max {
+        if min == 0 || min > max || max >= 1 << 31 {
             return Err(InvalidBatch::Bounds { min, max });
         }
         if target.is_zero() {
@@ -183,7 +185,9 @@ impl LocalTokens {
     /// Ends the refill turn, adding `tokens` (a batch the shared limiter
     /// gave; zero if it gave none).
     pub fn end_refill(&self, tokens: u32) {
-        // Tokens are only spent meanwhile, never added, so the sum fits.
+        // Tokens are only spent meanwhile, never added, and a batch and
+        // what is left of the last one are each below 2^31 (`BatchSize`
+        // refuses more), so the sum stays in the low 32 bits.
         self.word
             .fetch_add(u64::from(tokens).wrapping_sub(REFILLING), Ordering::AcqRel);
     }
@@ -223,6 +227,13 @@ mod tests {
         assert_eq!(
             BatchSize::new(5, 4, Duration::from_secs(1)),
             Err(InvalidBatch::Bounds { min: 5, max: 4 })
+        );
+        assert_eq!(
+            BatchSize::new(1, 1 << 31, Duration::from_secs(1)),
+            Err(InvalidBatch::Bounds {
+                min: 1,
+                max: 1 << 31
+            })
         );
         assert_eq!(
             BatchSize::new(1, 4, Duration::ZERO),

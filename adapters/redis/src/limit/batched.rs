@@ -45,7 +45,7 @@ struct Local {
 /// Keys share the bucket's keys with [`RedisTokenBucket`]: replicas with
 /// and without the cache limit one key together. At most `max_keys` keys
 /// are cached per replica; a key beyond is decided by the shared bucket
-/// directly (memory stays bounded). Decisions are on the Redis server's
+/// directly (memory stays bounded), as is a cost above the largest batch. Decisions are on the Redis server's
 /// clock; a local decision says only admitted or refused (no report: the
 /// shared bucket's count is not read for it).
 pub struct RedisBatchedBucket {
@@ -135,12 +135,14 @@ impl RedisBatchedBucket {
     /// refused before anything is sent.
     pub async fn check_n(&self, key: &str, cost: u32) -> Result<Decision, RedisGuardError> {
         checked_cost(cost, self.remote.bucket().capacity())?;
-        let Some(local) = self.local(key) else {
-            return Ok(self
-                .remote
-                .check_n(key, cost, Clock::Server)
-                .await?
-                .decision);
+        // A cost above the largest batch, or a key beyond `max_keys`: the
+        // shared bucket decides it directly.
+        let local = match self.local(key) {
+            Some(local) if cost <= self.sizing.max() => local,
+            _ => {
+                let report = self.remote.check_n(key, cost, Clock::Server).await?;
+                return Ok(report.decision);
+            }
         };
         if local.tokens.try_spend(cost) {
             return Ok(Decision::Allowed);
