@@ -14,8 +14,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Each step names the time since the start, so a slow step shows.
-step() { printf '\n==> %s  [%dm%02ds]\n' "$*" $((SECONDS / 60)) $((SECONDS % 60)); }
+# Each step names the time since the start and the disk left, so a slow
+# step or a full disk shows.
+step() {
+    printf '\n==> %s  [%dm%02ds, %s free]\n' "$*" $((SECONDS / 60)) $((SECONDS % 60)) \
+        "$(df -h --output=avail . 2>/dev/null | tail -n 1 | tr -d ' ')"
+}
 
 if ! command -v cargo >/dev/null 2>&1 && [ -f "$HOME/.cargo/env" ]; then
     # shellcheck disable=SC1091
@@ -123,6 +127,8 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked "${features[
 # minute here, the dependencies being built already).
 publishable=(guard-core guard-std guard-smol guard-tokio guard-redis guard-etcd guard-postgres guard-embassy guard-endpoints guard-tower guard-server)
 cargo package --locked --allow-dirty "${publishable[@]/#/-p}"
+# The packages and their verification builds are not needed again.
+rm -rf target/package
 
 step "loom models (LOOM_MAX_PREEMPTIONS=${LOOM_MAX_PREEMPTIONS:-3})"
 # A project-specific cfg: a global `--cfg loom` would change third-party
