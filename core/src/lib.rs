@@ -58,6 +58,7 @@ pub mod guard;
 pub mod limit;
 pub mod lock;
 pub mod retry;
+pub mod semaphore;
 pub mod slot;
 pub mod sync;
 mod table;

@@ -341,3 +341,10 @@ impl GuardConfig {
         Scope::new(component)?.segment("owner", &self.owner)
     }
 }
+
+// One permit of any semaphore whose futures are `Send` is a shared lock:
+// `LockWatchdog` runs a job under it, renewing and releasing it.
+crate::impl_dyn_locker!(
+    [S: ::guard_core::semaphore::SendSemaphore<Error: std::error::Error + Send + Sync + 'static> + Send + Sync + 'static]
+    ::guard_core::semaphore::PermitLock<S>
+);

@@ -1,8 +1,9 @@
 //! guard-testkit: what guard's own tests share, as a development
 //! dependency only (not published).
 //!
-//! - [`contract`]: the `Locker` contract suite every backend runs, and
-//!   [`claims`]: the `ClaimStore` contract suite;
+//! - [`contract`]: the `Locker` contract suite every backend runs,
+//!   [`claims`]: the `ClaimStore` contract suite, and [`semaphore`]: the
+//!   `Semaphore` contract suite;
 //! - [`sources`]: the elected-source contract suite every elected source
 //!   runs against its real server;
 //! - [`RedisServer`], [`RedisCluster`], [`RedisSentinel`]: real
@@ -43,6 +44,7 @@ pub mod postgres;
 mod process;
 pub mod rabbitmq;
 mod redis;
+pub mod semaphore;
 pub mod sinks;
 pub mod sources;
 mod spans;

@@ -4,6 +4,7 @@
 //! <prefix>once:<scope>:<delivery key>     OnceGuard, e.g. guard:once:endpoint/schedule:owner=t1:router=r1:1767225600000
 //! <prefix>active:<scope>                  ActiveGuard
 //! <prefix>claim:<scope>:<delivery key>    Claims (done at most once, retried until done)
+//! <prefix>semaphore:<scope>               a semaphore's permits (N holders at once)
 //! scope = <component>(:<label>=<value>)*  segments with an empty value are skipped
 //! ```
 //!
@@ -201,10 +202,30 @@ pub fn claim_key(
 
 /// `<prefix>active:<scope>`; the prefix is checked with [`check_prefix`].
 pub fn active_key(prefix: &str, scope: &Scope) -> Result<String<MAX_KEY_LEN>, KeyError> {
+    scope_key(prefix, "active:", scope)
+}
+
+/// `<prefix><kind><scope>`.
+fn scope_key(prefix: &str, kind: &str, scope: &Scope) -> Result<String<MAX_KEY_LEN>, KeyError> {
     check_prefix(prefix)?;
     let mut key = String::new();
     push_raw(&mut key, prefix)?;
-    push_raw(&mut key, "active:")?;
+    push_raw(&mut key, kind)?;
     push_raw(&mut key, scope.as_str())?;
     Ok(key)
+}
+
+/// `<prefix>semaphore:<scope>`, the key of a
+/// [`Semaphore`](crate::semaphore::Semaphore)'s permits; the prefix is
+/// checked with [`check_prefix`].
+///
+/// ```
+/// use guard_core::lock::{Scope, semaphore_key};
+///
+/// let key = semaphore_key("guard:", &Scope::new("exports")?)?;
+/// assert_eq!(key.as_str(), "guard:semaphore:exports");
+/// # Ok::<(), guard_core::lock::KeyError>(())
+/// ```
+pub fn semaphore_key(prefix: &str, scope: &Scope) -> Result<String<MAX_KEY_LEN>, KeyError> {
+    scope_key(prefix, "semaphore:", scope)
 }

@@ -21,7 +21,7 @@ mod wait;
 
 pub use key::{
     DEFAULT_PREFIX, KeyError, MAX_KEY_LEN, MAX_SCOPE_LEN, Scope, active_key, check_prefix,
-    claim_key, once_key,
+    claim_key, once_key, semaphore_key,
 };
 pub use token::{Token, TokenId};
 pub use wait::{DEFAULT_POLL, LockWithRetryError, LockerExt};

@@ -1,6 +1,8 @@
-//! An in-process locker with fencing, and a claim store beside it.
+//! An in-process locker with fencing, and a claim store and a semaphore
+//! beside it.
 
 mod claims;
+mod semaphore;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -29,6 +31,8 @@ struct State {
     last_sweep: Option<Instant>,
     /// Claim records (see `claims`), swept with the locks.
     claims: HashMap<String, claims::Record>,
+    /// Semaphores' permits (see `semaphore`), swept with the locks.
+    permits: HashMap<String, Vec<semaphore::Permit>>,
     /// The last fence granted, to a lock or a claim attempt. One counter
     /// for every key: it strictly increases per key too, and survives the
     /// sweep of expired keys.
@@ -46,6 +50,10 @@ impl State {
         if due {
             self.held.retain(|_, h| now < h.expires_at);
             self.claims.retain(|_, r| !r.forgotten(now));
+            self.permits.retain(|_, held| {
+                held.retain(|p| p.live(now));
+                !held.is_empty()
+            });
             self.last_sweep = Some(now);
         }
     }
@@ -67,9 +75,11 @@ impl State {
 ///   an acquisition, so unique keys (schedule slots) do not accumulate.
 /// - Safe to share between threads and tasks; its futures never wait.
 ///
-/// It is also a [`ClaimStore`](guard_core::claim::ClaimStore) (records
+/// It is also a [`ClaimStore`](guard_core::claim::ClaimStore) and a
+/// [`Semaphore`](guard_core::semaphore::Semaphore) (records and permits
 /// beside the locks, on the same clock and fence counter, swept with
-/// them), the reference the other claim stores are compared with.
+/// them), the reference the other claim stores and semaphores are
+/// compared with.
 ///
 /// It never fails: its error type is [`Infallible`].
 #[derive(Debug)]
@@ -101,6 +111,7 @@ impl<C: Clock> LocalLocker<C> {
             state: Mutex::new(State {
                 held: HashMap::new(),
                 claims: HashMap::new(),
+                permits: HashMap::new(),
                 last_sweep: None,
                 last_fence: 0,
             }),
@@ -116,10 +127,14 @@ impl<C: Clock> LocalLocker<C> {
     }
 
     /// Keys currently stored (held or expired but not yet swept), claim
-    /// records included.
+    /// records and semaphores included.
     pub fn stored_keys(&self) -> usize {
         let state = self.lock_state();
-        state.held.len().saturating_add(state.claims.len())
+        state
+            .held
+            .len()
+            .saturating_add(state.claims.len())
+            .saturating_add(state.permits.len())
     }
 
     fn lock_state(&self) -> MutexGuard<'_, State> {
