@@ -1,6 +1,8 @@
-//! A fenced lock service on Redis, and a claim store beside it.
+//! A fenced lock service on Redis, and a claim store and a semaphore
+//! beside it.
 
 mod claims;
+mod semaphore;
 
 use std::fmt;
 
@@ -41,6 +43,9 @@ pub fn lock_keys(prefix: &str, key: &str) -> Result<(String, String), RedisGuard
 /// namespaces an environment (`prod1:`); renewal is always supported, so
 /// a prefix can never make a renewing locker look renew-less or the
 /// opposite.
+///
+/// It is also a [`ClaimStore`](guard_core::claim::ClaimStore) and a
+/// [`Semaphore`](guard_core::semaphore::Semaphore), beside the locks.
 pub struct RedisLocker {
     conn: RedisConnection,
     prefix: String,
@@ -49,6 +54,7 @@ pub struct RedisLocker {
     release: Script,
     renew: Script,
     claims: claims::Scripts,
+    semaphore: semaphore::Scripts,
 }
 
 impl fmt::Debug for RedisLocker {
@@ -71,6 +77,7 @@ impl RedisLocker {
             release: Script::new(RELEASE),
             renew: Script::new(RENEW),
             claims: claims::Scripts::new(),
+            semaphore: semaphore::Scripts::new(),
         }
     }
 
