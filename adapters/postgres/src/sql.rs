@@ -24,7 +24,26 @@
 //!     result      bytea                  -- when done
 //! );
 //! CREATE INDEX "<table>_forget" ON "<table>_claims" (forget_at);
+//!
+//! -- Semaphores' permits (guard-core's `semaphore` module), fences from the same sequence.
+//! CREATE TABLE "<table>_permits" (
+//!     key        text        NOT NULL,
+//!     token      bytea       NOT NULL,  -- the holder's 16-byte token id
+//!     fence      bigint      NOT NULL,
+//!     expires_at timestamptz NOT NULL,  -- on the server's clock
+//!     PRIMARY KEY (key, token)
+//! );
+//! -- Takes a permit of key if fewer than `permits` are live: the fence, or NULL.
+//! CREATE FUNCTION "<table>_acquire"(key text, token bytea, permits integer, ms bigint) RETURNS bigint;
 //! ```
+//!
+//! The acquire function counts and inserts under a transaction-level
+//! advisory lock named after the semaphore's key, so acquisitions of one
+//! key run one after another; under READ COMMITTED (PostgreSQL's default)
+//! each statement after the lock sees every permit granted before it.
+//! Under a stricter isolation a statement would see the transaction's
+//! first snapshot and could count too few, so the function refuses to
+//! run there, with an error that says so.
 //!
 //! A released key's row stays, its lease ended, until a purge after the
 //! purge grace (see the acquire statement's comment).
@@ -52,6 +71,12 @@ const CLAIMS_SUFFIX: &str = "_claims";
 
 /// Appended to the table's name to name the claim records' index.
 const CLAIMS_INDEX_SUFFIX: &str = "_forget";
+
+/// Appended to the table's name to name its permits' table.
+const PERMITS_SUFFIX: &str = "_permits";
+
+/// Appended to the table's name to name the permits' acquire function.
+const ACQUIRE_SUFFIX: &str = "_acquire";
 
 /// The longest table name: its sequence and index names must fit too.
 pub const MAX_TABLE: usize = MAX_IDENTIFIER - INDEX_SUFFIX.len();
@@ -120,6 +145,22 @@ pub(crate) struct Statements {
     pub(crate) claim_settle: String,
     /// Deletes up to `$1` claim records forgotten more than `$2` ms ago.
     pub(crate) claim_purge: String,
+    /// Takes a permit of semaphore `$1` for token `$2` (bytea) if fewer
+    /// than `$3` (integer) are live, for `$4` ms (bigint): one row, the
+    /// fence, or NULL when the permits are taken.
+    pub(crate) permit_acquire: String,
+    /// Extends `$1`'s permit of token `$2` with fence `$3` to `$4` ms from
+    /// now if it is live; one row affected means renewed.
+    pub(crate) permit_renew: String,
+    /// Deletes `$1`'s permit of token `$2` with fence `$3` if it is live;
+    /// one row affected means released.
+    pub(crate) permit_release: String,
+    /// The number of live permits of `$1` (bigint).
+    pub(crate) permit_holders: String,
+    /// Deletes up to `$1` permits whose leases ended more than `$2` ms
+    /// ago (an acquisition deletes its key's ended ones; these are of
+    /// keys nobody acquires any more).
+    pub(crate) permit_purge: String,
 }
 
 impl Statements {
@@ -131,6 +172,8 @@ impl Statements {
         let index = quoted(&format!("{table}{INDEX_SUFFIX}"));
         let c = quoted(&format!("{table}{CLAIMS_SUFFIX}"));
         let claims_index = quoted(&format!("{table}{CLAIMS_INDEX_SUFFIX}"));
+        let p = quoted(&format!("{table}{PERMITS_SUFFIX}"));
+        let acquire_fn = quoted(&format!("{table}{ACQUIRE_SUFFIX}"));
         // A lease's end: the server's clock plus the TTL. `clock_timestamp`
         // rather than `now`: the instant it is evaluated, not the
         // statement's transaction's start.
@@ -138,12 +181,16 @@ impl Statements {
             |param: &str| format!("clock_timestamp() + {param}::bigint * interval '1 millisecond'");
         Statements {
             exists: format!(
-                "SELECT to_regclass('{t}') IS NOT NULL AND to_regclass('{c}') IS NOT NULL"
+                "SELECT to_regclass('{t}') IS NOT NULL AND to_regclass('{c}') IS NOT NULL \
+                 AND to_regclass('{p}') IS NOT NULL \
+                 AND to_regprocedure('{acquire_fn}(text, bytea, integer, bigint)') IS NOT NULL"
             ),
             privileges: format!(
                 "SELECT has_table_privilege('{t}', 'SELECT, INSERT, UPDATE, DELETE') \
                  AND has_table_privilege('{c}', 'SELECT, INSERT, UPDATE, DELETE') \
-                 AND has_sequence_privilege('{sequence}', 'USAGE')"
+                 AND has_table_privilege('{p}', 'SELECT, INSERT, UPDATE, DELETE') \
+                 AND has_sequence_privilege('{sequence}', 'USAGE') \
+                 AND has_function_privilege('{acquire_fn}(text, bytea, integer, bigint)', 'EXECUTE')"
             ),
             create: format!(
                 "BEGIN; \
@@ -166,7 +213,30 @@ impl Statements {
                  forget_at timestamptz NOT NULL, \
                  result bytea); \
                  CREATE INDEX IF NOT EXISTS {claims_index} ON {c} (forget_at); \
-                 COMMIT"
+                 CREATE TABLE IF NOT EXISTS {p} (\
+                 key text NOT NULL, \
+                 token bytea NOT NULL, \
+                 fence bigint NOT NULL, \
+                 expires_at timestamptz NOT NULL, \
+                 PRIMARY KEY (key, token)); \
+                 CREATE OR REPLACE FUNCTION {acquire_fn}(k text, tok bytea, permits integer, ms bigint) \
+                 RETURNS bigint LANGUAGE plpgsql VOLATILE AS $guard$ \
+                 DECLARE live integer; f bigint; \
+                 BEGIN \
+                 IF current_setting('transaction_isolation') <> 'read committed' THEN \
+                 RAISE EXCEPTION 'guard: a semaphore permit is taken under READ COMMITTED isolation, not %', \
+                 current_setting('transaction_isolation'); \
+                 END IF; \
+                 PERFORM pg_advisory_xact_lock(hashtextextended('guard-postgres {table} ' || k, 0)); \
+                 DELETE FROM {p} WHERE key = k AND expires_at <= clock_timestamp(); \
+                 SELECT count(*) INTO live FROM {p} WHERE key = k; \
+                 IF live >= permits THEN RETURN NULL; END IF; \
+                 f := nextval('{sequence}'); \
+                 INSERT INTO {p} (key, token, fence, expires_at) VALUES (k, tok, f, {fn_until}); \
+                 RETURN f; \
+                 END $guard$; \
+                 COMMIT",
+                fn_until = until("ms"),
             ),
             // One statement. Contenders for one key wait on each other's
             // row lock, and the second sees the first's live lease in the
@@ -249,6 +319,25 @@ impl Statements {
                  WHERE forget_at <= clock_timestamp() - $2::bigint * interval '1 millisecond' \
                  ORDER BY forget_at LIMIT $1 FOR UPDATE SKIP LOCKED)"
             ),
+            permit_acquire: format!("SELECT {acquire_fn}($1, $2, $3, $4)"),
+            permit_renew: format!(
+                "UPDATE {p} SET expires_at = {} \
+                 WHERE key = $1 AND token = $2 AND fence = $3 AND expires_at > clock_timestamp()",
+                until("$4")
+            ),
+            permit_release: format!(
+                "DELETE FROM {p} \
+                 WHERE key = $1 AND token = $2 AND fence = $3 AND expires_at > clock_timestamp()"
+            ),
+            permit_holders: format!(
+                "SELECT count(*) FROM {p} WHERE key = $1 AND expires_at > clock_timestamp()"
+            ),
+            permit_purge: format!(
+                "DELETE FROM {p} WHERE (key, token) IN (\
+                 SELECT key, token FROM {p} \
+                 WHERE expires_at <= clock_timestamp() - $2::bigint * interval '1 millisecond' \
+                 LIMIT $1 FOR UPDATE SKIP LOCKED)"
+            ),
         }
     }
 }
@@ -267,7 +356,19 @@ mod tests {
         let longest = "a".repeat(MAX_TABLE);
         assert_eq!(identifier_rule(&longest, MAX_TABLE), None);
         assert!(identifier_rule(&format!("{longest}a"), MAX_TABLE).is_some());
-        assert!(format!("{longest}{INDEX_SUFFIX}").len() <= MAX_IDENTIFIER);
+        for suffix in [
+            INDEX_SUFFIX,
+            SEQUENCE_SUFFIX,
+            CLAIMS_SUFFIX,
+            CLAIMS_INDEX_SUFFIX,
+            PERMITS_SUFFIX,
+            ACQUIRE_SUFFIX,
+        ] {
+            assert!(
+                format!("{longest}{suffix}").len() <= MAX_IDENTIFIER,
+                "{suffix}"
+            );
+        }
     }
 
     #[test]

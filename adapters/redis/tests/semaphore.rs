@@ -3,9 +3,7 @@
 //! replicas on connections of their own, each with callers on threads of
 //! their own, never hold more permits together than the semaphore has.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use guard_core::lock::{Scope, Ttl, semaphore_key};
 use guard_core::semaphore::{Permits, Semaphore};
@@ -105,46 +103,17 @@ fn permits_are_a_hash_of_lease_ends_and_a_foreign_field_is_an_error_naming_the_k
 #[test]
 fn replicas_with_callers_on_threads_never_hold_more_permits_than_there_are() {
     let server = RedisServer::start().expect("redis-server");
-    let permits = Permits::new(3).unwrap();
-    let lease = Ttl::from_secs(10).unwrap();
-    let key = "guard:semaphore:threads";
-    let in_flight = Arc::new(AtomicU32::new(0));
-    let most = Arc::new(AtomicU32::new(0));
-    let runs = Arc::new(AtomicU64::new(0));
-    let end = Instant::now() + Duration::from_secs(2);
-    std::thread::scope(|s| {
-        for _replica in 0..2 {
-            let locker = Arc::new(connect(Topology::Standalone { url: server.url() }));
-            for _caller in 0..4 {
-                let (locker, in_flight, most, runs) = (
-                    locker.clone(),
-                    in_flight.clone(),
-                    most.clone(),
-                    runs.clone(),
-                );
-                s.spawn(move || {
-                    smol::block_on(async {
-                        while Instant::now() < end {
-                            let Some(token) =
-                                locker.try_acquire(key, permits, lease).await.unwrap()
-                            else {
-                                smol::Timer::after(Duration::from_millis(1)).await;
-                                continue;
-                            };
-                            let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-                            most.fetch_max(now, Ordering::SeqCst);
-                            smol::Timer::after(Duration::from_millis(2)).await;
-                            in_flight.fetch_sub(1, Ordering::SeqCst);
-                            locker.release(key, &token).await.unwrap();
-                            runs.fetch_add(1, Ordering::Relaxed);
-                        }
-                    })
-                });
-            }
-        }
-    });
-    let (most, runs) = (most.load(Ordering::SeqCst), runs.load(Ordering::Relaxed));
-    assert!(most <= 3, "at most 3 holders at once, saw {most}");
-    assert_eq!(most, 3, "8 callers for 3 permits fill them");
-    assert!(runs > 100, "the permits went round: {runs} runs");
+    let replicas: Vec<_> = (0..2)
+        .map(|_| connect(Topology::Standalone { url: server.url() }))
+        .collect();
+    let seen = semaphore::held_at_once(
+        &replicas,
+        4,
+        "guard:semaphore:threads",
+        Permits::new(3).unwrap(),
+        Duration::from_secs(2),
+    );
+    assert!(seen.most <= 3, "at most 3 holders at once: {seen:?}");
+    assert_eq!(seen.most, 3, "8 callers for 3 permits fill them: {seen:?}");
+    assert!(seen.runs > 100, "the permits went round: {seen:?}");
 }

@@ -418,3 +418,62 @@ async fn keys_are_independent<S: Semaphore>(semaphore: &S, key: &str, scale: Sca
         "{key}:unused: a key never acquired has no holders"
     );
 }
+
+/// What [`held_at_once`] saw.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeldAtOnce {
+    /// The most permits held together, counted by their holders (up
+    /// after a grant, down before its release).
+    pub most: u32,
+    /// Permits granted, held and released.
+    pub runs: u64,
+}
+
+/// Real contention, beside the one-thread suite: each of `replicas` (a
+/// semaphore on a connection of its own) has `callers` threads that take
+/// a permit of `key` (of `permits`), hold it 2 ms and release it, again
+/// and again for `period`; the most held together. A backend error
+/// panics naming the call.
+pub fn held_at_once<S: Semaphore + Sync>(
+    replicas: &[S],
+    callers: usize,
+    key: &str,
+    permits: Permits,
+    period: Duration,
+) -> HeldAtOnce {
+    use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+    let lease = Scale(1).ttl(LONG);
+    let (in_flight, most, runs) = (AtomicU32::new(0), AtomicU32::new(0), AtomicU64::new(0));
+    let end = std::time::Instant::now() + period;
+    std::thread::scope(|s| {
+        for replica in replicas {
+            for _ in 0..callers {
+                let (in_flight, most, runs) = (&in_flight, &most, &runs);
+                s.spawn(move || {
+                    futures_lite::future::block_on(async {
+                        while std::time::Instant::now() < end {
+                            let acquired = replica.try_acquire(key, permits, lease).await;
+                            let Some(token) = backend(key, "try_acquire", acquired) else {
+                                async_io::Timer::after(Duration::from_millis(1)).await;
+                                continue;
+                            };
+                            let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                            most.fetch_max(now, Ordering::SeqCst);
+                            async_io::Timer::after(Duration::from_millis(2)).await;
+                            in_flight.fetch_sub(1, Ordering::SeqCst);
+                            if let Err(e) = replica.release(key, &token).await {
+                                panic!("{key}: release failed: {e}");
+                            }
+                            runs.fetch_add(1, Ordering::Relaxed);
+                        }
+                    })
+                });
+            }
+        }
+    });
+    HeldAtOnce {
+        most: most.into_inner(),
+        runs: runs.into_inner(),
+    }
+}

@@ -1,7 +1,8 @@
 //! A fenced lock service on a PostgreSQL lease table, and a claim store
-//! beside it.
+//! and a semaphore beside it.
 
 mod claims;
+mod semaphore;
 
 use std::fmt;
 use std::ops::Deref;
@@ -49,6 +50,11 @@ struct Session {
     claim_extend: Statement,
     claim_settle: Statement,
     claim_purge: Statement,
+    permit_acquire: Statement,
+    permit_renew: Statement,
+    permit_release: Statement,
+    permit_holders: Statement,
+    permit_purge: Statement,
     /// How many callers wait on the connection (the low bits), and
     /// [`ABANDONED`]: one word, so that no caller enters a connection
     /// once it is abandoned, and the last one out knows it is the last.
@@ -271,10 +277,11 @@ impl PgLocker {
         .await
     }
 
-    /// Deletes up to [`PURGE_BATCH`] rows whose leases ended, and as many
-    /// claim records forgotten, more than the purge grace ago; returns
-    /// how many. The locker does this by itself at the start of every
-    /// [`PURGE_EVERY`]-th acquisition or claim begin.
+    /// Deletes up to [`PURGE_BATCH`] rows whose leases ended, as many
+    /// claim records forgotten and as many ended permits, more than the
+    /// purge grace ago; returns how many. The locker does this by itself
+    /// at the start of every [`PURGE_EVERY`]-th acquisition, claim begin
+    /// or permit.
     pub async fn purge_expired(&self) -> Result<u64, PgLockError> {
         let grace = i64::try_from(self.purge_grace.as_millis()).unwrap_or(i64::MAX);
         self.request("purge", async |s: &Session| {
@@ -283,7 +290,11 @@ impl PgLocker {
                 .client
                 .execute(&s.claim_purge, &[&PURGE_BATCH, &grace])
                 .await?;
-            Ok(locks.saturating_add(claims))
+            let permits = s
+                .client
+                .execute(&s.permit_purge, &[&PURGE_BATCH, &grace])
+                .await?;
+            Ok(locks.saturating_add(claims).saturating_add(permits))
         })
         .await
     }
@@ -401,7 +412,7 @@ impl PgLocker {
             return Err(PgLockError::invalid(
                 "table",
                 self.table.clone(),
-                "the role needs SELECT, INSERT, UPDATE and DELETE on the table and on <table>_claims, and USAGE on its sequence <table>_fence",
+                "the role needs SELECT, INSERT, UPDATE and DELETE on the table, on <table>_claims and on <table>_permits, USAGE on its sequence <table>_fence and EXECUTE on the function <table>_acquire",
             ));
         }
         let prepare = async |sql: &str| {
@@ -419,6 +430,11 @@ impl PgLocker {
             claim_extend: prepare(&self.statements.claim_extend).await?,
             claim_settle: prepare(&self.statements.claim_settle).await?,
             claim_purge: prepare(&self.statements.claim_purge).await?,
+            permit_acquire: prepare(&self.statements.permit_acquire).await?,
+            permit_renew: prepare(&self.statements.permit_renew).await?,
+            permit_release: prepare(&self.statements.permit_release).await?,
+            permit_holders: prepare(&self.statements.permit_holders).await?,
+            permit_purge: prepare(&self.statements.permit_purge).await?,
             client,
             acquire,
             renew,
