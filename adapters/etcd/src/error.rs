@@ -32,6 +32,11 @@ pub enum Call {
     ClaimSettle,
     /// `LeaseKeepAlive` of a claim record's lease at an extend.
     LeaseKeepAlive,
+    /// The count of a semaphore's permits.
+    PermitCount,
+    /// The transaction of a permit's acquisition (put if the permits
+    /// counted are unchanged).
+    PermitAcquire,
 }
 
 impl fmt::Display for Call {
@@ -47,6 +52,8 @@ impl fmt::Display for Call {
             Call::ClaimRead => "claim read",
             Call::ClaimBegin => "claim begin transaction",
             Call::ClaimExtend => "claim extend transaction",
+            Call::PermitCount => "permit count",
+            Call::PermitAcquire => "permit acquire transaction",
             Call::ClaimSettle => "claim settle transaction",
             Call::LeaseKeepAlive => "lease keep-alive",
         })

@@ -197,3 +197,42 @@ fn a_three_member_cluster_passes_the_claim_contract() {
     });
     eprintln!("claim suite on etcd: {:?}", started.elapsed());
 }
+
+#[test]
+fn a_three_member_cluster_passes_the_semaphore_contract_and_callers_on_threads_stay_within_it() {
+    use guard_core::semaphore::{Permits, Semaphore};
+    use guard_testkit::semaphore;
+
+    let cluster = EtcdCluster::start(3).expect("etcd cluster");
+    let started = Instant::now();
+    let connect = || {
+        smol::block_on(EtcdLocker::connect(EtcdConfig::new(cluster.endpoints())))
+            .expect("etcd client")
+    };
+    let locker = connect();
+    smol::block_on(semaphore::run_all(
+        &locker,
+        "guard/test/semaphore",
+        10,
+        SCALE,
+        smol::Timer::after,
+    ));
+    eprintln!("semaphore suite on etcd: {:?}", started.elapsed());
+
+    let replicas = [locker, connect()];
+    let seen = semaphore::held_at_once(
+        &replicas,
+        3,
+        "guard/test/semaphore/threads",
+        Permits::new(2).unwrap(),
+        Duration::from_secs(2),
+    );
+    assert!(seen.most <= 2, "at most 2 holders at once: {seen:?}");
+    assert_eq!(seen.most, 2, "6 callers for 2 permits fill them: {seen:?}");
+    assert!(seen.runs > 10, "the permits went round: {seen:?}");
+
+    let refused =
+        smol::block_on(replicas[0].try_acquire("a\0b", Permits::ONE, Ttl::from_secs(5).unwrap()))
+            .expect_err("a NUL is the permits' separator");
+    assert!(refused.to_string().contains("semaphore key"), "{refused}");
+}

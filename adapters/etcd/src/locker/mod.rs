@@ -1,7 +1,9 @@
 //! A linearizable, fenced lock service on etcd (see the crate
-//! documentation for what it guarantees), and a claim store beside it.
+//! documentation for what it guarantees), and a claim store and a
+//! semaphore beside it.
 
 mod claims;
+mod semaphore;
 
 use std::error::Error as StdError;
 use std::fmt;
@@ -374,6 +376,12 @@ impl EtcdLocker {
 
     async fn unlock_inner(&self, key: &str, token: &Token) -> Result<(), UnlockError<EtcdError>> {
         checked_key(key).map_err(UnlockError::Backend)?;
+        self.delete_held(key, token).await
+    }
+
+    /// Deletes `key` if `token` holds it (compare and delete), and
+    /// revokes its lease: a lock's release, and a permit's.
+    async fn delete_held(&self, key: &str, token: &Token) -> Result<(), UnlockError<EtcdError>> {
         let Some(held) = Self::held_by(key, token) else {
             return Err(UnlockError::NotHeld);
         };
@@ -423,6 +431,13 @@ impl EtcdLocker {
     /// which the key is free or held by another lease of ours.
     async fn renew_inner(&self, key: &str, token: &Token, ttl: Ttl) -> Result<Renewal, EtcdError> {
         checked_key(key)?;
+        self.move_held(key, token, ttl).await
+    }
+
+    /// Moves `key` to a new lease of `ttl` if `token` holds it (see
+    /// [`renew_inner`](Self::renew_inner)): a lock's renewal, and a
+    /// permit's.
+    async fn move_held(&self, key: &str, token: &Token, ttl: Ttl) -> Result<Renewal, EtcdError> {
         let Some(held) = Self::held_by(key, token) else {
             return Ok(Renewal::Lost);
         };
