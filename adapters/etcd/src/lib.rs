@@ -22,6 +22,9 @@
 //! retried until done): a record key on a keep lease and a lease key that
 //! exists exactly while the attempt's lease runs (layout in its module,
 //! `tests/contract.rs::a_three_member_cluster_passes_the_claim_contract`).
+//! And a `Semaphore` (guard-core's `semaphore`: at most N holders of a
+//! key): a permit is a key of its own on its own lease, put only while
+//! the permits counted have not changed since the count.
 //!
 //! Guarantees:
 //! - **One holder per key while etcd's quorum holds.** Every request is a

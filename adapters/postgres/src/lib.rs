@@ -8,7 +8,9 @@
 //! end on the server's clock, and fences come from a sequence. It is also
 //! a `ClaimStore` (guard-core's `claim`: done at most once, retried until
 //! done), with records in `<table>_claims`, one statement a call
-//! (`tests/pg_claims.rs`).
+//! (`tests/pg_claims.rs`), and a `Semaphore` (guard-core's `semaphore`: at
+//! most N holders of a key), with permits in `<table>_permits` taken by one
+//! function call under an advisory lock of the key (`tests/pg_semaphore.rs`).
 //!
 //! ```no_run
 //! # smol::block_on(async {

@@ -7,7 +7,8 @@
 //!   same hash slot; unlock is compare-and-delete, renew
 //!   compare-and-`PEXPIRE`. It is also a `ClaimStore` (guard-core's
 //!   `claim`: done at most once, retried until done), one script a call,
-//!   the record beside the lock layout.
+//!   the record beside the lock layout, and a `Semaphore` (guard-core's
+//!   `semaphore`: at most N holders of a key), a hash of lease ends.
 //! - [`RedisTokenBucket`], [`RedisLeakyBucket`], [`RedisSlidingWindow`]:
 //!   one script per decision, deciding exactly as guard-core's limiters.
 //! - [`RedisSetDeduplicator`], [`RedisWindowedDeduplicator`],

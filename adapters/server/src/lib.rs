@@ -67,6 +67,7 @@ pub mod prelude {
     pub use guard_core::limit::{Bandwidths, FullPolicy, Rate, SlidingWindow, TokenBucket};
     pub use guard_core::lock::{LeaseRenewer, Locker, Scope, Token, Ttl};
     pub use guard_core::retry::{RetryAfter, RetryBudget, RetryPolicy};
+    pub use guard_core::semaphore::{PermitLock, Permits, Semaphore};
     pub use guard_std::ratelimit::{MemoryLimiter, RateLimiter};
     pub use guard_std::{GuardConfig, LocalLocker, SharedLocker};
     pub use guard_tokio::{ActiveRunner, LockWatchdog, Scheduler, Tokio, control};
