@@ -55,8 +55,10 @@
 //! # Ok::<(), guard_core::breaker::InvalidBreakerConfig>(())
 //! ```
 
+mod snapshot;
 mod window;
 
+pub use snapshot::{InvalidSnapshot, SnapshotReader, SnapshotWriter, WindowSnapshot};
 pub use window::{CallWindow, CountWindow, Tally, TimeWindow};
 
 use core::fmt;
@@ -336,6 +338,20 @@ impl Permit {
     /// When the call was permitted: a slow call is timed from here.
     pub const fn started(&self) -> Instant {
         self.started
+    }
+
+    /// The permit as two numbers (when it started, and the state it was
+    /// given in), for a breaker whose state lives elsewhere: guard-redis's
+    /// shared breaker keeps them to report the outcome again when another
+    /// replica's write came first. [`Permit::from_parts`] is the inverse.
+    pub const fn into_parts(self) -> (Instant, u32) {
+        (self.started, self.epoch)
+    }
+
+    /// The permit [`Permit::into_parts`] gave. A permit made up (of a
+    /// state the breaker never was in) is not counted.
+    pub const fn from_parts(started: Instant, epoch: u32) -> Permit {
+        Permit { started, epoch }
     }
 }
 

@@ -1,6 +1,7 @@
 //! The windows a closed breaker judges its calls over: the last `N` calls,
 //! or the calls of the last `N` seconds.
 
+use super::snapshot::{InvalidSnapshot, SnapshotReader, SnapshotWriter, WindowSnapshot};
 use crate::time::Instant;
 
 /// Calls counted together: how many, how many failed, how many were slow.
@@ -186,6 +187,72 @@ impl<const N: usize> CallWindow for TimeWindow<N> {
 
     fn capacity(&self) -> Option<u32> {
         None
+    }
+}
+
+/// `N` (u32), the next slot (u32), then the ring, one byte a call; the
+/// tally is recomputed from the ring when read.
+impl<const N: usize> WindowSnapshot for CountWindow<N> {
+    const ENCODED_LEN: usize = 8 + N;
+
+    fn encode(&self, out: &mut SnapshotWriter<'_>) {
+        out.u32(u32::try_from(N).unwrap_or(u32::MAX));
+        out.u32(u32::try_from(self.next).unwrap_or(u32::MAX));
+        out.bytes(&self.ring);
+    }
+
+    fn decode(input: &mut SnapshotReader<'_>) -> Result<Self, InvalidSnapshot> {
+        if usize::try_from(input.u32()?).ok() != Some(N) {
+            return Err(InvalidSnapshot::Field("count window size"));
+        }
+        let next = usize::try_from(input.u32()?).unwrap_or(usize::MAX);
+        if next >= N {
+            return Err(InvalidSnapshot::Field("count window position"));
+        }
+        let mut window = CountWindow::new();
+        window.next = next;
+        for (slot, &call) in window.ring.iter_mut().zip(input.bytes(N)?) {
+            if call & !(PRESENT | FAILED | SLOW) != 0 || (call != 0 && call & PRESENT == 0) {
+                return Err(InvalidSnapshot::Field("count window call"));
+            }
+            *slot = call;
+            if call & PRESENT != 0 {
+                window.tally = window.tally.with(call & FAILED != 0, call & SLOW != 0);
+            }
+        }
+        Ok(window)
+    }
+}
+
+/// `N` (u32), then each second's bucket: the second (u64) and its tally.
+impl<const N: usize> WindowSnapshot for TimeWindow<N> {
+    const ENCODED_LEN: usize = 4 + N * 20;
+
+    fn encode(&self, out: &mut SnapshotWriter<'_>) {
+        out.u32(u32::try_from(N).unwrap_or(u32::MAX));
+        for (second, tally) in &self.seconds {
+            out.u64(*second);
+            out.tally(*tally);
+        }
+    }
+
+    fn decode(input: &mut SnapshotReader<'_>) -> Result<Self, InvalidSnapshot> {
+        if usize::try_from(input.u32()?).ok() != Some(N) {
+            return Err(InvalidSnapshot::Field("time window size"));
+        }
+        let mut window = TimeWindow::new();
+        for (index, bucket) in window.seconds.iter_mut().enumerate() {
+            let second = input.u64()?;
+            let tally = input.tally("time window bucket")?;
+            // A bucket sits at its second modulo N (or is unwritten).
+            let placed = second == u64::MAX
+                || usize::try_from(second.checked_rem(N as u64).unwrap_or(0)).ok() == Some(index);
+            if !placed {
+                return Err(InvalidSnapshot::Field("time window bucket"));
+            }
+            *bucket = (second, tally);
+        }
+        Ok(window)
     }
 }
 
