@@ -97,6 +97,10 @@ pub enum Parameter {
     TlsClientCert,
     /// The private key of that client certificate (PEM).
     TlsClientKey,
+    /// A shared circuit breaker's key.
+    BreakerKey,
+    /// A shared circuit breaker's configuration.
+    BreakerConfig,
 }
 
 impl Parameter {
@@ -113,6 +117,7 @@ impl Parameter {
                 | Parameter::DeadLetterTopic
                 | Parameter::DeadLetterPrefix
                 | Parameter::Url
+                | Parameter::BreakerKey
         )
     }
 }
@@ -141,6 +146,8 @@ impl fmt::Display for Parameter {
             Parameter::TlsRootCa => "TLS root CA",
             Parameter::TlsClientCert => "TLS client certificate",
             Parameter::TlsClientKey => "TLS client key",
+            Parameter::BreakerKey => "circuit breaker key",
+            Parameter::BreakerConfig => "circuit breaker configuration",
         })
     }
 }

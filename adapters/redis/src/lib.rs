@@ -41,6 +41,7 @@
 // the feature it needs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod breaker;
 mod connection;
 mod dedup;
 mod direct;
@@ -52,6 +53,7 @@ mod stream_dlq;
 #[cfg(feature = "tls")]
 mod tls;
 
+pub use breaker::{MAX_SWAPS, RedisBreaker};
 pub use connection::{RedisConnection, STANDALONE_CONNECTIONS, Topology};
 pub use dedup::{
     BACKSTOP_MARGIN, RedisBloomDeduplicator, RedisSetDeduplicator, RedisWindowedDeduplicator,

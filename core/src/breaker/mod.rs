@@ -55,6 +55,7 @@
 //! # Ok::<(), guard_core::breaker::InvalidBreakerConfig>(())
 //! ```
 
+pub mod redis;
 mod snapshot;
 mod window;
 
