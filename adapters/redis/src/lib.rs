@@ -9,6 +9,8 @@
 //!   `claim`: done at most once, retried until done), one script a call,
 //!   the record beside the lock layout, and a `Semaphore` (guard-core's
 //!   `semaphore`: at most N holders of a key), a hash of lease ends.
+//! - [`RedisBreaker`]: a circuit breaker shared by replicas, deciding as
+//!   guard-core's breaker over one snapshot key.
 //! - [`RedisTokenBucket`], [`RedisLeakyBucket`], [`RedisSlidingWindow`]:
 //!   one script per decision, deciding exactly as guard-core's limiters.
 //! - [`RedisSetDeduplicator`], [`RedisWindowedDeduplicator`],

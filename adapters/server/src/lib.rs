@@ -81,8 +81,8 @@ pub mod prelude {
     #[cfg(feature = "redis")]
     #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     pub use guard_redis::{
-        RedisBandwidths, RedisBatchedBucket, RedisConnection, RedisLocker, RedisSlidingWindow,
-        RedisTokenBucket, Topology, redis,
+        RedisBandwidths, RedisBatchedBucket, RedisBreaker, RedisConnection, RedisLocker,
+        RedisSlidingWindow, RedisTokenBucket, Topology, redis,
     };
     #[cfg(feature = "tower")]
     #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
