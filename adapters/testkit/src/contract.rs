@@ -80,10 +80,20 @@ async fn grant<L: Locker>(locker: &L, key: &str, scale: Scale, ms: u64) -> Optio
 }
 
 async fn unlock<L: Locker>(locker: &L, key: &str, token: &Token) -> Result<(), ()> {
-    match locker.unlock(key, token).await {
+    released(key, "unlock", locker.unlock(key, token).await)
+}
+
+/// Whether a release released (`Err(())` for `NotHeld`); a backend error
+/// panics naming the call.
+pub(crate) fn released<E: Display>(
+    key: &str,
+    call: &str,
+    result: Result<(), UnlockError<E>>,
+) -> Result<(), ()> {
+    match result {
         Ok(()) => Ok(()),
         Err(UnlockError::NotHeld) => Err(()),
-        Err(e) => panic!("{key}: unlock failed: {e}"),
+        Err(e) => panic!("{key}: {call} failed: {e}"),
     }
 }
 

@@ -27,10 +27,10 @@ use std::collections::HashSet;
 use std::future::Future;
 use std::time::Duration;
 
-use guard_core::lock::{Renewal, Token, UnlockError};
+use guard_core::lock::{Renewal, Token};
 use guard_core::semaphore::{Permits, Semaphore};
 
-use crate::contract::{Scale, backend, race};
+use crate::contract::{Scale, backend, race, released};
 
 /// A lease of the suite no check waits out, in ms (before scaling).
 const LONG: u64 = 60_000;
@@ -92,11 +92,7 @@ async fn granted<S: Semaphore>(
 }
 
 async fn release<S: Semaphore>(semaphore: &S, key: &str, token: &Token) -> Result<(), ()> {
-    match semaphore.release(key, token).await {
-        Ok(()) => Ok(()),
-        Err(UnlockError::NotHeld) => Err(()),
-        Err(e) => panic!("{key}: release failed: {e}"),
-    }
+    released(key, "release", semaphore.release(key, token).await)
 }
 
 async fn renew<S: Semaphore>(
@@ -462,9 +458,11 @@ pub fn held_at_once<S: Semaphore + Sync>(
                             most.fetch_max(now, Ordering::SeqCst);
                             async_io::Timer::after(Duration::from_millis(2)).await;
                             in_flight.fetch_sub(1, Ordering::SeqCst);
-                            if let Err(e) = replica.release(key, &token).await {
-                                panic!("{key}: release failed: {e}");
-                            }
+                            let release = replica.release(key, &token).await;
+                            assert!(
+                                released(key, "release", release).is_ok(),
+                                "{key}: a holder releases its live permit"
+                            );
                             runs.fetch_add(1, Ordering::Relaxed);
                         }
                     })

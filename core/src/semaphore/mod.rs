@@ -97,7 +97,7 @@ impl core::error::Error for InvalidPermits {}
 
 /// Permits of a key shared by replicas; see the module documentation for
 /// the contract. [`SendSemaphore`] is its variant with `Send` futures, as
-/// [`SendLocker`](crate::lock::SendLocker) is `Locker`'s.
+/// [`SendLocker`] is `Locker`'s.
 #[trait_variant::make(SendSemaphore: Send)]
 #[allow(async_fn_in_trait, reason = "Send-ness follows the concrete semaphore")]
 pub trait Semaphore {
