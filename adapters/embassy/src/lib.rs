@@ -11,7 +11,8 @@
 //! - [`resp`]: a RESP2 codec without allocation, and [`RespLocker`], a
 //!   fenced Redis `Locker` + `LeaseRenewer` over any `embedded_io_async`
 //!   connection, with guard-redis's keys and scripts, so a gateway MCU and
-//!   server replicas exclude each other on one Redis;
+//!   server replicas exclude each other on one Redis (a password or an ACL
+//!   user sent as `AUTH` first on every connection);
 //! - [`RamLocker`]: a fixed-size locker in RAM for tasks on one device;
 //! - [`time`]: conversions between embassy-time and guard-core time.
 //!
@@ -38,7 +39,8 @@ mod wait;
 pub use active::{ActiveControl, ActiveRunner, DEFAULT_RELEASE_TIMEOUT};
 pub use ram_locker::{RamLocker, RamLockerError};
 pub use resp_locker::{
-    InvalidPrefix, MAX_PREFIX, RespError, RespLocker, ServerMessage, exchange, server_message,
+    InvalidCredentials, InvalidPrefix, MAX_PASSWORD, MAX_PREFIX, MAX_USER, RespError, RespLocker,
+    ServerMessage, exchange, server_message,
 };
 pub use retry::retry;
 pub use slots::{SlotRun, run_slots};

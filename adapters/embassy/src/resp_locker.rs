@@ -14,6 +14,14 @@
 //! connection that reconnects on next use), or, without one, fails with
 //! [`RespError::Desynchronized`] until [`RespLocker::replace_connection`]
 //! gives it a fresh one.
+//!
+//! A server that asks for a password (`requirepass`, or an ACL user) gets
+//! `AUTH` first on every connection, with the credentials given to
+//! [`RespLocker::with_auth`]: on the first request, and again on the first
+//! request after a reset or a replaced connection. A server that refuses
+//! them fails that request with [`RespError::AuthRefused`] and the
+//! server's reason, and every later one until it accepts them: nothing is
+//! sent unauthenticated. [`RespLocker::authenticate`] checks them at start.
 
 use core::fmt;
 
@@ -32,6 +40,12 @@ pub const MAX_PREFIX: usize = 32;
 
 /// The server's error text, truncated to 64 bytes.
 pub type ServerMessage = heapless::String<64>;
+
+/// The longest ACL user name [`RespLocker::with_auth`] takes.
+pub const MAX_USER: usize = 64;
+
+/// The longest password [`RespLocker::with_auth`] takes.
+pub const MAX_PASSWORD: usize = 128;
 
 /// A failed request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,6 +67,9 @@ pub enum RespError<E> {
     InvalidKey(InvalidRedisKey),
     /// An earlier request was abandoned half-way; replace the connection.
     Desynchronized,
+    /// The server refused the credentials (`-WRONGPASS ...`, or a server
+    /// without a password that was sent one): nothing else was sent.
+    AuthRefused(ServerMessage),
 }
 
 impl<E: fmt::Debug> fmt::Display for RespError<E> {
@@ -68,6 +85,9 @@ impl<E: fmt::Debug> fmt::Display for RespError<E> {
             RespError::Desynchronized => f.write_str(
                 "an earlier request was abandoned half-way; the connection must be replaced",
             ),
+            RespError::AuthRefused(m) => {
+                write!(f, "redis refused the locker's credentials (AUTH): {m}")
+            }
         }
     }
 }
@@ -95,6 +115,38 @@ impl fmt::Display for InvalidPrefix {
 
 impl core::error::Error for InvalidPrefix {}
 
+/// Credentials [`RespLocker::with_auth`] refuses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum InvalidCredentials {
+    /// The user name is empty or longer than [`MAX_USER`] bytes.
+    User,
+    /// The password is empty or longer than [`MAX_PASSWORD`] bytes.
+    Password,
+}
+
+impl fmt::Display for InvalidCredentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            InvalidCredentials::User => {
+                write!(f, "a Redis ACL user name is 1 to {MAX_USER} bytes")
+            }
+            InvalidCredentials::Password => {
+                write!(f, "a Redis password is 1 to {MAX_PASSWORD} bytes")
+            }
+        }
+    }
+}
+
+impl core::error::Error for InvalidCredentials {}
+
+/// What `AUTH` sends: an ACL user (none for the default user of
+/// `requirepass`) and a password.
+struct Credentials {
+    user: Option<heapless::String<MAX_USER>>,
+    password: heapless::String<MAX_PASSWORD>,
+}
+
 struct Conn<C, const N: usize> {
     io: C,
     buf: [u8; N],
@@ -102,6 +154,8 @@ struct Conn<C, const N: usize> {
     minted: u64,
     /// A request was started and its reply not read whole.
     out_of_step: bool,
+    /// `AUTH` was accepted on this connection.
+    authenticated: bool,
 }
 
 /// A `Locker` + `LeaseRenewer` on Redis over a RESP2 connection `C`, with
@@ -114,13 +168,21 @@ pub struct RespLocker<M: RawMutex, C, const N: usize = 512> {
     /// Puts an out-of-step connection back in step (closes it so that it
     /// reconnects on next use).
     reset: Option<fn(&mut C)>,
+    /// Sent as `AUTH` first on every connection, when set.
+    credentials: Option<Credentials>,
 }
 
 impl<M: RawMutex, C, const N: usize> fmt::Debug for RespLocker<M, C, N> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The password is never shown.
+        let user = self.credentials.as_ref().map(|c| match &c.user {
+            Some(user) => user.as_str(),
+            None => "default",
+        });
         f.debug_struct("RespLocker")
             .field("prefix", &self.prefix.as_str())
             .field("buffer", &N)
+            .field("auth_user", &user)
             .finish()
     }
 }
@@ -158,11 +220,37 @@ impl<M: RawMutex, C: Read + Write, const N: usize> RespLocker<M, C, N> {
                 buf: [0; N],
                 minted: 0,
                 out_of_step: false,
+                authenticated: false,
             }),
             prefix: heapless::String::new(),
             seed,
             reset: None,
+            credentials: None,
         }
+    }
+
+    /// Sends `AUTH [user] password` first on every connection (see the
+    /// module documentation): `user` an ACL user, or `None` for the
+    /// default user of `requirepass`.
+    pub fn with_auth(
+        mut self,
+        user: Option<&str>,
+        password: &str,
+    ) -> Result<Self, InvalidCredentials> {
+        let user = match user {
+            Some(user) if user.is_empty() => return Err(InvalidCredentials::User),
+            Some(user) => {
+                Some(heapless::String::try_from(user).map_err(|_| InvalidCredentials::User)?)
+            }
+            None => None,
+        };
+        if password.is_empty() {
+            return Err(InvalidCredentials::Password);
+        }
+        let password =
+            heapless::String::try_from(password).map_err(|_| InvalidCredentials::Password)?;
+        self.credentials = Some(Credentials { user, password });
+        Ok(self)
     }
 
     /// How to put the connection back in step after a request failed or
@@ -197,6 +285,55 @@ impl<M: RawMutex, C: Read + Write, const N: usize> RespLocker<M, C, N> {
         let mut conn = self.conn.lock().await;
         conn.io = io;
         conn.out_of_step = false;
+        conn.authenticated = false;
+    }
+
+    /// Sends the credentials now, unless this connection has had them
+    /// accepted: a password the server refuses is found at start rather
+    /// than at the first grant. Without credentials it does nothing.
+    pub async fn authenticate(&self) -> Result<(), RespError<C::Error>> {
+        let mut guard = self.conn.lock().await;
+        self.ready(&mut guard).await
+    }
+
+    /// Puts the connection in step and authenticated, before a request.
+    async fn ready(&self, conn: &mut Conn<C, N>) -> Result<(), RespError<C::Error>> {
+        if conn.out_of_step {
+            let Some(reset) = self.reset else {
+                return Err(RespError::Desynchronized);
+            };
+            reset(&mut conn.io);
+            conn.out_of_step = false;
+            // A reset connection is a new one: it authenticates again.
+            conn.authenticated = false;
+        }
+        let Some(credentials) = &self.credentials else {
+            return Ok(());
+        };
+        if conn.authenticated {
+            return Ok(());
+        }
+        let args = if credentials.user.is_some() { 3 } else { 2 };
+        let mut w = CommandWriter::new(&mut conn.buf, args)
+            .and_then(|w| w.bytes(b"AUTH"))
+            .map_err(RespError::BufferFull)?;
+        if let Some(user) = &credentials.user {
+            w = w.bytes(user.as_bytes()).map_err(RespError::BufferFull)?;
+        }
+        let len = w
+            .bytes(credentials.password.as_bytes())
+            .map_err(RespError::BufferFull)?
+            .finish();
+        conn.out_of_step = true;
+        let (frame, in_step) = exchange(&mut conn.io, &mut conn.buf, len).await?;
+        let accepted = match frame {
+            Frame::Simple(b"OK") => Ok(()),
+            Frame::Error(message) => Err(RespError::AuthRefused(server_message(message))),
+            _ => Err(RespError::UnexpectedReply),
+        };
+        conn.out_of_step = !in_step;
+        conn.authenticated = accepted.is_ok();
+        accepted
     }
 
     async fn next_id(&self) -> TokenId {
@@ -218,13 +355,7 @@ impl<M: RawMutex, C: Read + Write, const N: usize> RespLocker<M, C, N> {
         let keys = RedisKeys::new(&self.prefix, key).map_err(RespError::InvalidKey)?;
         let mut guard = self.conn.lock().await;
         let conn = &mut *guard;
-        if conn.out_of_step {
-            let Some(reset) = self.reset else {
-                return Err(RespError::Desynchronized);
-            };
-            reset(&mut conn.io);
-            conn.out_of_step = false;
-        }
+        self.ready(conn).await?;
         let key_count = if with_fence { 2 } else { 1 };
         let args = 3 + key_count + 1 + usize::from(ttl.is_some());
         let mut w = CommandWriter::new(&mut conn.buf, args)

@@ -195,7 +195,7 @@ impl<W: WindowSnapshot> CircuitBreaker<W> {
     /// breaker.encode(&mut bytes)?;
     /// let copy = CircuitBreaker::<CountWindow<4>>::decode(config, &bytes)?;
     /// assert_eq!(copy.state(), State::Open);
-    /// # Ok::<(), guard_core::breaker::InvalidSnapshot>(())
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn encode(&self, out: &mut [u8]) -> Result<(), InvalidSnapshot> {
         if out.len() != Self::ENCODED_LEN {
