@@ -26,15 +26,15 @@ if ! command -v cargo >/dev/null 2>&1 && [ -f "$HOME/.cargo/env" ]; then
     . "$HOME/.cargo/env"
 fi
 command -v rustup >/dev/null 2>&1 || {
-    echo "rustup is required (https://rustup.rs); cargo alone cannot add the Cortex-M targets" >&2
+    echo "rustup is required (https://rustup.rs); cargo alone cannot add the embedded targets" >&2
     exit 1
 }
 
-step "toolchain: components and Cortex-M targets"
+step "toolchain: components and embedded targets (Cortex-M, RISC-V)"
 for component in rustfmt clippy; do
     rustup component list --installed | grep -q "^${component}" || rustup component add "$component"
 done
-targets=(thumbv7em-none-eabihf thumbv6m-none-eabi)
+targets=(thumbv7em-none-eabihf thumbv6m-none-eabi riscv32imc-unknown-none-elf)
 installed=$(rustup target list --installed)
 for target in "${targets[@]}"; do
     grep -qx "$target" <<<"$installed" || rustup target add "$target"
@@ -138,8 +138,9 @@ step "loom models (LOOM_MAX_PREEMPTIONS=${LOOM_MAX_PREEMPTIONS:-3})"
 RUSTFLAGS="--cfg guard_loom" LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-3}" CARGO_TARGET_DIR=target/loom \
     cargo test --release --locked -p guard-core -p guard-std -p guard-example-loom --test loom
 
-step "guard-core and guard-embassy build for Cortex-M with no allocator"
-# thumbv7em: Cortex-M4F; thumbv6m: Cortex-M0, which has no compare-and-swap.
+step "guard-core and guard-embassy build for Cortex-M and RISC-V with no allocator"
+# thumbv7em: Cortex-M4F; thumbv6m: Cortex-M0, which has no compare-and-swap;
+# riscv32imc: the ESP32-C3 class, which has no atomic instructions either.
 for target in "${targets[@]}"; do
     # (Not `features`: that array is the tests' and the benchmarks'.)
     for crate_features in "" "critical-section" "defmt,critical-section"; do
