@@ -40,14 +40,16 @@ for target in "${targets[@]}"; do
     grep -qx "$target" <<<"$installed" || rustup target add "$target"
 done
 
-step "system packages: redis-server, redis-tools, mosquitto, qemu-system-arm, nats-server, mariadb, postgresql, rabbitmq-server, etcd-server, protobuf-compiler, binutils, spin, gcc"
+step "system packages: redis-server, redis-tools, mosquitto, qemu-system-arm, qemu-system-misc, nats-server, mariadb, postgresql, rabbitmq-server, etcd-server, protobuf-compiler, binutils, spin, gcc"
 need_packages=()
 command -v redis-server >/dev/null 2>&1 || need_packages+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || need_packages+=(redis-tools)
 # Debian installs the broker in /usr/sbin; the tests start their own.
 [ -x /usr/sbin/mosquitto ] || command -v mosquitto >/dev/null 2>&1 || need_packages+=(mosquitto)
-# The firmware test runs on QEMU's Cortex-M4F board.
+# The firmware test runs on QEMU's Cortex-M4F board, and on its RISC-V
+# virt machine (Debian's qemu-system-misc).
 command -v qemu-system-arm >/dev/null 2>&1 || need_packages+=(qemu-system-arm)
+command -v qemu-system-riscv32 >/dev/null 2>&1 || need_packages+=(qemu-system-misc)
 # The other sources' tests: NATS and MariaDB servers of their own (a
 # private mariadbd logs rows to its binlog), PostgreSQL (a database of
 # their own on the machine's server, and a private server), RabbitMQ (a
@@ -181,12 +183,34 @@ step "firmware: guard on a Cortex-M0 under QEMU (microbit, nRF51), checked on ta
     timeout 120 cargo run --release --locked
 )
 
+step "firmware: guard on a RISC-V core under QEMU (virt, rv32imc code), checked on target"
+# The Cortex-M0's checks (boards/checks, shared), and the footprint image
+# (boards/footprint, shared with the Cortex-M4F), on QEMU's virt machine;
+# a failed check exits 1. The shared crates are linted for a core without
+# compare-and-swap, as they run.
+for shared in boards/checks boards/footprint; do
+    (cd "$shared" && cargo fmt --check && cargo clippy --locked --target thumbv6m-none-eabi -- -D warnings)
+done
+(
+    cd boards/riscv-virt
+    cargo fmt --check
+    cargo clippy --release --locked --bins -- -D warnings
+    timeout 120 cargo run --release --locked
+)
+riscv=boards/riscv-virt/target/riscv32imc-unknown-none-elf/release
+qemu_rv=(qemu-system-riscv32 -machine virt -bios none -nographic -semihosting-config enable=on,target=native)
+for image in empty footprint; do timeout 60 "${qemu_rv[@]}" -kernel "$riscv/$image"; done
+
 step "firmware footprint (flash and static RAM) and each decision's cost on the Cortex-M4F"
 # guard itself costs footprint minus empty: a budget of 8 KiB of flash,
 # and the step fails past it.
 scripts/firmware-size.sh --budget 8192 "$mps2/empty" "$mps2/footprint"
 scripts/firmware-size.sh "$mps2/empty" "$mps2/footprint" "$mps2/guard-firmware-mps2" "$mps2/net-replica" \
     boards/microbit/target/thumbv6m-none-eabi/release/guard-firmware-microbit
+# The same four parts on the RISC-V core (rv32imc), reported beside them.
+flash_of() { scripts/firmware-size.sh "$1" | sed -E 's/.*flash ([0-9]+) bytes.*/\1/'; }
+scripts/firmware-size.sh "$riscv/empty" "$riscv/footprint" "$riscv/guard-firmware-riscv-virt"
+echo "guard's four parts on RISC-V (riscv32imc): $(( $(flash_of "$riscv/footprint") - $(flash_of "$riscv/empty") )) bytes of flash beyond empty"
 echo "net-replica's code by crate:"
 scripts/firmware-size.sh --crates "$mps2/net-replica"
 # Instructions per decision (QEMU has no cycle counter; see decisions.rs).

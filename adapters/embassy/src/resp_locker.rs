@@ -238,7 +238,7 @@ impl<M: RawMutex, C: Read + Write, const N: usize> RespLocker<M, C, N> {
         password: &str,
     ) -> Result<Self, InvalidCredentials> {
         let user = match user {
-            Some(user) if user.is_empty() => return Err(InvalidCredentials::User),
+            Some("") => return Err(InvalidCredentials::User),
             Some(user) => {
                 Some(heapless::String::try_from(user).map_err(|_| InvalidCredentials::User)?)
             }
