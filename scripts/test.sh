@@ -195,6 +195,8 @@ done
     cd boards/riscv-virt
     cargo fmt --check
     cargo clippy --release --locked --bins -- -D warnings
+    # Every image (`cargo run` builds only the checks).
+    cargo build --release --locked
     timeout 120 cargo run --release --locked
 )
 riscv=boards/riscv-virt/target/riscv32imc-unknown-none-elf/release

@@ -21,7 +21,9 @@
 //! request after a reset or a replaced connection. A server that refuses
 //! them fails that request with [`RespError::AuthRefused`] and the
 //! server's reason, and every later one until it accepts them: nothing is
-//! sent unauthenticated. [`RespLocker::authenticate`] checks them at start.
+//! sent unauthenticated. A request answered `-NOAUTH` (a connection that
+//! reconnected on its own) authenticates again and is sent once more.
+//! [`RespLocker::authenticate`] checks the credentials at start.
 
 use core::fmt;
 
@@ -290,7 +292,9 @@ impl<M: RawMutex, C: Read + Write, const N: usize> RespLocker<M, C, N> {
 
     /// Sends the credentials now, unless this connection has had them
     /// accepted: a password the server refuses is found at start rather
-    /// than at the first grant. Without credentials it does nothing.
+    /// than at the first grant. Without credentials it sends nothing (it
+    /// still resets an out-of-step connection first, or fails with
+    /// [`RespError::Desynchronized`] as any request would).
     pub async fn authenticate(&self) -> Result<(), RespError<C::Error>> {
         let mut guard = self.conn.lock().await;
         self.ready(&mut guard).await
@@ -355,36 +359,51 @@ impl<M: RawMutex, C: Read + Write, const N: usize> RespLocker<M, C, N> {
         let keys = RedisKeys::new(&self.prefix, key).map_err(RespError::InvalidKey)?;
         let mut guard = self.conn.lock().await;
         let conn = &mut *guard;
-        self.ready(conn).await?;
-        let key_count = if with_fence { 2 } else { 1 };
-        let args = 3 + key_count + 1 + usize::from(ttl.is_some());
-        let mut w = CommandWriter::new(&mut conn.buf, args)
-            .and_then(|w| w.bytes(b"EVAL"))
-            .and_then(|w| w.bytes(script.as_bytes()))
-            .and_then(|w| w.display(key_count))
-            .and_then(|w| w.display(keys.lock()))
-            .map_err(RespError::BufferFull)?;
-        if with_fence {
-            w = w.display(keys.fence()).map_err(RespError::BufferFull)?;
-        }
-        w = w.display(token).map_err(RespError::BufferFull)?;
-        if let Some(ttl) = ttl {
-            w = w
-                .display(ttl.as_millis_ceil())
+        let mut retried = false;
+        loop {
+            self.ready(conn).await?;
+            let key_count = if with_fence { 2 } else { 1 };
+            let args = 3 + key_count + 1 + usize::from(ttl.is_some());
+            let mut w = CommandWriter::new(&mut conn.buf, args)
+                .and_then(|w| w.bytes(b"EVAL"))
+                .and_then(|w| w.bytes(script.as_bytes()))
+                .and_then(|w| w.display(key_count))
+                .and_then(|w| w.display(keys.lock()))
                 .map_err(RespError::BufferFull)?;
+            if with_fence {
+                w = w.display(keys.fence()).map_err(RespError::BufferFull)?;
+            }
+            w = w.display(token).map_err(RespError::BufferFull)?;
+            if let Some(ttl) = ttl {
+                w = w
+                    .display(ttl.as_millis_ceil())
+                    .map_err(RespError::BufferFull)?;
+            }
+            let len = w.finish();
+            // Out of step until the whole reply is read: dropping this future
+            // anywhere below must not let a later request read this reply.
+            conn.out_of_step = true;
+            let (frame, in_step) = exchange(&mut conn.io, &mut conn.buf, len).await?;
+            let result = match frame {
+                Frame::Integer(n) => Ok(n),
+                Frame::Error(message) => Err(RespError::Server(server_message(message))),
+                _ => Err(RespError::UnexpectedReply),
+            };
+            conn.out_of_step = !in_step;
+            // A server that lost this connection's authentication (a
+            // connection that reconnected on its own) ran nothing: AUTH
+            // again, then the request once more.
+            if let Err(RespError::Server(message)) = &result
+                && message.starts_with("NOAUTH")
+                && self.credentials.is_some()
+                && !retried
+            {
+                conn.authenticated = false;
+                retried = true;
+                continue;
+            }
+            return result;
         }
-        let len = w.finish();
-        // Out of step until the whole reply is read: dropping this future
-        // anywhere below must not let a later request read this reply.
-        conn.out_of_step = true;
-        let (frame, in_step) = exchange(&mut conn.io, &mut conn.buf, len).await?;
-        let result = match frame {
-            Frame::Integer(n) => Ok(n),
-            Frame::Error(message) => Err(RespError::Server(server_message(message))),
-            _ => Err(RespError::UnexpectedReply),
-        };
-        conn.out_of_step = !in_step;
-        result
     }
 }
 

@@ -4,7 +4,11 @@
 //! password, credentials a server without a password is sent, and a
 //! server that asks for one but is given none each fail with the server's
 //! reason, and nothing else is sent; an ACL user without the scripting
-//! commands gets the server's refusal by name.
+//! commands gets the server's refusal by name; a connection reset after
+//! an abandoned request, and one that reconnected on its own (answered
+//! NOAUTH), authenticate again.
+
+use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 
 use embassy_sync::blocking_mutex::raw::NoopRawMutex;
 use embedded_io_adapters::futures_03::FromFutures;
@@ -144,4 +148,100 @@ fn credentials_that_cannot_be_sent_are_refused_when_given() {
         locker().with_auth(Some(""), "pw").unwrap_err(),
         InvalidCredentials::User
     );
+}
+
+/// The server the reconnecting connections below go to.
+static PORT: AtomicU16 = AtomicU16::new(0);
+
+/// A new connection to [`PORT`], made synchronously (as a reset hook
+/// must).
+fn fresh() -> Conn {
+    let stream =
+        std::net::TcpStream::connect(("127.0.0.1", PORT.load(Ordering::SeqCst))).expect("connect");
+    FromFutures::new(async_net::TcpStream::try_from(stream).expect("async stream"))
+}
+
+/// The reset hook: closes the connection by opening another.
+fn reconnect(conn: &mut Conn) {
+    *conn = fresh();
+}
+
+/// Set to make [`Reconnecting`] open a new connection under the locker
+/// before its next write, as a connection that reconnects on its own.
+static SWAP_NEXT: AtomicBool = AtomicBool::new(false);
+
+/// A connection that may reconnect on its own.
+struct Reconnecting(Conn);
+
+impl embedded_io_async::ErrorType for Reconnecting {
+    type Error = <Conn as embedded_io_async::ErrorType>::Error;
+}
+
+impl embedded_io_async::Read for Reconnecting {
+    async fn read(&mut self, buf: &mut [u8]) -> Result<usize, Self::Error> {
+        self.0.read(buf).await
+    }
+}
+
+impl embedded_io_async::Write for Reconnecting {
+    async fn write(&mut self, buf: &[u8]) -> Result<usize, Self::Error> {
+        if SWAP_NEXT.swap(false, Ordering::SeqCst) {
+            self.0 = fresh();
+        }
+        self.0.write(buf).await
+    }
+
+    async fn flush(&mut self) -> Result<(), Self::Error> {
+        self.0.flush().await
+    }
+}
+
+#[test]
+fn a_reset_connection_and_one_that_reconnected_on_its_own_authenticate_again() {
+    let server = guarded_server();
+    PORT.store(server.port(), Ordering::SeqCst);
+    smol::block_on(async {
+        // A request abandoned half-way: the next one resets the connection
+        // (a new one), which sends AUTH before it.
+        let reset = RespLocker::<NoopRawMutex, _>::new(fresh(), 8)
+            .with_reset(reconnect)
+            .with_auth(Some("gateway"), "pw")
+            .unwrap();
+        reset.authenticate().await.unwrap();
+        // The server holds every reply for 400 ms: the request is given
+        // up at 100 ms, half-way.
+        let paused = server
+            .command("AUTH s3cret\r\nCLIENT PAUSE 400 ALL")
+            .unwrap();
+        assert!(paused.starts_with("+OK"), "{paused}");
+        let abandoned = futures_lite::future::or(
+            async { Some(reset.try_lock("auth:f", ttl()).await) },
+            async {
+                async_io::Timer::after(std::time::Duration::from_millis(100)).await;
+                None
+            },
+        )
+        .await;
+        assert!(abandoned.is_none(), "cut off before its reply");
+        async_io::Timer::after(std::time::Duration::from_millis(500)).await;
+        let token = reset
+            .try_lock("auth:g", ttl())
+            .await
+            .expect("authenticated again");
+        assert!(token.is_some());
+
+        // A connection that reconnected under the locker is answered
+        // NOAUTH: the locker authenticates again and sends the request once
+        // more.
+        let own = RespLocker::<NoopRawMutex, _>::new(Reconnecting(fresh()), 9)
+            .with_auth(Some("gateway"), "pw")
+            .unwrap();
+        own.authenticate().await.unwrap();
+        SWAP_NEXT.store(true, Ordering::SeqCst);
+        let token = own
+            .try_lock("auth:h", ttl())
+            .await
+            .expect("after NOAUTH, AUTH again");
+        assert!(token.is_some());
+    });
 }

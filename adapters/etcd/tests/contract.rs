@@ -158,7 +158,7 @@ fn a_zero_timeout_and_keys_no_lock_can_have_are_refused_before_asking_etcd() {
     let locker = smol::block_on(EtcdLocker::connect(EtcdConfig::new(["http://127.0.0.1:1"])))
         .expect("connecting is lazy");
     let ttl = Ttl::from_secs(1).unwrap();
-    for key in [String::new(), "k".repeat(257)] {
+    for key in [String::new(), "k".repeat(257), "k\0x".to_owned()] {
         let err = smol::block_on(locker.try_lock(&key, ttl)).expect_err("refused");
         assert!(
             matches!(

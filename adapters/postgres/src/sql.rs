@@ -117,6 +117,14 @@ pub(crate) struct Statements {
     /// in one transaction under an advisory lock named after the table,
     /// so replicas starting together do not race on the catalog.
     pub(crate) create: String,
+    /// Whether the semaphores' table and function exist: apart from the
+    /// locks', so a deployment made before them keeps its locks and
+    /// claims when they cannot be made (a role without DDL rights).
+    pub(crate) permits_exist: String,
+    /// Whether the session's role may use them.
+    pub(crate) permit_privileges: String,
+    /// Creates them unless they exist, as `create` does.
+    pub(crate) create_permits: String,
     /// Grants `$1` (text) to token `$2` (bytea) for `$3` milliseconds
     /// (bigint) if the key is free or its lease has ended; returns the
     /// new fence, or no row if the key is held.
@@ -181,15 +189,19 @@ impl Statements {
             |param: &str| format!("clock_timestamp() + {param}::bigint * interval '1 millisecond'");
         Statements {
             exists: format!(
-                "SELECT to_regclass('{t}') IS NOT NULL AND to_regclass('{c}') IS NOT NULL \
-                 AND to_regclass('{p}') IS NOT NULL \
-                 AND to_regprocedure('{acquire_fn}(text, bytea, integer, bigint)') IS NOT NULL"
+                "SELECT to_regclass('{t}') IS NOT NULL AND to_regclass('{c}') IS NOT NULL"
             ),
             privileges: format!(
                 "SELECT has_table_privilege('{t}', 'SELECT, INSERT, UPDATE, DELETE') \
                  AND has_table_privilege('{c}', 'SELECT, INSERT, UPDATE, DELETE') \
-                 AND has_table_privilege('{p}', 'SELECT, INSERT, UPDATE, DELETE') \
-                 AND has_sequence_privilege('{sequence}', 'USAGE') \
+                 AND has_sequence_privilege('{sequence}', 'USAGE')"
+            ),
+            permits_exist: format!(
+                "SELECT to_regclass('{p}') IS NOT NULL \
+                 AND to_regprocedure('{acquire_fn}(text, bytea, integer, bigint)') IS NOT NULL"
+            ),
+            permit_privileges: format!(
+                "SELECT has_table_privilege('{p}', 'SELECT, INSERT, UPDATE, DELETE') \
                  AND has_function_privilege('{acquire_fn}(text, bytea, integer, bigint)', 'EXECUTE')"
             ),
             create: format!(
@@ -213,6 +225,11 @@ impl Statements {
                  forget_at timestamptz NOT NULL, \
                  result bytea); \
                  CREATE INDEX IF NOT EXISTS {claims_index} ON {c} (forget_at); \
+                 COMMIT"
+            ),
+            create_permits: format!(
+                "BEGIN; \
+                 SELECT pg_advisory_xact_lock(hashtext('guard-postgres {table}')); \
                  CREATE TABLE IF NOT EXISTS {p} (\
                  key text NOT NULL, \
                  token bytea NOT NULL, \
@@ -224,7 +241,7 @@ impl Statements {
                  DECLARE live integer; f bigint; \
                  BEGIN \
                  IF current_setting('transaction_isolation') <> 'read committed' THEN \
-                 RAISE EXCEPTION 'guard: a semaphore permit is taken under READ COMMITTED isolation, not %', \
+                 RAISE EXCEPTION 'guard: {table}{ACQUIRE_SUFFIX} takes a permit only under READ COMMITTED isolation; this session runs %: set default_transaction_isolation to read committed for its role', \
                  current_setting('transaction_isolation'); \
                  END IF; \
                  PERFORM pg_advisory_xact_lock(hashtextextended('guard-postgres {table} ' || k, 0)); \

@@ -101,3 +101,53 @@ fn ended_permits_of_keys_nobody_takes_are_purged_after_the_grace() {
         assert_eq!(locker.holders("pg:live").await.unwrap(), 1);
     });
 }
+
+#[test]
+fn a_deployment_made_before_the_semaphore_keeps_its_locks_and_the_semaphore_says_what_it_needs() {
+    use guard_core::lock::Locker;
+    use guard_postgres::PgLockError;
+
+    let db = PgDatabase::create().unwrap();
+    let owner = PgLocker::new(&db.url()).unwrap();
+    smol::block_on(owner.connect()).unwrap();
+    // As an older version left it: the locks and claims, no permits.
+    db.query("DROP FUNCTION guard_locks_acquire; DROP TABLE guard_locks_permits")
+        .unwrap();
+    let role = format!("{}_old", db.name());
+    db.query(&format!(
+        "CREATE ROLE \"{role}\" LOGIN; \
+         GRANT SELECT, INSERT, UPDATE, DELETE ON guard_locks, guard_locks_claims TO \"{role}\"; \
+         GRANT USAGE ON SEQUENCE guard_locks_fence TO \"{role}\"; \
+         REVOKE CREATE ON SCHEMA public FROM \"{role}\""
+    ))
+    .unwrap();
+    let url = db.url().replacen("postgres@", &format!("{role}@"), 1);
+    let app = PgLocker::new(&url).unwrap();
+    let outcome = smol::block_on(async {
+        let lock = app.try_lock("pg:old", ttl(10_000)).await;
+        let permit = app
+            .try_acquire("pg:old:sem", Permits::ONE, ttl(10_000))
+            .await;
+        (lock, permit)
+    });
+    db.query(&format!("DROP OWNED BY \"{role}\"; DROP ROLE \"{role}\""))
+        .unwrap();
+    assert!(
+        matches!(outcome.0, Ok(Some(_))),
+        "the locks work as before: {:?}",
+        outcome.0
+    );
+    let err = outcome
+        .1
+        .expect_err("no permits table, and no right to make it");
+    assert!(
+        matches!(
+            err,
+            PgLockError::InvalidInput {
+                parameter: "table",
+                ..
+            }
+        ) && err.to_string().contains("guard_locks_permits"),
+        "{err}"
+    );
+}

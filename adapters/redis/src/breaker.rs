@@ -4,6 +4,7 @@
 
 use std::fmt;
 use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use guard_core::breaker::redis::{READ_SCRIPT, SWAP_SCRIPT};
 use guard_core::breaker::{
@@ -34,9 +35,17 @@ pub const MAX_SWAPS: usize = 1_000;
 /// Every replica must pass the same configuration and window type (`W`:
 /// [`CountWindow`](guard_core::breaker::CountWindow) or
 /// [`TimeWindow`](guard_core::breaker::TimeWindow)); a key holding
-/// another window's state is an error naming the key. Each call is two
-/// round trips (one more for each write that lost), and a refused call
-/// writes too (the breaker counts refusals). One key's writes are
+/// another window's state is an error naming the key ([`reset`](Self::reset)
+/// writes a fresh breaker over it). The configuration must bound the
+/// half-open wait (`max_wait_in_half_open`): a trial whose replica died
+/// before reporting never comes back, and without the bound its place
+/// would stay taken on every replica for good.
+///
+/// Each call is two round trips (one more for each write that lost). A
+/// refusal that moves the breaker nowhere (open and still waiting, forced
+/// open, every trial out) is only read, never written, so an outage costs
+/// one read a call: such refusals are counted by each replica
+/// ([`refused`](Self::refused)), not in the shared metrics. One key's writes are
 /// serialized, so its throughput is bounded by Redis round trips: share a
 /// breaker that judges calls to a dependency, at the rate those calls
 /// come, not one decision per request of a hot path.
@@ -47,7 +56,8 @@ pub const MAX_SWAPS: usize = 1_000;
 /// use guard_redis::{RedisBreaker, RedisConnection, Topology};
 /// # let conn = RedisConnection::connect(Topology::Standalone { url: "redis://127.0.0.1".into() }, std::time::Duration::from_secs(1)).await?;
 ///
-/// let payments = RedisBreaker::<CountWindow<100>>::new(conn, "guard:breaker:payments", BreakerConfig::new())?;
+/// let config = BreakerConfig::new().with_max_wait_in_half_open(std::time::Duration::from_secs(60));
+/// let payments = RedisBreaker::<CountWindow<100>>::new(conn, "guard:breaker:payments", config)?;
 /// match payments.try_acquire().await? {
 ///     Ok(permit) => {
 ///         let failed = false; // ... the call to the payments service ...
@@ -64,6 +74,8 @@ pub struct RedisBreaker<W> {
     config: BreakerConfig,
     read: Script,
     swap: Script,
+    /// Refusals this replica answered without writing.
+    refused: AtomicU64,
     window: PhantomData<fn() -> W>,
 }
 
@@ -84,7 +96,8 @@ struct Read {
 
 impl<W: WindowSnapshot + Default> RedisBreaker<W> {
     /// The breaker at `key` (used as given, 1 to 256 bytes) on `conn`,
-    /// deciding with `config` (checked as guard-core checks it).
+    /// deciding with `config` (checked as guard-core checks it, and with a
+    /// `max_wait_in_half_open` above zero: see the type's documentation).
     pub fn new(
         conn: RedisConnection,
         key: &str,
@@ -100,12 +113,20 @@ impl<W: WindowSnapshot + Default> RedisBreaker<W> {
         config.validate().map_err(|e| {
             RedisGuardError::refused_by(Parameter::BreakerConfig, format!("{config:?}"), e)
         })?;
+        if config.max_wait_in_half_open().is_zero() {
+            return Err(RedisGuardError::invalid(
+                Parameter::BreakerConfig,
+                format!("{config:?}"),
+                "a shared breaker needs max_wait_in_half_open above zero: a trial whose replica died before reporting would otherwise hold its place on every replica for good",
+            ));
+        }
         Ok(RedisBreaker {
             conn,
             key: key.to_owned(),
             config,
             read: Script::new(READ_SCRIPT),
             swap: Script::new(SWAP_SCRIPT),
+            refused: AtomicU64::new(0),
             window: PhantomData,
         })
     }
@@ -117,7 +138,32 @@ impl<W: WindowSnapshot + Default> RedisBreaker<W> {
 
     /// A permit for one call, or why not, on the server's clock.
     pub async fn try_acquire(&self) -> Result<Result<Permit, NotPermitted>, RedisGuardError> {
-        self.update(None, |b, now| b.try_acquire(now)).await
+        self.acquire(None).await
+    }
+
+    /// Refusals this replica answered without writing (see the type's
+    /// documentation); the shared metrics count the others.
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    /// A refusal that leaves the state where it was is answered from the
+    /// read alone; anything else is decided and written as any call.
+    async fn acquire(
+        &self,
+        now: Option<Instant>,
+    ) -> Result<Result<Permit, NotPermitted>, RedisGuardError> {
+        let read = self.read().await?;
+        let mut breaker = self.decode(read.snapshot.as_deref())?;
+        let before = breaker.state();
+        if let Err(refused) = breaker.try_acquire(now.unwrap_or(read.now))
+            && breaker.state() == before
+        {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            return Ok(Err(refused));
+        }
+        self.update_from(read, now, |b, now| b.try_acquire(now))
+            .await
     }
 
     /// [`try_acquire`](Self::try_acquire) at `now` on the caller's clock
@@ -126,7 +172,7 @@ impl<W: WindowSnapshot + Default> RedisBreaker<W> {
         &self,
         now: Instant,
     ) -> Result<Result<Permit, NotPermitted>, RedisGuardError> {
-        self.update(Some(now), |b, now| b.try_acquire(now)).await
+        self.acquire(Some(now)).await
     }
 
     /// Reports the outcome of `permit`'s call, on the server's clock (a
@@ -206,14 +252,37 @@ impl<W: WindowSnapshot + Default> RedisBreaker<W> {
         self.update(None, |b, _| b.disable()).await
     }
 
+    /// Writes a new closed breaker over whatever the key holds, without
+    /// reading it: the way out when the key holds what this replica
+    /// cannot read (another window's state after a change of
+    /// configuration, or a foreign value).
+    pub async fn reset(&self) -> Result<(), RedisGuardError> {
+        let fresh = self.decode(None)?;
+        let mut bytes = vec![0u8; CircuitBreaker::<W>::ENCODED_LEN];
+        fresh.encode(&mut bytes).map_err(|e| self.bad_snapshot(e))?;
+        let mut set = redis::cmd("SET");
+        set.arg(&self.key).arg(&bytes[..]);
+        self.conn.query::<()>(&set).await
+    }
+
     /// Reads, decides with `decide`, and writes back if the state
     /// changed, deciding again on another replica's write until one lands.
     async fn update<T>(
         &self,
         now: Option<Instant>,
+        decide: impl FnMut(&mut CircuitBreaker<W>, Instant) -> T,
+    ) -> Result<T, RedisGuardError> {
+        let read = self.read().await?;
+        self.update_from(read, now, decide).await
+    }
+
+    /// [`update`](Self::update) from a snapshot already read.
+    async fn update_from<T>(
+        &self,
+        mut read: Read,
+        now: Option<Instant>,
         mut decide: impl FnMut(&mut CircuitBreaker<W>, Instant) -> T,
     ) -> Result<T, RedisGuardError> {
-        let mut read = self.read().await?;
         let mut bytes = vec![0u8; CircuitBreaker::<W>::ENCODED_LEN];
         for _ in 0..MAX_SWAPS {
             let mut breaker = self.decode(read.snapshot.as_deref())?;
@@ -232,7 +301,9 @@ impl<W: WindowSnapshot + Default> RedisBreaker<W> {
             let reply: Vec<Value> = self.conn.invoke(&invocation).await?;
             match reply.first() {
                 Some(Value::Int(1)) => return Ok(out),
-                Some(Value::Int(0)) => read = Self::parse_read(reply.get(1..).unwrap_or_default())?,
+                Some(Value::Int(0)) => {
+                    read = Self::parse_read("swap", reply.get(1..).unwrap_or_default())?;
+                }
                 _ => {
                     return Err(RedisGuardError::UnexpectedReply(format!(
                         "breaker swap: {reply:?}"
@@ -250,12 +321,12 @@ impl<W: WindowSnapshot + Default> RedisBreaker<W> {
         let mut invocation = self.read.prepare_invoke();
         invocation.key(&self.key);
         let reply: Vec<Value> = self.conn.invoke(&invocation).await?;
-        Self::parse_read(&reply)
+        Self::parse_read("read", &reply)
     }
 
-    /// `{snapshot or nil, seconds, microseconds}`.
-    fn parse_read(reply: &[Value]) -> Result<Read, RedisGuardError> {
-        let bad = || RedisGuardError::UnexpectedReply(format!("breaker read: {reply:?}"));
+    /// `{snapshot or nil, seconds, microseconds}`, the reply to `what`.
+    fn parse_read(what: &str, reply: &[Value]) -> Result<Read, RedisGuardError> {
+        let bad = || RedisGuardError::UnexpectedReply(format!("breaker {what}: {reply:?}"));
         let snapshot = match reply.first() {
             Some(Value::BulkString(bytes)) => Some(bytes.clone()),
             Some(Value::Nil) | None => None,

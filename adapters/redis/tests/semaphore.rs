@@ -88,6 +88,21 @@ fn permits_are_a_hash_of_lease_ends_and_a_foreign_field_is_an_error_naming_the_k
         .unwrap();
     assert_eq!(counter, token.fence(), "the fence is the domain's counter");
 
+    // A lease no Lua number holds exactly is refused before any write.
+    let endless = Ttl::from_secs(u64::MAX / 1_000).unwrap();
+    let error = smol::block_on(locker.try_acquire(&key, permits, endless))
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("a lease is 1 ms to 2^53 ms"), "{error}");
+    let after: u64 = server
+        .command(&format!("GET {fence}"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(after, counter, "no fence drawn for a refused lease");
+    assert_eq!(smol::block_on(locker.holders(&key)).unwrap(), 1);
+
     server
         .command(&format!("HSET {hash} intruder not-a-number"))
         .expect("a foreign field");

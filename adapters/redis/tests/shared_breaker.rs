@@ -30,6 +30,7 @@ fn config() -> BreakerConfig {
         .with_slow_call_duration(Duration::from_millis(300))
         .with_half_open_calls(3)
         .with_wait_in_open(Duration::from_secs(2))
+        .with_max_wait_in_half_open(Duration::from_secs(10))
 }
 
 /// A small deterministic generator, so a failing run can be replayed.
@@ -122,7 +123,11 @@ fn failures_one_replica_sees_open_the_breaker_for_the_other() {
             wait <= Duration::from_secs(2) && wait > Duration::from_millis(1_500),
             "{wait:?}"
         );
-        assert_eq!(b.metrics().await.unwrap().not_permitted, 1);
+        // A refusal that moves nothing is read, not written: b counts it.
+        assert_eq!(
+            (b.refused(), b.metrics().await.unwrap().not_permitted),
+            (1, 0)
+        );
         // On the server's clock, two seconds on, b's trial is permitted.
         smol::Timer::after(Duration::from_millis(2_100)).await;
         let trial = b.try_acquire().await.unwrap().expect("half-open");
@@ -137,7 +142,9 @@ fn reports_from_callers_on_threads_of_two_replicas_are_all_counted() {
     let server = RedisServer::start().expect("redis-server");
     let key = "guard:breaker:threads";
     // A window larger than every call, a minimum no run reaches: it only counts.
-    let config = BreakerConfig::new().with_minimum_calls(10_000);
+    let config = BreakerConfig::new()
+        .with_minimum_calls(10_000)
+        .with_max_wait_in_half_open(Duration::from_secs(60));
     let replicas: Vec<_> = (0..2)
         .map(|_| RedisBreaker::<CountWindow<1024>>::new(connect(&server), key, config).unwrap())
         .collect();
@@ -180,8 +187,60 @@ fn a_key_holding_something_else_is_an_error_naming_it() {
         .unwrap();
     let error = smol::block_on(count.state()).unwrap_err().to_string();
     assert!(error.contains("guard:breaker:w"), "{error}");
+    // The way out: a fresh breaker written over it.
+    smol::block_on(count.reset()).unwrap();
+    assert_eq!(smol::block_on(count.state()).unwrap(), State::Closed);
     let refused = RedisBreaker::<CountWindow<10>>::new(connect(&server), "", config())
         .unwrap_err()
         .to_string();
     assert!(refused.contains("circuit breaker key"), "{refused}");
+    let unbounded = RedisBreaker::<CountWindow<10>>::new(
+        connect(&server),
+        "guard:breaker:x",
+        BreakerConfig::new(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(unbounded.contains("max_wait_in_half_open"), "{unbounded}");
+}
+
+#[test]
+fn callers_on_threads_of_two_replicas_get_no_more_trials_than_a_half_open_breaker_has() {
+    let server = RedisServer::start().expect("redis-server");
+    let key = "guard:breaker:trials";
+    let replicas: Vec<_> = (0..2)
+        .map(|_| RedisBreaker::<CountWindow<10>>::new(connect(&server), key, config()).unwrap())
+        .collect();
+    smol::block_on(replicas[0].open()).unwrap();
+    // Every caller asks a minute on, past the open wait, all at once.
+    let unix_now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    let later = Instant::from_secs(unix_now.as_secs() + 60);
+    let granted = std::sync::atomic::AtomicU32::new(0);
+    std::thread::scope(|s| {
+        for replica in &replicas {
+            for _ in 0..4 {
+                let granted = &granted;
+                s.spawn(move || {
+                    smol::block_on(async {
+                        for _ in 0..5 {
+                            if replica.try_acquire_at(later).await.unwrap().is_ok() {
+                                granted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                            }
+                        }
+                    })
+                });
+            }
+        }
+    });
+    assert_eq!(
+        granted.into_inner(),
+        3,
+        "40 asks of 8 callers on two replicas: exactly the 3 trials"
+    );
+    assert_eq!(
+        smol::block_on(replicas[1].state()).unwrap(),
+        State::HalfOpen
+    );
 }

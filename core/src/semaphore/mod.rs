@@ -24,7 +24,9 @@
 //!   worker slot) can refuse a holder that lost its permit; the fences of
 //!   permits held together are distinct, never equal.
 //!
-//! [`PermitLock`] makes one permit of a semaphore a [`Locker`](crate::lock::Locker): whatever
+//! [`PermitLock`] makes one permit of a semaphore with `Send` futures
+//! ([`SendSemaphore`], as every server semaphore is) a
+//! [`Locker`](crate::lock::Locker): whatever
 //! runs a job under a lock (guard-std's `LockWatchdog`, renewing it every
 //! ttl / 3 and releasing it when the job ends or is dropped) runs it under
 //! a permit the same way. Its futures are `Send`, as its semaphore's.

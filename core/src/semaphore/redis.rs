@@ -17,14 +17,23 @@
 //! replicate their effects, so `TIME` may precede a write).
 
 /// Puts before a script's body the server's clock in ms (`now`, and
-/// `t` as `TIME` answered) and `lease_end`, which reads a permit's lease
-/// end and refuses a field that is not one (a foreign key in the way).
+/// `t` as `TIME` answered), `lease_ms`, which reads a lease and refuses
+/// one a Lua number cannot hold exactly (before anything is written), and
+/// `lease_end`, which reads a permit's lease end and refuses a field that
+/// is not one (a foreign key in the way).
 macro_rules! with_prelude {
     ($body:literal) => {
         concat!(
             r"
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local function lease_ms(v)
+  local ms = tonumber(v)
+  if not ms or ms < 1 or ms >= 9007199254740992 then
+    return error('guard: semaphore ' .. KEYS[1] .. ': a lease is 1 ms to 2^53 ms, not ' .. tostring(v))
+  end
+  return ms
+end
 local function lease_end(v)
   local u = tonumber(v)
   if not u then
@@ -39,10 +48,11 @@ end
 }
 
 /// Takes a permit if fewer than the permits are live. KEYS: hash, fence
-/// counter; ARGV: token hex, permits, lease ms. Returns the fence, or 0
-/// when the permits are taken.
+/// counter; ARGV: token hex, permits, lease ms (below 2^53, else an error
+/// before any write). Returns the fence, or 0 when the permits are taken.
 pub const ACQUIRE_SCRIPT: &str = with_prelude!(
     r"
+local lease = lease_ms(ARGV[3])
 local held = redis.call('HGETALL', KEYS[1])
 local live = 0
 for i = 1, #held, 2 do
@@ -55,9 +65,8 @@ end
 if live >= tonumber(ARGV[2]) then return 0 end
 local f = math.max((tonumber(redis.call('GET', KEYS[2])) or 0) + 1, t[1] * 1000000 + t[2])
 redis.call('SET', KEYS[2], string.format('%.0f', f))
-local lease = tonumber(ARGV[3])
 redis.call('HSET', KEYS[1], ARGV[1], string.format('%.0f', now + lease))
-if redis.call('PTTL', KEYS[1]) < lease then redis.call('PEXPIRE', KEYS[1], lease) end
+if redis.call('PTTL', KEYS[1]) < lease then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
 return f
 "
 );
@@ -66,11 +75,11 @@ return f
 /// Returns 1 if renewed.
 pub const RENEW_SCRIPT: &str = with_prelude!(
     r"
+local lease = lease_ms(ARGV[2])
 local u = redis.call('HGET', KEYS[1], ARGV[1])
 if u and lease_end(u) > now then
-  local lease = tonumber(ARGV[2])
   redis.call('HSET', KEYS[1], ARGV[1], string.format('%.0f', now + lease))
-  if redis.call('PTTL', KEYS[1]) < lease then redis.call('PEXPIRE', KEYS[1], lease) end
+  if redis.call('PTTL', KEYS[1]) < lease then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
   return 1
 end
 return 0

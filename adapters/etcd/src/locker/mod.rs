@@ -482,14 +482,16 @@ impl EtcdLocker {
     }
 }
 
-/// Refuses a key no lock can have: empty (etcd refuses it too) or longer
-/// than the guards' [`MAX_KEY_LEN`], as every other locker does.
+/// Refuses a key no lock can have: empty (etcd refuses it too), longer
+/// than the guards' [`MAX_KEY_LEN`], as every other locker does, or with a
+/// NUL (the separator of a semaphore's permits: a lock `k\0x` would count
+/// as a permit of semaphore `k`; PostgreSQL refuses NUL too).
 fn checked_key(key: &str) -> Result<(), EtcdError> {
-    if key.is_empty() || key.len() > MAX_KEY_LEN {
+    if key.is_empty() || key.len() > MAX_KEY_LEN || key.contains('\0') {
         return Err(EtcdError::InvalidInput {
             parameter: "lock key",
             value: key.to_owned(),
-            rule: format!("must be 1 to {MAX_KEY_LEN} bytes"),
+            rule: format!("must be 1 to {MAX_KEY_LEN} bytes without NUL"),
         });
     }
     Ok(())

@@ -9,8 +9,9 @@
 //! changed after R: the count is then still an upper bound (a permit
 //! released or expired since only lowers it), so at most `permits` are
 //! live. A transaction that fails reads the new count at once and tries
-//! again; each failure means another caller's write won. A semaphore key
-//! cannot contain NUL, so no other semaphore's permits fall in the range.
+//! again; each failure means another caller's write won. Neither a
+//! semaphore key nor a lock key can contain NUL, so no other semaphore's
+//! permits and no lock fall in the range.
 
 use etcd_client::proto::PbTxnOpResponse;
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnResponse};

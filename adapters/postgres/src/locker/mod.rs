@@ -50,15 +50,23 @@ struct Session {
     claim_extend: Statement,
     claim_settle: Statement,
     claim_purge: Statement,
-    permit_acquire: Statement,
-    permit_renew: Statement,
-    permit_release: Statement,
-    permit_holders: Statement,
-    permit_purge: Statement,
+    /// The semaphores' statements, or why they cannot run here (their
+    /// table or function missing and not creatable, or not granted): the
+    /// locks and claims work without them.
+    permits: Result<PermitStatements, String>,
     /// How many callers wait on the connection (the low bits), and
     /// [`ABANDONED`]: one word, so that no caller enters a connection
     /// once it is abandoned, and the last one out knows it is the last.
     callers: AtomicU64,
+}
+
+/// The statements on `<table>_permits`.
+struct PermitStatements {
+    acquire: Statement,
+    renew: Statement,
+    release: Statement,
+    holders: Statement,
+    purge: Statement,
 }
 
 /// Set in [`Session::callers`] when a request on the connection timed
@@ -290,10 +298,10 @@ impl PgLocker {
                 .client
                 .execute(&s.claim_purge, &[&PURGE_BATCH, &grace])
                 .await?;
-            let permits = s
-                .client
-                .execute(&s.permit_purge, &[&PURGE_BATCH, &grace])
-                .await?;
+            let permits = match &s.permits {
+                Ok(p) => s.client.execute(&p.purge, &[&PURGE_BATCH, &grace]).await?,
+                Err(_) => 0,
+            };
             Ok(locks.saturating_add(claims).saturating_add(permits))
         })
         .await
@@ -412,7 +420,7 @@ impl PgLocker {
             return Err(PgLockError::invalid(
                 "table",
                 self.table.clone(),
-                "the role needs SELECT, INSERT, UPDATE and DELETE on the table, on <table>_claims and on <table>_permits, USAGE on its sequence <table>_fence and EXECUTE on the function <table>_acquire",
+                "the role needs SELECT, INSERT, UPDATE and DELETE on the table and on <table>_claims, and USAGE on its sequence <table>_fence",
             ));
         }
         let prepare = async |sql: &str| {
@@ -430,17 +438,53 @@ impl PgLocker {
             claim_extend: prepare(&self.statements.claim_extend).await?,
             claim_settle: prepare(&self.statements.claim_settle).await?,
             claim_purge: prepare(&self.statements.claim_purge).await?,
-            permit_acquire: prepare(&self.statements.permit_acquire).await?,
-            permit_renew: prepare(&self.statements.permit_renew).await?,
-            permit_release: prepare(&self.statements.permit_release).await?,
-            permit_holders: prepare(&self.statements.permit_holders).await?,
-            permit_purge: prepare(&self.statements.permit_purge).await?,
+            permits: self.open_permits(&client).await,
             client,
             acquire,
             renew,
             release,
             purge,
             callers: AtomicU64::new(1),
+        })
+    }
+
+    /// The semaphores' table and function, made unless they exist, and
+    /// their statements prepared; or why not, for a semaphore call to
+    /// report (a deployment whose DBA made the lock tables before them
+    /// keeps its locks and claims).
+    async fn open_permits(&self, client: &Client) -> Result<PermitStatements, String> {
+        let table = &self.table;
+        let ask = async |sql: &str| {
+            client
+                .query_one(sql, &[])
+                .await
+                .and_then(|row| row.try_get::<_, bool>(0))
+                .map_err(|e| e.to_string())
+        };
+        if !ask(&self.statements.permits_exist).await?
+            && let Err(e) = client.batch_execute(&self.statements.create_permits).await
+        {
+            // The failed transaction would refuse every later statement
+            // on this connection, the locks' too.
+            if let Err(rollback) = client.batch_execute("ROLLBACK").await {
+                tracing::warn!("PostgreSQL locker {}: rollback: {rollback}", self.server);
+            }
+            return Err(format!(
+                "{table}_permits and {table}_acquire are missing and could not be made ({e}): run the semaphore part of the layout in guard_postgres::sql as a role that may"
+            ));
+        }
+        if !ask(&self.statements.permit_privileges).await? {
+            return Err(format!(
+                "the role needs SELECT, INSERT, UPDATE and DELETE on {table}_permits and EXECUTE on the function {table}_acquire"
+            ));
+        }
+        let prepare = async |sql: &str| client.prepare(sql).await.map_err(|e| e.to_string());
+        Ok(PermitStatements {
+            acquire: prepare(&self.statements.permit_acquire).await?,
+            renew: prepare(&self.statements.permit_renew).await?,
+            release: prepare(&self.statements.permit_release).await?,
+            holders: prepare(&self.statements.permit_holders).await?,
+            purge: prepare(&self.statements.permit_purge).await?,
         })
     }
 

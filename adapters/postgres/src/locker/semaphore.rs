@@ -6,10 +6,21 @@
 use guard_core::lock::{Renewal, Token, Ttl, UnlockError};
 use guard_core::semaphore::{Permits, SendSemaphore};
 
-use super::{PgLocker, Session, checked_key, stored_fence, ttl_millis};
+use super::{PermitStatements, PgLocker, Session, checked_key, stored_fence, ttl_millis};
 use crate::error::PgLockError;
 
+/// The session's permit statements, or why they cannot run (as the
+/// request's answer, so it is reported by name).
+fn statements(s: &Session) -> Result<&PermitStatements, &str> {
+    s.permits.as_ref().map_err(String::as_str)
+}
+
 impl PgLocker {
+    /// `why` the semaphore cannot run here, as an error naming the table.
+    fn permits_unavailable(&self, why: String) -> PgLockError {
+        PgLockError::invalid("table", self.table(), why)
+    }
+
     /// Renews (`lease` given) or releases `token`'s live permit of `key`:
     /// whether one row changed. A fence no sequence gave holds nothing.
     async fn change_permit(
@@ -25,23 +36,29 @@ impl PgLocker {
         let id = &token.id().0[..];
         let changed = match lease.map(ttl_millis) {
             Some(ms) => {
-                self.request("permit renew", async |s: &Session| {
-                    s.client
-                        .execute(&s.permit_renew, &[&key, &id, &fence, &ms])
+                self.request("permit renew", async |s: &Session| match statements(s) {
+                    Ok(p) => s
+                        .client
+                        .execute(&p.renew, &[&key, &id, &fence, &ms])
                         .await
+                        .map(Ok),
+                    Err(why) => Ok(Err(why.to_owned())),
                 })
                 .await?
             }
             None => {
-                self.request("permit release", async |s: &Session| {
-                    s.client
-                        .execute(&s.permit_release, &[&key, &id, &fence])
+                self.request("permit release", async |s: &Session| match statements(s) {
+                    Ok(p) => s
+                        .client
+                        .execute(&p.release, &[&key, &id, &fence])
                         .await
+                        .map(Ok),
+                    Err(why) => Ok(Err(why.to_owned())),
                 })
                 .await?
             }
         };
-        Ok(changed == 1)
+        Ok(changed.map_err(|why| self.permits_unavailable(why))? == 1)
     }
 }
 
@@ -66,12 +83,16 @@ impl SendSemaphore for PgLocker {
         // MAX_PERMITS fits an integer.
         let permits = i32::try_from(permits.get()).unwrap_or(i32::MAX);
         let row = self
-            .request("permit acquire", async |s: &Session| {
-                s.client
-                    .query_one(&s.permit_acquire, &[&key, &token, &permits, &ms])
+            .request("permit acquire", async |s: &Session| match statements(s) {
+                Ok(p) => s
+                    .client
+                    .query_one(&p.acquire, &[&key, &token, &permits, &ms])
                     .await
+                    .map(Ok),
+                Err(why) => Ok(Err(why.to_owned())),
             })
-            .await?;
+            .await?
+            .map_err(|why| self.permits_unavailable(why))?;
         let fence: Option<i64> = row
             .try_get(0)
             .map_err(|e| PgLockError::UnexpectedReply(format!("permit acquire: {e}")))?;
@@ -103,10 +124,12 @@ impl SendSemaphore for PgLocker {
     async fn holders(&self, key: &str) -> Result<u32, PgLockError> {
         let key = checked_key(key)?;
         let row = self
-            .request("permit holders", async |s: &Session| {
-                s.client.query_one(&s.permit_holders, &[&key]).await
+            .request("permit holders", async |s: &Session| match statements(s) {
+                Ok(p) => s.client.query_one(&p.holders, &[&key]).await.map(Ok),
+                Err(why) => Ok(Err(why.to_owned())),
             })
-            .await?;
+            .await?
+            .map_err(|why| self.permits_unavailable(why))?;
         let live: i64 = row
             .try_get(0)
             .map_err(|e| PgLockError::UnexpectedReply(format!("permit holders: {e}")))?;
