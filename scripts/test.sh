@@ -48,8 +48,9 @@ command -v redis-cli >/dev/null 2>&1 || need_packages+=(redis-tools)
 [ -x /usr/sbin/mosquitto ] || command -v mosquitto >/dev/null 2>&1 || need_packages+=(mosquitto)
 # The firmware test runs on QEMU's Cortex-M4F board, and on its RISC-V
 # virt machine (Debian's qemu-system-misc).
-command -v qemu-system-arm >/dev/null 2>&1 || need_packages+=(qemu-system-arm)
-command -v qemu-system-riscv32 >/dev/null 2>&1 || need_packages+=(qemu-system-misc)
+qemu_packages=()
+command -v qemu-system-arm >/dev/null 2>&1 || qemu_packages+=(qemu-system-arm)
+command -v qemu-system-riscv32 >/dev/null 2>&1 || qemu_packages+=(qemu-system-misc)
 # The other sources' tests: NATS and MariaDB servers of their own (a
 # private mariadbd logs rows to its binlog), PostgreSQL (a database of
 # their own on the machine's server, and a private server), RabbitMQ (a
@@ -85,6 +86,27 @@ if [ ${#need_packages[@]} -gt 0 ]; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_packages[@]}"
 fi
+if [ ${#qemu_packages[@]} -gt 0 ]; then
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "missing Debian packages: ${qemu_packages[*]}; run as root or install them first" >&2
+        exit 1
+    fi
+    # The emulators share qemu-system-common with qemu-utils: where the
+    # machine's qemu-utils is a backport, they must come from the same
+    # backports suite, or apt refuses the pair.
+    qemu_suite=()
+    if [[ "$(dpkg-query -W -f='${Version}' qemu-utils 2>/dev/null || true)" == *bpo* ]]; then
+        codename=$(. /etc/os-release && echo "$VERSION_CODENAME")
+        if ! grep -rqs "${codename}-backports" /etc/apt/sources.list /etc/apt/sources.list.d/; then
+            echo "deb http://deb.debian.org/debian ${codename}-backports main" \
+                >"/etc/apt/sources.list.d/${codename}-backports.list"
+        fi
+        qemu_suite=(-t "${codename}-backports")
+    fi
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        "${qemu_suite[@]}" "${qemu_packages[@]}"
+fi
 
 step "services: PostgreSQL on 5432 and RabbitMQ on 5672"
 listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
@@ -109,8 +131,9 @@ cargo fmt --all -- --check
 # needs protoc, installed above; the main job's build does not), its
 # OpenTelemetry exporter, and
 # guard-core's fuzzing harnesses for users (feature arbitrary, host only),
-# and the disk queue's storage comparison (redb and fjall beside it).
-features=(--features guard-gateway/etcd --features guard-gateway/otel --features guard-core/arbitrary --features guard-benches/storage-candidates)
+# the disk queue's storage comparison (redb and fjall beside it), and
+# guard-embassy's queue on NOR flash.
+features=(--features guard-gateway/etcd --features guard-gateway/otel --features guard-core/arbitrary --features guard-benches/storage-candidates --features guard-embassy/flash)
 
 step "clippy (all targets, warnings are errors)"
 cargo clippy --workspace --all-targets --locked "${features[@]}" -- -D warnings
@@ -149,7 +172,7 @@ for target in "${targets[@]}"; do
         echo "-- guard-core $target ${crate_features:+(features: $crate_features)}"
         cargo build -p guard-core --target "$target" --locked ${crate_features:+--features "$crate_features"}
     done
-    for crate_features in "" "defmt"; do
+    for crate_features in "" "defmt,flash"; do
         echo "-- guard-embassy $target ${crate_features:+(features: $crate_features)}"
         cargo build -p guard-embassy --target "$target" --locked ${crate_features:+--features "$crate_features"}
     done

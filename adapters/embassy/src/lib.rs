@@ -14,7 +14,9 @@
 //!   server replicas exclude each other on one Redis (a password or an ACL
 //!   user sent as `AUTH` first on every connection);
 //! - [`RamLocker`]: a fixed-size locker in RAM for tasks on one device;
-//! - [`time`]: conversions between embassy-time and guard-core time.
+//! - [`time`]: conversions between embassy-time and guard-core time;
+//! - `flash` (feature `flash`): a queue and a dead-letter queue on NOR
+//!   flash that survive a reset and a power cut.
 //!
 //! The crate is `no_std` and allocation-free. The final binary provides an
 //! embassy-time driver (a HAL's, or `embassy-time`'s `std` feature on a
@@ -28,6 +30,9 @@
 extern crate std;
 
 mod active;
+#[cfg(feature = "flash")]
+#[cfg_attr(docsrs, doc(cfg(feature = "flash")))]
+pub mod flash;
 mod ram_locker;
 pub mod resp;
 mod resp_locker;
