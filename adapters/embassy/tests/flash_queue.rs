@@ -136,10 +136,18 @@ impl NorFlash for PowerCutFlash {
         let start = self.check(from, (to - from) as usize, PAGE)?;
         for page in (start..to as usize).step_by(PAGE) {
             if self.step() {
-                // Half erased: some bytes are back to 0xFF, the rest are
-                // as they were.
+                // Half erased, in one of three ways (a real erase works on
+                // the whole page at once): the first half back to 0xFF,
+                // the second half, or some bytes anywhere; the rest as
+                // they were.
+                let way = self.random() % 3;
                 for i in page..page + PAGE {
-                    if self.random() & 1 == 0 {
+                    let erased = match way {
+                        0 => i < page + PAGE / 2,
+                        1 => i >= page + PAGE / 2,
+                        _ => self.random() & 1 == 0,
+                    };
+                    if erased {
                         self.bytes[i] = 0xFF;
                     }
                 }
@@ -233,21 +241,38 @@ fn pop(queue: &mut Queue, acked: &mut VecDeque<u32>) -> Result<(), InFlight> {
     }
 }
 
-/// Pushes the records `ids`, popping one after every second push and
-/// whenever the queue is full, until all are pushed or the power goes.
-/// `acked` is what the queue holds at the start, and is kept as what it
-/// must hold (only acknowledged pushes and pops change it); returns what
-/// the power cut.
-fn workload(queue: &mut Queue, acked: &mut VecDeque<u32>, ids: Range<u32>) -> InFlight {
+/// How full a workload keeps the queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    /// A pop after every second push, and whenever the queue is full: the
+    /// queue spans every page, so the page erased for room is the oldest.
+    Full,
+    /// A pop whenever more than two records are held: blank pages lie
+    /// between the newest and the oldest, which is erased once popped.
+    Short,
+}
+
+/// Pushes the records `ids`, popping as `shape` says and whenever the
+/// queue is full, until all are pushed or the power goes. `acked` is what
+/// the queue holds at the start, and is kept as what it must hold (only
+/// acknowledged pushes and pops change it); returns what the power cut.
+fn workload(
+    queue: &mut Queue,
+    acked: &mut VecDeque<u32>,
+    ids: Range<u32>,
+    shape: Shape,
+) -> InFlight {
     let mut next = ids.start;
     while next < ids.end {
         match block_on(queue.push(&record(next))) {
             Ok(()) => {
                 acked.push_back(next);
                 next += 1;
-                if next.is_multiple_of(3)
-                    && let Err(cut) = pop(queue, acked)
-                {
+                let pop_now = match shape {
+                    Shape::Full => next.is_multiple_of(3),
+                    Shape::Short => acked.len() > 2,
+                };
+                if pop_now && let Err(cut) = pop(queue, acked) {
                     return cut;
                 }
             }
@@ -317,29 +342,35 @@ fn check_after_restart(bytes: Vec<u8>, acked: &VecDeque<u32>, cut: InFlight, at:
     found
 }
 
-/// The steps the workload takes with the power on throughout.
-fn steps_of_workload() -> usize {
+/// The steps a workload takes with the power on throughout.
+fn steps_of_workload(shape: Shape) -> usize {
     let mut queue = queue(PowerCutFlash::erased());
     let mut acked = VecDeque::new();
-    assert_eq!(workload(&mut queue, &mut acked, 0..60), InFlight::Nothing);
+    assert_eq!(
+        workload(&mut queue, &mut acked, 0..60, shape),
+        InFlight::Nothing
+    );
     assert!(!acked.is_empty());
     queue.into_flash().steps
 }
 
 #[test]
 fn a_power_cut_at_any_step_keeps_what_was_acknowledged() {
-    let steps = steps_of_workload();
-    // The workload fills and wraps the four pages several times: the cuts
-    // fall in pushes, pops, page closes and page erases.
-    assert!(steps > 500, "{steps} steps");
-    for seed in 0..3 {
-        for step in 0..steps {
-            let mut queue = queue(PowerCutFlash::erased().cut_at(step, seed));
-            let mut acked = VecDeque::new();
-            let cut = workload(&mut queue, &mut acked, 0..60);
-            let flash = queue.into_flash();
-            assert!(!flash.powered, "the cut at step {step} happened");
-            check_after_restart(flash.bytes, &acked, cut, &format!("at step {step}"));
+    for shape in [Shape::Full, Shape::Short] {
+        let steps = steps_of_workload(shape);
+        // Each workload wraps the four pages several times: the cuts fall
+        // in pushes, pops, page closes and page erases.
+        assert!(steps > 500, "{steps} steps");
+        for seed in 0..3 {
+            for step in 0..steps {
+                let mut queue = queue(PowerCutFlash::erased().cut_at(step, seed));
+                let mut acked = VecDeque::new();
+                let cut = workload(&mut queue, &mut acked, 0..60, shape);
+                let flash = queue.into_flash();
+                assert!(!flash.powered, "the cut at step {step} happened");
+                let at = format!("at step {step} ({shape:?}, seed {seed})");
+                check_after_restart(flash.bytes, &acked, cut, &at);
+            }
         }
     }
 }
@@ -348,19 +379,19 @@ fn a_power_cut_at_any_step_keeps_what_was_acknowledged() {
 fn a_second_cut_after_the_restart_keeps_what_was_acknowledged() {
     // The power goes, the device restarts and works on (repairing what the
     // cut left), and the power goes again at any step of that.
-    let steps = steps_of_workload();
+    let steps = steps_of_workload(Shape::Full);
     let mut second_cuts = 0;
     for step in (0..steps).step_by(5) {
         let mut queue = queue(PowerCutFlash::erased().cut_at(step, 1));
         let mut acked = VecDeque::new();
-        let cut = workload(&mut queue, &mut acked, 0..60);
+        let cut = workload(&mut queue, &mut acked, 0..60, Shape::Full);
         let bytes = queue.into_flash().bytes;
         // What the restarted device finds: a function of the bytes.
         let found = check_after_restart(bytes.clone(), &acked, cut, &format!("at step {step}"));
         for second in 0.. {
             let mut queue = self::queue(PowerCutFlash::restart(bytes.clone()).cut_at(second, 2));
             let mut acked: VecDeque<u32> = found.iter().copied().collect();
-            let cut = workload(&mut queue, &mut acked, 2000..2012);
+            let cut = workload(&mut queue, &mut acked, 2000..2012, Shape::Short);
             let flash = queue.into_flash();
             if flash.powered {
                 // The second run ended before its step `second`.

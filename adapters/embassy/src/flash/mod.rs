@@ -265,7 +265,7 @@ impl<S: NorFlash, const R: usize, C: CacheImpl<()>> FlashQueue<S, R, C> {
     async fn recover(&mut self) -> Result<(), FlashError<S::Error>> {
         if !self.recovered {
             let range = self.storage.flash_range();
-            recover::erase_cut_pages(self.storage.flash(), range)
+            recover::erase_cut_pages(self.storage.flash(), range, &mut self.buffer)
                 .await
                 .map_err(FlashError::Flash)?;
             self.recovered = true;
