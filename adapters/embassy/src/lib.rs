@@ -44,8 +44,8 @@ mod wait;
 pub use active::{ActiveControl, ActiveRunner, DEFAULT_RELEASE_TIMEOUT};
 pub use ram_locker::{RamLocker, RamLockerError};
 pub use resp_locker::{
-    InvalidCredentials, InvalidPrefix, MAX_PASSWORD, MAX_PREFIX, MAX_USER, RespError, RespLocker,
-    ServerMessage, exchange, server_message,
+    Credentials, InvalidCredentials, InvalidPrefix, MAX_PASSWORD, MAX_PREFIX, MAX_USER, RespError,
+    RespLocker, ServerMessage, exchange, server_message,
 };
 pub use retry::retry;
 pub use slots::{SlotRun, run_slots};

@@ -143,10 +143,53 @@ impl fmt::Display for InvalidCredentials {
 impl core::error::Error for InvalidCredentials {}
 
 /// What `AUTH` sends: an ACL user (none for the default user of
-/// `requirepass`) and a password.
-struct Credentials {
+/// `requirepass`) and a password, checked once when made.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Credentials {
     user: Option<heapless::String<MAX_USER>>,
     password: heapless::String<MAX_PASSWORD>,
+}
+
+impl Credentials {
+    /// Credentials for `AUTH [user] password`: `user` an ACL user, or
+    /// `None` for the default user of `requirepass`. An empty or too long
+    /// user or password is refused by name.
+    pub fn new(user: Option<&str>, password: &str) -> Result<Self, InvalidCredentials> {
+        let user = match user {
+            Some("") => return Err(InvalidCredentials::User),
+            Some(user) => {
+                Some(heapless::String::try_from(user).map_err(|_| InvalidCredentials::User)?)
+            }
+            None => None,
+        };
+        if password.is_empty() {
+            return Err(InvalidCredentials::Password);
+        }
+        let password =
+            heapless::String::try_from(password).map_err(|_| InvalidCredentials::Password)?;
+        Ok(Credentials { user, password })
+    }
+
+    /// The ACL user, if any.
+    pub fn user(&self) -> Option<&str> {
+        self.user.as_deref()
+    }
+
+    /// The password.
+    pub fn password(&self) -> &str {
+        &self.password
+    }
+
+    /// Writes `AUTH [user] password` into `buf` as a RESP command; its
+    /// length.
+    pub fn command(&self, buf: &mut [u8]) -> Result<usize, BufferFull> {
+        let args = if self.user.is_some() { 3 } else { 2 };
+        let mut w = CommandWriter::new(buf, args)?.bytes(b"AUTH")?;
+        if let Some(user) = &self.user {
+            w = w.bytes(user.as_bytes())?;
+        }
+        Ok(w.bytes(self.password.as_bytes())?.finish())
+    }
 }
 
 struct Conn<C, const N: usize> {
@@ -234,25 +277,14 @@ impl<M: RawMutex, C: Read + Write, const N: usize> RespLocker<M, C, N> {
     /// Sends `AUTH [user] password` first on every connection (see the
     /// module documentation): `user` an ACL user, or `None` for the
     /// default user of `requirepass`.
-    pub fn with_auth(
-        mut self,
-        user: Option<&str>,
-        password: &str,
-    ) -> Result<Self, InvalidCredentials> {
-        let user = match user {
-            Some("") => return Err(InvalidCredentials::User),
-            Some(user) => {
-                Some(heapless::String::try_from(user).map_err(|_| InvalidCredentials::User)?)
-            }
-            None => None,
-        };
-        if password.is_empty() {
-            return Err(InvalidCredentials::Password);
-        }
-        let password =
-            heapless::String::try_from(password).map_err(|_| InvalidCredentials::Password)?;
-        self.credentials = Some(Credentials { user, password });
-        Ok(self)
+    pub fn with_auth(self, user: Option<&str>, password: &str) -> Result<Self, InvalidCredentials> {
+        Ok(self.with_credentials(Credentials::new(user, password)?))
+    }
+
+    /// [`with_auth`](Self::with_auth) with credentials made beforehand.
+    pub fn with_credentials(mut self, credentials: Credentials) -> Self {
+        self.credentials = Some(credentials);
+        self
     }
 
     /// How to put the connection back in step after a request failed or
@@ -317,17 +349,9 @@ impl<M: RawMutex, C: Read + Write, const N: usize> RespLocker<M, C, N> {
         if conn.authenticated {
             return Ok(());
         }
-        let args = if credentials.user.is_some() { 3 } else { 2 };
-        let mut w = CommandWriter::new(&mut conn.buf, args)
-            .and_then(|w| w.bytes(b"AUTH"))
+        let len = credentials
+            .command(&mut conn.buf)
             .map_err(RespError::BufferFull)?;
-        if let Some(user) = &credentials.user {
-            w = w.bytes(user.as_bytes()).map_err(RespError::BufferFull)?;
-        }
-        let len = w
-            .bytes(credentials.password.as_bytes())
-            .map_err(RespError::BufferFull)?
-            .finish();
         conn.out_of_step = true;
         let (frame, in_step) = exchange(&mut conn.io, &mut conn.buf, len).await?;
         let accepted = match frame {

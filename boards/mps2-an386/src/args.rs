@@ -16,7 +16,7 @@ use core::net::{Ipv4Addr, SocketAddrV4};
 use cortex_m_semihosting::{nr, syscall1};
 
 /// The longest command line read, the image's path included.
-pub const MAX_CMDLINE: usize = 256;
+pub const MAX_CMDLINE: usize = 512;
 /// The longest replica name.
 pub const MAX_NAME: usize = 32;
 /// The longest duration setting: a day, in ms.
@@ -41,6 +41,10 @@ pub struct Args<'a> {
     pub every_ms: u64,
     /// How often the leader writes (`--act-ms`, default 100).
     pub act_ms: u64,
+    /// The Redis ACL user (`--redis-user`; none: the default user).
+    pub redis_user: Option<&'a str>,
+    /// The password sent as `AUTH` (`--redis-password`, no spaces).
+    pub redis_password: Option<&'a str>,
 }
 
 /// A command line that cannot be used, naming the option.
@@ -128,9 +132,11 @@ impl<'a> Args<'a> {
             interval_ms: 250,
             every_ms: 1_000,
             act_ms: 100,
+            redis_user: None,
+            redis_password: None,
         };
         while let Some(option) = tokens.next() {
-            const OPTIONS: [&str; 7] = [
+            const OPTIONS: [&str; 9] = [
                 "--name",
                 "--ip",
                 "--redis",
@@ -138,6 +144,8 @@ impl<'a> Args<'a> {
                 "--interval-ms",
                 "--every-ms",
                 "--act-ms",
+                "--redis-user",
+                "--redis-password",
             ];
             if !OPTIONS.contains(&option) {
                 return Err(ArgsError::Unknown(option));
@@ -198,12 +206,17 @@ impl<'a> Args<'a> {
                 "--interval-ms" => args.interval_ms = number(option, value)?,
                 "--every-ms" => args.every_ms = number(option, value)?,
                 "--act-ms" => args.act_ms = number(option, value)?,
+                "--redis-user" => args.redis_user = Some(value),
+                "--redis-password" => args.redis_password = Some(value),
                 _ => return Err(ArgsError::Unknown(option)),
             }
         }
         args.name = name.ok_or(ArgsError::Missing("--name"))?;
         (args.ip, args.prefix) = ip.ok_or(ArgsError::Missing("--ip"))?;
         args.redis = redis.ok_or(ArgsError::Missing("--redis"))?;
+        if args.redis_user.is_some() && args.redis_password.is_none() {
+            return Err(ArgsError::Missing("--redis-password"));
+        }
         Ok(args)
     }
 }

@@ -19,8 +19,10 @@ pub struct Wall {
 }
 
 impl Wall {
-    /// Asks Redis for its time over `link` (closed again on failure).
+    /// Asks Redis for its time over `link` (closed again on failure),
+    /// authenticating first when the link has credentials.
     pub async fn from_server(link: &mut Link) -> Result<Wall, RespError<LinkError>> {
+        link.authenticate().await?;
         let mut buf = [0u8; 64];
         let len = CommandWriter::new(&mut buf, 1)
             .and_then(|w| w.bytes(b"TIME"))

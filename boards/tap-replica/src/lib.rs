@@ -35,7 +35,9 @@ use embassy_time::Timer;
 use guard_core::guard::{ActiveConfig, ActiveConfigError, DemoteReason, OnceGuard};
 use guard_core::lock::{DEFAULT_PREFIX, KeyError, Scope, Ttl, active_key};
 use guard_core::slot::{Every, UnixMillis};
-use guard_embassy::{ActiveControl, ActiveRunner, RespError, RespLocker, run_slots};
+use guard_embassy::{
+    ActiveControl, ActiveRunner, Credentials, RespError, RespLocker, ServerMessage, run_slots,
+};
 
 use crate::link::{Link, LinkBuffers, LinkError};
 use crate::resource::Resource;
@@ -61,6 +63,9 @@ pub struct Replica<'a> {
     pub act: Duration,
     /// Seeds the locker's token ids: must differ between replicas and runs.
     pub seed: u64,
+    /// Sent as `AUTH` first on each of its connections to Redis (a
+    /// `requirepass` password, or an ACL user), when set.
+    pub auth: Option<Credentials>,
 }
 
 /// What a replica did, as one line of text (`Display`).
@@ -137,13 +142,17 @@ impl fmt::Display for Event<'_> {
     }
 }
 
-/// Why a replica cannot run (its settings; the network never ends it).
+/// Why a replica cannot run (its settings, or credentials Redis refuses;
+/// the network never ends it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReplicaError {
     /// A key the replica builds is invalid.
     Key(KeyError),
     /// The lease settings are invalid.
     Lease(ActiveConfigError),
+    /// Redis refused the credentials, with its reason: nothing else was
+    /// sent.
+    AuthRefused(ServerMessage),
 }
 
 impl fmt::Display for ReplicaError {
@@ -151,6 +160,7 @@ impl fmt::Display for ReplicaError {
         match self {
             ReplicaError::Key(e) => write!(f, "key: {e}"),
             ReplicaError::Lease(e) => write!(f, "lease: {e}"),
+            ReplicaError::AuthRefused(m) => write!(f, "redis refused the credentials (AUTH): {m}"),
         }
     }
 }
@@ -186,12 +196,23 @@ pub async fn run(
     let [locker_buffers, resource_buffers] = buffers;
     // A request that failed half-way closes the link, which reconnects on
     // the next request.
-    let locker: RespLocker<NoopRawMutex, Link, LINK_BUFFER> = RespLocker::new(
+    let mut locker: RespLocker<NoopRawMutex, Link, LINK_BUFFER> = RespLocker::new(
         Link::new(stack, replica.redis, locker_buffers),
         replica.seed,
     )
     .with_reset(Link::close);
-    let mut resource = Resource::new(Link::new(stack, replica.redis, resource_buffers));
+    if let Some(auth) = &replica.auth {
+        locker = locker.with_credentials(auth.clone());
+    }
+    // Refused credentials end the replica at start, by name, rather than
+    // as a standby that never wins; an unreachable Redis does not (the
+    // runner keeps asking).
+    if let Err(RespError::AuthRefused(reason)) = locker.authenticate().await {
+        return Err(ReplicaError::AuthRefused(reason));
+    }
+    let mut resource = Resource::new(
+        Link::new(stack, replica.redis, resource_buffers).with_auth(replica.auth.clone()),
+    );
     let leading: Cell<Option<u64>> = Cell::new(None);
     let control: ActiveControl<NoopRawMutex> = ActiveControl::new();
     let never: Signal<NoopRawMutex, ()> = Signal::new();

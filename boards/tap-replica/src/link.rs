@@ -1,9 +1,12 @@
-//! A TCP connection that reconnects on next use after a failure.
+//! A TCP connection that reconnects on next use after a failure, and
+//! sends Redis `AUTH` once per connection when it has credentials.
 
 use embassy_net::tcp::{Error, TcpSocket};
 use embassy_net::{IpEndpoint, Stack};
 use embassy_time::Duration;
 use embedded_io_async::{ErrorKind, ErrorType, Read, Write};
+use guard_embassy::resp::Frame;
+use guard_embassy::{Credentials, MAX_PASSWORD, MAX_USER, RespError, exchange, server_message};
 
 /// How long one connection attempt or one read may take.
 const IO_TIMEOUT: Duration = Duration::from_secs(2);
@@ -14,6 +17,9 @@ pub struct Link {
     socket: TcpSocket<'static>,
     remote: IpEndpoint,
     connected: bool,
+    auth: Option<Credentials>,
+    /// `AUTH` was accepted on this connection (a new one starts without).
+    authenticated: bool,
 }
 
 /// A failure of the link.
@@ -84,13 +90,55 @@ impl Link {
             socket,
             remote,
             connected: false,
+            auth: None,
+            authenticated: false,
         }
+    }
+
+    /// Sends `auth` as `AUTH` on each new connection, before its first
+    /// request ([`authenticate`](Self::authenticate)).
+    pub fn with_auth(mut self, auth: Option<Credentials>) -> Self {
+        self.auth = auth;
+        self
     }
 
     /// Drops the connection; the next use connects again.
     pub fn close(&mut self) {
         self.socket.abort();
         self.connected = false;
+        self.authenticated = false;
+    }
+
+    /// Sends the credentials unless this connection has had them accepted
+    /// (nothing without credentials). Refused ones fail with
+    /// [`RespError::AuthRefused`] and the server's reason, and close the
+    /// connection.
+    pub async fn authenticate(&mut self) -> Result<(), RespError<LinkError>> {
+        if self.auth.is_none() {
+            return Ok(());
+        }
+        self.ensure().await.map_err(RespError::Io)?;
+        if self.authenticated {
+            return Ok(());
+        }
+        let mut buf = [0u8; 32 + MAX_USER + MAX_PASSWORD];
+        let len = match &self.auth {
+            Some(auth) => auth.command(&mut buf).map_err(RespError::BufferFull)?,
+            None => return Ok(()),
+        };
+        let accepted = match exchange(self, &mut buf, len).await {
+            Ok((Frame::Simple(b"OK"), true)) => Ok(()),
+            Ok((Frame::Error(message), true)) => {
+                Err(RespError::AuthRefused(server_message(message)))
+            }
+            Ok(_) => Err(RespError::UnexpectedReply),
+            Err(e) => Err(e),
+        };
+        match accepted {
+            Ok(()) => self.authenticated = true,
+            Err(_) => self.close(),
+        }
+        accepted
     }
 
     async fn ensure(&mut self) -> Result<(), LinkError> {
@@ -101,6 +149,7 @@ impl Link {
                 .await
                 .map_err(|_| LinkError::Connect)?;
             self.connected = true;
+            self.authenticated = false;
         }
         Ok(())
     }

@@ -16,6 +16,7 @@ use embassy_net::{IpAddress, IpEndpoint, Ipv4Address, Ipv4Cidr, StackResources, 
 use embassy_net_tuntap::TunTapDevice;
 use guard_core::lock::Ttl;
 use guard_core::slot::{Every, UnixMillis};
+use guard_embassy::Credentials;
 use guard_tap_replica::link::LinkBuffers;
 use guard_tap_replica::{Event, LINK_BUFFER, Replica};
 
@@ -50,6 +51,13 @@ struct Args {
     /// How often the leader writes to the resource.
     #[arg(long, default_value_t = 100)]
     act_ms: u64,
+    /// The Redis ACL user to authenticate as (needs `--redis-password`).
+    #[arg(long, requires = "redis_password")]
+    redis_user: Option<String>,
+    /// The password sent as `AUTH` first on each connection to Redis (the
+    /// default user's `requirepass`, or `--redis-user`'s).
+    #[arg(long)]
+    redis_password: Option<String>,
 }
 
 fn parse_mac(text: &str) -> Result<[u8; 6], String> {
@@ -113,6 +121,12 @@ async fn run(spawner: Spawner, args: Args) -> Result<(), String> {
     let ttl = Ttl::from_millis(args.ttl_ms).map_err(|e| format!("--ttl-ms: {e}"))?;
     let every = Every::new(std::time::Duration::from_millis(args.every_ms))
         .map_err(|e| format!("--every-ms: {e}"))?;
+    let auth = args
+        .redis_password
+        .as_deref()
+        .map(|password| Credentials::new(args.redis_user.as_deref(), password))
+        .transpose()
+        .map_err(|e| format!("--redis-user/--redis-password: {e}"))?;
 
     let mut device =
         TunTapDevice::new(&args.tap).map_err(|e| format!("TAP device {}: {e}", args.tap))?;
@@ -139,6 +153,7 @@ async fn run(spawner: Spawner, args: Args) -> Result<(), String> {
         every,
         act: std::time::Duration::from_millis(args.act_ms),
         seed,
+        auth,
     };
     let buffers = [(); 2].map(|()| Box::leak(Box::new(LinkBuffers::<LINK_BUFFER>::new())));
     guard_tap_replica::run(stack, &replica, buffers, wall, |event| match event {

@@ -44,6 +44,7 @@ impl Resource {
 
     /// Writes as `replica` with `fence`; whether the resource accepted it.
     pub async fn write(&mut self, fence: u64, replica: &str) -> Result<bool, RespError<LinkError>> {
+        self.link.authenticate().await?;
         let len = CommandWriter::new(&mut self.buf, 8)
             .and_then(|w| w.bytes(b"EVAL"))
             .and_then(|w| w.bytes(WRITE.as_bytes()))

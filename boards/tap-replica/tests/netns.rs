@@ -11,7 +11,10 @@
 //!
 //! Checks: one leader at a time as the protected resource judges by
 //! fences (every write accepted, fences in order, none refused), takeover
-//! within ttl + interval, every heartbeat slot run once.
+//! within ttl + interval, every heartbeat slot run once. The Redis asks
+//! for a password: the host replicas send the default user's
+//! (`requirepass`), the firmware an ACL user's, and a firmware with a
+//! wrong one stops at start with Redis's reason.
 //!
 //! Needs root (namespaces, TAP devices), so both are ignored by a plain
 //! `cargo test` and reported as such, never as passed; the test script
@@ -36,6 +39,12 @@ const OBSERVED_SLACK_MS: u64 = 200;
 const EVERY_MS: u64 = 1_000;
 const SUBNET: &str = "10.77.0";
 const REDIS_PORT: u16 = 6379;
+/// The namespace's Redis asks for a password (`requirepass`), which the
+/// host replicas and the harness send; the firmware authenticates as an
+/// ACL user of its own.
+const HOST_PASSWORD: &str = "host-secret";
+const FW_USER: &str = "fw";
+const FW_PASSWORD: &str = "fw-secret";
 
 type Lines = Arc<Mutex<Vec<(usize, Instant, String)>>>;
 
@@ -79,6 +88,19 @@ impl Namespace {
         self.children.len() - 1
     }
 
+    /// Waits up to `within` for a process to exit; its status, if it did.
+    fn wait_exit(&mut self, index: usize, within: Duration) -> Option<std::process::ExitStatus> {
+        let start = Instant::now();
+        while start.elapsed() < within {
+            if let Some(status) = self.children[index].as_mut()?.try_wait().ok()? {
+                self.children[index] = None;
+                return Some(status);
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+
     /// Kills a process by its PID (`ip netns exec` execs the command).
     fn kill(&mut self, index: usize) {
         if let Some(mut child) = self.children[index].take() {
@@ -114,6 +136,7 @@ fn redis_cli(ns: &Namespace, args: &[&str]) -> String {
         .args(["netns", "exec", &ns.name, "redis-cli", "-h"])
         .arg(format!("{SUBNET}.1"))
         .args(["-p", &REDIS_PORT.to_string()])
+        .args(["-a", HOST_PASSWORD, "--no-auth-warning"])
         .args(args)
         .output()
         .expect("redis-cli");
@@ -173,6 +196,15 @@ fn namespace_with_redis(taps: usize) -> (Namespace, tempfile::TempDir) {
             "no",
             "--dir",
             dir.path().to_str().unwrap(),
+            "--requirepass",
+            HOST_PASSWORD,
+            "--user",
+            FW_USER,
+            "on",
+            &format!(">{FW_PASSWORD}"),
+            "~*",
+            "&*",
+            "+@all",
         ],
         Stdio::null(),
     );
@@ -229,6 +261,8 @@ fn host_replica(ns: &mut Namespace, id: usize, lines: &Lines) -> usize {
         &interval,
         "--every-ms",
         &every,
+        "--redis-password",
+        HOST_PASSWORD,
     ];
     collect(ns, id, &command, lines)
 }
@@ -247,12 +281,19 @@ fn firmware_image() -> String {
     path.to_owned()
 }
 
-/// Starts the firmware as replica `id` under QEMU on `tap<id>`.
-fn firmware_replica(ns: &mut Namespace, id: usize, image: &str, lines: &Lines) -> usize {
+/// Starts the firmware as replica `id` under QEMU on `tap<id>`,
+/// authenticating as the ACL user `FW_USER` with `password`.
+fn firmware_replica(
+    ns: &mut Namespace,
+    id: usize,
+    image: &str,
+    password: &str,
+    lines: &Lines,
+) -> usize {
     let (tap, mac, ip) = identity(id);
     let nic = format!("tap,ifname={tap},script=no,downscript=no,mac={mac}");
     let append = format!(
-        "--name fw{id} --ip {ip} --redis {SUBNET}.1:{REDIS_PORT} --ttl-ms {TTL_MS} --interval-ms {INTERVAL_MS} --every-ms {EVERY_MS}"
+        "--name fw{id} --ip {ip} --redis {SUBNET}.1:{REDIS_PORT} --ttl-ms {TTL_MS} --interval-ms {INTERVAL_MS} --every-ms {EVERY_MS} --redis-user {FW_USER} --redis-password {password}"
     );
     let command = [
         "qemu-system-arm",
@@ -471,10 +512,31 @@ fn firmware_under_qemu_leads_hands_over_and_takes_over_beside_host_replicas() {
     let within = Duration::from_millis(TTL_MS + INTERVAL_MS + OBSERVED_SLACK_MS);
     let wait = Duration::from_millis(TTL_MS + INTERVAL_MS + 5_000);
 
-    // The firmware (replica 2) starts first and takes the lease.
+    // The firmware (replica 2) with a wrong password: Redis refuses it,
+    // and it stops at once, saying so, without a lease.
     const FW: usize = 2;
+    let refused = firmware_replica(&mut ns, FW, &image, "not-the-password", &lines);
+    let status = ns.wait_exit(refused, Duration::from_secs(20));
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(1),
+        "{:?}",
+        lines.lock().unwrap()
+    );
+    assert!(
+        lines
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(id, _, l)| *id == FW && l.contains("credentials (AUTH): WRONGPASS")),
+        "{:?}",
+        lines.lock().unwrap()
+    );
+    assert!(promotions(&lines).is_empty());
+
+    // The firmware, as its ACL user, starts first and takes the lease.
     let started = Instant::now();
-    let firmware = firmware_replica(&mut ns, FW, &image, &lines);
+    let firmware = firmware_replica(&mut ns, FW, &image, FW_PASSWORD, &lines);
     let (leader, _, fw_fence) = next_leader(&lines, started, &[], Duration::from_secs(20));
     assert_eq!(leader, FW, "{:?}", lines.lock().unwrap());
     let hosts = [
@@ -532,7 +594,7 @@ fn firmware_under_qemu_leads_hands_over_and_takes_over_beside_host_replicas() {
     // The firmware starts again, as a standby; the other host replica
     // stops, so the firmware is the one standby left.
     let restarted = Instant::now();
-    let firmware = firmware_replica(&mut ns, FW, &image, &lines);
+    let firmware = firmware_replica(&mut ns, FW, &image, FW_PASSWORD, &lines);
     let other = 1 - host_leader;
     let up = Instant::now();
     while !lines

@@ -17,6 +17,10 @@
 //!   -kernel net-replica -append "--name fw --ip 10.77.0.20/24 --redis 10.77.0.1:6379"
 //! ```
 //!
+//! (`--redis-user NAME --redis-password PASS`, or the password alone for
+//! `requirepass`, sends `AUTH` first on each connection to Redis;
+//! refused credentials exit 1 with Redis's reason.)
+//!
 //! Every event is one line through semihosting, the same lines as the
 //! host binary's; a bad command line or a missing controller exits 1.
 
@@ -37,6 +41,7 @@ use embassy_net::{IpEndpoint, Ipv4Cidr, StackResources, StaticConfigV4};
 use embassy_time::Timer;
 use guard_core::lock::Ttl;
 use guard_core::slot::Every;
+use guard_embassy::{Credentials, RespError};
 use guard_firmware_mps2::args::{Args, MAX_CMDLINE, cmdline};
 use guard_firmware_mps2::lan9118::{Lan9118, MPS2_BASE, MPS2_IRQ};
 use guard_firmware_mps2::time_driver;
@@ -139,13 +144,20 @@ async fn main(spawner: Spawner) {
         args.prefix
     );
 
+    let auth = args.redis_password.map(|password| {
+        Credentials::new(args.redis_user, password)
+            .unwrap_or_else(|e| fail("--redis-user/--redis-password", &e))
+    });
     let redis = IpEndpoint::from(args.redis);
-    let mut clock_link = Link::new(stack, redis, CLOCK_LINK.init(LinkBuffers::new()));
+    let mut clock_link =
+        Link::new(stack, redis, CLOCK_LINK.init(LinkBuffers::new())).with_auth(auth.clone());
     // Redis may not be up yet: ask again, backing off to 5 s.
     let mut wait_ms = 250;
     let wall = loop {
         match Wall::from_server(&mut clock_link).await {
             Ok(wall) => break wall,
+            // Refused credentials are not worth asking again with.
+            Err(e @ RespError::AuthRefused(_)) => fail("Redis", &e),
             Err(e) => {
                 hprintln!(
                     "clock name={}: Redis TIME from {}: {e}; again in {wait_ms} ms",
@@ -167,6 +179,7 @@ async fn main(spawner: Spawner) {
         every,
         act: Duration::from_millis(args.act_ms),
         seed,
+        auth,
     };
     let [locker, resource] = LINKS.init([LinkBuffers::new(), LinkBuffers::new()]);
     let ran = guard_tap_replica::run(
