@@ -40,12 +40,14 @@ for target in "${targets[@]}"; do
     grep -qx "$target" <<<"$installed" || rustup target add "$target"
 done
 
-step "system packages: redis-server, redis-tools, mosquitto, qemu-system-arm, qemu-system-misc, nats-server, mariadb, postgresql, rabbitmq-server, etcd-server, protobuf-compiler, binutils, spin, gcc"
+step "system packages: redis-server, redis-tools, mosquitto, mosquitto-clients, qemu-system-arm, qemu-system-misc, nats-server, mariadb, postgresql, rabbitmq-server, etcd-server, protobuf-compiler, binutils, spin, gcc"
 need_packages=()
 command -v redis-server >/dev/null 2>&1 || need_packages+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || need_packages+=(redis-tools)
 # Debian installs the broker in /usr/sbin; the tests start their own.
 [ -x /usr/sbin/mosquitto ] || command -v mosquitto >/dev/null 2>&1 || need_packages+=(mosquitto)
+# The namespace test's MQTT subscriber (mosquitto_sub).
+command -v mosquitto_sub >/dev/null 2>&1 || need_packages+=(mosquitto-clients)
 # The firmware test runs on QEMU's Cortex-M4F board, and on its RISC-V
 # virt machine (Debian's qemu-system-misc).
 qemu_packages=()
@@ -248,7 +250,7 @@ scripts/firmware-size.sh --crates "$mps2/net-replica"
 # Instructions per decision (QEMU has no cycle counter; see decisions.rs).
 timeout 120 "${qemu_m4[@]}" -icount shift=0 -kernel "$mps2/decisions"
 
-step "namespaces: TAP replicas and the firmware under QEMU electing through Redis, a queue on a full disk (root only)"
+step "namespaces: TAP replicas and the firmware under QEMU electing through Redis (AUTH), publishing through an MQTT broker restart, a queue on a full disk (root only)"
 # Ignored by a plain `cargo test` (they need root), so a run without root
 # counts them as ignored, never as passed. One at a time: each runs
 # several replicas (one of them QEMU), and the takeover is timed. The

@@ -45,6 +45,13 @@ pub struct Args<'a> {
     pub redis_user: Option<&'a str>,
     /// The password sent as `AUTH` (`--redis-password`, no spaces).
     pub redis_password: Option<&'a str>,
+    /// An MQTT broker (`--mqtt a.b.c.d:port`): readings go there.
+    pub mqtt: Option<SocketAddrV4>,
+    /// How often a reading is made (`--produce-ms`, default 200).
+    pub produce_ms: u64,
+    /// The most MQTT publications a second (`--mqtt-per-second`, default
+    /// 20).
+    pub mqtt_per_second: u64,
 }
 
 /// A command line that cannot be used, naming the option.
@@ -115,6 +122,19 @@ fn number<'a>(option: &'a str, value: &'a str) -> Result<u64, ArgsError<'a>> {
         })
 }
 
+/// An IPv4 address and port, neither zero.
+fn endpoint<'a>(option: &'a str, value: &'a str) -> Result<SocketAddrV4, ArgsError<'a>> {
+    value
+        .parse()
+        .ok()
+        .filter(|a: &SocketAddrV4| !a.ip().is_unspecified() && a.port() != 0)
+        .ok_or(ArgsError::Invalid {
+            option,
+            value,
+            expected: "an IPv4 address and a port that are not zero, like 10.77.0.1:6379",
+        })
+}
+
 impl<'a> Args<'a> {
     /// Parses `--option value` pairs; anything before the first option
     /// (QEMU puts the image's path first) is skipped.
@@ -134,9 +154,15 @@ impl<'a> Args<'a> {
             act_ms: 100,
             redis_user: None,
             redis_password: None,
+            mqtt: None,
+            produce_ms: 200,
+            mqtt_per_second: 20,
         };
         while let Some(option) = tokens.next() {
-            const OPTIONS: [&str; 9] = [
+            const OPTIONS: [&str; 12] = [
+                "--mqtt",
+                "--produce-ms",
+                "--mqtt-per-second",
                 "--name",
                 "--ip",
                 "--redis",
@@ -190,18 +216,10 @@ impl<'a> Args<'a> {
                         .ok_or(bad)?;
                     ip = Some((address, prefix));
                 }
-                "--redis" => {
-                    let address: SocketAddrV4 = value
-                        .parse()
-                        .ok()
-                        .filter(|a: &SocketAddrV4| !a.ip().is_unspecified() && a.port() != 0)
-                        .ok_or(ArgsError::Invalid {
-                            option,
-                            value,
-                            expected: "an IPv4 address and a port that are not zero, like 10.77.0.1:6379",
-                        })?;
-                    redis = Some(address);
-                }
+                "--redis" => redis = Some(endpoint(option, value)?),
+                "--mqtt" => args.mqtt = Some(endpoint(option, value)?),
+                "--produce-ms" => args.produce_ms = number(option, value)?,
+                "--mqtt-per-second" => args.mqtt_per_second = number(option, value)?,
                 "--ttl-ms" => args.ttl_ms = number(option, value)?,
                 "--interval-ms" => args.interval_ms = number(option, value)?,
                 "--every-ms" => args.every_ms = number(option, value)?,

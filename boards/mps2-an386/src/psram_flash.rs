@@ -168,3 +168,26 @@ impl NorFlash for PsramFlash {
 }
 
 impl MultiwriteNorFlash for PsramFlash {}
+
+/// Whether the word at `offset` into PSRAM holds `magic`: set once the
+/// flash beside it was erased on a first start, so a start after a reset
+/// keeps what the flash holds (PSRAM is zero at power-on under QEMU, and
+/// anything on a board).
+///
+/// # Safety
+///
+/// The word at `offset` is used for this alone.
+pub unsafe fn marked(offset: usize, magic: u32) -> bool {
+    // SAFETY: the caller's word, in PSRAM (always mapped on this board).
+    unsafe { ((PSRAM + offset) as *const u32).read_volatile() == magic }
+}
+
+/// Writes `magic` to the word at `offset` into PSRAM (see [`marked`]).
+///
+/// # Safety
+///
+/// As for [`marked`].
+pub unsafe fn mark(offset: usize, magic: u32) {
+    // SAFETY: as in `marked`.
+    unsafe { ((PSRAM + offset) as *mut u32).write_volatile(magic) }
+}

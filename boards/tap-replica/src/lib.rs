@@ -12,7 +12,9 @@
 //!   it writes to a protected resource (a Redis script that refuses a
 //!   fence lower than one it accepted, [`resource`]) every
 //!   [`Replica::act`];
-//! - runs a heartbeat once per slot across the replicas (`run_slots`).
+//! - runs a heartbeat once per slot across the replicas (`run_slots`);
+//! - with an MQTT broker, publishes its readings at QoS 1 through a flash
+//!   outbox, and while leading announces its fence ([`publish`]).
 //!
 //! Every event is reported as an [`Event`], whose `Display` is the line
 //! the end-to-end test (`tests/netns.rs`) reads, the same from both hosts.
@@ -21,17 +23,22 @@
 
 pub mod clock;
 pub mod link;
+pub mod publish;
+pub mod ram_flash;
 pub mod resource;
 
 use core::cell::Cell;
 use core::fmt;
 use core::time::Duration;
 
-use embassy_futures::join::join3;
+use core::fmt::Write as _;
+
+use embassy_futures::join::{join, join4};
 use embassy_net::{IpEndpoint, Stack};
 use embassy_sync::blocking_mutex::raw::NoopRawMutex;
 use embassy_sync::signal::Signal;
 use embassy_time::Timer;
+use embedded_storage_async::nor_flash::MultiwriteNorFlash;
 use guard_core::guard::{ActiveConfig, ActiveConfigError, DemoteReason, OnceGuard};
 use guard_core::lock::{DEFAULT_PREFIX, KeyError, Scope, Ttl, active_key};
 use guard_core::slot::{Every, UnixMillis};
@@ -66,6 +73,8 @@ pub struct Replica<'a> {
     /// Sent as `AUTH` first on each of its connections to Redis (a
     /// `requirepass` password, or an ACL user), when set.
     pub auth: Option<Credentials>,
+    /// The MQTT broker and what to publish to it, if any.
+    pub mqtt: Option<(IpEndpoint, publish::Mqtt)>,
 }
 
 /// What a replica did, as one line of text (`Display`).
@@ -106,6 +115,41 @@ pub enum Event<'a> {
         /// What failed.
         error: RespError<LinkError>,
     },
+    /// The MQTT connection is up.
+    MqttUp {
+        /// The replica's name.
+        name: &'a str,
+    },
+    /// The MQTT connection ended (it is made again after a backoff).
+    MqttDown {
+        /// The replica's name.
+        name: &'a str,
+        /// Why.
+        why: publish::Failure,
+    },
+    /// The broker took this leader's announcement.
+    Announced {
+        /// The replica's name.
+        name: &'a str,
+        /// The fence announced.
+        fence: u64,
+    },
+    /// The outbox was full: reading `seq` was not stored.
+    OutboxFull {
+        /// The replica's name.
+        name: &'a str,
+        /// The reading's number.
+        seq: u64,
+    },
+    /// The outbox's flash failed (0: not while storing a reading).
+    OutboxFailed {
+        /// The replica's name.
+        name: &'a str,
+        /// The reading's number.
+        seq: u64,
+        /// What the flash queue said.
+        error: &'a dyn fmt::Debug,
+    },
     /// This replica ran a heartbeat slot.
     Executed {
         /// The replica's name.
@@ -130,6 +174,13 @@ impl fmt::Display for Event<'_> {
             } => write!(f, "wrote name={name} fence={fence} accepted={accepted}"),
             Event::WriteFailed { name, error } => {
                 write!(f, "write-failed name={name} error={error}")
+            }
+            Event::MqttUp { name } => write!(f, "mqtt-up name={name}"),
+            Event::MqttDown { name, why } => write!(f, "mqtt-down name={name} why={why:?}"),
+            Event::Announced { name, fence } => write!(f, "announced name={name} fence={fence}"),
+            Event::OutboxFull { name, seq } => write!(f, "outbox-full name={name} seq={seq}"),
+            Event::OutboxFailed { name, seq, error } => {
+                write!(f, "outbox-failed name={name} seq={seq} error={error:?}")
             }
             Event::Executed { name, slot, fence } => {
                 write!(f, "executed name={name} slot={slot} fence=")?;
@@ -177,10 +228,11 @@ impl From<KeyError> for ReplicaError {
 /// leader election, the leader's fenced writes and the heartbeat slots,
 /// each event given to `report`. `wall` is the wall clock the slots are
 /// aligned to; `buffers` are the locker's and the resource's links'.
-pub async fn run(
+pub async fn run<F: MultiwriteNorFlash>(
     stack: Stack<'static>,
     replica: &Replica<'_>,
-    buffers: [&'static mut LinkBuffers<LINK_BUFFER>; 2],
+    buffers: [&'static mut LinkBuffers<LINK_BUFFER>; 3],
+    outbox: &mut publish::Outbox<F>,
     wall: impl Fn() -> UnixMillis,
     report: impl Fn(Event<'_>),
 ) -> Result<(), ReplicaError> {
@@ -193,7 +245,7 @@ pub async fn run(
     let runner = ActiveRunner::new(&lease_key, settings).map_err(ReplicaError::Lease)?;
     let slot_scope = Scope::new("schedule")?.segment("router", "heartbeat")?;
 
-    let [locker_buffers, resource_buffers] = buffers;
+    let [locker_buffers, resource_buffers, mqtt_buffers] = buffers;
     // A request that failed half-way closes the link, which reconnects on
     // the next request.
     let mut locker: RespLocker<NoopRawMutex, Link, LINK_BUFFER> = RespLocker::new(
@@ -255,6 +307,19 @@ pub async fn run(
         });
         async {}
     });
-    let (_, (), slots) = join3(elect, act, slots).await;
+    let shared = publish::Shared::new(outbox, &leading);
+    let publishing = async {
+        let Some((broker, mqtt)) = &replica.mqtt else {
+            return core::future::pending().await;
+        };
+        let mut link = Link::new(stack, *broker, mqtt_buffers);
+        let mut client_id: heapless::String<48> = heapless::String::new();
+        let _ = write!(client_id, "guard-{name}");
+        let boot = replica.seed;
+        let producing = publish::produce(name, boot, mqtt, &shared, &report);
+        let sending = publish::send(name, &client_id, mqtt, &mut link, &shared, &report);
+        join(producing, sending).await;
+    };
+    let (_, (), slots, ()) = join4(elect, act, slots, publishing).await;
     slots.map(drop).map_err(ReplicaError::Key)
 }

@@ -18,6 +18,8 @@ use guard_core::lock::Ttl;
 use guard_core::slot::{Every, UnixMillis};
 use guard_embassy::Credentials;
 use guard_tap_replica::link::LinkBuffers;
+use guard_tap_replica::publish::{Mqtt, Outbox};
+use guard_tap_replica::ram_flash::{PAGE, RamFlash};
 use guard_tap_replica::{Event, LINK_BUFFER, Replica};
 
 /// A replica of the gateway on a TAP device; see the crate documentation.
@@ -58,6 +60,16 @@ struct Args {
     /// default user's `requirepass`, or `--redis-user`'s).
     #[arg(long)]
     redis_password: Option<String>,
+    /// An MQTT broker as `address:port` (IPv4): readings go there at QoS 1
+    /// through an outbox, and the leader announces its fence.
+    #[arg(long)]
+    mqtt: Option<String>,
+    /// How often a reading is made (with `--mqtt`).
+    #[arg(long, default_value_t = 200)]
+    produce_ms: u64,
+    /// The most MQTT publications a second (with `--mqtt`).
+    #[arg(long, default_value_t = 20)]
+    mqtt_per_second: u32,
 }
 
 fn parse_mac(text: &str) -> Result<[u8; 6], String> {
@@ -85,9 +97,9 @@ fn parse_cidr(text: &str) -> Result<Ipv4Cidr, String> {
     Ok(Ipv4Cidr::new(address, prefix))
 }
 
-fn parse_endpoint(text: &str) -> Result<IpEndpoint, String> {
+fn parse_endpoint(option: &str, text: &str) -> Result<IpEndpoint, String> {
     let address: std::net::SocketAddrV4 = text.parse().map_err(|_| {
-        format!("--redis {text:?}: expected an IPv4 address and port, like 10.77.0.1:6379")
+        format!("{option} {text:?}: expected an IPv4 address and port, like 10.77.0.1:6379")
     })?;
     let ip: Ipv4Address = *address.ip();
     Ok(IpEndpoint::new(IpAddress::Ipv4(ip), address.port()))
@@ -117,7 +129,17 @@ async fn main(spawner: Spawner) {
 async fn run(spawner: Spawner, args: Args) -> Result<(), String> {
     let mac = parse_mac(&args.mac)?;
     let address = parse_cidr(&args.ip)?;
-    let redis = parse_endpoint(&args.redis)?;
+    let redis = parse_endpoint("--redis", &args.redis)?;
+    let mqtt = match &args.mqtt {
+        Some(broker) => Some((
+            parse_endpoint("--mqtt", broker)?,
+            Mqtt {
+                produce: std::time::Duration::from_millis(args.produce_ms.max(1)),
+                per_second: args.mqtt_per_second.max(1),
+            },
+        )),
+        None => None,
+    };
     let ttl = Ttl::from_millis(args.ttl_ms).map_err(|e| format!("--ttl-ms: {e}"))?;
     let every = Every::new(std::time::Duration::from_millis(args.every_ms))
         .map_err(|e| format!("--every-ms: {e}"))?;
@@ -154,12 +176,25 @@ async fn run(spawner: Spawner, args: Args) -> Result<(), String> {
         act: std::time::Duration::from_millis(args.act_ms),
         seed,
         auth,
+        mqtt,
     };
-    let buffers = [(); 2].map(|()| Box::leak(Box::new(LinkBuffers::<LINK_BUFFER>::new())));
-    guard_tap_replica::run(stack, &replica, buffers, wall, |event| match event {
-        Event::WriteFailed { .. } => eprintln!("{event}"),
-        event => println!("{event}"),
-    })
+    let buffers = [(); 3].map(|()| Box::leak(Box::new(LinkBuffers::<LINK_BUFFER>::new())));
+    // The outbox lasts as long as the process (the firmware's survives a
+    // reset: it is on the board's flash).
+    let flash = RamFlash::new(Box::leak(vec![0u8; 4 * PAGE].into_boxed_slice()));
+    let mut outbox =
+        Outbox::new(flash, 0..(4 * PAGE) as u32).map_err(|e| format!("the outbox: {e}"))?;
+    guard_tap_replica::run(
+        stack,
+        &replica,
+        buffers,
+        &mut outbox,
+        wall,
+        |event| match event {
+            Event::WriteFailed { .. } => eprintln!("{event}"),
+            event => println!("{event}"),
+        },
+    )
     .await
     .map_err(|e| e.to_string())
 }

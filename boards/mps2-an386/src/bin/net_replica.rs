@@ -19,7 +19,10 @@
 //!
 //! (`--redis-user NAME --redis-password PASS`, or the password alone for
 //! `requirepass`, sends `AUTH` first on each connection to Redis;
-//! refused credentials exit 1 with Redis's reason.)
+//! refused credentials exit 1 with Redis's reason. `--mqtt a.b.c.d:port`
+//! publishes readings at QoS 1 through an outbox on PSRAM that a reset
+//! leaves as it was, and the leader's fence; see guard-tap-replica's
+//! `publish`.)
 //!
 //! Every event is one line through semihosting, the same lines as the
 //! host binary's; a bad command line or a missing controller exits 1.
@@ -44,9 +47,11 @@ use guard_core::slot::Every;
 use guard_embassy::{Credentials, RespError};
 use guard_firmware_mps2::args::{Args, MAX_CMDLINE, cmdline};
 use guard_firmware_mps2::lan9118::{Lan9118, MPS2_BASE, MPS2_IRQ};
+use guard_firmware_mps2::psram_flash::{self, PAGE, PsramFlash};
 use guard_firmware_mps2::time_driver;
 use guard_tap_replica::clock::Wall;
 use guard_tap_replica::link::{Link, LinkBuffers};
+use guard_tap_replica::publish::{Mqtt, Outbox};
 use guard_tap_replica::{Event, LINK_BUFFER, Replica};
 use panic_semihosting as _;
 use static_cell::StaticCell;
@@ -76,7 +81,13 @@ unsafe fn DefaultHandler(irqn: i16) {
 
 static CMDLINE: StaticCell<[u8; MAX_CMDLINE]> = StaticCell::new();
 static RESOURCES: StaticCell<StackResources<4>> = StaticCell::new();
-static LINKS: StaticCell<[LinkBuffers<LINK_BUFFER>; 2]> = StaticCell::new();
+static LINKS: StaticCell<[LinkBuffers<LINK_BUFFER>; 3]> = StaticCell::new();
+static OUTBOX: StaticCell<Outbox<PsramFlash>> = StaticCell::new();
+/// The outbox: 8 KiB of the board's PSRAM as NOR flash, which a reset
+/// leaves as it was.
+const OUTBOX_LEN: usize = 8 * PAGE;
+/// Marks an outbox erased on a first start ("outb").
+const OUTBOX_MAGIC: u32 = 0x6f75_7462;
 static CLOCK_LINK: StaticCell<LinkBuffers<256>> = StaticCell::new();
 
 fn fail(what: &str, error: &dyn core::fmt::Display) -> ! {
@@ -180,12 +191,34 @@ async fn main(spawner: Spawner) {
         act: Duration::from_millis(args.act_ms),
         seed,
         auth,
+        mqtt: args.mqtt.map(|broker| {
+            let mqtt = Mqtt {
+                produce: Duration::from_millis(args.produce_ms),
+                per_second: u32::try_from(args.mqtt_per_second).unwrap_or(u32::MAX),
+            };
+            (IpEndpoint::from(broker), mqtt)
+        }),
     };
-    let [locker, resource] = LINKS.init([LinkBuffers::new(), LinkBuffers::new()]);
+    // SAFETY: the first 8 KiB of PSRAM are the outbox's alone.
+    let flash = unsafe { PsramFlash::new(0, OUTBOX_LEN) };
+    let outbox = OUTBOX
+        .init(Outbox::new(flash, 0..OUTBOX_LEN as u32).unwrap_or_else(|e| fail("the outbox", &e)));
+    // A first start erases the outbox; a start after a reset keeps it.
+    // SAFETY: the word past the outbox is this marker's alone.
+    if !unsafe { psram_flash::marked(OUTBOX_LEN, OUTBOX_MAGIC) } {
+        if let Err(e) = outbox.erase().await {
+            fail("the outbox", &e);
+        }
+        // SAFETY: as above.
+        unsafe { psram_flash::mark(OUTBOX_LEN, OUTBOX_MAGIC) };
+    }
+    let [locker, resource, mqtt] =
+        LINKS.init([LinkBuffers::new(), LinkBuffers::new(), LinkBuffers::new()]);
     let ran = guard_tap_replica::run(
         stack,
         &replica,
-        [locker, resource],
+        [locker, resource, mqtt],
+        outbox,
         || wall.now(),
         |event| hprintln!("{event}"),
     )
