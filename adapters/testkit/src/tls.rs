@@ -127,6 +127,14 @@ impl TestCerts {
         &self.0.ca
     }
 
+    /// The CA certificate (DER), as a client without a PEM parser (an
+    /// MCU's TLS stack) takes its trust anchor.
+    pub fn ca_der(&self) -> Result<Vec<u8>, HarnessError> {
+        CertificateDer::from_pem_slice(self.0.ca.as_bytes())
+            .map(|der| der.to_vec())
+            .map_err(|e| failed("CA as DER", e))
+    }
+
     /// The client certificate (PEM), signed by the CA.
     pub fn client_cert_pem(&self) -> &str {
         &self.0.client_cert
