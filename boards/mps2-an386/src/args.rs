@@ -51,7 +51,7 @@ pub struct Args<'a> {
     pub produce_ms: u64,
     /// The most MQTT publications a second (`--mqtt-per-second`, default
     /// 20).
-    pub mqtt_per_second: u64,
+    pub mqtt_per_second: u32,
 }
 
 /// A command line that cannot be used, naming the option.
@@ -219,7 +219,18 @@ impl<'a> Args<'a> {
                 "--redis" => redis = Some(endpoint(option, value)?),
                 "--mqtt" => args.mqtt = Some(endpoint(option, value)?),
                 "--produce-ms" => args.produce_ms = number(option, value)?,
-                "--mqtt-per-second" => args.mqtt_per_second = number(option, value)?,
+                "--mqtt-per-second" => {
+                    args.mqtt_per_second =
+                        value
+                            .parse()
+                            .ok()
+                            .filter(|n| *n > 0)
+                            .ok_or(ArgsError::Invalid {
+                                option,
+                                value,
+                                expected: "a whole number of publications a second, at least 1",
+                            })?;
+                }
                 "--ttl-ms" => args.ttl_ms = number(option, value)?,
                 "--interval-ms" => args.interval_ms = number(option, value)?,
                 "--every-ms" => args.every_ms = number(option, value)?,

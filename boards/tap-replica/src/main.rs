@@ -133,10 +133,11 @@ async fn run(spawner: Spawner, args: Args) -> Result<(), String> {
     let mqtt = match &args.mqtt {
         Some(broker) => Some((
             parse_endpoint("--mqtt", broker)?,
-            Mqtt {
-                produce: std::time::Duration::from_millis(args.produce_ms.max(1)),
-                per_second: args.mqtt_per_second.max(1),
-            },
+            Mqtt::new(
+                std::time::Duration::from_millis(args.produce_ms),
+                args.mqtt_per_second,
+            )
+            .map_err(|e| format!("--produce-ms/--mqtt-per-second: {e}"))?,
         )),
         None => None,
     };

@@ -1,7 +1,7 @@
 //! Readings published to an MQTT broker at QoS 1, kept in a flash outbox
 //! until the broker acknowledges them, and a leader-only topic.
 //!
-//! - Every [`Mqtt::produce`], the replica makes a reading with an id of
+//! - Every period ([`Mqtt::new`]), the replica makes a reading with an id of
 //!   its own (`<name>/<boot>/<seq>`: the boot's seed tells runs apart) and
 //!   stores it in the outbox (guard-embassy's `FlashQueue`). A full outbox
 //!   refuses it, and the refusal is reported ([`Event::OutboxFull`]):
@@ -9,16 +9,19 @@
 //! - One sender takes the oldest stored reading, publishes it at QoS 1 on
 //!   `guard/readings/<name>`, and removes it only once the broker's PUBACK
 //!   for it arrives. Sends are limited by guard-core's token bucket
-//!   ([`Mqtt::per_second`]); a failed connection, publish or PUBACK wait
+//!   ([`Mqtt::new`]); a failed connection, publish or PUBACK wait
 //!   drops the connection and connects again after guard-core's backoff,
 //!   and the reading is published again: at least once, so the receiver
 //!   deduplicates by the id.
 //! - While this replica leads, each production also publishes
-//!   `<name> fence=<fence>` on `guard/leader`, sent only if the replica
-//!   still leads when the broker takes it (never from the outbox, so a
-//!   demoted replica's announcement is not sent later).
+//!   `<name> fence=<fence>` on `guard/leader`, sent only if the election
+//!   still holds that fence just before the send (never from the outbox,
+//!   so a demoted replica's announcement is not sent later). A demotion
+//!   between that check and the broker's PUBACK can still let one through
+//!   after it: the fence in it tells a reader which lease it was.
 
 use core::cell::Cell;
+use core::fmt;
 use core::fmt::Write as _;
 use core::num::NonZero;
 use core::time::Duration;
@@ -29,7 +32,7 @@ use embassy_sync::mutex::Mutex;
 use embassy_sync::signal::Signal;
 use embassy_time::{Timer, with_timeout};
 use embedded_storage_async::nor_flash::MultiwriteNorFlash;
-use guard_core::limit::{Decision, Limiter, Rate, TokenBucket};
+use guard_core::limit::{Decision, Limiter, LimiterError, Rate, TokenBucket};
 use guard_core::retry::{Backoff, RetryPolicy, WithoutRandom};
 use guard_embassy::flash::{FlashError, FlashQueue};
 use guard_embassy::time::{duration_to_embassy, now};
@@ -56,13 +59,47 @@ const ANSWER_TIMEOUT: embassy_time::Duration = embassy_time::Duration::from_secs
 /// three times as long).
 const IDLE_PING: embassy_time::Duration = embassy_time::Duration::from_secs(5);
 
-/// The MQTT side of a replica's settings.
+/// The MQTT side of a replica's settings, checked when made.
 #[derive(Clone, Copy, Debug)]
 pub struct Mqtt {
-    /// How often a reading is made.
-    pub produce: Duration,
-    /// The most publications a second.
-    pub per_second: u32,
+    produce: Duration,
+    /// Admits at most `per_second` publications a second.
+    bucket: TokenBucket,
+}
+
+/// MQTT settings that cannot be used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MqttSettingsError {
+    /// A reading every 0 ms.
+    ZeroProduce,
+    /// The rate cannot be a token bucket.
+    Rate(LimiterError),
+}
+
+impl fmt::Display for MqttSettingsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MqttSettingsError::ZeroProduce => {
+                f.write_str("readings need a period of at least 1 ms")
+            }
+            MqttSettingsError::Rate(e) => write!(f, "the publication rate: {e}"),
+        }
+    }
+}
+
+impl core::error::Error for MqttSettingsError {}
+
+impl Mqtt {
+    /// A reading every `produce`, at most `per_second` publications a
+    /// second (a burst of as many).
+    pub fn new(produce: Duration, per_second: u32) -> Result<Self, MqttSettingsError> {
+        if produce.is_zero() {
+            return Err(MqttSettingsError::ZeroProduce);
+        }
+        let bucket = TokenBucket::new(per_second, Rate::per_second(per_second))
+            .map_err(MqttSettingsError::Rate)?;
+        Ok(Mqtt { produce, bucket })
+    }
 }
 
 /// What the producer and the sender share.
@@ -131,10 +168,7 @@ pub async fn send<F: MultiwriteNorFlash>(
     shared: &Shared<'_, F>,
     report: &impl Fn(Event<'_>),
 ) -> ! {
-    let rate = Rate::per_second(mqtt.per_second.max(1));
-    let bucket = TokenBucket::new(mqtt.per_second.max(1), rate)
-        .unwrap_or_else(|_| panic!("a bucket of {} a second is valid", mqtt.per_second));
-    let mut limiter = Limiter::new(bucket);
+    let mut limiter = Limiter::new(mqtt.bucket);
     let policy = RetryPolicy::new()
         .with_max_attempts(u32::MAX - 1)
         .with_initial_delay(Duration::from_millis(200))

@@ -916,4 +916,9 @@ fn firmware_publishes_through_a_broker_restart_losing_nothing_and_only_the_leade
         "no reading refused by a full outbox: {}",
         log()
     );
+    println!(
+        "announcements: {} by the firmware, then {} by r{host_leader}",
+        announced.iter().filter(|a| **a == fw_line).count(),
+        announced.iter().filter(|a| **a == host_line).count()
+    );
 }

@@ -192,10 +192,8 @@ async fn main(spawner: Spawner) {
         seed,
         auth,
         mqtt: args.mqtt.map(|broker| {
-            let mqtt = Mqtt {
-                produce: Duration::from_millis(args.produce_ms),
-                per_second: u32::try_from(args.mqtt_per_second).unwrap_or(u32::MAX),
-            };
+            let mqtt = Mqtt::new(Duration::from_millis(args.produce_ms), args.mqtt_per_second)
+                .unwrap_or_else(|e| fail("--produce-ms/--mqtt-per-second", &e));
             (IpEndpoint::from(broker), mqtt)
         }),
     };
