@@ -277,6 +277,10 @@ fn workload(
                 }
             }
             Err(FlashError::Full) => {
+                assert!(
+                    !acked.is_empty(),
+                    "full while it holds nothing, at record {next}"
+                );
                 if let Err(cut) = pop(queue, acked) {
                     return cut;
                 }
@@ -286,6 +290,14 @@ fn workload(
         }
     }
     InFlight::Nothing
+}
+
+/// Pops every record `acked` holds, oldest first, until the power goes.
+fn drain(queue: &mut Queue, acked: &mut VecDeque<u32>) -> Result<(), InFlight> {
+    while !acked.is_empty() {
+        pop(queue, acked)?;
+    }
+    Ok(())
 }
 
 /// Every id the queue holds, oldest first.
@@ -330,11 +342,13 @@ fn check_after_restart(bytes: Vec<u8>, acked: &VecDeque<u32>, cut: InFlight, at:
     while !left.is_empty() {
         pop(&mut queue, &mut left).unwrap_or_else(|_| panic!("cut {at}: no power?"));
     }
-    for id in 1000..1003 {
-        block_on(queue.push(&record(id)))
-            .unwrap_or_else(|e| panic!("cut {at}: a push after the restart failed: {e}"));
-        left.push_back(id);
-    }
+    // Enough to wrap every page twice, so a page the cut left behind is
+    // reused.
+    assert_eq!(
+        workload(&mut queue, &mut left, 1000..1040, Shape::Full),
+        InFlight::Nothing,
+        "cut {at}"
+    );
     while !left.is_empty() {
         pop(&mut queue, &mut left).unwrap_or_else(|_| panic!("cut {at}: no power?"));
     }
@@ -391,7 +405,14 @@ fn a_second_cut_after_the_restart_keeps_what_was_acknowledged() {
         for second in 0.. {
             let mut queue = self::queue(PowerCutFlash::restart(bytes.clone()).cut_at(second, 2));
             let mut acked: VecDeque<u32> = found.iter().copied().collect();
-            let cut = workload(&mut queue, &mut acked, 2000..2012, Shape::Short);
+            // Half the restarts hand on what they find before making more
+            // (a sender draining a backlog), half make more first.
+            let cut = match step % 2 {
+                0 => drain(&mut queue, &mut acked)
+                    .err()
+                    .unwrap_or_else(|| workload(&mut queue, &mut acked, 2000..2012, Shape::Short)),
+                _ => workload(&mut queue, &mut acked, 2000..2012, Shape::Short),
+            };
             let flash = queue.into_flash();
             if flash.powered {
                 // The second run ended before its step `second`.
@@ -423,7 +444,6 @@ fn a_full_queue_refuses_and_writes_nothing() {
     );
     let flash = queue.into_flash();
     let before = flash.bytes.clone();
-    let steps = flash.steps;
     let mut queue = self::queue(flash);
     assert_eq!(block_on(queue.push(&[0xAA; 60])), Err(FlashError::Full));
     let flash = queue.into_flash();
@@ -432,7 +452,6 @@ fn a_full_queue_refuses_and_writes_nothing() {
     let mut queue = self::queue(flash);
     assert_eq!(block_on(queue.peek()).unwrap(), Some(&[0u8; 60][..]));
     assert_eq!(block_on(queue.len()).unwrap(), pushed as usize);
-    let _ = steps;
 }
 
 #[test]
@@ -455,6 +474,13 @@ fn a_record_too_long_or_a_bad_layout_is_refused_by_name() {
     );
     assert_eq!(
         made(0..0),
+        Some(FlashError::InvalidRange(LayoutProblem::TooSmall))
+    );
+    // One page: a cut push's half-written record would count as live and
+    // leave the page full for good (found by cutting a one-page queue at
+    // every step), so two are needed.
+    assert_eq!(
+        made(0..256),
         Some(FlashError::InvalidRange(LayoutProblem::TooSmall))
     );
     assert_eq!(
@@ -615,7 +641,7 @@ mod records {
         }
 
         #[test]
-        fn arbitrary_bytes_decode_to_an_error_or_a_value_that_encodes_back(
+        fn arbitrary_bytes_never_panic_and_decode_only_to_a_value_that_encodes_back(
             bytes in proptest::collection::vec(any::<u8>(), 0..80),
         ) {
             if let Ok(failed) = Failed::decode(&bytes) {

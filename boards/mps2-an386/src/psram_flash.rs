@@ -80,10 +80,10 @@ impl PsramFlash {
         if !start.is_multiple_of(unit) || !len.is_multiple_of(unit) {
             return Err(FlashFault::NotAligned);
         }
-        if start + len > self.len {
-            return Err(FlashFault::OutOfBounds);
+        match start.checked_add(len) {
+            Some(end) if end <= self.len => Ok(start),
+            _ => Err(FlashFault::OutOfBounds),
         }
-        Ok(start)
     }
 
     fn byte(&self, at: usize) -> u8 {

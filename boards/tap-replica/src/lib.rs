@@ -134,6 +134,14 @@ pub enum Event<'a> {
         /// The fence announced.
         fence: u64,
     },
+    /// The broker refused a publication for good (a PUBACK with an error
+    /// code); a reading is removed from the outbox.
+    Refused {
+        /// The replica's name.
+        name: &'a str,
+        /// The payload: a reading's id, or an announcement.
+        message: &'a str,
+    },
     /// The outbox was full: reading `seq` was not stored.
     OutboxFull {
         /// The replica's name.
@@ -178,6 +186,9 @@ impl fmt::Display for Event<'_> {
             Event::MqttUp { name } => write!(f, "mqtt-up name={name}"),
             Event::MqttDown { name, why } => write!(f, "mqtt-down name={name} why={why:?}"),
             Event::Announced { name, fence } => write!(f, "announced name={name} fence={fence}"),
+            Event::Refused { name, message } => {
+                write!(f, "refused name={name} message={message}")
+            }
             Event::OutboxFull { name, seq } => write!(f, "outbox-full name={name} seq={seq}"),
             Event::OutboxFailed { name, seq, error } => {
                 write!(f, "outbox-failed name={name} seq={seq} error={error:?}")
@@ -193,10 +204,16 @@ impl fmt::Display for Event<'_> {
     }
 }
 
+/// The longest replica name: it goes into keys, topics, readings and the
+/// MQTT client id.
+pub const MAX_NAME: usize = 32;
+
 /// Why a replica cannot run (its settings, or credentials Redis refuses;
 /// the network never ends it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReplicaError {
+    /// The name is empty or longer than [`MAX_NAME`] bytes.
+    Name,
     /// A key the replica builds is invalid.
     Key(KeyError),
     /// The lease settings are invalid.
@@ -209,6 +226,7 @@ pub enum ReplicaError {
 impl fmt::Display for ReplicaError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            ReplicaError::Name => write!(f, "a replica's name is 1 to {MAX_NAME} bytes"),
             ReplicaError::Key(e) => write!(f, "key: {e}"),
             ReplicaError::Lease(e) => write!(f, "lease: {e}"),
             ReplicaError::AuthRefused(m) => write!(f, "redis refused the credentials (AUTH): {m}"),
@@ -237,6 +255,9 @@ pub async fn run<F: MultiwriteNorFlash>(
     report: impl Fn(Event<'_>),
 ) -> Result<(), ReplicaError> {
     let name = replica.name;
+    if name.is_empty() || name.len() > MAX_NAME {
+        return Err(ReplicaError::Name);
+    }
     let settings = ActiveConfig::new()
         .with_ttl(replica.ttl)
         .with_interval(replica.interval);

@@ -12,7 +12,9 @@
 //!   ([`Mqtt::new`]); a failed connection, publish or PUBACK wait
 //!   drops the connection and connects again after guard-core's backoff,
 //!   and the reading is published again: at least once, so the receiver
-//!   deduplicates by the id.
+//!   deduplicates by the id. A reading the broker refuses for good (a
+//!   PUBACK with an error code) is reported with its id
+//!   ([`Event::Refused`]) and removed, so it does not hold up the rest.
 //! - While this replica leads, each production also publishes
 //!   `<name> fence=<fence>` on `guard/leader`, sent only if the election
 //!   still holds that fence just before the send (never from the outbox,
@@ -46,8 +48,9 @@ use rust_mqtt::types::{MqttString, TopicName};
 use crate::Event;
 use crate::link::Link;
 
-/// The longest reading (its id and topic fit well within).
-pub const RECORD: usize = 64;
+/// The longest reading: a name of [`crate::MAX_NAME`] bytes, a boot and a
+/// sequence number.
+pub const RECORD: usize = 80;
 
 /// The outbox: readings of at most [`RECORD`] bytes on flash.
 pub type Outbox<F> = FlashQueue<F, RECORD>;
@@ -140,7 +143,8 @@ pub async fn produce<F: MultiwriteNorFlash>(
         Timer::after(period).await;
         seq += 1;
         let mut reading: heapless::String<RECORD> = heapless::String::new();
-        // The name is at most 32 bytes and the numbers 36: it fits.
+        // At most 32 bytes of name (`run` refuses longer), 16 of boot and
+        // 20 of sequence number: it fits.
         let _ = write!(reading, "{name}/{boot:x}/{seq}");
         match shared.outbox.lock().await.push(reading.as_bytes()).await {
             Ok(()) => {}
@@ -199,8 +203,6 @@ pub enum Failure {
     Publish,
     /// No PUBACK came in time, or the connection failed while waiting.
     Acknowledge,
-    /// The broker refused a publication (a PUBACK with an error code).
-    Refused,
     /// A ping failed.
     Ping,
 }
@@ -291,6 +293,11 @@ async fn connected<F: MultiwriteNorFlash>(
         while let Decision::Denied { retry_after } = limiter.check(now()) {
             Timer::after(duration_to_embassy(retry_after)).await;
         }
+        // The election may have moved on while this waited: an
+        // announcement goes only with the fence still held.
+        if fence.is_some() && shared.leading.get() != fence {
+            continue;
+        }
         let options =
             PublicationOptions::new(TopicReference::Name(topic.as_borrowed())).at_least_once();
         let pid = match client.publish(&options, payload.as_slice().into()).await {
@@ -301,10 +308,10 @@ async fn connected<F: MultiwriteNorFlash>(
             loop {
                 match client.poll().await {
                     Ok(MqttEvent::PublishAcknowledged(ack)) if ack.packet_identifier == pid => {
-                        return Ok(());
+                        return Ok(true);
                     }
                     Ok(MqttEvent::PublishRejected(rej)) if rej.packet_identifier == pid => {
-                        return Err(Failure::Refused);
+                        return Ok(false);
                     }
                     Ok(_) => {}
                     Err(_) => return Err(Failure::Acknowledge),
@@ -313,7 +320,27 @@ async fn connected<F: MultiwriteNorFlash>(
         })
         .await;
         match acknowledged {
-            Ok(Ok(())) => {}
+            Ok(Ok(true)) => {}
+            // The broker refused it for good (a PUBACK with an error code,
+            // e.g. an ACL on the topic): sending it again would stop the
+            // outbox behind it, so it is reported, with its id, and
+            // removed.
+            Ok(Ok(false)) => {
+                report(Event::Refused {
+                    name,
+                    message: core::str::from_utf8(&payload).unwrap_or("(not UTF-8)"),
+                });
+                if fence.is_none()
+                    && let Err(error) = shared.outbox.lock().await.pop().await
+                {
+                    report(Event::OutboxFailed {
+                        name,
+                        seq: 0,
+                        error: &error,
+                    });
+                }
+                continue;
+            }
             Ok(Err(failure)) => return failure,
             Err(_) => return Failure::Acknowledge,
         }

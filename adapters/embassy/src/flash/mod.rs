@@ -106,7 +106,9 @@ pub enum LayoutProblem {
     StartNotAtPage,
     /// The end is not at a page boundary.
     EndNotAtPage,
-    /// Less than one page.
+    /// Fewer than two pages. sequential-storage takes one, but a push the
+    /// power cut leaves a half-written record that counts as live, and a
+    /// page of its own then never makes room again.
     TooSmall,
     /// The flash's pages are too small for a record header.
     PagesTooSmall,
@@ -126,7 +128,7 @@ impl fmt::Display for LayoutProblem {
         f.write_str(match self {
             LayoutProblem::StartNotAtPage => "its start is not at a page boundary",
             LayoutProblem::EndNotAtPage => "its end is not at a page boundary",
-            LayoutProblem::TooSmall => "it holds less than one page",
+            LayoutProblem::TooSmall => "it holds fewer than two pages",
             LayoutProblem::PagesTooSmall => "the flash's pages are too small for a record header",
             LayoutProblem::WordTooWide => "the flash's word is wider than 32 bytes",
             LayoutProblem::PastCapacity => "it ends past the flash's capacity",
@@ -217,6 +219,7 @@ impl<S: NorFlash, const R: usize, C: CacheImpl<()>> FlashQueue<S, R, C> {
         if range.end as usize > flash.capacity() {
             return Err(FlashError::InvalidRange(LayoutProblem::PastCapacity));
         }
+        let range_len = range.end.saturating_sub(range.start) as usize;
         let config = QueueConfig::<S>::try_new(range).map_err(|problem| {
             FlashError::InvalidRange(match problem {
                 QueueConfigError::StartRangeNotAtPageBoundary => LayoutProblem::StartNotAtPage,
@@ -226,6 +229,9 @@ impl<S: NorFlash, const R: usize, C: CacheImpl<()>> FlashQueue<S, R, C> {
                 QueueConfigError::WordSizeTooLarge => LayoutProblem::WordTooWide,
             })
         })?;
+        if range_len / S::ERASE_SIZE.max(1) < 2 {
+            return Err(FlashError::InvalidRange(LayoutProblem::TooSmall));
+        }
         if Self::RECORD_SIZE == 0 {
             return Err(FlashError::InvalidRange(LayoutProblem::RecordSizeBelowWord));
         }

@@ -17,9 +17,9 @@
 //! overwrites the oldest): the page after the one being written, when it
 //! needs room, and the oldest page, once all its records are popped. So
 //! erasing such a page again loses nothing. Before the queue is used, an
-//! open page that is not blank is erased, and, where more than one page
-//! reads as partly written (only one is, in a state the queue writes), so
-//! is each of them that holds no live record.
+//! open page that is not blank is erased, and so is a page that reads as
+//! partly written but holds no live record (if it was the page being
+//! written, all its records were popped: nothing is lost).
 
 use core::ops::Range;
 
@@ -108,27 +108,19 @@ pub(super) async fn erase_cut_pages<S: NorFlash>(
     let size = S::ERASE_SIZE as u32;
     let page = |start: u32| start..start + size;
     let mut erased = 0;
-    let mut partly_written = 0;
-    for start in range.clone().step_by(size as usize) {
-        match state(flash, page(start)).await? {
-            Page::Open if !blank(flash, page(start)).await? => {
-                flash.erase(start, start + size).await?;
-                erased += 1;
-            }
-            Page::PartlyWritten => partly_written += 1,
-            _ => {}
-        }
-    }
-    // One page is being written; a second that reads so is a cut erase,
-    // which only ever hits a page without live records.
-    if partly_written > 1 {
-        for start in range.step_by(size as usize) {
-            if state(flash, page(start)).await? == Page::PartlyWritten
-                && !holds_live_record(flash, page(start), buffer).await?
-            {
-                flash.erase(start, start + size).await?;
-                erased += 1;
-            }
+    for start in range.step_by(size as usize) {
+        let cut = match state(flash, page(start)).await? {
+            Page::Open => !blank(flash, page(start)).await?,
+            // A cut erase can leave a page reading as the one being
+            // written, beside the real one or alone (the real one closed
+            // just before the cut): one without live records is erased,
+            // which costs nothing if it was the real one.
+            Page::PartlyWritten => !holds_live_record(flash, page(start), buffer).await?,
+            Page::Other => false,
+        };
+        if cut {
+            flash.erase(start, start + size).await?;
+            erased += 1;
         }
     }
     Ok(erased)
