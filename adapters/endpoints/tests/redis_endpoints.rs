@@ -819,6 +819,89 @@ fn streams_pending_entries_of_a_killed_consumer_are_claimed_by_another() {
     );
 }
 
+/// A consumer killed with a batch pending on it and started again under
+/// its name takes that batch first, before anything newer: the stream's
+/// order holds across the restart, without waiting for the claim idle
+/// time; an entry of that batch trimmed meanwhile is let go.
+#[test]
+fn streams_a_restarted_consumer_takes_its_own_pending_entries_first_in_stream_order() {
+    let server = RedisServer::start().expect("redis-server");
+    let mut conn = sync_conn(&server);
+    add_entries(&mut conn, "orders", (0..100).map(|i| format!("p{i}")));
+    let named = || {
+        consumer(&server, "replica-1")
+            .with_claim_idle(Duration::from_secs(60))
+            .unwrap()
+    };
+    let killed = named();
+    smol::block_on(future::or(
+        async {
+            let (_handle, ctl) = control();
+            killed
+                .run(ctl, Classifier::retry_all(), |_message| {
+                    future::pending::<Result<(), String>>()
+                })
+                .await;
+        },
+        async {
+            async_io::Timer::after(Duration::from_millis(300)).await;
+        },
+    ));
+    drop(killed);
+    assert_eq!(pending(&mut conn, "orders", "billing"), 10, "its batch");
+    // One entry of that batch is deleted meanwhile (a trim): nothing is
+    // left to hand on, and it must not hold the rest back.
+    let ids: Vec<String> = redis::cmd("XRANGE")
+        .arg("orders")
+        .arg("-")
+        .arg("+")
+        .arg("COUNT")
+        .arg(4)
+        .query::<redis::streams::StreamRangeReply>(&mut conn)
+        .unwrap()
+        .ids
+        .into_iter()
+        .map(|e| e.id)
+        .collect();
+    let _: u64 = redis::cmd("XDEL")
+        .arg("orders")
+        .arg(&ids[3])
+        .query(&mut conn)
+        .unwrap();
+
+    let order: Arc<Mutex<Vec<String>>> = Arc::default();
+    let (handle, ctl) = control();
+    let restarted = named();
+    let thread = thread::spawn({
+        let order = order.clone();
+        move || {
+            smol::block_on(restarted.run(ctl, Classifier::retry_all(), move |message| {
+                let payload = String::from_utf8(message.payload().unwrap().to_vec()).unwrap();
+                order.lock().unwrap().push(payload);
+                future::ready(Ok::<(), String>(()))
+            }))
+        }
+    });
+    let all = wait_until(Duration::from_secs(10), || {
+        order.lock().unwrap().len() >= 99
+    });
+    handle.stop();
+    let stats = thread.join().unwrap();
+    assert!(all, "{} of 99 handled", order.lock().unwrap().len());
+    let expected: Vec<String> = (0..100)
+        .filter(|&i| i != 3)
+        .map(|i| format!("p{i}"))
+        .collect();
+    assert_eq!(
+        *order.lock().unwrap(),
+        expected,
+        "in stream order, once each"
+    );
+    assert_eq!(stats.resumed, 9, "{stats:?}");
+    assert_eq!(stats.claimed, 0, "{stats:?}");
+    assert_eq!(pending(&mut conn, "orders", "billing"), 0);
+}
+
 #[test]
 fn streams_failures_are_retried_then_dead_lettered_and_acknowledged() {
     let server = RedisServer::start().expect("redis-server");

@@ -15,6 +15,19 @@
 //! was lost, or whose handler outlived the claim idle time, is handled
 //! again. Choose the idle time above the longest handling time.
 //!
+//! # A restart
+//!
+//! A consumer started under the name of one that stopped without
+//! acknowledging what it had read (killed mid-round) takes those entries
+//! first, in stream order, before anything new (`XREADGROUP` from `0`, the
+//! history the group keeps per consumer name): the stream's order holds
+//! across the restart, and nothing waits for the claim idle time. Give a
+//! replica the same name across its restarts for this; under a new name,
+//! the old name's pending entries (at most a batch) are claimed once idle,
+//! behind whatever newer entries were read meanwhile. An entry of that
+//! history that the stream no longer holds (trimmed or deleted) is
+//! acknowledged and logged: there is nothing left to hand on.
+//!
 //! # Batches, concurrency and order
 //!
 //! Each round reads up to a batch of entries (`XREADGROUP COUNT`; idle
@@ -99,6 +112,17 @@ enum Outcome {
     LeftPending,
 }
 
+/// What one round reads.
+enum Read<'a> {
+    /// This consumer's own pending entries after the id in `after`,
+    /// which the round moves past them (empty once none is left).
+    Own { after: &'a mut String },
+    /// Idle entries of other consumers, then new ones.
+    ClaimedAndNew,
+    /// New entries only.
+    New,
+}
+
 /// What a consumer did, counted from its start.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ConsumeStats {
@@ -112,6 +136,9 @@ pub struct ConsumeStats {
     pub left_pending: u64,
     /// Entries taken over from other consumers.
     pub claimed: u64,
+    /// Entries this consumer's name had read before a restart without
+    /// acknowledging them, taken first at its start.
+    pub resumed: u64,
 }
 
 /// One consumer of a group on one stream; see the module documentation.
@@ -373,6 +400,28 @@ impl StreamConsumer {
             .collect())
     }
 
+    /// Reads up to one batch of this consumer's own pending entries with
+    /// ids after `after` (its history: read before, never acknowledged).
+    /// An entry the stream no longer holds comes back without fields.
+    async fn read_own(&self, after: &str) -> Result<Vec<StreamMessage>, RedisGuardError> {
+        let mut cmd = redis::cmd("XREADGROUP");
+        cmd.arg("GROUP")
+            .arg(&self.group)
+            .arg(&self.consumer)
+            .arg("COUNT")
+            .arg(self.batch)
+            .arg("STREAMS")
+            .arg(&self.stream)
+            .arg(after);
+        let reply: Option<StreamReadReply> = self.conn.query(&cmd).await?;
+        Ok(reply
+            .into_iter()
+            .flat_map(|r| r.keys)
+            .flat_map(|k| k.ids)
+            .map(message)
+            .collect())
+    }
+
     /// Acknowledges `ids` in one `XACK`.
     async fn ack(&self, ids: &[String]) -> Result<(), RedisGuardError> {
         if ids.is_empty() {
@@ -467,7 +516,7 @@ impl StreamConsumer {
         E: fmt::Display,
     {
         // Boxed: the nested handler, retry and request futures are deep.
-        Box::pin(self.round(true, classifier, handler, stats)).await
+        Box::pin(self.round(Read::ClaimedAndNew, classifier, handler, stats)).await
     }
 
     /// How often [`run`](Self::run) looks for idle entries to claim: half
@@ -478,10 +527,10 @@ impl StreamConsumer {
         (self.claim_idle / 2).min(Duration::from_secs(1))
     }
 
-    /// One round, claiming first if `claim`.
+    /// One round, reading what `read` says.
     async fn round<F, Fut, E>(
         &self,
-        claim: bool,
+        read: Read<'_>,
         classifier: Classifier<E>,
         handler: &mut F,
         stats: &mut ConsumeStats,
@@ -491,13 +540,37 @@ impl StreamConsumer {
         Fut: Future<Output = Result<(), E>>,
         E: fmt::Display,
     {
-        let claimed = if claim {
-            self.claim_idle().await?
-        } else {
-            Vec::new()
+        let (claimed, fresh) = match read {
+            Read::Own { after } => {
+                let own = self.read_own(after.as_str()).await?;
+                // The cursor moves past what was read, whatever its
+                // outcome: an entry left pending again is not read again
+                // in a loop; the claim takes it once idle.
+                match own.last() {
+                    Some(last) => *after = last.id.clone(),
+                    None => *after = String::new(),
+                }
+                let (gone, own): (Vec<_>, Vec<_>) =
+                    own.into_iter().partition(|e| e.fields.is_empty());
+                if !gone.is_empty() {
+                    let ids: Vec<String> = gone.into_iter().map(|e| e.id).collect();
+                    tracing::warn!(
+                        "stream {}: entries {ids:?} pending on {} are no longer in the stream (trimmed or deleted); acknowledged",
+                        self.stream,
+                        self.consumer
+                    );
+                    self.ack(&ids).await?;
+                }
+                stats.resumed += own.len() as u64;
+                (own, Vec::new())
+            }
+            Read::ClaimedAndNew => {
+                let claimed = self.claim_idle().await?;
+                stats.claimed += claimed.len() as u64;
+                (claimed, self.read_new().await?)
+            }
+            Read::New => (Vec::new(), self.read_new().await?),
         };
-        stats.claimed += claimed.len() as u64;
-        let fresh = self.read_new().await?;
         let count = claimed.len() + fresh.len();
         // One XACK for the round: every entry in it was handled (or
         // dead-lettered) before. Should the process die first, they stay
@@ -558,25 +631,36 @@ impl StreamConsumer {
             .clone()
             .unwrap_or_else(|| Link::new(&format!("stream {} group {}", self.stream, self.group)));
         let mut next_claim = std::time::Instant::now();
+        // This name's history first (see the module documentation): from
+        // `0`, then after the last id read, until a read comes back
+        // empty (the cursor is then empty).
+        let mut history = String::from("0-0");
         while !control.is_stopped() {
-            let claim = std::time::Instant::now() >= next_claim;
-            if claim {
+            let read = if !history.is_empty() {
+                Read::Own {
+                    after: &mut history,
+                }
+            } else if std::time::Instant::now() >= next_claim {
                 next_claim = std::time::Instant::now() + self.claim_every();
-            }
+                Read::ClaimedAndNew
+            } else {
+                Read::New
+            };
+            let resuming = matches!(read, Read::Own { .. });
             let round = async {
                 if !group_ready {
                     self.create_group().await?;
                     group_ready = true;
                 }
-                self.round(claim, classifier, &mut handler, &mut stats)
-                    .await
+                self.round(read, classifier, &mut handler, &mut stats).await
             };
             // Boxed: the nested handler, retry and request futures are
             // deep, and a caller's future would carry all of them inline.
             let idle = match Box::pin(round).await {
                 Ok(handled) => {
                     link.up();
-                    handled == 0
+                    // The end of the history is not the end of the work.
+                    handled == 0 && !resuming
                 }
                 Err(e) => {
                     // The group is gone (Redis lost its data: a restart
