@@ -4,14 +4,18 @@
 //! `localhost`), `AUTH` goes first inside the encrypted connection, and
 //! two lockers on connections of their own exclude each other with
 //! increasing fences. A server whose certificate another CA signed is
-//! refused in the handshake, before anything is sent.
+//! refused in the handshake, before anything is sent. With the maximum
+//! fragment length extension (RFC 6066), which Redis's OpenSSL honours,
+//! the records and so the buffers an MCU gives each connection shrink
+//! from 16 KiB to 1 or 4 KiB.
 
 use embassy_sync::blocking_mutex::raw::NoopRawMutex;
 use embedded_io_adapters::futures_03::FromFutures;
+use embedded_io_async::{Read as _, ReadExactError, Write as _};
 use embedded_tls::pki::CertVerifier;
 use embedded_tls::{
-    Aes128GcmSha256, Certificate, CryptoProvider, CryptoRngCore, NoClock, TlsConfig, TlsConnection,
-    TlsContext, TlsError, TlsVerifier,
+    Aes128GcmSha256, Certificate, CryptoProvider, CryptoRngCore, MaxFragmentLength, NoClock,
+    TlsConfig, TlsConnection, TlsContext, TlsError, TlsVerifier,
 };
 use guard_core::lock::{Locker, Ttl};
 use guard_embassy::RespLocker;
@@ -53,11 +57,26 @@ async fn open<'b>(
     read: &'b mut [u8],
     write: &'b mut [u8],
 ) -> Result<Tls<'b>, TlsError> {
+    open_with(server, ca, seed, None, read, write).await
+}
+
+/// [`open`], asking for records of at most `fragment` bytes of data.
+async fn open_with<'b>(
+    server: &RedisServer,
+    ca: &[u8],
+    seed: u64,
+    fragment: Option<MaxFragmentLength>,
+    read: &'b mut [u8],
+    write: &'b mut [u8],
+) -> Result<Tls<'b>, TlsError> {
     let tcp = async_net::TcpStream::connect(("127.0.0.1", server.port()))
         .await
         .expect("connect");
     let mut tls = TlsConnection::new(FromFutures::new(tcp), read, write);
-    let config = TlsConfig::new().with_server_name("localhost");
+    let mut config = TlsConfig::new().with_server_name("localhost");
+    if let Some(fragment) = fragment {
+        config = config.with_max_fragment_length(fragment);
+    }
     let provider = Verified {
         rng: ChaCha20Rng::seed_from_u64(seed),
         verifier: CertVerifier::new(Certificate::X509(ca)),
@@ -127,5 +146,69 @@ fn a_certificate_another_ca_signed_is_refused_in_the_handshake() {
             "{:?}",
             refused.err()
         );
+    });
+}
+
+/// A record of at most `data` bytes of data in TLS 1.3: its 5-byte
+/// header, the content type and the AEAD tag (16 bytes) beside the data.
+const fn record(data: usize) -> usize {
+    5 + data + 1 + 16
+}
+
+/// Sends `GET big` on `tls` and reads its reply of `len` bytes whole.
+async fn get_big(tls: &mut Tls<'_>, len: usize) -> Result<Vec<u8>, TlsError> {
+    tls.write_all(b"*2\r\n$3\r\nGET\r\n$3\r\nbig\r\n").await?;
+    tls.flush().await?;
+    let mut reply = vec![0u8; len];
+    tls.read_exact(&mut reply).await.map_err(|e| match e {
+        ReadExactError::Other(e) => e,
+        ReadExactError::UnexpectedEof => TlsError::ConnectionClosed,
+    })?;
+    Ok(reply)
+}
+
+#[test]
+fn with_1_and_4_kib_records_a_locker_runs_on_buffers_an_mcu_can_spare() {
+    let certs = TestCerts::generate().expect("certificates");
+    let server = RedisServer::start_tls(&certs).expect("redis");
+    let ca = certs.ca_der().expect("CA");
+    // A reply of 10,000 bytes: a server that ignored the extension would
+    // send it in records larger than the buffers.
+    let value = "v".repeat(10_000);
+    let reply = server.command(&format!("SET big {value}")).expect("SET");
+    assert!(reply.starts_with("+OK"), "{reply}");
+    let expected = format!("${}\r\n{value}\r\n", value.len()).into_bytes();
+    for (fragment, data) in [
+        (MaxFragmentLength::Bits10, 1024),
+        (MaxFragmentLength::Bits12, 4096),
+    ] {
+        smol::block_on(async {
+            // Read and write buffers of one record each.
+            let (mut r, mut w) = (vec![0u8; record(data)], vec![0u8; record(data)]);
+            let mut tls = open_with(&server, &ca, 4, Some(fragment), &mut r, &mut w)
+                .await
+                .unwrap_or_else(|e| panic!("TLS with {fragment:?}: {e:?}"));
+            match get_big(&mut tls, expected.len()).await {
+                Ok(big) => assert!(big == expected, "{fragment:?}: another reply"),
+                Err(e) => panic!("{fragment:?}: {e:?}"),
+            }
+            let locker = RespLocker::<NoopRawMutex, _>::new(tls, 13);
+            let held = locker
+                .try_lock("small", ttl())
+                .await
+                .expect("a reply")
+                .expect("granted");
+            locker.unlock("small", &held).await.expect("released");
+        });
+    }
+    // Without the extension, the same reply does not fit 1 KiB buffers:
+    // the extension is what makes them enough.
+    smol::block_on(async {
+        let (mut r, mut w) = (vec![0u8; record(1024)], vec![0u8; record(1024)]);
+        let mut tls = open_with(&server, &ca, 5, None, &mut r, &mut w)
+            .await
+            .expect("the handshake fits");
+        let big = get_big(&mut tls, expected.len()).await;
+        assert!(big.is_err(), "a 10,000-byte reply in 1 KiB records unasked");
     });
 }

@@ -382,28 +382,19 @@ impl StreamConsumer {
 
     /// Reads up to one batch of entries never delivered to the group.
     pub async fn read_new(&self) -> Result<Vec<StreamMessage>, RedisGuardError> {
-        let mut cmd = redis::cmd("XREADGROUP");
-        cmd.arg("GROUP")
-            .arg(&self.group)
-            .arg(&self.consumer)
-            .arg("COUNT")
-            .arg(self.batch)
-            .arg("STREAMS")
-            .arg(&self.stream)
-            .arg(">");
-        let reply: Option<StreamReadReply> = self.conn.query(&cmd).await?;
-        Ok(reply
-            .into_iter()
-            .flat_map(|r| r.keys)
-            .flat_map(|k| k.ids)
-            .map(message)
-            .collect())
+        self.read_group(">").await
     }
 
     /// Reads up to one batch of this consumer's own pending entries with
     /// ids after `after` (its history: read before, never acknowledged).
     /// An entry the stream no longer holds comes back without fields.
     async fn read_own(&self, after: &str) -> Result<Vec<StreamMessage>, RedisGuardError> {
+        self.read_group(after).await
+    }
+
+    /// `XREADGROUP` of up to one batch from `id`: `>` for new entries, an
+    /// id for this consumer's pending entries after it.
+    async fn read_group(&self, id: &str) -> Result<Vec<StreamMessage>, RedisGuardError> {
         let mut cmd = redis::cmd("XREADGROUP");
         cmd.arg("GROUP")
             .arg(&self.group)
@@ -412,7 +403,7 @@ impl StreamConsumer {
             .arg(self.batch)
             .arg("STREAMS")
             .arg(&self.stream)
-            .arg(after);
+            .arg(id);
         let reply: Option<StreamReadReply> = self.conn.query(&cmd).await?;
         Ok(reply
             .into_iter()
