@@ -135,7 +135,7 @@ cargo fmt --all -- --check
 # guard-core's fuzzing harnesses for users (feature arbitrary, host only),
 # the disk queue's storage comparison (redb and fjall beside it), and
 # guard-embassy's queue on NOR flash.
-features=(--features guard-gateway/etcd --features guard-gateway/otel --features guard-core/arbitrary --features guard-benches/storage-candidates --features guard-embassy/flash)
+features=(--features guard-gateway/etcd --features guard-gateway/otel --features guard-core/arbitrary --features guard-benches/storage-candidates --features guard-embassy/flash --features guard-embassy/tls)
 
 step "clippy (all targets, warnings are errors)"
 cargo clippy --workspace --all-targets --locked "${features[@]}" -- -D warnings
@@ -174,7 +174,7 @@ for target in "${targets[@]}"; do
         echo "-- guard-core $target ${crate_features:+(features: $crate_features)}"
         cargo build -p guard-core --target "$target" --locked ${crate_features:+--features "$crate_features"}
     done
-    for crate_features in "" "defmt,flash"; do
+    for crate_features in "" "defmt,flash,tls"; do
         echo "-- guard-embassy $target ${crate_features:+(features: $crate_features)}"
         cargo build -p guard-embassy --target "$target" --locked ${crate_features:+--features "$crate_features"}
     done
@@ -183,8 +183,8 @@ done
 step "firmware: guard on a Cortex-M4F under QEMU (mps2-an386), checked on target"
 # Its own workspace (it builds only for thumbv7em-none-eabihf); the runner
 # in .cargo/config.toml starts QEMU, and a failed check exits 1. The
-# release build makes every image: the checks, net-replica (run by the
-# namespace test below), footprint, empty and decisions.
+# release build makes every image: the checks, net-replica and tls-locker
+# (run by the namespace test below), footprint, empty and decisions.
 (
     cd boards/mps2-an386
     cargo fmt --check
@@ -235,7 +235,7 @@ step "firmware footprint (flash and static RAM) and each decision's cost on the 
 # guard itself costs footprint minus empty: a budget of 8 KiB of flash,
 # and the step fails past it.
 scripts/firmware-size.sh --budget 8192 "$mps2/empty" "$mps2/footprint"
-scripts/firmware-size.sh "$mps2/empty" "$mps2/footprint" "$mps2/footprint-outbox" "$mps2/guard-firmware-mps2" "$mps2/net-replica" \
+scripts/firmware-size.sh "$mps2/empty" "$mps2/footprint" "$mps2/footprint-outbox" "$mps2/guard-firmware-mps2" "$mps2/net-replica" "$mps2/tls-locker" \
     boards/microbit/target/thumbv6m-none-eabi/release/guard-firmware-microbit
 # The same four parts on the RISC-V core (rv32imc), reported beside them.
 flash_of() { scripts/firmware-size.sh "$1" | sed -E 's/.*flash ([0-9]+) bytes.*/\1/'; }
@@ -247,10 +247,12 @@ scripts/firmware-size.sh "$riscv/empty" "$riscv/footprint" "$riscv/guard-firmwar
 echo "guard's four parts on RISC-V (riscv32imc): $(( $(flash_of "$riscv/footprint") - $(flash_of "$riscv/empty") )) bytes of flash beyond empty"
 echo "net-replica's code by crate:"
 scripts/firmware-size.sh --crates "$mps2/net-replica"
+echo "tls-locker's code by crate (TLS: embedded-tls and the crypto crates below it):"
+scripts/firmware-size.sh --crates "$mps2/tls-locker"
 # Instructions per decision (QEMU has no cycle counter; see decisions.rs).
 timeout 120 "${qemu_m4[@]}" -icount shift=0 -kernel "$mps2/decisions"
 
-step "namespaces: TAP replicas and the firmware under QEMU electing through Redis (AUTH), publishing through an MQTT broker restart, a queue on a full disk (root only)"
+step "namespaces: TAP replicas and the firmware under QEMU electing through Redis (AUTH), publishing through an MQTT broker restart, locking over TLS, a queue on a full disk (root only)"
 # Ignored by a plain `cargo test` (they need root), so a run without root
 # counts them as ignored, never as passed. One at a time: each runs
 # several replicas (one of them QEMU), and the takeover is timed. The

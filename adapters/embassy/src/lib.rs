@@ -16,7 +16,10 @@
 //! - [`RamLocker`]: a fixed-size locker in RAM for tasks on one device;
 //! - [`time`]: conversions between embassy-time and guard-core time;
 //! - `flash` (feature `flash`): a queue and a dead-letter queue on NOR
-//!   flash that survive a reset and a power cut.
+//!   flash that survive a reset and a power cut;
+//! - `tls` (feature `tls`): TLS 1.3 from embedded-tls for the locker, a
+//!   connection that starts a new session after any failure, the server's
+//!   certificate checked against a CA.
 //!
 //! The crate is `no_std` and allocation-free. The final binary provides an
 //! embassy-time driver (a HAL's, or `embassy-time`'s `std` feature on a
@@ -39,6 +42,9 @@ mod resp_locker;
 mod retry;
 mod slots;
 pub mod time;
+#[cfg(feature = "tls")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+pub mod tls;
 mod wait;
 
 pub use active::{ActiveControl, ActiveRunner, DEFAULT_RELEASE_TIMEOUT};

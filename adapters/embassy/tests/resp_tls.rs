@@ -12,13 +12,12 @@
 use embassy_sync::blocking_mutex::raw::NoopRawMutex;
 use embedded_io_adapters::futures_03::FromFutures;
 use embedded_io_async::{Read as _, ReadExactError, Write as _};
-use embedded_tls::pki::CertVerifier;
 use embedded_tls::{
-    Aes128GcmSha256, Certificate, CryptoProvider, CryptoRngCore, MaxFragmentLength, NoClock,
-    TlsConfig, TlsConnection, TlsContext, TlsError, TlsVerifier,
+    Aes128GcmSha256, MaxFragmentLength, TlsConfig, TlsConnection, TlsContext, TlsError,
 };
 use guard_core::lock::{Locker, Ttl};
 use guard_embassy::RespLocker;
+use guard_embassy::tls::{CaVerified, TlsChannel, TlsLink, TlsSession, record_len, with_session};
 use guard_testkit::{RedisServer, TestCerts};
 use rand_chacha::ChaCha20Rng;
 use rand_chacha::rand_core::SeedableRng;
@@ -28,26 +27,6 @@ use rand_chacha::rand_core::SeedableRng;
 const RECORD: usize = 16_640;
 
 type Tls<'b> = TlsConnection<'b, FromFutures<async_net::TcpStream>, Aes128GcmSha256>;
-
-/// Checks the server's certificate against `ca`, with a seeded ChaCha20 as
-/// the randomness (an MCU seeds it from its RNG).
-struct Verified<'a> {
-    rng: ChaCha20Rng,
-    verifier: CertVerifier<'a, Aes128GcmSha256, NoClock, 2048>,
-}
-
-impl CryptoProvider for Verified<'_> {
-    type CipherSuite = Aes128GcmSha256;
-    type Signature = &'static [u8];
-
-    fn rng(&mut self) -> impl CryptoRngCore {
-        &mut self.rng
-    }
-
-    fn verifier(&mut self) -> Result<&mut impl TlsVerifier<Aes128GcmSha256>, TlsError> {
-        Ok(&mut self.verifier)
-    }
-}
 
 /// A TLS connection to `server`, its certificate checked against `ca`.
 async fn open<'b>(
@@ -77,10 +56,8 @@ async fn open_with<'b>(
     if let Some(fragment) = fragment {
         config = config.with_max_fragment_length(fragment);
     }
-    let provider = Verified {
-        rng: ChaCha20Rng::seed_from_u64(seed),
-        verifier: CertVerifier::new(Certificate::X509(ca)),
-    };
+    let mut rng = ChaCha20Rng::seed_from_u64(seed);
+    let provider = CaVerified::new(ca, &mut rng);
     tls.open(TlsContext::new(&config, provider)).await?;
     Ok(tls)
 }
@@ -149,12 +126,6 @@ fn a_certificate_another_ca_signed_is_refused_in_the_handshake() {
     });
 }
 
-/// A record of at most `data` bytes of data in TLS 1.3: its 5-byte
-/// header, the content type and the AEAD tag (16 bytes) beside the data.
-const fn record(data: usize) -> usize {
-    5 + data + 1 + 16
-}
-
 /// Sends `GET big` on `tls` and reads its reply of `len` bytes whole.
 async fn get_big(tls: &mut Tls<'_>, len: usize) -> Result<Vec<u8>, TlsError> {
     tls.write_all(b"*2\r\n$3\r\nGET\r\n$3\r\nbig\r\n").await?;
@@ -184,7 +155,7 @@ fn with_1_and_4_kib_records_a_locker_runs_on_buffers_an_mcu_can_spare() {
     ] {
         smol::block_on(async {
             // Read and write buffers of one record each.
-            let (mut r, mut w) = (vec![0u8; record(data)], vec![0u8; record(data)]);
+            let (mut r, mut w) = (vec![0u8; record_len(data)], vec![0u8; record_len(data)]);
             let mut tls = open_with(&server, &ca, 4, Some(fragment), &mut r, &mut w)
                 .await
                 .unwrap_or_else(|e| panic!("TLS with {fragment:?}: {e:?}"));
@@ -204,11 +175,171 @@ fn with_1_and_4_kib_records_a_locker_runs_on_buffers_an_mcu_can_spare() {
     // Without the extension, the same reply does not fit 1 KiB buffers:
     // the extension is what makes them enough.
     smol::block_on(async {
-        let (mut r, mut w) = (vec![0u8; record(1024)], vec![0u8; record(1024)]);
+        let (mut r, mut w) = (vec![0u8; record_len(1024)], vec![0u8; record_len(1024)]);
         let mut tls = open_with(&server, &ca, 5, None, &mut r, &mut w)
             .await
             .expect("the handshake fits");
         let big = get_big(&mut tls, expected.len()).await;
         assert!(big.is_err(), "a 10,000-byte reply in 1 KiB records unasked");
     });
+}
+
+/// A TCP connection to one address that connects on its next use after a
+/// failure or [`Reconnecting::close`], as an MCU's socket wrapper does.
+struct Reconnecting {
+    port: u16,
+    stream: Option<FromFutures<async_net::TcpStream>>,
+}
+
+impl Reconnecting {
+    fn close(&mut self) {
+        self.stream = None;
+    }
+
+    async fn stream(&mut self) -> Result<&mut FromFutures<async_net::TcpStream>, std::io::Error> {
+        if self.stream.is_none() {
+            let tcp = async_net::TcpStream::connect(("127.0.0.1", self.port)).await?;
+            self.stream = Some(FromFutures::new(tcp));
+        }
+        Ok(self.stream.as_mut().expect("connected"))
+    }
+}
+
+impl embedded_io_async::ErrorType for Reconnecting {
+    type Error = std::io::Error;
+}
+
+impl embedded_io_async::Read for Reconnecting {
+    async fn read(&mut self, buf: &mut [u8]) -> Result<usize, std::io::Error> {
+        let read = self.stream().await?.read(buf).await;
+        if !matches!(read, Ok(n) if n > 0 || buf.is_empty()) {
+            self.close();
+        }
+        read
+    }
+}
+
+impl embedded_io_async::Write for Reconnecting {
+    async fn write(&mut self, buf: &[u8]) -> Result<usize, std::io::Error> {
+        let written = self.stream().await?.write(buf).await;
+        if written.is_err() {
+            self.close();
+        }
+        written
+    }
+
+    async fn flush(&mut self) -> Result<(), std::io::Error> {
+        let flushed = self.stream().await?.flush().await;
+        if flushed.is_err() {
+            self.close();
+        }
+        flushed
+    }
+}
+
+/// TLS sessions with `server` over [`Reconnecting`], its certificate
+/// checked against `ca`, records in `buffers`.
+fn session<'b>(
+    server: &RedisServer,
+    ca: &'b [u8],
+    seed: u64,
+    buffers: (&'b mut [u8], &'b mut [u8]),
+) -> TlsSession<'b, Reconnecting, ChaCha20Rng> {
+    let tcp = Reconnecting {
+        port: server.port(),
+        stream: None,
+    };
+    TlsSession::new(
+        tcp,
+        Reconnecting::close,
+        buffers,
+        "localhost",
+        ca,
+        ChaCha20Rng::seed_from_u64(seed),
+    )
+}
+
+#[test]
+fn a_session_reconnects_with_a_new_handshake_after_redis_drops_every_client() {
+    let certs = TestCerts::generate().expect("certificates");
+    let server = RedisServer::start_tls(&certs).expect("redis");
+    // An ACL user for the locker; the harness stays the default user.
+    let reply = server
+        .command("ACL SETUSER mcu on >s3cret ~* &* +@all")
+        .expect("ACL");
+    assert!(reply.starts_with("+OK"), "{reply}");
+    let ca = certs.ca_der().expect("CA");
+    let (mut r, mut w) = (vec![0u8; record_len(1024)], vec![0u8; record_len(1024)]);
+    let mut session = session(&server, &ca, 6, (&mut r, &mut w));
+    let channel: TlsChannel<NoopRawMutex> = TlsChannel::new();
+    let locker = RespLocker::<NoopRawMutex, _>::new(TlsLink::new(&channel), 14)
+        .with_reset(TlsLink::close)
+        .with_auth(Some("mcu"), "s3cret")
+        .unwrap();
+    let fragment = Some(MaxFragmentLength::Bits10);
+    smol::block_on(with_session(&mut session, &channel, fragment, async {
+        let first = locker
+            .try_lock("again", ttl())
+            .await
+            .expect("a reply")
+            .expect("granted");
+        locker.unlock("again", &first).await.expect("released");
+        assert_eq!(channel.handshakes(), 1);
+        let killed = server
+            .command("CLIENT KILL TYPE normal")
+            .expect("CLIENT KILL");
+        assert!(killed.starts_with(':'), "{killed}");
+        // The request that finds the connection gone fails; the next one
+        // starts a new session, authenticates in it and is granted.
+        let mut attempts = 0;
+        let second = loop {
+            attempts += 1;
+            assert!(attempts <= 3, "no new session after {attempts} requests");
+            if let Ok(Some(held)) = locker.try_lock("again", ttl()).await {
+                break held;
+            }
+        };
+        assert_eq!(channel.handshakes(), 2, "one new handshake");
+        assert!(second.fence() > first.fence());
+    }));
+}
+
+#[test]
+fn an_abandoned_read_never_answers_a_later_one_nor_spoils_what_is_written_next() {
+    let certs = TestCerts::generate().expect("certificates");
+    let server = RedisServer::start_tls(&certs).expect("redis");
+    let ca = certs.ca_der().expect("CA");
+    let (mut r, mut w) = (vec![0u8; record_len(1024)], vec![0u8; record_len(1024)]);
+    let mut session = session(&server, &ca, 7, (&mut r, &mut w));
+    let channel: TlsChannel<NoopRawMutex> = TlsChannel::new();
+    let mut link = TlsLink::new(&channel);
+    smol::block_on(with_session(&mut session, &channel, None, async {
+        // A reply that comes only after a second; its read is abandoned.
+        link.write_all(b"*3\r\n$5\r\nBLPOP\r\n$5\r\nempty\r\n$1\r\n1\r\n")
+            .await
+            .expect("written");
+        link.flush().await.expect("flushed");
+        let mut buf = [0u8; 64];
+        let abandoned =
+            futures_lite::future::or(async { Some(link.read(&mut buf).await) }, async {
+                async_io::Timer::after(std::time::Duration::from_millis(100)).await;
+                None
+            })
+            .await;
+        assert!(abandoned.is_none(), "BLPOP answered at once: {abandoned:?}");
+        // While the session still waits for that reply, the next request
+        // is written; the abandoned read takes the late reply, this one
+        // gets its own.
+        link.write_all(b"*1\r\n$4\r\nPING\r\n")
+            .await
+            .expect("written");
+        link.flush().await.expect("flushed");
+        let n = link.read(&mut buf).await.expect("a reply");
+        assert_eq!(
+            &buf[..n],
+            b"+PONG\r\n",
+            "{:?}",
+            String::from_utf8_lossy(&buf[..n])
+        );
+    }));
 }

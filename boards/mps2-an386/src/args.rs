@@ -52,6 +52,10 @@ pub struct Args<'a> {
     /// The most MQTT publications a second (`--mqtt-per-second`, default
     /// 20).
     pub mqtt_per_second: u32,
+    /// A CA certificate (DER) on the host, read through semihosting
+    /// (`--tls-ca PATH`): Redis is reached over TLS 1.3 and its
+    /// certificate checked against it. Only `tls-locker` speaks TLS.
+    pub tls_ca: Option<&'a str>,
 }
 
 /// A command line that cannot be used, naming the option.
@@ -157,9 +161,11 @@ impl<'a> Args<'a> {
             mqtt: None,
             produce_ms: 200,
             mqtt_per_second: 20,
+            tls_ca: None,
         };
         while let Some(option) = tokens.next() {
-            const OPTIONS: [&str; 12] = [
+            const OPTIONS: [&str; 13] = [
+                "--tls-ca",
                 "--mqtt",
                 "--produce-ms",
                 "--mqtt-per-second",
@@ -237,6 +243,7 @@ impl<'a> Args<'a> {
                 "--act-ms" => args.act_ms = number(option, value)?,
                 "--redis-user" => args.redis_user = Some(value),
                 "--redis-password" => args.redis_password = Some(value),
+                "--tls-ca" => args.tls_ca = Some(value),
                 _ => return Err(ArgsError::Unknown(option)),
             }
         }

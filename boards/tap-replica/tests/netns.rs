@@ -8,6 +8,9 @@
 //!   its emulated LAN9118, beside two host replicas: the firmware leads and
 //!   is killed, a host replica takes over; the firmware starts again as a
 //!   standby and takes over when the host leader is killed.
+//! - The firmware image `tls-locker` takes and releases a lock over TLS
+//!   1.3, the server's certificate checked against the CA, and refuses a
+//!   server another CA signed.
 //!
 //! Checks: one leader at a time as the protected resource judges by
 //! fences (every write accepted, fences in order, none refused), takeover
@@ -39,6 +42,9 @@ const OBSERVED_SLACK_MS: u64 = 200;
 const EVERY_MS: u64 = 1_000;
 const SUBNET: &str = "10.77.0";
 const REDIS_PORT: u16 = 6379;
+/// The same Redis's TLS port, its certificate for `localhost` signed by
+/// the test's CA.
+const REDIS_TLS_PORT: u16 = 6380;
 /// The namespace's Redis asks for a password (`requirepass`), which the
 /// host replicas and the harness send; the firmware authenticates as an
 /// ACL user of its own.
@@ -182,8 +188,12 @@ fn identity(id: usize) -> (String, String, String) {
 }
 
 /// Creates the namespace: a bridge at `SUBNET.1`, `taps` TAP devices on
-/// it, and a redis-server there (its directory removed with the guard).
-fn namespace_with_redis(taps: usize) -> (Namespace, tempfile::TempDir) {
+/// it, and a redis-server there (its directory removed with the guard),
+/// also on [`REDIS_TLS_PORT`] with `tls`' server certificate if given.
+fn namespace_with_redis(
+    taps: usize,
+    tls: Option<&guard_testkit::TestCerts>,
+) -> (Namespace, tempfile::TempDir) {
     assert!(
         is_root(),
         "this test creates a network namespace and TAP devices and needs root"
@@ -201,33 +211,55 @@ fn namespace_with_redis(taps: usize) -> (Namespace, tempfile::TempDir) {
     }
     let mut ns = ns;
     let dir = tempfile::tempdir().unwrap();
-    ns.spawn(
-        &[
-            "redis-server",
-            "--bind",
-            &format!("{SUBNET}.1"),
-            "--port",
-            &REDIS_PORT.to_string(),
-            "--protected-mode",
-            "no",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            dir.path().to_str().unwrap(),
-            "--requirepass",
-            HOST_PASSWORD,
-            "--user",
-            FW_USER,
-            "on",
-            &format!(">{FW_PASSWORD}"),
-            "~*",
-            "&*",
-            "+@all",
-        ],
-        Stdio::null(),
+    let tls_args: Vec<String> = tls
+        .map(|certs| {
+            vec![
+                "--tls-port".into(),
+                REDIS_TLS_PORT.to_string(),
+                "--tls-cert-file".into(),
+                certs.server_cert_path().display().to_string(),
+                "--tls-key-file".into(),
+                certs.server_key_path().display().to_string(),
+                "--tls-ca-cert-file".into(),
+                certs.ca_path().display().to_string(),
+                "--tls-auth-clients".into(),
+                "no".into(),
+            ]
+        })
+        .unwrap_or_default();
+    let (bind, port, password) = (
+        format!("{SUBNET}.1"),
+        REDIS_PORT.to_string(),
+        format!(">{FW_PASSWORD}"),
     );
+    let server: Vec<&str> = [
+        "redis-server",
+        "--bind",
+        &bind,
+        "--port",
+        &port,
+        "--protected-mode",
+        "no",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        dir.path().to_str().unwrap(),
+        "--requirepass",
+        HOST_PASSWORD,
+        "--user",
+        FW_USER,
+        "on",
+        &password,
+        "~*",
+        "&*",
+        "+@all",
+    ]
+    .into_iter()
+    .chain(tls_args.iter().map(String::as_str))
+    .collect();
+    ns.spawn(&server, Stdio::null());
     let start = Instant::now();
     while redis_cli(&ns, &["PING"]).trim() != "PONG" {
         assert!(
@@ -289,18 +321,18 @@ fn host_replica(ns: &mut Namespace, id: usize, extra: &[&str], lines: &Lines) ->
     collect(ns, id, &command, lines)
 }
 
-/// The firmware image, built by `cargo build --release` in
+/// The firmware image `name`, built by `cargo build --release` in
 /// boards/mps2-an386 (the test script does so before this test).
-fn firmware_image() -> String {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../mps2-an386/target/thumbv7em-none-eabihf/release/net-replica"
+fn firmware_image(name: &str) -> String {
+    let path = format!(
+        "{}/../mps2-an386/target/thumbv7em-none-eabihf/release/{name}",
+        env!("CARGO_MANIFEST_DIR")
     );
     assert!(
-        std::path::Path::new(path).exists(),
+        std::path::Path::new(&path).exists(),
         "{path} is missing: build it with `cd boards/mps2-an386 && cargo build --release`"
     );
-    path.to_owned()
+    path
 }
 
 /// Starts the firmware as replica `id` under QEMU on `tap<id>`,
@@ -314,11 +346,18 @@ fn firmware_replica(
     extra: &str,
     lines: &Lines,
 ) -> usize {
-    let (tap, mac, ip) = identity(id);
-    let nic = format!("tap,ifname={tap},script=no,downscript=no,mac={mac}");
+    let (_, _, ip) = identity(id);
     let append = format!(
         "--name fw{id} --ip {ip} --redis {SUBNET}.1:{REDIS_PORT} --ttl-ms {TTL_MS} --interval-ms {INTERVAL_MS} --every-ms {EVERY_MS} --redis-user {FW_USER} --redis-password {password} {extra}"
     );
+    firmware(ns, id, image, &append, lines)
+}
+
+/// Starts firmware `image` under QEMU on `tap<id>` with the command line
+/// `append`.
+fn firmware(ns: &mut Namespace, id: usize, image: &str, append: &str, lines: &Lines) -> usize {
+    let (tap, mac, _) = identity(id);
+    let nic = format!("tap,ifname={tap},script=no,downscript=no,mac={mac}");
     let command = [
         "qemu-system-arm",
         "-cpu",
@@ -337,7 +376,7 @@ fn firmware_replica(
         "-kernel",
         image,
         "-append",
-        &append,
+        append,
     ];
     collect(ns, id, &command, lines)
 }
@@ -429,7 +468,7 @@ fn each_slot_once(lines: &Lines) -> usize {
 #[test]
 #[ignore = "needs root: run as root with `cargo test -p guard-tap-replica --test netns -- --ignored`"]
 fn three_tap_replicas_one_leader_at_a_time_takeover_and_each_slot_once() {
-    let (mut ns, _dir) = namespace_with_redis(3);
+    let (mut ns, _dir) = namespace_with_redis(3, None);
     let lines: Lines = Arc::default();
     let replicas: Vec<usize> = (0..3)
         .map(|id| host_replica(&mut ns, id, &[], &lines))
@@ -532,8 +571,8 @@ fn three_tap_replicas_one_leader_at_a_time_takeover_and_each_slot_once() {
 #[test]
 #[ignore = "needs root: run as root with `cargo test -p guard-tap-replica --test netns -- --ignored`"]
 fn firmware_under_qemu_leads_hands_over_and_takes_over_beside_host_replicas() {
-    let image = firmware_image();
-    let (mut ns, _dir) = namespace_with_redis(3);
+    let image = firmware_image("net-replica");
+    let (mut ns, _dir) = namespace_with_redis(3, None);
     let lines: Lines = Arc::default();
     let within = Duration::from_millis(TTL_MS + INTERVAL_MS + OBSERVED_SLACK_MS);
     let wait = Duration::from_millis(TTL_MS + INTERVAL_MS + 5_000);
@@ -763,8 +802,8 @@ fn received(lines: &Lines, subscriber: usize) -> Vec<(String, String)> {
 #[test]
 #[ignore = "needs root: run as root with `cargo test -p guard-tap-replica --test netns -- --ignored`"]
 fn firmware_publishes_through_a_broker_restart_losing_nothing_and_only_the_leader_announces() {
-    let image = firmware_image();
-    let (mut ns, _dir) = namespace_with_redis(3);
+    let image = firmware_image("net-replica");
+    let (mut ns, _dir) = namespace_with_redis(3, None);
     let mqtt_dir = tempfile::tempdir().unwrap();
     let lines: Lines = Arc::default();
     let broker = mosquitto(&mut ns, mqtt_dir.path());
@@ -920,4 +959,117 @@ fn firmware_publishes_through_a_broker_restart_losing_nothing_and_only_the_leade
         announced.iter().filter(|a| **a == fw_line).count(),
         announced.iter().filter(|a| **a == host_line).count()
     );
+}
+
+/// Starts `tls-locker` on `tap0` against the TLS port, trusting the CA
+/// in `ca_der` (a file), a round every 200 ms; its index.
+fn tls_locker(ns: &mut Namespace, image: &str, ca_der: &std::path::Path, lines: &Lines) -> usize {
+    let (_, _, ip) = identity(0);
+    let append = format!(
+        "--name fw0 --ip {ip} --redis {SUBNET}.1:{REDIS_TLS_PORT} --tls-ca {} --redis-user {FW_USER} --redis-password {FW_PASSWORD} --every-ms 200",
+        ca_der.display()
+    );
+    firmware(ns, 0, image, &append, lines)
+}
+
+fn said(lines: &Lines) -> Vec<String> {
+    lines
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(_, _, l)| l.clone())
+        .collect()
+}
+
+/// The rounds `tls-locker` reported: (round, fence, handshakes so far).
+fn tls_rounds(said: &[String]) -> Vec<(u32, u64, u32)> {
+    said.iter()
+        .filter_map(|l| {
+            let fields: BTreeMap<&str, &str> = l
+                .strip_prefix("locked name=fw0 ")?
+                .split(' ')
+                .filter_map(|f| f.split_once('='))
+                .collect();
+            Some((
+                fields["round"].parse().ok()?,
+                fields["fence"].parse().ok()?,
+                fields["handshakes"].parse().ok()?,
+            ))
+        })
+        .collect()
+}
+
+#[test]
+#[ignore = "needs root: creates a network namespace and a TAP device, runs QEMU"]
+fn firmware_locks_over_tls_reconnects_after_redis_drops_it_and_refuses_another_ca() {
+    let image = firmware_image("tls-locker");
+    let certs = guard_testkit::TestCerts::generate().expect("certificates");
+    let (mut ns, dir) = namespace_with_redis(1, Some(&certs));
+    let ca = dir.path().join("ca.der");
+    std::fs::write(&ca, certs.ca_der().expect("CA")).unwrap();
+    let lines: Lines = Arc::default();
+    let firmware = tls_locker(&mut ns, &image, &ca, &lines);
+    // Redis drops every client connection (the firmware's TLS one among
+    // them) once the firmware has locked five times.
+    let start = Instant::now();
+    while tls_rounds(&said(&lines)).len() < 5 {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "five rounds: {:#?}",
+            said(&lines)
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    let killed = redis_cli(&ns, &["CLIENT", "KILL", "TYPE", "normal"]);
+    assert!(
+        killed.trim().parse::<u32>().is_ok_and(|n| n >= 1),
+        "{killed}"
+    );
+    let status = ns.wait_exit(firmware, Duration::from_secs(60));
+    let said = said(&lines);
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "{said:#?}");
+    assert!(
+        said.iter()
+            .any(|l| l.starts_with("tls name=fw0 handshake=ok")),
+        "{said:#?}"
+    );
+    let rounds = tls_rounds(&said);
+    assert_eq!(
+        rounds.iter().map(|r| r.0).collect::<Vec<_>>(),
+        (1..=20).collect::<Vec<_>>(),
+        "every round locked once: {said:#?}"
+    );
+    assert!(
+        rounds.windows(2).all(|w| w[0].1 < w[1].1),
+        "fences increase: {rounds:?}"
+    );
+    let handshakes = rounds.last().unwrap().2;
+    assert_eq!(handshakes, 2, "one new session after the drop: {said:#?}");
+    // The locks went through this Redis: its fence counter holds the last
+    // fence, and the lock itself is gone.
+    let keys = guard_core::lock::redis::RedisKeys::new("", "tls:fw0").unwrap();
+    let (lock, counter) = (keys.lock().to_string(), keys.fence().to_string());
+    assert_eq!(redis_cli(&ns, &["EXISTS", &lock]).trim(), "0", "{lock}");
+    assert_eq!(
+        redis_cli(&ns, &["GET", &counter]).trim(),
+        rounds.last().unwrap().1.to_string(),
+        "{counter}"
+    );
+
+    // A CA that did not sign the server's certificate: refused in the
+    // handshake, before AUTH or any command.
+    let stranger = guard_testkit::TestCerts::generate().expect("certificates");
+    let wrong = dir.path().join("stranger.der");
+    std::fs::write(&wrong, stranger.ca_der().expect("CA")).unwrap();
+    let lines: Lines = Arc::default();
+    let refused = tls_locker(&mut ns, &image, &wrong, &lines);
+    let status = ns.wait_exit(refused, Duration::from_secs(60));
+    let said = self::said(&lines);
+    assert_eq!(status.and_then(|s| s.code()), Some(1), "{said:#?}");
+    assert!(
+        said.iter()
+            .any(|l| l.starts_with("tls-locker: AUTH: ") && l.contains("Invalid")),
+        "{said:#?}"
+    );
+    assert!(tls_rounds(&said).is_empty(), "{said:#?}");
 }

@@ -30,25 +30,20 @@
 #![no_std]
 #![no_main]
 
-use core::hash::{BuildHasher, Hasher};
 use core::time::Duration;
 
-use cortex_m::interrupt::InterruptNumber;
-use cortex_m::peripheral::NVIC;
-use cortex_m_rt::exception;
-use cortex_m_semihosting::{debug, hprintln, nr, syscall1};
+use cortex_m_semihosting::hprintln;
 #[cfg(feature = "defmt")]
 use defmt_semihosting as _;
 use embassy_executor::Spawner;
-use embassy_net::{IpEndpoint, Ipv4Cidr, StackResources, StaticConfigV4};
+use embassy_net::IpEndpoint;
 use embassy_time::Timer;
 use guard_core::lock::Ttl;
 use guard_core::slot::Every;
 use guard_embassy::{Credentials, RespError};
-use guard_firmware_mps2::args::{Args, MAX_CMDLINE, cmdline};
-use guard_firmware_mps2::lan9118::{Lan9118, MPS2_BASE, MPS2_IRQ};
+use guard_firmware_mps2::args::MAX_CMDLINE;
+use guard_firmware_mps2::network;
 use guard_firmware_mps2::psram_flash::{self, PAGE, PsramFlash};
-use guard_firmware_mps2::time_driver;
 use guard_tap_replica::clock::Wall;
 use guard_tap_replica::link::{Link, LinkBuffers};
 use guard_tap_replica::publish::{Mqtt, Outbox};
@@ -56,31 +51,9 @@ use guard_tap_replica::{Event, LINK_BUFFER, Replica};
 use panic_semihosting as _;
 use static_cell::StaticCell;
 
-/// The controller's interrupt line, for the NVIC.
-#[derive(Clone, Copy)]
-struct EthernetIrq;
-
-// SAFETY: 13 is the LAN9118's line on this board, a valid external
-// interrupt number of the Cortex-M4's NVIC.
-unsafe impl InterruptNumber for EthernetIrq {
-    fn number(self) -> u16 {
-        MPS2_IRQ
-    }
-}
-
-/// No device crate names this board's interrupts: every external
-/// interrupt lands here, and only the controller's is enabled.
-#[exception]
-unsafe fn DefaultHandler(irqn: i16) {
-    if irqn == MPS2_IRQ as i16 {
-        Lan9118::on_interrupt();
-    } else {
-        panic!("unexpected interrupt {irqn}");
-    }
-}
+guard_firmware_mps2::ethernet_interrupt!();
 
 static CMDLINE: StaticCell<[u8; MAX_CMDLINE]> = StaticCell::new();
-static RESOURCES: StaticCell<StackResources<4>> = StaticCell::new();
 static LINKS: StaticCell<[LinkBuffers<LINK_BUFFER>; 3]> = StaticCell::new();
 static OUTBOX: StaticCell<Outbox<PsramFlash>> = StaticCell::new();
 /// The outbox: 8 KiB of the board's PSRAM as NOR flash, which a reset
@@ -91,63 +64,28 @@ const OUTBOX_MAGIC: u32 = 0x6f75_7462;
 static CLOCK_LINK: StaticCell<LinkBuffers<256>> = StaticCell::new();
 
 fn fail(what: &str, error: &dyn core::fmt::Display) -> ! {
-    hprintln!("net-replica: {what}: {error}");
-    debug::exit(debug::EXIT_FAILURE);
-    // Semihosting exit does not return under QEMU; on a probe it might.
-    loop {
-        cortex_m::asm::wfi();
-    }
-}
-
-/// Seeds token ids and TCP sequence numbers: the board has no random
-/// source, so the MAC (unique on the link), the name and the host's time
-/// at boot (seconds and centiseconds, through semihosting) are mixed.
-fn seed(mac: [u8; 6], name: &str) -> u64 {
-    // SAFETY: SYS_TIME and SYS_CLOCK take no argument block.
-    let (time, clock) = unsafe { (syscall1(nr::TIME, 0), syscall1(nr::CLOCK, 0)) };
-    let mut hasher = foldhash::fast::FixedState::with_seed(0x6775_6172_6400_0000).build_hasher();
-    hasher.write(&mac);
-    hasher.write(name.as_bytes());
-    hasher.write_usize(time);
-    hasher.write_usize(clock);
-    hasher.finish()
-}
-
-#[embassy_executor::task]
-async fn net(mut runner: embassy_net::Runner<'static, Lan9118>) -> ! {
-    runner.run().await
+    network::fail("net-replica", what, error)
 }
 
 #[embassy_executor::main]
 async fn main(spawner: Spawner) {
-    let Some(peripherals) = cortex_m::Peripherals::take() else {
-        panic!("core peripherals taken twice");
-    };
-    time_driver::init(peripherals.SYST);
-
-    let line = cmdline(CMDLINE.init([0; MAX_CMDLINE])).unwrap_or_else(|e| fail("command line", &e));
-    let args = Args::parse(line).unwrap_or_else(|e| fail("command line", &e));
+    let args = network::boot("net-replica", CMDLINE.init([0; MAX_CMDLINE]));
     let ttl = Ttl::from_millis(args.ttl_ms).unwrap_or_else(|e| fail("--ttl-ms", &e));
     let every =
         Every::new(Duration::from_millis(args.every_ms)).unwrap_or_else(|e| fail("--every-ms", &e));
 
-    // SAFETY: the board's one LAN9118, driven only from here.
-    let device = unsafe { Lan9118::new(MPS2_BASE) }.unwrap_or_else(|e| fail("Ethernet", &e));
-    let mac = device.mac();
-    // SAFETY: the handler (DefaultHandler) is in place; unmasking cannot
-    // break a critical section, none is open here.
-    unsafe { NVIC::unmask(EthernetIrq) };
+    if args.tls_ca.is_some() {
+        fail(
+            "--tls-ca",
+            &"net-replica reaches Redis without TLS (tls-locker speaks TLS)",
+        );
+    }
 
-    let config = embassy_net::Config::ipv4_static(StaticConfigV4 {
-        address: Ipv4Cidr::new(args.ip, args.prefix),
-        gateway: None,
-        dns_servers: heapless::Vec::new(),
-    });
-    let seed = seed(mac, args.name);
-    let (stack, net_runner) =
-        embassy_net::new(device, config, RESOURCES.init(StackResources::new()), seed);
-    spawner.spawn(net(net_runner).unwrap_or_else(|_| panic!("network task spawned twice")));
-    stack.wait_config_up().await;
+    // SAFETY: this image owns the board's one LAN9118, and DefaultHandler
+    // is in place.
+    let (stack, seed) = unsafe { network::start(spawner, &args) }
+        .await
+        .unwrap_or_else(|e| fail("Ethernet", &e));
     hprintln!(
         "{} ip={}/{}",
         Event::Up { name: args.name },
