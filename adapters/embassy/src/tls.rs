@@ -43,7 +43,10 @@
 //!     rng: impl embedded_tls::CryptoRngCore,
 //! ) -> bool {
 //!     let (mut read, mut write) = ([0u8; record_len(1024)], [0u8; record_len(1024)]);
-//!     let mut session = TlsSession::new(tcp, close, (&mut read, &mut write), "redis", ca, rng);
+//!     let Ok(mut session) = TlsSession::new(tcp, close, (&mut read, &mut write), "redis", ca, rng)
+//!     else {
+//!         return false; // not a DER certificate
+//!     };
 //!     let channel: TlsChannel<NoopRawMutex> = TlsChannel::new();
 //!     let locker = RespLocker::<NoopRawMutex, _>::new(TlsLink::new(&channel), 7)
 //!         .with_reset(TlsLink::close);
@@ -110,6 +113,109 @@ impl<R: CryptoRngCore> CryptoProvider for CaVerified<'_, R> {
 
     fn verifier(&mut self) -> Result<&mut impl TlsVerifier<Aes128GcmSha256>, TlsError> {
         Ok(&mut self.verifier)
+    }
+}
+
+/// A CA certificate that cannot be one: what is wrong with it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InvalidCa {
+    /// No bytes.
+    Empty,
+    /// It does not start as a DER `SEQUENCE` (a PEM file starts
+    /// `-----BEGIN`: convert it to DER).
+    NotDer,
+    /// Its length says `declared` bytes but `len` are given.
+    Length {
+        /// The bytes the DER header declares, header included.
+        declared: usize,
+        /// The bytes given.
+        len: usize,
+    },
+}
+
+impl core::fmt::Display for InvalidCa {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            InvalidCa::Empty => f.write_str("the CA certificate is empty"),
+            InvalidCa::NotDer => f.write_str(
+                "the CA certificate is not DER (a PEM file starts with -----BEGIN: convert it with `openssl x509 -outform der`)",
+            ),
+            InvalidCa::Length { declared, len } => write!(
+                f,
+                "the CA certificate declares {declared} bytes but {len} are given (cut short, or more than one)"
+            ),
+        }
+    }
+}
+
+impl core::error::Error for InvalidCa {}
+
+/// Checks that `der` is exactly one DER `SEQUENCE` (an X.509 certificate
+/// is one); its content is checked at each handshake.
+fn check_der(der: &[u8]) -> Result<(), InvalidCa> {
+    let (&tag, rest) = der.split_first().ok_or(InvalidCa::Empty)?;
+    if tag != 0x30 {
+        return Err(InvalidCa::NotDer);
+    }
+    let (&first, rest) = rest.split_first().ok_or(InvalidCa::NotDer)?;
+    // Short form: the length itself; long form: 0x80 | the number of
+    // length bytes that follow (at most 4 here: no certificate is larger).
+    let (content, header) = if first < 0x80 {
+        (usize::from(first), 2)
+    } else {
+        let count = usize::from(first & 0x7f);
+        let Some(bytes) = rest.get(..count).filter(|_| (1..=4).contains(&count)) else {
+            return Err(InvalidCa::NotDer);
+        };
+        let content = bytes.iter().fold(0usize, |n, &b| (n << 8) | usize::from(b));
+        (content, 2 + count)
+    };
+    let declared = content.saturating_add(header);
+    if declared != der.len() {
+        return Err(InvalidCa::Length {
+            declared,
+            len: der.len(),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{InvalidCa, check_der};
+
+    #[test]
+    fn a_ca_must_be_one_der_sequence() {
+        assert_eq!(check_der(&[]), Err(InvalidCa::Empty));
+        assert_eq!(
+            check_der(b"-----BEGIN CERTIFICATE-----"),
+            Err(InvalidCa::NotDer)
+        );
+        assert_eq!(check_der(&[0x30]), Err(InvalidCa::NotDer));
+        assert_eq!(check_der(&[0x30, 0x80]), Err(InvalidCa::NotDer));
+        assert_eq!(
+            check_der(&[0x30, 0x85, 1, 1, 1, 1, 1]),
+            Err(InvalidCa::NotDer)
+        );
+        assert_eq!(check_der(&[0x30, 0x82, 0x01]), Err(InvalidCa::NotDer));
+        assert_eq!(check_der(&[0x30, 0x02, 0x05, 0x00]), Ok(()));
+        assert_eq!(
+            check_der(&[0x30, 0x02, 0x05]),
+            Err(InvalidCa::Length {
+                declared: 4,
+                len: 3
+            })
+        );
+        assert_eq!(
+            check_der(&[0x30, 0x01, 0x05, 0x30]),
+            Err(InvalidCa::Length {
+                declared: 3,
+                len: 4
+            })
+        );
+        let mut long = [0u8; 300];
+        long[..4].copy_from_slice(&[0x30, 0x82, 0x01, 0x28]);
+        assert_eq!(check_der(&long), Ok(()));
     }
 }
 
@@ -263,7 +369,9 @@ impl<'a, S: Read + Write, R: CryptoRngCore> TlsSession<'a, S, R> {
     /// after `close`; records in `read` and `write` (of
     /// [`record_len`] for the largest record the server may send, and
     /// what the handshake needs); the server's certificate checked
-    /// against `ca` (DER) for `server_name`.
+    /// against `ca` (DER) for `server_name`. A `ca` that is not one DER
+    /// structure (empty, PEM, cut short, with bytes after it) is refused
+    /// here rather than at the first handshake.
     pub fn new(
         socket: S,
         close: fn(&mut S),
@@ -271,8 +379,9 @@ impl<'a, S: Read + Write, R: CryptoRngCore> TlsSession<'a, S, R> {
         server_name: &'a str,
         ca: &'a [u8],
         rng: R,
-    ) -> Self {
-        TlsSession {
+    ) -> Result<Self, InvalidCa> {
+        check_der(ca)?;
+        Ok(TlsSession {
             socket,
             close,
             read,
@@ -280,7 +389,7 @@ impl<'a, S: Read + Write, R: CryptoRngCore> TlsSession<'a, S, R> {
             server_name,
             ca,
             rng,
-        }
+        })
     }
 
     /// Serves `channel`'s operations for ever, with records of at most

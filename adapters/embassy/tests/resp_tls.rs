@@ -257,6 +257,7 @@ fn session<'b>(
         ca,
         ChaCha20Rng::seed_from_u64(seed),
     )
+    .expect("a DER certificate")
 }
 
 #[test]

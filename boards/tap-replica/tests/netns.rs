@@ -1030,7 +1030,7 @@ fn firmware_locks_over_tls_reconnects_after_redis_drops_it_and_refuses_another_c
     assert_eq!(status.and_then(|s| s.code()), Some(0), "{said:#?}");
     assert!(
         said.iter()
-            .any(|l| l.starts_with("tls name=fw0 handshake=ok")),
+            .any(|l| l == "authenticated name=fw0 handshakes=1"),
         "{said:#?}"
     );
     let rounds = tls_rounds(&said);
