@@ -16,18 +16,31 @@
 //! - every connection is a new TCP connection and a full handshake: after
 //!   a failed operation or [`TlsLink::close`], the next operation starts a
 //!   new session (so `RespLocker::with_reset(TlsLink::close)` puts the
-//!   locker back in step);
+//!   locker back in step); a close ends the connection even while the
+//!   session waits on a silent server, in a handshake or a read;
 //! - the server's certificate chain is checked against the CA for the
 //!   server name before anything is sent ([`CaVerified`]); a refused
 //!   certificate fails the operation that asked for the connection;
-//! - an operation a client abandoned (its future dropped) is finished by
-//!   the session but its answer never reaches a later operation
-//!   (operations are numbered).
+//! - an operation a client abandoned (its future dropped) is not started
+//!   if it was still waiting, and its answer never reaches a later
+//!   operation if it was running (operations are numbered); an abandoned
+//!   read may still take bytes off the connection, which is then out of
+//!   step: close it after abandoning an operation, as `RespLocker`'s
+//!   reset does.
+//!
+//! One [`TlsLink`] per channel: two would wait for the same answers.
 //!
 //! Limits: the validity period is not checked (no calendar clock:
 //! `NoClock`); the randomness is the RNG given, which must be a CSPRNG
-//! seeded from a real entropy source on a board that has one; the cipher
-//! suite is TLS_AES_128_GCM_SHA256, the one every TLS 1.3 server offers.
+//! seeded from a real entropy source, drawn for TLS alone (a seed that
+//! also makes TCP sequence numbers or lock tokens, which the wire and
+//! Redis show, gives the session keys away); the cipher suite is
+//! TLS_AES_128_GCM_SHA256, the one every TLS 1.3 server offers; the
+//! server's certificates are ECDSA P-256 (embedded-tls's verifier without
+//! its RSA and P-384 features); each handshake message must fit one
+//! record, so with records of 1 KiB the server's certificate chain must
+//! fit about 1 KiB (a certificate the CA signed directly does; one with
+//! an intermediate may need 4 KiB records).
 //!
 //! ```no_run
 //! use embassy_sync::blocking_mutex::raw::NoopRawMutex;
@@ -61,6 +74,7 @@
 
 use core::cell::RefCell;
 
+use embassy_futures::select::{Either, select};
 use embassy_sync::blocking_mutex::Mutex;
 use embassy_sync::blocking_mutex::raw::RawMutex;
 use embassy_sync::signal::Signal;
@@ -219,6 +233,23 @@ mod tests {
     }
 }
 
+/// Whether `e` is a refusal that asking again cannot change: the
+/// server's certificate does not check out against the CA (or is not
+/// P-256), the server aborted the handshake, or its records do not fit the
+/// buffers. Anything else (a connection that failed or closed) may pass on
+/// the next connection.
+pub fn is_refusal(e: &TlsError) -> bool {
+    matches!(
+        e,
+        TlsError::InvalidCertificate
+            | TlsError::InvalidCertificateEntry
+            | TlsError::InvalidSignature
+            | TlsError::InvalidSignatureScheme
+            | TlsError::HandshakeAborted(..)
+            | TlsError::InsufficientSpace
+    )
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Op {
     /// Send bytes `..n` of `to_send`.
@@ -237,8 +268,6 @@ struct Shared {
     received: [u8; CHUNK],
     /// The number of the last operation asked for.
     asked: u32,
-    /// Set by [`TlsLink::close`]: the next operation starts a new session.
-    reset: bool,
     /// Handshakes completed, for reports.
     handshakes: u32,
 }
@@ -249,6 +278,9 @@ struct Shared {
 pub struct TlsChannel<M: RawMutex> {
     op: Signal<M, (u32, Op)>,
     done: Signal<M, (u32, Result<usize, TlsError>)>,
+    /// Signalled by [`TlsLink::close`]: the connection ends, whatever the
+    /// session is waiting for.
+    reset: Signal<M, ()>,
     shared: Mutex<M, RefCell<Shared>>,
 }
 
@@ -258,11 +290,11 @@ impl<M: RawMutex> TlsChannel<M> {
         TlsChannel {
             op: Signal::new(),
             done: Signal::new(),
+            reset: Signal::new(),
             shared: Mutex::new(RefCell::new(Shared {
                 to_send: [0; CHUNK],
                 received: [0; CHUNK],
                 asked: 0,
-                reset: false,
                 handshakes: 0,
             })),
         }
@@ -271,6 +303,11 @@ impl<M: RawMutex> TlsChannel<M> {
     /// Handshakes completed so far: one per connection the session made.
     pub fn handshakes(&self) -> u32 {
         self.shared.lock(|s| s.borrow().handshakes)
+    }
+
+    /// Whether operation `number` is the last one asked (not abandoned).
+    fn is_current(&self, number: u32) -> bool {
+        self.with(|s| s.asked == number)
     }
 
     fn with<T>(&self, f: impl FnOnce(&mut Shared) -> T) -> T {
@@ -299,7 +336,7 @@ impl<'c, M: RawMutex> TlsLink<'c, M> {
     /// Ends the connection: the next operation starts a new session (a
     /// reset hook for [`RespLocker::with_reset`](crate::RespLocker::with_reset)).
     pub fn close(&mut self) {
-        self.channel.with(|s| s.reset = true);
+        self.channel.reset.signal(());
     }
 
     /// Asks for `op` and waits for its answer, skipping answers to
@@ -403,40 +440,62 @@ impl<'a, S: Read + Write, R: CryptoRngCore> TlsSession<'a, S, R> {
         if let Some(fragment) = fragment {
             config = config.with_max_fragment_length(fragment);
         }
-        // An operation that arrived while the last connection ended: the
-        // first of the next one.
-        let mut pending = None;
         loop {
-            let (number, op) = match pending.take() {
-                Some(asked) => asked,
-                None => channel.op.wait().await,
-            };
-            channel.with(|s| s.reset = false);
+            let (number, op) = channel.op.wait().await;
+            if !channel.is_current(number) {
+                continue;
+            }
+            // A close before this operation was asked ended the last
+            // connection, which is gone already.
+            channel.reset.reset();
             // A fresh TCP connection for every session.
             (self.close)(&mut self.socket);
             let mut tls: TlsConnection<'_, &mut S, Aes128GcmSha256> =
                 TlsConnection::new(&mut self.socket, &mut *self.read, &mut *self.write);
             let provider = CaVerified::new(self.ca, &mut self.rng);
-            if let Err(e) = tls.open(TlsContext::new(&config, provider)).await {
-                channel.done.signal((number, Err(e)));
-                continue;
+            // A close ends a handshake with a silent server too (the
+            // operation that asked for it was abandoned).
+            match select(
+                channel.reset.wait(),
+                tls.open(TlsContext::new(&config, provider)),
+            )
+            .await
+            {
+                Either::First(()) => continue,
+                Either::Second(Err(e)) => {
+                    channel.done.signal((number, Err(e)));
+                    continue;
+                }
+                Either::Second(Ok(())) => {}
             }
             channel.with(|s| s.handshakes = s.handshakes.wrapping_add(1));
             let mut current = Some((number, op));
             loop {
                 let (number, op) = match current.take() {
                     Some(asked) => asked,
-                    None => channel.op.wait().await,
+                    // A close first: an operation asked after it belongs
+                    // to the next connection.
+                    None => match select(channel.reset.wait(), channel.op.wait()).await {
+                        Either::First(()) => break,
+                        Either::Second(asked) => asked,
+                    },
                 };
-                if channel.with(|s| s.reset) {
-                    pending = Some((number, op));
-                    break;
+                // Abandoned while the handshake ran: never run (its bytes
+                // may be a later write's by now).
+                if !channel.is_current(number) {
+                    continue;
                 }
-                let result = run(&mut tls, channel, op).await;
-                let failed = result.is_err();
-                channel.done.signal((number, result));
-                if failed {
-                    break;
+                // A close ends a read from a silent server too: the
+                // connection is out of step and goes.
+                match select(channel.reset.wait(), run(&mut tls, channel, op)).await {
+                    Either::First(()) => break,
+                    Either::Second(result) => {
+                        let failed = result.is_err();
+                        channel.done.signal((number, result));
+                        if failed {
+                            break;
+                        }
+                    }
                 }
             }
             // `tls` ends here, giving the record buffers back to the next
@@ -479,7 +538,7 @@ where
     R: CryptoRngCore,
     M: RawMutex,
 {
-    match embassy_futures::select::select(client, session.serve(channel, fragment)).await {
-        embassy_futures::select::Either::First(out) => out,
+    match select(client, session.serve(channel, fragment)).await {
+        Either::First(out) => out,
     }
 }

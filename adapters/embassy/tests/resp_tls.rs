@@ -292,14 +292,13 @@ fn a_session_reconnects_with_a_new_handshake_after_redis_drops_every_client() {
         assert!(killed.starts_with(':'), "{killed}");
         // The request that finds the connection gone fails; the next one
         // starts a new session, authenticates in it and is granted.
-        let mut attempts = 0;
-        let second = loop {
-            attempts += 1;
-            assert!(attempts <= 3, "no new session after {attempts} requests");
-            if let Ok(Some(held)) = locker.try_lock("again", ttl()).await {
-                break held;
-            }
-        };
+        let gone = locker.try_lock("again", ttl()).await;
+        assert!(gone.is_err(), "{gone:?}");
+        let second = locker
+            .try_lock("again", ttl())
+            .await
+            .expect("a reply on a new session")
+            .expect("granted");
         assert_eq!(channel.handshakes(), 2, "one new handshake");
         assert!(second.fence() > first.fence());
     }));
@@ -342,5 +341,123 @@ fn an_abandoned_read_never_answers_a_later_one_nor_spoils_what_is_written_next()
             "{:?}",
             String::from_utf8_lossy(&buf[..n])
         );
+    }));
+}
+
+/// A TCP proxy to `port` that lets each connection through only after
+/// `delay`: a server slow to start its handshake.
+fn slow_proxy(port: u16, delay: std::time::Duration) -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let local = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(client) = client else { return };
+            std::thread::spawn(move || {
+                std::thread::sleep(delay);
+                let Ok(server) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+                    return;
+                };
+                let (mut c, mut s) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                std::thread::spawn(move || drop(std::io::copy(&mut c, &mut s)));
+                let (mut c, mut s) = (client, server);
+                drop(std::io::copy(&mut s, &mut c));
+            });
+        }
+    });
+    local
+}
+
+/// `fut`, or `None` once `ms` milliseconds passed.
+async fn within<T>(ms: u64, fut: impl std::future::Future<Output = T>) -> Option<T> {
+    futures_lite::future::or(async { Some(fut.await) }, async {
+        async_io::Timer::after(std::time::Duration::from_millis(ms)).await;
+        None
+    })
+    .await
+}
+
+#[test]
+fn a_close_ends_a_read_that_waits_on_a_silent_server() {
+    let certs = TestCerts::generate().expect("certificates");
+    let server = RedisServer::start_tls(&certs).expect("redis");
+    let ca = certs.ca_der().expect("CA");
+    let (mut r, mut w) = (vec![0u8; record_len(1024)], vec![0u8; record_len(1024)]);
+    let mut session = session(&server, &ca, 8, (&mut r, &mut w));
+    let channel: TlsChannel<NoopRawMutex> = TlsChannel::new();
+    let mut link = TlsLink::new(&channel);
+    smol::block_on(with_session(&mut session, &channel, None, async {
+        // Blocks for ever: the server stays silent on this connection.
+        link.write_all(b"*3\r\n$5\r\nBLPOP\r\n$5\r\nempty\r\n$1\r\n0\r\n")
+            .await
+            .expect("written");
+        link.flush().await.expect("flushed");
+        let mut buf = [0u8; 64];
+        assert!(within(100, link.read(&mut buf)).await.is_none());
+        link.close();
+        let pong = within(5_000, async {
+            link.write_all(b"*1\r\n$4\r\nPING\r\n").await?;
+            link.flush().await?;
+            link.read(&mut buf).await
+        })
+        .await
+        .expect("a new connection, not the one stuck in BLPOP");
+        let n = pong.expect("a reply");
+        assert_eq!(&buf[..n], b"+PONG\r\n");
+        assert_eq!(channel.handshakes(), 2);
+    }));
+}
+
+#[test]
+fn a_write_abandoned_during_the_handshake_is_never_sent() {
+    let certs = TestCerts::generate().expect("certificates");
+    let server = RedisServer::start_tls(&certs).expect("redis");
+    let ca = certs.ca_der().expect("CA");
+    let slow = slow_proxy(server.port(), std::time::Duration::from_millis(300));
+    let (mut r, mut w) = (vec![0u8; record_len(1024)], vec![0u8; record_len(1024)]);
+    let tcp = Reconnecting {
+        port: slow,
+        stream: None,
+    };
+    let mut session = TlsSession::new(
+        tcp,
+        Reconnecting::close,
+        (&mut r, &mut w),
+        "localhost",
+        &ca,
+        ChaCha20Rng::seed_from_u64(9),
+    )
+    .expect("a DER certificate");
+    let channel: TlsChannel<NoopRawMutex> = TlsChannel::new();
+    let mut link = TlsLink::new(&channel);
+    smol::block_on(with_session(&mut session, &channel, None, async {
+        // The first write asks for the connection and is abandoned while
+        // the handshake waits for the server.
+        assert!(
+            within(50, link.write(b"*1\r\n$4\r\nPING\r\n"))
+                .await
+                .is_none()
+        );
+        // The next request, once connected, is the only one sent.
+        let echo = b"*2\r\n$4\r\nECHO\r\n$1\r\nx\r\n";
+        link.write_all(echo).await.expect("written");
+        link.write_all(b"*1\r\n$4\r\nPING\r\n")
+            .await
+            .expect("written");
+        link.flush().await.expect("flushed");
+        let mut replies = Vec::new();
+        let mut buf = [0u8; 64];
+        while replies.len() < b"$1\r\nx\r\n+PONG\r\n".len() {
+            let n = within(5_000, link.read(&mut buf))
+                .await
+                .expect("replies")
+                .expect("a reply");
+            replies.extend_from_slice(&buf[..n]);
+        }
+        assert_eq!(
+            String::from_utf8_lossy(&replies),
+            "$1\r\nx\r\n+PONG\r\n",
+            "the ECHO and the PING, nothing before them"
+        );
+        assert_eq!(channel.handshakes(), 1);
     }));
 }

@@ -819,6 +819,24 @@ fn streams_pending_entries_of_a_killed_consumer_are_claimed_by_another() {
     );
 }
 
+/// Runs `consumer` until it has read a batch and hangs in its first
+/// entry, then drops it there: killed with the batch pending on its name.
+fn killed_mid_batch(consumer: StreamConsumer) {
+    smol::block_on(future::or(
+        async {
+            let (_handle, ctl) = control();
+            consumer
+                .run(ctl, Classifier::retry_all(), |_message| {
+                    future::pending::<Result<(), String>>()
+                })
+                .await;
+        },
+        async {
+            async_io::Timer::after(Duration::from_millis(300)).await;
+        },
+    ));
+}
+
 /// A consumer killed with a batch pending on it and started again under
 /// its name takes that batch first, before anything newer: the stream's
 /// order holds across the restart, without waiting for the claim idle
@@ -833,21 +851,7 @@ fn streams_a_restarted_consumer_takes_its_own_pending_entries_first_in_stream_or
             .with_claim_idle(Duration::from_secs(60))
             .unwrap()
     };
-    let killed = named();
-    smol::block_on(future::or(
-        async {
-            let (_handle, ctl) = control();
-            killed
-                .run(ctl, Classifier::retry_all(), |_message| {
-                    future::pending::<Result<(), String>>()
-                })
-                .await;
-        },
-        async {
-            async_io::Timer::after(Duration::from_millis(300)).await;
-        },
-    ));
-    drop(killed);
+    killed_mid_batch(named());
     assert_eq!(pending(&mut conn, "orders", "billing"), 10, "its batch");
     // One entry of that batch is deleted meanwhile (a trim): nothing is
     // left to hand on, and it must not hold the rest back.
@@ -900,6 +904,88 @@ fn streams_a_restarted_consumer_takes_its_own_pending_entries_first_in_stream_or
     assert_eq!(stats.resumed, 9, "{stats:?}");
     assert_eq!(stats.claimed, 0, "{stats:?}");
     assert_eq!(pending(&mut conn, "orders", "billing"), 0);
+}
+
+/// A restarted consumer whose first round of its history fails at Redis
+/// (its `XACK` refused) reads that history again first, rather than
+/// leaving it to the claim behind newer entries.
+#[test]
+fn streams_a_history_round_that_fails_at_redis_is_read_again_first() {
+    let server = RedisServer::start().expect("redis-server");
+    let mut conn = sync_conn(&server);
+    add_entries(&mut conn, "orders", (0..30).map(|i| format!("p{i}")));
+    // The consumer's user may not XACK until the test allows it.
+    let _: () = redis::cmd("ACL")
+        .arg(
+            &[
+                "SETUSER", "reader", "on", ">pw", "~*", "&*", "+@all", "-xack",
+            ][..],
+        )
+        .query(&mut conn)
+        .unwrap();
+    let url = server.url().replace("redis://", "redis://reader:pw@");
+    let named = || {
+        let conn = smol::block_on(RedisConnection::connect(
+            Topology::Standalone { url: url.clone() },
+            Duration::from_millis(500),
+        ))
+        .expect("connect");
+        StreamConsumer::new(conn, "orders", "billing", "replica-1")
+            .unwrap()
+            .with_poll_interval(Duration::from_millis(20))
+            .with_claim_idle(Duration::from_secs(60))
+            .unwrap()
+    };
+    killed_mid_batch(named());
+    assert_eq!(pending(&mut conn, "orders", "billing"), 10, "its batch");
+
+    let order: Arc<Mutex<Vec<String>>> = Arc::default();
+    let (handle, ctl) = control();
+    let restarted = named();
+    let thread = thread::spawn({
+        let order = order.clone();
+        let mut admin = sync_conn(&server);
+        move || {
+            smol::block_on(restarted.run(ctl, Classifier::retry_all(), move |message| {
+                let payload = String::from_utf8(message.payload().unwrap().to_vec()).unwrap();
+                let mut order = order.lock().unwrap();
+                // Seen again: the failed round's history is read again;
+                // from now on its XACK goes through.
+                if order.contains(&payload) {
+                    let _: () = redis::cmd("ACL")
+                        .arg(&["SETUSER", "reader", "+xack"][..])
+                        .query(&mut admin)
+                        .unwrap();
+                }
+                order.push(payload);
+                future::ready(Ok::<(), String>(()))
+            }))
+        }
+    });
+    let all = wait_until(Duration::from_secs(10), || {
+        order.lock().unwrap().iter().collect::<BTreeSet<_>>().len() >= 30
+            && pending(&mut sync_conn(&server), "orders", "billing") == 0
+    });
+    handle.stop();
+    thread.join().unwrap();
+    let order = order.lock().unwrap().clone();
+    assert!(all, "all handled and acknowledged: {order:?}");
+    let mut first = Vec::new();
+    for p in &order {
+        if !first.contains(p) {
+            first.push(p.clone());
+        }
+    }
+    let expected: Vec<String> = (0..30).map(|i| format!("p{i}")).collect();
+    assert_eq!(
+        first, expected,
+        "first handlings in stream order: {order:?}"
+    );
+    assert_eq!(
+        &order[..10],
+        &order[10..20],
+        "the history twice, then the rest"
+    );
 }
 
 #[test]

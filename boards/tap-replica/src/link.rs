@@ -8,8 +8,15 @@ use embedded_io_async::{ErrorKind, ErrorType, Read, Write};
 use guard_embassy::resp::Frame;
 use guard_embassy::{Credentials, MAX_PASSWORD, MAX_USER, RespError, exchange, server_message};
 
-/// How long one connection attempt or one read may take.
+/// How long the peer may leave a connection attempt, sent data or a
+/// keep-alive unacknowledged before the connection is aborted (smoltcp's
+/// timeout: it does not bound a read from a peer that acknowledges but
+/// never answers; a caller bounds that itself).
 const IO_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often an idle connection probes the peer, so that one that went
+/// away ends the connection within this plus [`IO_TIMEOUT`] instead of
+/// leaving a read waiting for ever.
+const KEEP_ALIVE: Duration = Duration::from_secs(1);
 
 /// A connection to one endpoint over embassy-net; after a failure (or
 /// [`Link::close`]) the next read or write connects again.
@@ -86,6 +93,7 @@ impl Link {
     ) -> Self {
         let mut socket = TcpSocket::new(stack, &mut buffers.rx, &mut buffers.tx);
         socket.set_timeout(Some(IO_TIMEOUT));
+        socket.set_keep_alive(Some(KEEP_ALIVE));
         Link {
             socket,
             remote,

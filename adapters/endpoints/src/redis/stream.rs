@@ -23,8 +23,9 @@
 //! history the group keeps per consumer name): the stream's order holds
 //! across the restart, and nothing waits for the claim idle time. Give a
 //! replica the same name across its restarts for this; under a new name,
-//! the old name's pending entries (at most a batch) are claimed once idle,
-//! behind whatever newer entries were read meanwhile. An entry of that
+//! the old name's pending entries (the batch it had in hand, and any it
+//! left pending after failures) are claimed once idle, behind whatever
+//! newer entries were read meanwhile. An entry of that
 //! history that the stream no longer holds (trimmed or deleted) is
 //! acknowledged and logged: there is nothing left to hand on.
 //!
@@ -531,16 +532,19 @@ impl StreamConsumer {
         Fut: Future<Output = Result<(), E>>,
         E: fmt::Display,
     {
+        // Where this name's history goes on after this round: moved only
+        // once the round succeeded, so a round that fails at Redis reads
+        // the same entries again (still first) rather than leaving them
+        // to the claim, behind newer ones.
+        let mut next_history = None;
         let (claimed, fresh) = match read {
             Read::Own { after } => {
                 let own = self.read_own(after.as_str()).await?;
-                // The cursor moves past what was read, whatever its
-                // outcome: an entry left pending again is not read again
-                // in a loop; the claim takes it once idle.
-                match own.last() {
-                    Some(last) => *after = last.id.clone(),
-                    None => *after = String::new(),
-                }
+                // Past what was read, whatever each entry's outcome: one
+                // left pending again is not read again in a loop; the
+                // claim takes it once idle.
+                let next = own.last().map(|last| last.id.clone()).unwrap_or_default();
+                next_history = Some((after, next));
                 let (gone, own): (Vec<_>, Vec<_>) =
                     own.into_iter().partition(|e| e.fields.is_empty());
                 if !gone.is_empty() {
@@ -598,7 +602,11 @@ impl StreamConsumer {
             }
         }
         self.ack(&acks).await?;
-        handled.map(|()| count)
+        let count = handled.map(|()| count)?;
+        if let Some((after, next)) = next_history {
+            *after = next;
+        }
+        Ok(count)
     }
 
     /// Consumes until `control` stops it, then returns what it did. Redis

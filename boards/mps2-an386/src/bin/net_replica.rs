@@ -83,7 +83,7 @@ async fn main(spawner: Spawner) {
 
     // SAFETY: this image owns the board's one LAN9118, and DefaultHandler
     // is in place.
-    let (stack, seed) = unsafe { network::start(spawner, &args) }
+    let (stack, seed, _) = unsafe { network::start(spawner, &args) }
         .await
         .unwrap_or_else(|e| fail("Ethernet", &e));
     hprintln!(

@@ -24,8 +24,9 @@
 //! ```
 //!
 //! Limits: the board has no random source, so the TLS client's randomness
-//! is ChaCha20 seeded from the MAC, the name and the host's time at boot
-//! (a board with a TRNG seeds from it); it has no calendar clock, so the
+//! is ChaCha20 seeded from the MAC, the name and the host's time at boot,
+//! through SHA-256 apart from the seed of TCP and the lock tokens (a board
+//! with a TRNG seeds from it); it has no calendar clock, so the
 //! certificate's validity period is not checked.
 
 #![no_std]
@@ -37,10 +38,10 @@ use defmt_semihosting as _;
 use embassy_executor::Spawner;
 use embassy_net::IpEndpoint;
 use embassy_sync::blocking_mutex::raw::NoopRawMutex;
-use embassy_time::Timer;
-use embedded_tls::MaxFragmentLength;
-use guard_core::lock::{Locker, Ttl};
-use guard_embassy::tls::{TlsChannel, TlsLink, TlsSession, record_len, with_session};
+use embassy_time::{Duration, Timer, with_timeout};
+use embedded_tls::{MaxFragmentLength, TlsError};
+use guard_core::lock::{Locker, Ttl, UnlockError};
+use guard_embassy::tls::{TlsChannel, TlsLink, TlsSession, is_refusal, record_len, with_session};
 use guard_embassy::{Credentials, RespError, RespLocker};
 use guard_firmware_mps2::args::MAX_CMDLINE;
 use guard_firmware_mps2::{host_file, network};
@@ -54,9 +55,11 @@ guard_firmware_mps2::ethernet_interrupt!();
 
 /// Rounds of lock and release.
 pub const ROUNDS: u32 = 20;
-/// Requests a round may take: the first after a dropped connection fails,
-/// the next makes a new one.
+/// Requests each step may take: the first after a dropped connection
+/// fails, the next makes a new one.
 pub const ATTEMPTS: u32 = 3;
+/// How long one request may take before it is abandoned.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// A record of 1 KiB of data.
 const RECORD: usize = record_len(1024);
 /// The largest CA certificate taken.
@@ -69,6 +72,44 @@ static RECORDS: StaticCell<([u8; RECORD], [u8; RECORD])> = StaticCell::new();
 
 fn fail(what: &str, error: &dyn core::fmt::Display) -> ! {
     network::fail("tls-locker", what, error)
+}
+
+/// Why a request failed: Redis's error, or no answer in time.
+enum Failure {
+    Redis(RespError<TlsError>),
+    TimedOut,
+}
+
+impl core::fmt::Display for Failure {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Failure::Redis(e) => write!(f, "{e}"),
+            Failure::TimedOut => write!(f, "no answer within {} s", REQUEST_TIMEOUT.as_secs()),
+        }
+    }
+}
+
+/// `request`, abandoned after [`REQUEST_TIMEOUT`] (the locker then starts
+/// a new session with its next request).
+async fn asked<T>(
+    request: impl core::future::Future<Output = Result<T, RespError<TlsError>>>,
+) -> Result<T, Failure> {
+    match with_timeout(REQUEST_TIMEOUT, request).await {
+        Ok(answer) => answer.map_err(Failure::Redis),
+        Err(_) => Err(Failure::TimedOut),
+    }
+}
+
+/// Reports attempt `attempt` of `what` failing; ends the image on a
+/// refusal that asking again cannot change (credentials, the server's
+/// certificate) or on the last attempt.
+fn failed(name: &str, round: u32, what: &str, attempt: u32, e: &Failure) {
+    match e {
+        Failure::Redis(e @ RespError::AuthRefused(_)) => fail("AUTH", e),
+        Failure::Redis(RespError::Io(tls)) if is_refusal(tls) => fail("TLS", tls),
+        e if attempt >= ATTEMPTS => fail(what, e),
+        e => hprintln!("failed name={name} round={round} {what}: {e}"),
+    }
 }
 
 #[embassy_executor::main]
@@ -91,7 +132,7 @@ async fn main(spawner: Spawner) {
 
     // SAFETY: this image owns the board's one LAN9118, and DefaultHandler
     // is in place.
-    let (stack, seed) = unsafe { network::start(spawner, &args) }
+    let (stack, seed, mac) = unsafe { network::start(spawner, &args) }
         .await
         .unwrap_or_else(|e| fail("Ethernet", &e));
     hprintln!("up name={name} ip={}/{}", args.ip, args.prefix);
@@ -109,7 +150,9 @@ async fn main(spawner: Spawner) {
         (read, write),
         "localhost",
         ca,
-        ChaCha20Rng::seed_from_u64(seed),
+        // Its own seed: `seed` makes TCP sequence numbers and lock
+        // tokens, which anyone on the path or with Redis sees.
+        ChaCha20Rng::from_seed(network::tls_seed(mac, name)),
     )
     .unwrap_or_else(|e| fail("--tls-ca", &e));
     let mut locker =
@@ -123,8 +166,11 @@ async fn main(spawner: Spawner) {
     let rounds = async {
         // With credentials, the first request: the first handshake too.
         if authenticating {
-            if let Err(e) = locker.authenticate().await {
-                fail("AUTH", &e);
+            for attempt in 1..=ATTEMPTS {
+                match asked(locker.authenticate()).await {
+                    Ok(()) => break,
+                    Err(e) => failed(name, 0, "AUTH", attempt, &e),
+                }
             }
             hprintln!(
                 "authenticated name={name} handshakes={}",
@@ -135,18 +181,37 @@ async fn main(spawner: Spawner) {
             let mut attempt = 0;
             let held = loop {
                 attempt += 1;
-                match locker.try_lock(&key, ttl).await {
+                match asked(locker.try_lock(&key, ttl)).await {
                     Ok(Some(held)) => break held,
+                    // After a failed attempt, the lock may be this image's
+                    // own, granted by a request whose reply was lost: its
+                    // lease ends within the TTL.
+                    Ok(None) if attempt > 1 && attempt < ATTEMPTS => {
+                        hprintln!(
+                            "held name={name} round={round}: waiting out a lease whose grant was lost"
+                        );
+                        Timer::after_millis(args.ttl_ms).await;
+                    }
                     Ok(None) => fail("lock", &"held by another"),
-                    // Credentials refused or a certificate the CA did not
-                    // sign are not worth asking again with.
-                    Err(e @ RespError::AuthRefused(_)) => fail("lock", &e),
-                    Err(e) if attempt >= ATTEMPTS => fail("lock", &e),
-                    Err(e) => hprintln!("failed name={name} round={round}: {e}"),
+                    Err(e) => failed(name, round, "lock", attempt, &e),
                 }
             };
-            if let Err(e) = locker.unlock(&key, &held).await {
-                fail("unlock", &e);
+            for attempt in 1..=ATTEMPTS {
+                let released = asked(async {
+                    match locker.unlock(&key, &held).await {
+                        Ok(()) => Ok(true),
+                        Err(UnlockError::Backend(e)) => Err(e),
+                        // Not held (the only other answer).
+                        Err(_) => Ok(false),
+                    }
+                });
+                match released.await {
+                    Ok(true) => break,
+                    // Released by an earlier attempt whose reply was lost.
+                    Ok(false) if attempt > 1 => break,
+                    Ok(false) => fail("unlock", &"the lease ended before its release"),
+                    Err(e) => failed(name, round, "unlock", attempt, &e),
+                }
             }
             hprintln!(
                 "locked name={name} round={round} fence={} handshakes={}",
