@@ -37,9 +37,9 @@ pub(super) struct Shared {
     pub(super) handshakes: u32,
 }
 
-/// Where a [`TlsLink`] and its [`TlsSession`] meet: one operation at a
-/// time. `M` is the mutex kind (`NoopRawMutex` when both run on one
-/// executor); `const`, so it can be a `static`.
+/// Where a [`TlsLink`] and its [`TlsSession`](super::TlsSession) meet:
+/// one operation at a time. `M` is the mutex kind (`NoopRawMutex` when
+/// both run on one executor); `const`, so it can be a `static`.
 pub struct TlsChannel<M: RawMutex> {
     pub(super) op: Signal<M, (u32, Op)>,
     pub(super) done: Signal<M, (u32, Result<usize, TlsError>)>,

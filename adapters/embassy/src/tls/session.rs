@@ -25,7 +25,7 @@ pub struct TlsSession<'a, S, R> {
 impl<'a, S: Read + Write, R: CryptoRngCore> TlsSession<'a, S, R> {
     /// Sessions over `socket`, a transport that connects on its next use
     /// after `close`; records in `read` and `write` (of
-    /// [`record_len`] for the largest record the server may send, and
+    /// [`record_len`](super::record_len) for the largest record the server may send, and
     /// what the handshake needs); the server's certificate checked
     /// against `ca` (DER) for `server_name`. A `ca` that is not one DER
     /// structure (empty, PEM, cut short, with bytes after it) is refused
