@@ -240,15 +240,12 @@ impl embedded_io_async::Write for Reconnecting {
 /// TLS sessions with `server` over [`Reconnecting`], its certificate
 /// checked against `ca`, records in `buffers`.
 fn session<'b>(
-    server: &RedisServer,
+    port: u16,
     ca: &'b [u8],
     seed: u64,
     buffers: (&'b mut [u8], &'b mut [u8]),
 ) -> TlsSession<'b, Reconnecting, ChaCha20Rng> {
-    let tcp = Reconnecting {
-        port: server.port(),
-        stream: None,
-    };
+    let tcp = Reconnecting { port, stream: None };
     TlsSession::new(
         tcp,
         Reconnecting::close,
@@ -271,7 +268,7 @@ fn a_session_reconnects_with_a_new_handshake_after_redis_drops_every_client() {
     assert!(reply.starts_with("+OK"), "{reply}");
     let ca = certs.ca_der().expect("CA");
     let (mut r, mut w) = (vec![0u8; record_len(1024)], vec![0u8; record_len(1024)]);
-    let mut session = session(&server, &ca, 6, (&mut r, &mut w));
+    let mut session = session(server.port(), &ca, 6, (&mut r, &mut w));
     let channel: TlsChannel<NoopRawMutex> = TlsChannel::new();
     let locker = RespLocker::<NoopRawMutex, _>::new(TlsLink::new(&channel), 14)
         .with_reset(TlsLink::close)
@@ -310,7 +307,7 @@ fn an_abandoned_read_never_answers_a_later_one_nor_spoils_what_is_written_next()
     let server = RedisServer::start_tls(&certs).expect("redis");
     let ca = certs.ca_der().expect("CA");
     let (mut r, mut w) = (vec![0u8; record_len(1024)], vec![0u8; record_len(1024)]);
-    let mut session = session(&server, &ca, 7, (&mut r, &mut w));
+    let mut session = session(server.port(), &ca, 7, (&mut r, &mut w));
     let channel: TlsChannel<NoopRawMutex> = TlsChannel::new();
     let mut link = TlsLink::new(&channel);
     smol::block_on(with_session(&mut session, &channel, None, async {
@@ -320,12 +317,7 @@ fn an_abandoned_read_never_answers_a_later_one_nor_spoils_what_is_written_next()
             .expect("written");
         link.flush().await.expect("flushed");
         let mut buf = [0u8; 64];
-        let abandoned =
-            futures_lite::future::or(async { Some(link.read(&mut buf).await) }, async {
-                async_io::Timer::after(std::time::Duration::from_millis(100)).await;
-                None
-            })
-            .await;
+        let abandoned = within(100, link.read(&mut buf)).await;
         assert!(abandoned.is_none(), "BLPOP answered at once: {abandoned:?}");
         // While the session still waits for that reply, the next request
         // is written; the abandoned read takes the late reply, this one
@@ -382,7 +374,7 @@ fn a_close_ends_a_read_that_waits_on_a_silent_server() {
     let server = RedisServer::start_tls(&certs).expect("redis");
     let ca = certs.ca_der().expect("CA");
     let (mut r, mut w) = (vec![0u8; record_len(1024)], vec![0u8; record_len(1024)]);
-    let mut session = session(&server, &ca, 8, (&mut r, &mut w));
+    let mut session = session(server.port(), &ca, 8, (&mut r, &mut w));
     let channel: TlsChannel<NoopRawMutex> = TlsChannel::new();
     let mut link = TlsLink::new(&channel);
     smol::block_on(with_session(&mut session, &channel, None, async {
@@ -414,19 +406,7 @@ fn a_write_abandoned_during_the_handshake_is_never_sent() {
     let ca = certs.ca_der().expect("CA");
     let slow = slow_proxy(server.port(), std::time::Duration::from_millis(300));
     let (mut r, mut w) = (vec![0u8; record_len(1024)], vec![0u8; record_len(1024)]);
-    let tcp = Reconnecting {
-        port: slow,
-        stream: None,
-    };
-    let mut session = TlsSession::new(
-        tcp,
-        Reconnecting::close,
-        (&mut r, &mut w),
-        "localhost",
-        &ca,
-        ChaCha20Rng::seed_from_u64(9),
-    )
-    .expect("a DER certificate");
+    let mut session = session(slow, &ca, 9, (&mut r, &mut w));
     let channel: TlsChannel<NoopRawMutex> = TlsChannel::new();
     let mut link = TlsLink::new(&channel);
     smol::block_on(with_session(&mut session, &channel, None, async {

@@ -76,14 +76,20 @@ pub fn fail(image: &str, what: &str, error: &dyn core::fmt::Display) -> ! {
 /// name and the host's time at boot (seconds and centiseconds, through
 /// semihosting) are mixed. Not secret: a board with a TRNG seeds from it.
 pub fn seed(mac: [u8; 6], name: &str) -> u64 {
-    // SAFETY: SYS_TIME and SYS_CLOCK take no argument block.
-    let (time, clock) = unsafe { (syscall1(nr::TIME, 0), syscall1(nr::CLOCK, 0)) };
+    let (time, clock) = host_time();
     let mut hasher = foldhash::fast::FixedState::with_seed(0x6775_6172_6400_0000).build_hasher();
     hasher.write(&mac);
     hasher.write(name.as_bytes());
     hasher.write_usize(time);
     hasher.write_usize(clock);
     hasher.finish()
+}
+
+/// The host's time through semihosting: seconds, and centiseconds since
+/// the emulator started.
+fn host_time() -> (usize, usize) {
+    // SAFETY: SYS_TIME and SYS_CLOCK take no argument block.
+    unsafe { (syscall1(nr::TIME, 0), syscall1(nr::CLOCK, 0)) }
 }
 
 /// Seeds a TLS client's randomness, from the same inputs as [`seed`] but
@@ -93,8 +99,7 @@ pub fn seed(mac: [u8; 6], name: &str) -> u64 {
 /// which is why a board with a TRNG seeds TLS from it.
 pub fn tls_seed(mac: [u8; 6], name: &str) -> [u8; 32] {
     use sha2::Digest as _;
-    // SAFETY: SYS_TIME and SYS_CLOCK take no argument block.
-    let (time, clock) = unsafe { (syscall1(nr::TIME, 0), syscall1(nr::CLOCK, 0)) };
+    let (time, clock) = host_time();
     let mut hash = sha2::Sha256::new();
     hash.update(b"guard tls seed\0");
     hash.update(mac);

@@ -67,7 +67,7 @@ impl<M: RawMutex> TlsChannel<M> {
 
     /// Handshakes completed so far: one per connection the session made.
     pub fn handshakes(&self) -> u32 {
-        self.shared.lock(|s| s.borrow().handshakes)
+        self.with(|s| s.handshakes)
     }
 
     /// Whether operation `number` is the last one asked (not abandoned).

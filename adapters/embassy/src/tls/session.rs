@@ -25,9 +25,9 @@ pub struct TlsSession<'a, S, R> {
 impl<'a, S: Read + Write, R: CryptoRngCore> TlsSession<'a, S, R> {
     /// Sessions over `socket`, a transport that connects on its next use
     /// after `close`; records in `read` and `write` (of
-    /// [`record_len`](super::record_len) for the largest record the server may send, and
-    /// what the handshake needs); the server's certificate checked
-    /// against `ca` (DER) for `server_name`. A `ca` that is not one DER
+    /// [`record_len`](super::record_len) for the largest record the server
+    /// may send, and what the handshake needs); the server's certificate
+    /// checked against `ca` (DER) for `server_name`. A `ca` that is not one DER
     /// structure (empty, PEM, cut short, with bytes after it) is refused
     /// here rather than at the first handshake.
     pub fn new(
@@ -90,37 +90,46 @@ impl<'a, S: Read + Write, R: CryptoRngCore> TlsSession<'a, S, R> {
                 Either::Second(Ok(())) => {}
             }
             channel.with(|s| s.handshakes = s.handshakes.wrapping_add(1));
-            let mut current = Some((number, op));
-            loop {
-                let (number, op) = match current.take() {
-                    Some(asked) => asked,
-                    // A close first: an operation asked after it belongs
-                    // to the next connection.
-                    None => match select(channel.reset.wait(), channel.op.wait()).await {
-                        Either::First(()) => break,
-                        Either::Second(asked) => asked,
-                    },
-                };
-                // Abandoned while the handshake ran: never run (its bytes
-                // may be a later write's by now).
-                if !channel.is_current(number) {
-                    continue;
-                }
-                // A close ends a read from a silent server too: the
-                // connection is out of step and goes.
-                match select(channel.reset.wait(), run(&mut tls, channel, op)).await {
-                    Either::First(()) => break,
-                    Either::Second(result) => {
-                        let failed = result.is_err();
-                        channel.done.signal((number, result));
-                        if failed {
-                            break;
-                        }
-                    }
-                }
-            }
+            serve_open(&mut tls, channel, (number, op)).await;
             // `tls` ends here, giving the record buffers back to the next
             // connection.
+        }
+    }
+}
+
+/// Serves operations on one open connection, `first` first, until one
+/// fails or a close ends it.
+async fn serve_open<S: Read + Write, M: RawMutex>(
+    tls: &mut TlsConnection<'_, S, Aes128GcmSha256>,
+    channel: &TlsChannel<M>,
+    first: (u32, Op),
+) {
+    let mut current = Some(first);
+    loop {
+        let (number, op) = match current.take() {
+            Some(asked) => asked,
+            // A close first: an operation asked after it belongs to the
+            // next connection.
+            None => match select(channel.reset.wait(), channel.op.wait()).await {
+                Either::First(()) => return,
+                Either::Second(asked) => asked,
+            },
+        };
+        // Abandoned while the handshake ran: never run (its bytes may be a
+        // later write's by now).
+        if !channel.is_current(number) {
+            continue;
+        }
+        // A close ends a read from a silent server too: the connection is
+        // out of step and goes.
+        let Either::Second(result) = select(channel.reset.wait(), run(tls, channel, op)).await
+        else {
+            return;
+        };
+        let failed = result.is_err();
+        channel.done.signal((number, result));
+        if failed {
+            return;
         }
     }
 }
