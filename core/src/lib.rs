@@ -55,6 +55,7 @@ pub mod frame;
 #[cfg(feature = "arbitrary")]
 pub mod fuzz;
 pub mod guard;
+pub mod key;
 pub mod limit;
 pub mod lock;
 pub mod retry;

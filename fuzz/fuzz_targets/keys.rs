@@ -1,4 +1,5 @@
-//! Scope and key encoding: distinct inputs never give the same key.
+//! Scope and key encoding: distinct inputs never give the same key, and
+//! no key holds a hash tag, a NUL or another control character.
 #![no_main]
 
 use arbitrary::Arbitrary;
@@ -41,6 +42,10 @@ fuzz_target!(|pair: (KeyInput, KeyInput)| {
         assert!(
             !ka.contains('{') && !ka.contains('}'),
             "no hash tag in {ka}"
+        );
+        assert!(
+            !ka.chars().any(|c| c.is_ascii_control()),
+            "no NUL or control character in {ka:?}"
         );
     }
 });

@@ -276,51 +276,7 @@ fn write_invalid(
     }
 }
 
-/// `url` with its user information hidden, for errors, logs and `Debug`
-/// output: `scheme://user:***@host/…` where it names a password,
-/// `scheme://***@host/…` where it names only a user (a lone user field
-/// may be the credential itself: a NATS token). The user information
-/// ends at the last `@` (a password with a raw `/`, `?` or `@` is still
-/// hidden whole, at the cost of hiding more of a URL that has an `@`
-/// after its host); a URL without a scheme (`user:password@host:port`,
-/// which NATS accepts) is read from its start.
-///
-/// Key-value connection strings (PostgreSQL's `password=…`) are not
-/// URLs: guard-postgres hides those.
-pub fn redacted(url: &str) -> String {
-    let (scheme, rest) = match url.find("://") {
-        Some(end) => url.split_at(end + 3),
-        None => ("", url),
-    };
-    match rest.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _)) => format!("{scheme}{user}:***@{host}"),
-            None => format!("{scheme}***@{host}"),
-        },
-        None => url.to_owned(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::redacted;
-
-    #[test]
-    fn a_url_is_shown_without_its_password_or_lone_user_field() {
-        for (url, shown) in [
-            ("amqp://broker/v", "amqp://broker/v"),
-            ("amqp://u:secret@broker/v", "amqp://u:***@broker/v"),
-            ("nats://token@nats:4222", "nats://***@nats:4222"),
-            ("u:secret@nats:4222", "u:***@nats:4222"),
-            (
-                "mysql://root:se/cr@et@db:3306/app",
-                "mysql://root:***@db:3306/app",
-            ),
-            ("redis://:secret@h:6379/", "redis://:***@h:6379/"),
-            ("not a url", "not a url"),
-            ("", ""),
-        ] {
-            assert_eq!(redacted(url), shown, "{url}");
-        }
-    }
-}
+/// A server's address with its secrets hidden, for errors, logs and
+/// `Debug` output: guard-std's one redaction for every URL form and
+/// key/value connection string.
+pub use guard_std::redact::redacted;

@@ -9,7 +9,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use futures_lite::future;
-use guard_core::lock::{LeaseRenewer, Locker, Renewal, Ttl, UnlockError};
+use guard_core::guard::{FailPolicy, OnceGuard, OnceOutcome};
+use guard_core::lock::{LeaseRenewer, Locker, Renewal, Scope, Ttl, UnlockError};
 use guard_postgres::{PURGE_EVERY, PgLockError, PgLocker};
 use guard_testkit::contract;
 use guard_testkit::postgres::{MACHINE_HOST, MACHINE_PORT, PgDatabase, PgServer, SUPERUSER};
@@ -32,6 +33,34 @@ fn the_locker_contract_holds() {
     smol::block_on(contract::run_all(&locker, "pg", 16, |d| {
         async_io::Timer::after(d)
     }));
+}
+
+#[test]
+fn a_delivery_key_with_a_nul_runs_once_even_fail_open() {
+    // A producer's message id holds a NUL, which PostgreSQL's text
+    // refuses: the key codec writes it `%00`, so the claim is decided by
+    // the lock, never by the fail-open policy meant for a failed backend.
+    let db = PgDatabase::create().unwrap();
+    let locker = PgLocker::new(&db.url()).unwrap();
+    let guard = OnceGuard::new(Some(&locker), Scope::new("hooks").unwrap())
+        .with_fail_policy(FailPolicy::FailOpen);
+    smol::block_on(async {
+        assert!(matches!(
+            guard.allow("evt\0-1").await.unwrap(),
+            OnceOutcome::Won { .. }
+        ));
+        for _ in 0..3 {
+            assert_eq!(
+                guard.allow("evt\0-1").await.unwrap(),
+                OnceOutcome::AlreadyClaimed
+            );
+        }
+        // Another key that differs only where the codec escapes.
+        assert!(matches!(
+            guard.allow("evt%00-1").await.unwrap(),
+            OnceOutcome::Won { .. }
+        ));
+    });
 }
 
 #[test]

@@ -49,6 +49,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use guard_core::frame::{self, HEADER_LEN, Header, Next};
 
 use crate::disk_queue::{AppendError, QueueError, io_error, open_to_write};
+use crate::private_files;
 
 /// The letters' file in the log's directory.
 const LETTERS: &str = "letters";
@@ -86,7 +87,7 @@ impl DeadLetterLog {
             )));
         }
         let dir = dir.as_ref().to_owned();
-        fs::create_dir_all(&dir).map_err(|e| io_error("creating", &dir, e))?;
+        private_files::create_dir(&dir).map_err(|e| io_error("creating", &dir, e))?;
         let log = DeadLetterLog {
             dir,
             max_bytes,
@@ -97,7 +98,7 @@ impl DeadLetterLog {
             let scan = frame::scan(&bytes);
             let lost = scan.lost(bytes.len()) as u64;
             if lost > 0 {
-                let file = File::options()
+                let file = private_files::options()
                     .write(true)
                     .open(path)
                     .map_err(|e| io_error("opening", path, e))?;
@@ -190,7 +191,7 @@ impl DeadLetterLog {
         framed.extend_from_slice(&header.to_bytes());
         framed.extend_from_slice(&record);
         let outcome = self.locked(|path| {
-            let mut file = File::options()
+            let mut file = private_files::options()
                 .create(true)
                 .append(true)
                 .open(path)
@@ -270,7 +271,11 @@ impl DeadLetterLog {
             // and count.
             kept.extend_from_slice(bytes.get(at..).unwrap_or_default());
             let new = self.dir.join(format!("{LETTERS}.new"));
-            File::create(&new)
+            private_files::options()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&new)
                 .and_then(|mut f| f.write_all(&kept).and_then(|()| f.sync_all()))
                 .map_err(|e| io_error("writing", &new, e))?;
             fs::rename(&new, path).map_err(|e| io_error("replacing", path, e))?;
@@ -283,7 +288,7 @@ impl DeadLetterLog {
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, QueueError> {
-    match fs::read(path) {
+    match private_files::read(path) {
         Ok(bytes) => Ok(bytes),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
         Err(e) => Err(io_error("reading", path, e)),

@@ -289,11 +289,14 @@ impl ClientIp {
     pub fn client_addr(&self, request: &Parts) -> Option<IpAddr> {
         let forwarded = match self.trust {
             Trust::Peer => None,
-            Trust::XForwardedFor(hops) => {
-                forwarded_entry(&request.headers, &X_FORWARDED_FOR, hops, parse_xff_node)
-            }
+            Trust::XForwardedFor(hops) => forwarded_entry(
+                &request.headers,
+                &X_FORWARDED_FOR,
+                hops,
+                Grammar::XForwardedFor,
+            ),
             Trust::Forwarded(hops) => {
-                forwarded_entry(&request.headers, &FORWARDED, hops, parse_forwarded_element)
+                forwarded_entry(&request.headers, &FORWARDED, hops, Grammar::Forwarded)
             }
         };
         match forwarded {
@@ -335,29 +338,90 @@ fn peer_addr(request: &Parts) -> Option<SocketAddr> {
     request.extensions.get::<SocketAddr>().copied()
 }
 
-/// The entry `hops` positions from the right of the comma-separated list
-/// made of every `name` field in order: `None` when there is no such
-/// field (use the peer), `Some(None)` when there is one but the entry is
-/// missing or is not an address (no key).
+/// Which list grammar a forwarding header has.
+#[derive(Clone, Copy)]
+enum Grammar {
+    /// `X-Forwarded-For`: addresses separated by commas, nothing quoted.
+    XForwardedFor,
+    /// `Forwarded` (RFC 7239): elements separated by commas outside
+    /// quoted strings.
+    Forwarded,
+}
+
+/// The entry `hops` positions from the right of the list made of every
+/// `name` field in order: `None` when there is no such field (use the
+/// peer), `Some(None)` when there is one but the entry is missing or is
+/// not an address (no key).
+///
+/// Only the trusted entries are read, from the right: the fields last to
+/// first, each split from its end, so nothing a client wrote left of them
+/// (an unterminated quote, a stray comma, bytes that are not ASCII) moves
+/// where they begin. Empty list elements are skipped (RFC 9110's list
+/// rule); a proxy never appends one.
 fn forwarded_entry(
     headers: &HeaderMap,
     name: &HeaderName,
     hops: usize,
-    parse: fn(&str) -> Option<IpAddr>,
+    grammar: Grammar,
 ) -> Option<Option<IpAddr>> {
-    let mut fields = headers.get_all(name).iter().peekable();
-    fields.peek()?;
-    // Collected once: the list is short (one entry per proxy), and it must
-    // be counted from the right across several fields.
-    let mut entries: Vec<&str> = Vec::new();
-    for field in fields {
-        let Ok(text) = field.to_str() else {
-            return Some(None);
-        };
-        entries.extend(split_outside_quotes(text, ','));
-    }
-    let entry = entries.len().checked_sub(hops).and_then(|i| entries.get(i));
-    Some(entry.and_then(|e| parse(e.trim())))
+    let fields = headers.get_all(name);
+    fields.iter().next()?;
+    let entry = fields
+        .iter()
+        .rev()
+        .flat_map(|field| split_from_right(field.as_bytes(), grammar))
+        .map(trim_ows)
+        .filter(|element| !element.is_empty())
+        .nth(hops.saturating_sub(1));
+    let entry = entry.and_then(|bytes| std::str::from_utf8(bytes).ok());
+    Some(entry.and_then(|text| match grammar {
+        Grammar::XForwardedFor => parse_node(text),
+        Grammar::Forwarded => parse_forwarded_element(text),
+    }))
+}
+
+/// The elements of one field's list, last first: split at each comma (for
+/// `Forwarded`, outside quoted strings), scanning from the field's end.
+fn split_from_right(field: &[u8], grammar: Grammar) -> impl Iterator<Item = &[u8]> {
+    let quotes = matches!(grammar, Grammar::Forwarded);
+    let mut end = Some(field.len());
+    std::iter::from_fn(move || {
+        let stop = end?;
+        let mut quoted = false;
+        let mut i = stop;
+        while let Some(at) = i.checked_sub(1) {
+            i = at;
+            match field.get(at) {
+                // Inside a quoted string, a quote after an odd run of
+                // backslashes is escaped, not the string's start.
+                Some(b'"') if quotes && !(quoted && escaped_at(field, at)) => quoted = !quoted,
+                Some(b',') if !quoted => {
+                    end = Some(at);
+                    return field.get(at + 1..stop);
+                }
+                _ => {}
+            }
+        }
+        end = None;
+        field.get(..stop)
+    })
+}
+
+/// Whether the byte at `at` follows an odd number of backslashes.
+fn escaped_at(field: &[u8], at: usize) -> bool {
+    let before = field.get(..at).unwrap_or_default();
+    before.iter().rev().take_while(|&&b| b == b'\\').count() % 2 == 1
+}
+
+/// `bytes` without leading and trailing spaces and tabs.
+fn trim_ows(bytes: &[u8]) -> &[u8] {
+    let is_ows = |b: &u8| *b == b' ' || *b == b'\t';
+    let start = bytes.iter().position(|b| !is_ows(b)).unwrap_or(bytes.len());
+    let end = bytes
+        .iter()
+        .rposition(|b| !is_ows(b))
+        .map_or(start, |i| i + 1);
+    bytes.get(start..end).unwrap_or_default()
 }
 
 /// Splits at `sep` where it is not inside a quoted string.
@@ -384,41 +448,72 @@ fn split_outside_quotes(text: &str, sep: char) -> impl Iterator<Item = &str> {
     })
 }
 
-/// An `X-Forwarded-For` entry: an address, with a port for the proxies
-/// that add one.
-fn parse_xff_node(entry: &str) -> Option<IpAddr> {
-    parse_node(entry)
-}
-
 /// The `for=` node of one `Forwarded` element (`for=192.0.2.60`,
 /// `for="[2001:db8::1]:4711"`); `unknown` and obfuscated nodes are not
-/// addresses.
+/// addresses, and neither is an element with two `for` parameters (RFC
+/// 7239 allows one).
 fn parse_forwarded_element(element: &str) -> Option<IpAddr> {
-    split_outside_quotes(element, ';').find_map(|pair| {
+    let mut nodes = split_outside_quotes(element, ';').filter_map(|pair| {
         let (key, value) = pair.trim().split_once('=')?;
-        if !key.trim().eq_ignore_ascii_case("for") {
-            return None;
-        }
-        let value = value.trim();
-        let value = value
-            .strip_prefix('"')
-            .and_then(|v| v.strip_suffix('"'))
-            .unwrap_or(value);
-        parse_node(value)
-    })
+        key.trim()
+            .eq_ignore_ascii_case("for")
+            .then_some(value.trim())
+    });
+    let value = nodes.next()?;
+    if nodes.next().is_some() {
+        return None;
+    }
+    let value = value
+        .strip_prefix('"')
+        .and_then(|v| v.strip_suffix('"'))
+        .unwrap_or(value);
+    parse_node(value)
 }
 
-/// `1.2.3.4`, `1.2.3.4:80`, `2001:db8::1`, `[2001:db8::1]` or
-/// `[2001:db8::1]:80`.
+/// A node: `1.2.3.4`, `1.2.3.4:80`, `2001:db8::1`, `[2001:db8::1]`,
+/// `[2001:db8::1]:80`, an IPv6 address with a zone (`fe80::1%eth0`, the
+/// zone dropped), or a port obfuscated as RFC 7239 allows (`:_p1`). Not an
+/// address: anything else, the unspecified addresses (`0.0.0.0`, `::`),
+/// an empty port, a zone on an IPv4 address.
 fn parse_node(node: &str) -> Option<IpAddr> {
-    if let Ok(ip) = node.parse::<IpAddr>() {
-        return Some(ip);
+    let host = match node.strip_prefix('[') {
+        Some(rest) => {
+            let (inside, after) = rest.split_once(']')?;
+            if !after.is_empty() && !after.strip_prefix(':').is_some_and(is_port) {
+                return None;
+            }
+            inside
+        }
+        // One colon: an IPv4 address and its port. More: an IPv6
+        // address without brackets, hence without a port.
+        None => match node.split_once(':') {
+            Some((host, port)) if !port.contains(':') => is_port(port).then_some(host)?,
+            _ => node,
+        },
+    };
+    let (address, zone) = match host.split_once('%') {
+        Some((address, zone)) => (address, Some(zone)),
+        None => (host, None),
+    };
+    let ip = address.parse::<IpAddr>().ok()?;
+    let zone_fits = zone.is_none_or(|zone| ip.is_ipv6() && is_token(zone));
+    (zone_fits && !ip.is_unspecified()).then_some(ip)
+}
+
+/// A port: one to five digits, or an obfuscated one (`_` and a token).
+fn is_port(port: &str) -> bool {
+    match port.strip_prefix('_') {
+        Some(obfuscated) => is_token(obfuscated),
+        None => (1..=5).contains(&port.len()) && port.bytes().all(|b| b.is_ascii_digit()),
     }
-    if let Ok(addr) = node.parse::<SocketAddr>() {
-        return Some(addr.ip());
-    }
-    let inner = node.strip_prefix('[')?.strip_suffix(']')?;
-    inner.parse::<IpAddr>().ok()
+}
+
+/// Letters, digits, `.`, `_` and `-`, at least one.
+fn is_token(text: &str) -> bool {
+    !text.is_empty()
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
 /// The value of a request header: clients sharing a value share a quota
@@ -629,6 +724,202 @@ mod tests {
         );
         assert_eq!(key(&one, &quoted_comma).as_deref(), Some("192.0.2.60"));
         assert_eq!(key(&two, &quoted_comma).as_deref(), Some("1.1.1.1"));
+    }
+
+    #[test]
+    fn a_client_s_unterminated_quote_never_swallows_its_proxy_s_entry() {
+        let one = ClientIp::forwarded(1).unwrap();
+        let xff = ClientIp::x_forwarded_for(1).unwrap();
+        let two_xff = ClientIp::x_forwarded_for(2).unwrap();
+        // The proxy appends to the client's field, or adds a field.
+        for headers in [
+            vec![("forwarded", r#"for=6.6.6.6;x=", for=203.0.113.7"#)],
+            vec![
+                ("forwarded", r#"for=6.6.6.6;x=""#),
+                ("forwarded", "for=203.0.113.7"),
+            ],
+            vec![("forwarded", r#"for="6.6.6.6, for=203.0.113.7"#)],
+        ] {
+            let p = parts(&headers, Some("10.0.0.1:1"));
+            assert_eq!(key(&one, &p).as_deref(), Some("203.0.113.7"), "{headers:?}");
+        }
+        let p = parts(&[("x-forwarded-for", r#"6.6.6.6, ", 203.0.113.7"#)], None);
+        assert_eq!(key(&xff, &p).as_deref(), Some("203.0.113.7"));
+        // The entry before the proxy's is the client's own text: no key,
+        // never an address the quote smuggled in.
+        assert_eq!(key(&two_xff, &p), None);
+        // A claimed address left of the trusted entry is never the key.
+        let spoof = parts(
+            &[("forwarded", r#"for=10.0.0.5;x="a, for=198.51.100.9"#)],
+            None,
+        );
+        assert_eq!(key(&one, &spoof).as_deref(), Some("198.51.100.9"));
+    }
+
+    #[test]
+    fn bytes_that_are_not_ascii_left_of_the_trusted_entries_do_not_matter() {
+        let one = ClientIp::x_forwarded_for(1).unwrap();
+        let mut p = parts(&[], Some("10.0.0.1:1"));
+        p.headers.append(
+            X_FORWARDED_FOR,
+            http::HeaderValue::from_bytes(b"6.6.6.\xff, 203.0.113.7").unwrap(),
+        );
+        assert_eq!(key(&one, &p).as_deref(), Some("203.0.113.7"));
+        let two = ClientIp::x_forwarded_for(2).unwrap();
+        assert_eq!(key(&two, &p), None, "the client's own entry is no address");
+    }
+
+    #[test]
+    fn empty_list_elements_are_skipped_and_a_second_for_is_no_address() {
+        let one = ClientIp::x_forwarded_for(1).unwrap();
+        let two = ClientIp::x_forwarded_for(2).unwrap();
+        let p = parts(&[("x-forwarded-for", "192.0.2.1,, 203.0.113.7, ")], None);
+        assert_eq!(key(&one, &p).as_deref(), Some("203.0.113.7"));
+        assert_eq!(key(&two, &p).as_deref(), Some("192.0.2.1"));
+        let fwd = ClientIp::forwarded(1).unwrap();
+        let twice = parts(&[("forwarded", "for=192.0.2.1;for=203.0.113.7")], None);
+        assert_eq!(key(&fwd, &twice), None);
+    }
+
+    /// Peer vectors: (header, field lines, trusted proxies, the address).
+    /// Ported from realclientip-go's `realclientip_test.go` (A, B, C, D,
+    /// E), client-ip and forwarded-header-value (F) and actix-web's
+    /// `info.rs` (G), each converted to counting from the right. Where
+    /// the peers disagree we keep RFC 7239 and RFC 9110: empty list
+    /// elements are skipped (realclientip-go counts them), a second `for`
+    /// in one element is no address (it takes the first), an IPv6 zone is
+    /// dropped rather than kept in the key.
+    /// One vector: the header's name, its field lines, the trusted
+    /// proxies and the address expected (`None`: no key).
+    type Vector = (
+        &'static str,
+        &'static [&'static [u8]],
+        usize,
+        Option<&'static str>,
+    );
+
+    const PEER_VECTORS: &[Vector] = &[
+        // A1: counted across three field lines.
+        ("x-forwarded-for", &[b"4.4.4.4, 5.5.5.5", b"::1, fe80::382b:141b:fa4a:2a16%28", b"7.7.7.7.7, 8.8.8.8, 9.9.9.9, 10.10.10.10,11.11.11.11, 12.12.12.12"], 1, Some("12.12.12.12")),
+        ("x-forwarded-for", &[b"4.4.4.4, 5.5.5.5", b"::1, fe80::382b:141b:fa4a:2a16%28", b"7.7.7.7.7, 8.8.8.8, 9.9.9.9, 10.10.10.10,11.11.11.11, 12.12.12.12"], 5, Some("8.8.8.8")),
+        ("x-forwarded-for", &[b"4.4.4.4, 5.5.5.5", b"::1, fe80::382b:141b:fa4a:2a16%28", b"7.7.7.7.7, 8.8.8.8, 9.9.9.9, 10.10.10.10,11.11.11.11, 12.12.12.12"], 6, None),
+        ("x-forwarded-for", &[b"4.4.4.4, 5.5.5.5", b"::1, fe80::382b:141b:fa4a:2a16%28", b"7.7.7.7.7, 8.8.8.8, 9.9.9.9, 10.10.10.10,11.11.11.11, 12.12.12.12"], 7, Some("fe80::382b:141b:fa4a:2a16")),
+        ("x-forwarded-for", &[b"4.4.4.4, 5.5.5.5", b"::1, fe80::382b:141b:fa4a:2a16%28", b"7.7.7.7.7, 8.8.8.8, 9.9.9.9, 10.10.10.10,11.11.11.11, 12.12.12.12"], 10, Some("4.4.4.4")),
+        ("x-forwarded-for", &[b"4.4.4.4, 5.5.5.5", b"::1, fe80::382b:141b:fa4a:2a16%28", b"7.7.7.7.7, 8.8.8.8, 9.9.9.9, 10.10.10.10,11.11.11.11, 12.12.12.12"], 11, None),
+        // A3 to A5.
+        ("forwarded", &[b"For=\"::ffff:bc15:0006\"", b"host=what;for=6.6.6.6;proto=https"], 1, Some("6.6.6.6")),
+        ("forwarded", &[b"For=\"::ffff:bc15:0006\"", b"host=what;for=6.6.6.6;proto=https"], 2, Some("188.21.0.6")),
+        ("forwarded", &[b"For=\"::ffff:bc15:0006\"", b"For=nope", b"host=what;for=6.6.6.6;proto=https"], 2, None),
+        ("forwarded", &[b"For=\"::ffff:bc15:0006\"", b"For=0.0.0.0", b"host=what;for=6.6.6.6;proto=https"], 2, None),
+        // B: ports, brackets, mapped and NAT64 addresses, junk.
+        ("x-forwarded-for", &[b"2.2.2.2:3384, 3.3.3.3", b"4.4.4.4:39333"], 3, Some("2.2.2.2")),
+        ("x-forwarded-for", &[b"[2607:f8b0:4004:83f::18]:3838"], 1, Some("2607:f8b0:4004:83f::18")),
+        ("forwarded", &[b"host=what;for=6.6.6.6;proto=https", b"Host=blah;For=\"2607:f8b0:4004:83f::18\";Proto=https"], 1, Some("2607:f8b0:4004:83f::18")),
+        ("forwarded", &[b"host=what;for=6.6.6.6;proto=https", b"For=\"[2607:f8b0:4004:83f::18%eth0]:3393\";Proto=https", b"Host=blah;For=[fe80::1111%zone]:9943;Proto=https"], 2, Some("2607:f8b0:4004:83f::18")),
+        ("x-forwarded-for", &[b"3.3.3.3", b"4.4.4.4,[::ffff:188.0.2.128]:48483"], 1, Some("188.0.2.128")),
+        ("x-forwarded-for", &[b"3.3.3.3", b"4.4.4.4, 64:ff9b::188.0.2.128"], 1, Some("64:ff9b::bc00:280")),
+        ("x-forwarded-for", &[b"4.4.4.4, 5.5.5.5", b"::1, nope"], 1, None),
+        ("x-forwarded-for", &[b"::1, nope", b"192.168.1.1, !?!, ::, 0.0.0.0"], 2, None),
+        ("forwarded", &[b"host=what;for=:48485;proto=https,For=2.2.2.2", b"For=\"\", For=\"::ffff:192.168.1.1\""], 1, Some("192.168.1.1")),
+        ("forwarded", &[b"host=what;for=:48485;proto=https,For=2.2.2.2", b"For=\"\", For=\"::ffff:192.168.1.1\""], 3, Some("2.2.2.2")),
+        ("forwarded", &[b"host=what;for=:48485;proto=https,For=2.2.2.2", b"For=\"\", For=\"::ffff:192.168.1.1\""], 4, None),
+        // C: one element.
+        ("forwarded", &[b"For=\"[2607:f8b0:4004:83f::200e]:4711\""], 1, Some("2607:f8b0:4004:83f::200e")),
+        ("forwarded", &[b"FOR=[2607:f8b0:4004:83f::200e]"], 1, Some("2607:f8b0:4004:83f::200e")),
+        ("forwarded", &[b"For=\"[fe80::abcd%zone]:4711\""], 1, Some("fe80::abcd")),
+        ("forwarded", &[b"FoR=192.0.2.60:4711"], 1, Some("192.0.2.60")),
+        ("forwarded", &[b"for=\"192.0.2.60:4823\""], 1, Some("192.0.2.60")),
+        ("forwarded", &[b"for=192.0.2.999"], 1, None),
+        ("forwarded", &[b"for=\"2607:f8b0:4004:83f::999999\""], 1, None),
+        ("forwarded", &[b"for=\"_test\""], 1, None),
+        ("forwarded", &[b"for="], 1, None),
+        ("forwarded", &[b"by=1.1.1.1; for=2.2.2.2;host=myhost; proto=https"], 1, Some("2.2.2.2")),
+        ("forwarded", &[b"by=1::1;host=myhost;for=2::2;proto=https"], 1, Some("2::2")),
+        ("forwarded", &[b"for=\"[0:0:0:0:0:ffff:bc15:0006]\""], 1, Some("188.21.0.6")),
+        ("forwarded", &[b"for=\"1.1.1.1"], 1, None),
+        ("forwarded", &[b"for=\"::1]\""], 1, None),
+        ("forwarded", &[b"for=\"[0:0:0:0:0:ffff:bc15:0006\"]"], 1, None),
+        ("forwarded", &[b"for=1.1.1.\\1"], 1, None),
+        ("forwarded", &[b"for= 1.1.1.1"], 1, Some("1.1.1.1")),
+        // D: a client's open quote, non-ASCII, a second `for`.
+        ("forwarded", &[b"For=\"1.1.1.1, For=2.2.2.2, For=3.3.3.3\", For=\"4.4.4.4\""], 1, Some("4.4.4.4")),
+        ("forwarded", &[b"For=\"1.1.1.1, For=2.2.2.2"], 1, Some("2.2.2.2")),
+        ("forwarded", &[b"For=\"1.1.1.1, For=2.2.2.2"], 2, None),
+        ("forwarded", &["For=1.1.1.1;@!=\u{1F600}, For=2.2.2.2".as_bytes()], 1, Some("2.2.2.2")),
+        ("forwarded", &[b"For=1.1.1.1;For=2.2.2.2, For=3.3.3.3"], 2, None),
+        ("forwarded", &[b"For=\"[1.1.1.1]\""], 1, Some("1.1.1.1")),
+        // E: built from the peers' behaviour.
+        ("forwarded", &[b"for=1.1.1.1;x=\", for=203.0.113.7"], 1, Some("203.0.113.7")),
+        ("forwarded", &[b"for=1.1.1.1;x=\", for=\"[2001:db8::7]:4711\""], 1, Some("2001:db8::7")),
+        ("forwarded", &[b"for=1.1.1.1;x=\"\\\", for=203.0.113.7"], 1, Some("203.0.113.7")),
+        ("x-forwarded-for", &[b"1.1.1.1, \", 203.0.113.7, 10.0.0.2"], 2, Some("203.0.113.7")),
+        ("x-forwarded-for", &[b"\"1.2.3.4, 203.0.113.7"], 1, Some("203.0.113.7")),
+        ("x-forwarded-for", &[b"\"1.2.3.4\", 203.0.113.7"], 2, None),
+        ("forwarded", &[b"for=1.1.1.1;x=\"a,b\", For=192.0.2.60"], 2, Some("1.1.1.1")),
+        ("forwarded", &[b"for=192.0.2.60;x=\"a;b,c\", for=198.51.100.17"], 2, Some("192.0.2.60")),
+        ("x-forwarded-for", &[b"\xd1\x8b, 203.0.113.7"], 1, Some("203.0.113.7")),
+        ("x-forwarded-for", &[b"\xd1\x8b", b"203.0.113.7"], 1, Some("203.0.113.7")),
+        ("x-forwarded-for", &[b"\xff1.2.3.4, 203.0.113.7"], 2, None),
+        ("x-forwarded-for", &[b""], 1, None),
+        ("x-forwarded-for", &[b"  fe80::1%eth0 , 4.4.4.4 "], 2, Some("fe80::1")),
+        ("x-forwarded-for", &[b"1.1.1.1,\t203.0.113.7"], 2, Some("1.1.1.1")),
+        ("x-forwarded-for", &[b"1.1.1.1 203.0.113.7"], 1, None),
+        ("x-forwarded-for", &[b"2001:db8::1:443"], 1, Some("2001:db8::1:443")),
+        ("x-forwarded-for", &[b"[2001:db8::1]:"], 1, None),
+        ("x-forwarded-for", &[b"192.0.2.60:"], 1, None),
+        ("x-forwarded-for", &[b"[192.0.2.60]:80"], 1, Some("192.0.2.60")),
+        ("x-forwarded-for", &[b"[fe80::1%28]:80"], 1, Some("fe80::1")),
+        ("x-forwarded-for", &[b"fe80::1%28"], 1, Some("fe80::1")),
+        ("x-forwarded-for", &[b"[fe80::1%28]"], 1, Some("fe80::1")),
+        ("x-forwarded-for", &[b"1.1.1.1%"], 1, None),
+        ("x-forwarded-for", &[b"0.0.0.1% :"], 1, None),
+        ("x-forwarded-for", &[b"::fffF:0:1%:"], 1, None),
+        ("x-forwarded-for", &[b"001.002.003.004"], 1, None),
+        ("forwarded", &[b"for=_hidden;for=198.51.100.17"], 1, None),
+        ("forwarded", &[b"for=unknown"], 1, None),
+        ("forwarded", &[b"proto=https;by=203.0.113.43"], 1, None),
+        ("forwarded", &[b"for=192.0.2.60", b"proto=http"], 2, Some("192.0.2.60")),
+        ("forwarded", &[b"for = 1.2.3.4 ; proto=https"], 1, Some("1.2.3.4")),
+        // F: client-ip and forwarded-header-value.
+        ("x-forwarded-for", &[b"foo,1.2.3.4"], 1, Some("1.2.3.4")),
+        ("x-forwarded-for", &[b"1.1.1.1, foo, 2001:db8:85a3:8d3:1319:8a2e:370:7348", b"bar", b"2.2.2.2, 1.2.3.4"], 4, Some("2001:db8:85a3:8d3:1319:8a2e:370:7348")),
+        ("forwarded", &[b"for=\"_mdn\"", b"For=\"[2001:db8:cafe::17]:4711\"", b"for=192.0.2.60;proto=http;by=203.0.113.43"], 2, Some("2001:db8:cafe::17")),
+        ("forwarded", &[b"for=\"_mdn\"", b"For=\"[2001:db8:cafe::17]:4711\"", b"for=192.0.2.60;proto=http;by=203.0.113.43"], 3, None),
+        ("forwarded", &[b"foo, for=1.2.3.4"], 1, Some("1.2.3.4")),
+        ("forwarded", &[b"for='1.2.3.4'"], 1, None),
+        ("forwarded", &[b"for=192.0.2.43;proto=https, for=198.51.100.17;by=\"[::1]:1234\";host=\"example.com\""], 2, Some("192.0.2.43")),
+        // G: actix-web's.
+        ("forwarded", &[b"for=192.0.2.60; proto=https; by=203.0.113.43; host=rust-lang.org"], 1, Some("192.0.2.60")),
+        ("forwarded", &[b"  for = 1.2.3.4  "], 1, Some("1.2.3.4")),
+        ("forwarded", &[b"for=2001:db8::1"], 1, Some("2001:db8::1")),
+        // Werkzeug's ProxyFix: too few entries is no key (it uses the peer).
+        ("x-forwarded-for", &[b"192.168.0.3, 192.168.0.2"], 3, None),
+    ];
+
+    #[test]
+    fn peer_vectors_counted_from_the_right() {
+        for (name, fields, hops, expected) in PEER_VECTORS {
+            let trust = match *name {
+                "forwarded" => ClientIp::forwarded(*hops),
+                _ => ClientIp::x_forwarded_for(*hops),
+            }
+            .unwrap()
+            .with_ipv6_prefix(128)
+            .unwrap();
+            let mut p = parts(&[], Some("10.0.0.3:1"));
+            for field in *fields {
+                p.headers.append(
+                    HeaderName::from_static(name),
+                    http::HeaderValue::from_bytes(field).unwrap(),
+                );
+            }
+            let got = key(&trust, &p);
+            assert_eq!(
+                got.as_deref(),
+                *expected,
+                "{name} {fields:?}, {hops} proxies"
+            );
+        }
     }
 
     #[test]

@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use guard_core::limit::wait::WaitError;
-use guard_std::ratelimit::{EachResult, LimitError, LimitFuture, LimitResult, RateLimiter, Report};
+use guard_std::ratelimit::{
+    EachResult, InvalidKey, LimitError, LimitFuture, LimitResult, RateLimiter, Report, check_key,
+};
 use guard_std::run::Runtime;
 use guard_std::{BackendError, Throttle};
 use http::header::{CONTENT_TYPE, HeaderValue};
@@ -655,6 +657,13 @@ impl Config {
                 fields.write(refusal.headers_mut());
                 Verdict::Answer(refusal)
             }
+            Err(LimitError::InvalidKey(e)) => {
+                if self.dry_run {
+                    self.would_refuse(StatusCode::BAD_REQUEST);
+                    return Verdict::Admit(None);
+                }
+                Verdict::Answer(self.invalid_key(&e))
+            }
             Err(LimitError::Backend(e)) => match self.on_backend_error {
                 OnBackendError::FailClosed { .. } if self.dry_run => {
                     if let Some(held) = self.backend_log.admit() {
@@ -716,6 +725,19 @@ impl Config {
             StatusCode::BAD_REQUEST,
             format!(
                 "400 Bad Request: the rate limit needs {}, which this request does not have\n",
+                self.key.describe()
+            ),
+        )
+    }
+
+    /// The answer to a request whose key no limiter takes: the rule, never
+    /// the key (a client's text, possibly kilobytes of it).
+    fn invalid_key(&self, e: &InvalidKey) -> Response<Bytes> {
+        answer(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "400 Bad Request: the rate limit is keyed by {}, and this request's cannot be a \
+                 key: {e}\n",
                 self.key.describe()
             ),
         )
@@ -956,6 +978,15 @@ where
             },
         };
         let key = key.as_str();
+        // A key no limiter takes is the client's input: 400, before it can
+        // take a place in a line or a table, and never the fail-open path.
+        if let Err(e) = check_key(key) {
+            if config.dry_run {
+                config.would_refuse(StatusCode::BAD_REQUEST);
+                return self.admit(parts, body, None);
+            }
+            return ResponseFuture::answered(config.invalid_key(&e));
+        }
         // A request that may wait takes its place in its key's line here,
         // on arrival: the line is then in the order of the calls, whatever
         // order their response futures are first polled in.

@@ -21,7 +21,8 @@ use guard_core::limit::{
 use guard_std::BackendError;
 use guard_std::ManualClock;
 use guard_std::ratelimit::{
-    LimitError, LimitFuture, MemoryLimiter, Quota, RateLimiter, ReconfigureError,
+    InvalidKey, LimitError, LimitFuture, MAX_KEY_LEN, MemoryLimiter, Quota, RateLimiter,
+    ReconfigureError,
 };
 use guard_tower::{
     ClientIp, ConfigError, HeaderKey, MissingKey, OnBackendError, PathKey, RateLimitLayer,
@@ -617,6 +618,56 @@ async fn a_failed_backend_fails_open_when_asked() {
         assert_eq!(a.header("ratelimit-policy"), None);
     }
     assert_eq!(inner.calls(), 10);
+}
+
+/// A limiter whose own rule refuses the key `bad` (as guard-redis's
+/// refuses an empty or over-long one); other keys find it down.
+struct RefusesBad;
+
+impl RateLimiter for RefusesBad {
+    fn check_n<'a>(&'a self, key: &'a str, cost: u32) -> LimitFuture<'a> {
+        if key == "bad" {
+            return LimitFuture::Ready(Some(Err(LimitError::InvalidKey(InvalidKey::Empty))));
+        }
+        Down.check_n(key, cost)
+    }
+
+    fn quota(&self) -> Quota {
+        Down.quota()
+    }
+
+    fn reconfigure(&self, _: Quota) -> Result<(), ReconfigureError> {
+        Ok(())
+    }
+}
+
+/// A key is the client's input: one no limiter takes is answered 400,
+/// never passed unlimited by the fail-open policy meant for a backend that
+/// failed.
+#[tokio::test]
+async fn a_key_no_limiter_takes_is_400_even_when_failing_open() {
+    let inner = Hello::default();
+    let down = RateLimitLayer::builder(Arc::new(RefusesBad))
+        .key(HeaderKey::new("x-api-key").unwrap())
+        .on_backend_error(OnBackendError::FailOpen)
+        .build()
+        .unwrap();
+    let long = "k".repeat(MAX_KEY_LEN + 1);
+    for key in [long.as_str(), "bad"] {
+        let a = send(&down, &inner, with_header("x-api-key", key)).await;
+        assert_eq!(a.status, StatusCode::BAD_REQUEST, "{key:.16}");
+        assert!(a.text.contains("cannot be a key"), "{}", a.text);
+        assert!(
+            !a.text.contains("kkkk"),
+            "the key is not echoed: {}",
+            a.text
+        );
+    }
+    assert_eq!(inner.calls(), 0);
+    // An honest key beside them: the backend is down, fail-open admits.
+    let a = send(&down, &inner, with_header("x-api-key", "k1")).await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(inner.calls(), 1);
 }
 
 /// A limiter that waits for its "backend" (one `Pending` before each

@@ -6,6 +6,7 @@ use std::sync::Arc;
 #[cfg(feature = "postgres")]
 use crate::config::PostgresLocker;
 use crate::config::{Backend, Config, Locker, MAX_SLIDING_LIMIT, Policy, PolicyAlgorithm};
+use guard_core::key::{Reserved, escaped};
 use guard_core::limit::{FullPolicy, SlidingWindow};
 #[cfg(feature = "postgres")]
 use guard_postgres::{PgLockError, PgLocker};
@@ -96,7 +97,9 @@ pub async fn build(config: &Config) -> Result<Built, GatewayError> {
         for policy in &ratelimit.policies {
             let limiter = match (policy.backend, &redis) {
                 (Backend::Memory, _) => memory(policy, ratelimit.memory_keys),
-                (Backend::Redis, Some(conn)) => remote(policy, conn)?,
+                (Backend::Redis, Some(conn)) => {
+                    remote(policy, &tenant_prefix(config, policy), conn)?
+                }
                 // The configuration refuses a Redis backend without a
                 // Redis locker unless fallback_to_memory is set.
                 (Backend::Redis, None) => {
@@ -215,20 +218,45 @@ fn memory(policy: &Policy, keys: usize) -> Arc<dyn RateLimiter> {
     }
 }
 
-fn remote(policy: &Policy, conn: &RedisConnection) -> Result<Arc<dyn RateLimiter>, GatewayError> {
+/// The Redis prefix of `policy`'s keys: its `key_prefix`, then the
+/// tenant (the locker's prefix and the guards' owner) and the policy's
+/// name as labelled segments through guard-core's key codec, the empty
+/// ones left out (`guard:rl:env=prod1:owner=tenant1:policy=uplink`), so
+/// two environments, two owners or two policies on one Redis never share
+/// a budget.
+fn tenant_prefix(config: &Config, policy: &Policy) -> String {
+    let env = config.redis_locker().map_or("", |l| l.prefix.as_str());
+    let mut prefix = policy.key_prefix.clone();
+    for (label, value) in [
+        ("env", env),
+        ("owner", config.guards.owner.as_str()),
+        ("policy", policy.name.as_str()),
+    ] {
+        if !value.is_empty() {
+            prefix.push_str(&format!(":{label}={}", escaped(value, Reserved::Segment)));
+        }
+    }
+    prefix
+}
+
+fn remote(
+    policy: &Policy,
+    prefix: &str,
+    conn: &RedisConnection,
+) -> Result<Arc<dyn RateLimiter>, GatewayError> {
     let name = &policy.name;
     let built: Result<Arc<dyn RateLimiter>, RedisGuardError> = match policy.algorithm {
         PolicyAlgorithm::Sliding(w) => RedisSlidingWindow::new(conn.clone(), w)
-            .and_then(|l| l.with_prefix(&policy.key_prefix))
+            .and_then(|l| l.with_prefix(prefix))
             .map(|l| Arc::new(l) as Arc<dyn RateLimiter>),
         PolicyAlgorithm::FixedWindow(w) => RedisFixedWindow::new(conn.clone(), w)
-            .and_then(|l| l.with_prefix(&policy.key_prefix))
+            .and_then(|l| l.with_prefix(prefix))
             .map(|l| Arc::new(l) as Arc<dyn RateLimiter>),
         PolicyAlgorithm::TokenBucket(b) => RedisTokenBucket::new(conn.clone(), b)
-            .and_then(|l| l.with_prefix(&policy.key_prefix))
+            .and_then(|l| l.with_prefix(prefix))
             .map(|l| Arc::new(l) as Arc<dyn RateLimiter>),
         PolicyAlgorithm::LeakyBucket(b) => RedisLeakyBucket::new(conn.clone(), b)
-            .and_then(|l| l.with_prefix(&policy.key_prefix))
+            .and_then(|l| l.with_prefix(prefix))
             .map(|l| Arc::new(l) as Arc<dyn RateLimiter>),
     };
     built.map_err(|source| GatewayError::Limiter {
@@ -255,6 +283,69 @@ mod tests {
         assert_eq!(
             crate::config::DEFAULT_ETCD_TIMEOUT,
             guard_etcd::DEFAULT_TIMEOUT
+        );
+    }
+}
+
+#[cfg(test)]
+mod tenant_tests {
+    use guard_testkit::RedisServer;
+
+    use super::build;
+    use crate::config::Config;
+
+    /// A configuration on `redis` with two sliding-window policies of one
+    /// request a minute.
+    fn config(redis: &RedisServer, env: &str, owner: &str) -> Config {
+        Config::from_toml(&format!(
+            "[locker]\nkind = \"redis\"\nurl = \"{}\"\nprefix = \"{env}\"\n\n\
+             [guards]\nowner = \"{owner}\"\n\n[[active]]\nname = \"a\"\n\n\
+             [ratelimit]\nenabled = true\n\n\
+             [ratelimit.policies.first]\nalgorithm = \"sliding\"\nbackend = \"redis\"\nwindow_ms = 60000\nlimit = 1\n\n\
+             [ratelimit.policies.second]\nalgorithm = \"sliding\"\nbackend = \"redis\"\nwindow_ms = 60000\nlimit = 1\n",
+            redis.url()
+        ))
+        .unwrap()
+    }
+
+    /// Admitted calls of one key on each policy of each configuration, in
+    /// turn, twice.
+    fn admitted(configs: &[Config]) -> Vec<bool> {
+        smol::block_on(async {
+            let mut built = Vec::new();
+            for c in configs {
+                built.push(build(c).await.unwrap());
+            }
+            let mut out = Vec::new();
+            for _ in 0..2 {
+                for b in &built {
+                    for policy in ["first", "second"] {
+                        let limiter = b.limiters.get(policy).unwrap();
+                        let report = limiter.check("sensors").await.unwrap();
+                        out.push(report.decision.is_allowed());
+                    }
+                }
+            }
+            out
+        })
+    }
+
+    #[test]
+    fn environments_owners_and_policies_on_one_redis_never_share_a_budget() {
+        let redis = RedisServer::start().expect("redis-server");
+        let configs = [
+            config(&redis, "prod1", "tenant1"),
+            config(&redis, "prod2", "tenant1"),
+            config(&redis, "prod1", "tenant2"),
+        ];
+        let admitted = admitted(&configs);
+        // Each configuration and policy admits its one call, then refuses.
+        assert_eq!(admitted[..6], [true; 6], "{admitted:?}");
+        assert_eq!(admitted[6..], [false; 6], "{admitted:?}");
+        // The same tenant again shares the budget with the first.
+        assert_eq!(
+            self::admitted(&[config(&redis, "prod1", "tenant1")]),
+            [false; 4]
         );
     }
 }

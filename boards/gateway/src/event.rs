@@ -138,7 +138,7 @@ pub enum Event {
 /// `text` as one line: a control character (a newline in a payload, a
 /// command's standard error) is written escaped, so what a message or a
 /// command says can never begin a line of its own on stdout.
-fn one_line(text: &str) -> std::borrow::Cow<'_, str> {
+pub(crate) fn one_line(text: &str) -> std::borrow::Cow<'_, str> {
     if !text.chars().any(char::is_control) {
         return std::borrow::Cow::Borrowed(text);
     }

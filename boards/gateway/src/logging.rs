@@ -2,7 +2,9 @@
 //!
 //! Events of `tracing` (the gateway's, the libraries') and the `log`
 //! records of its dependencies go to stderr, one line each:
-//! `[LEVEL target] span{fields}: ... message fields`, the spans being the
+//! `[LEVEL target] span{fields}: ... message fields`, every control
+//! character of the message and fields escaped (a channel or a topic named
+//! with a newline cannot forge a line), the spans being the
 //! ones the event happened in (an acquisition with its key, a sink's
 //! send with its message id). `RUST_LOG` filters them, `info` by
 //! default; async-nats never below `info` (at `debug` it logs its server
@@ -23,6 +25,8 @@ use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt as _;
 use tracing_subscriber::{EnvFilter, filter::LevelFilter};
+
+use crate::event::one_line;
 
 /// What [`install`] set up; dropping it sends the spans still batched
 /// (with the `otel` feature).
@@ -51,9 +55,7 @@ pub fn install(status_line: bool) -> Result<Installed, Box<dyn std::error::Error
         .with_default_directive(LevelFilter::INFO.into())
         .from_env_lossy()
         .add_directive("async_nats=info".parse()?);
-    let lines = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        .event_format(Line { status_line });
+    let lines = lines(status_line, std::io::stderr);
     let registry = tracing_subscriber::registry().with(filter).with(lines);
     #[cfg(feature = "otel")]
     {
@@ -70,6 +72,20 @@ pub fn install(status_line: bool) -> Result<Installed, Box<dyn std::error::Error
         registry.try_init()?;
         Ok(Installed {})
     }
+}
+
+/// The layer that writes each event as one [`Line`] to `writer`.
+fn lines<S, W>(status_line: bool, writer: W) -> impl tracing_subscriber::Layer<S>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + 'static,
+{
+    // No colours: a field name's escape codes would be escaped with the
+    // control characters of the values (see `Line`).
+    tracing_subscriber::fmt::layer()
+        .with_ansi(false)
+        .with_writer(writer)
+        .event_format(Line { status_line })
 }
 
 /// One line per event: `[LEVEL target] span{fields}: message fields`.
@@ -101,14 +117,19 @@ where
                 if let Some(fields) = span.extensions().get::<FormattedFields<N>>()
                     && !fields.is_empty()
                 {
-                    write!(writer, "{{{fields}}}")?;
+                    write!(writer, "{{{}}}", one_line(fields))?;
                 }
                 writer.write_str(": ")?;
             }
         }
+        // The message and fields carry text from outside (a channel, a
+        // topic, a broker's error): formatted apart, then written as one
+        // line, so no value can begin a line of its own.
+        let mut fields = String::new();
         context
             .field_format()
-            .format_fields(writer.by_ref(), event)?;
+            .format_fields(Writer::new(&mut fields), event)?;
+        writer.write_str(&one_line(&fields))?;
         writeln!(writer)
     }
 }
@@ -151,5 +172,53 @@ mod otel {
                 )
                 .build(),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex, PoisonError};
+
+    use tracing_subscriber::layer::SubscriberExt as _;
+
+    /// What the lines layer wrote.
+    #[derive(Clone, Default)]
+    struct Written(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Written {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            let mut written = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+            written.extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_name_from_outside_with_a_newline_cannot_forge_a_line() {
+        let written = Written::default();
+        let writer = {
+            let written = written.clone();
+            move || written.clone()
+        };
+        let subscriber = tracing_subscriber::registry().with(super::lines(false, writer));
+        tracing::subscriber::with_default(subscriber, || {
+            let channel = "sensors\n[ERROR guard_gateway] FORGED\r\x1b[2K";
+            let span = tracing::info_span!("receive", from = %channel);
+            let _entered = span.enter();
+            tracing::warn!(from = channel, "no handler for {channel}");
+        });
+        let text = String::from_utf8(written.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(text.lines().count(), 1, "one event, one line: {text:?}");
+        assert!(!text.contains('\x1b') && !text.contains('\r'), "{text:?}");
+        assert_eq!(
+            text.matches("sensors\\n[ERROR guard_gateway] FORGED")
+                .count(),
+            3,
+            "{text}"
+        );
     }
 }

@@ -964,10 +964,13 @@ impl MessageSink for QuotaSink {
                         retry_after: Some(retry_after),
                     }),
                 },
-                // More than the whole quota: it could never pass.
-                Err(e @ LimitError::Cost(_)) => Err(SinkError::Permanent {
-                    reason: format!("the quota {quota:?}: {e}"),
-                }),
+                // More than the whole quota, or a key no limiter takes:
+                // it could never pass.
+                Err(e @ (LimitError::Cost(_) | LimitError::InvalidKey(_))) => {
+                    Err(SinkError::Permanent {
+                        reason: format!("the quota {quota:?}: {e}"),
+                    })
+                }
                 Err(e) => Err(SinkError::Transient {
                     reason: format!("the quota {quota:?} gave no decision: {e}"),
                     retry_after: None,

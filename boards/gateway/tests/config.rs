@@ -649,6 +649,13 @@ fn endpoints_name_a_limiter_that_exists() {
         e.contains("`endpoints[3].limit_key` = \"everything\""),
         "{e}"
     );
+    // A stream's entries all come on the stream: keyed by their ids, each
+    // would have a budget of its own and the limit would never apply.
+    let e = error(&limited.replace("limit_key = \"field:device\"", "limit_key = \"topic\""));
+    assert!(
+        e.contains("`endpoints[3].limit_key` = \"topic\": expected \"source\" or \"field:<name>\""),
+        "{e}"
+    );
     let e = error(&limited.replace(
         "max_wait_ms = 250",
         "when_limited = \"dead-letter\"\nmax_wait_ms = 250",
@@ -1233,6 +1240,35 @@ fn a_configuration_s_debug_and_a_refused_redis_url_show_no_password() {
         !e.contains("TopSecret42") && e.contains("`locker.url` = \"http://:***@h:6379/\""),
         "{e}"
     );
+}
+
+/// A secret in a query string, behind a percent-encoded key or inside a
+/// quoted key/value string is never shown, in errors or in `Debug`.
+#[test]
+fn secrets_in_query_strings_and_key_value_strings_are_never_shown() {
+    let config = Config::from_toml(&format!(
+        "{JOB}[locker]\nkind = \"redis\"\nurl = \"unix:///run/redis.sock?db=1&pass=TopSecret42\"\n"
+    ));
+    if let Ok(config) = &config {
+        let debug = format!("{config:?}");
+        assert!(!debug.contains("TopSecret42"), "{debug}");
+    }
+    if let Err(e) = &config {
+        assert!(!e.to_string().contains("TopSecret42"), "{e}");
+    }
+    for (url, shown) in [
+        (
+            "postgres://app@db:port/app?passwor%64=TopSecret42",
+            "passwor%64=***",
+        ),
+        (
+            "host=db port=x password='a\\\\'TopSecret42'",
+            "password=***",
+        ),
+    ] {
+        let e = error_with_job(&format!("[locker]\nkind = \"postgres\"\nurl = \"{url}\"\n"));
+        assert!(!e.contains("TopSecret42") && e.contains(shown), "{e}");
+    }
 }
 
 #[test]

@@ -41,8 +41,17 @@ impl fmt::Display for ClaimConfigError {
 
 impl core::error::Error for ClaimConfigError {}
 
-/// Why a claim call gave no answer. Never "a duplicate": a caller that
-/// gets one must have the delivery sent again (answer 503), not drop it.
+/// The longest result [`Claims::complete`] stores, in bytes: every
+/// redelivery reads it back, so its size is bounded where it is written.
+pub const MAX_RESULT_LEN: usize = 64 * 1024;
+
+/// Why a claim call gave no answer. Never "a duplicate".
+///
+/// [`is_permanent`](Self::is_permanent) tells the two kinds apart: a
+/// failed store is transient (answer 503, so the delivery is sent again);
+/// the others are the same at every try (an id no key can hold: 400; a
+/// result over the bound: the handler's to shorten), and a sender told
+/// to retry would retry for ever.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 #[non_exhaustive]
@@ -59,6 +68,20 @@ pub enum ClaimError<E> {
         /// The buffer's length in bytes.
         buffer: usize,
     },
+    /// [`Claims::complete`] was given a result longer than
+    /// [`MAX_RESULT_LEN`]; nothing was recorded and the claim still runs.
+    ResultOverLimit {
+        /// The result's length in bytes.
+        len: usize,
+    },
+}
+
+impl<E> ClaimError<E> {
+    /// Whether asking again can never succeed: everything but a failed
+    /// store.
+    pub const fn is_permanent(&self) -> bool {
+        !matches!(self, ClaimError::Backend(_))
+    }
 }
 
 impl<E: fmt::Display> fmt::Display for ClaimError<E> {
@@ -69,6 +92,10 @@ impl<E: fmt::Display> fmt::Display for ClaimError<E> {
             ClaimError::ResultTooLong { len, buffer } => write!(
                 f,
                 "the done delivery's stored result is {len} bytes, longer than the {buffer}-byte buffer given"
+            ),
+            ClaimError::ResultOverLimit { len } => write!(
+                f,
+                "a result of {len} bytes is longer than the {MAX_RESULT_LEN} bytes a claim stores"
             ),
         }
     }
@@ -81,7 +108,7 @@ impl<E: fmt::Debug + fmt::Display + core::error::Error + 'static> core::error::E
         match self {
             ClaimError::Key(e) => Some(e),
             ClaimError::Backend(e) => Some(e),
-            ClaimError::ResultTooLong { .. } => None,
+            ClaimError::ResultTooLong { .. } | ClaimError::ResultOverLimit { .. } => None,
         }
     }
 }
@@ -454,13 +481,17 @@ impl<'s, S: ClaimStore + ?Sized, O: ClaimObserver> Claims<'s, S, O> {
         }
     }
 
-    /// Records `claim` done with `result` (empty for none), answered to
-    /// every redelivery for the keep time.
+    /// Records `claim` done with `result` (empty for none, at most
+    /// [`MAX_RESULT_LEN`] bytes), answered to every redelivery for the keep
+    /// time.
     pub async fn complete(
         &self,
         claim: &Claim,
         result: &[u8],
     ) -> Result<Settled, ClaimError<S::Error>> {
+        if result.len() > MAX_RESULT_LEN {
+            return Err(ClaimError::ResultOverLimit { len: result.len() });
+        }
         let settled = self
             .store
             .complete(&claim.key, &claim.token, self.keep, result)

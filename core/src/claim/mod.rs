@@ -47,7 +47,7 @@ pub mod redis;
 
 pub use guard::{
     Claim, ClaimConfigError, ClaimError, ClaimEvent, ClaimObserver, ClaimOutcome, ClaimStep,
-    Claims, DEFAULT_CLAIM_KEEP, DEFAULT_CLAIM_LEASE,
+    Claims, DEFAULT_CLAIM_KEEP, DEFAULT_CLAIM_LEASE, MAX_RESULT_LEN,
 };
 
 use core::fmt;

@@ -12,13 +12,18 @@
 //! empty owner with chain `x` and owner `x` with an empty chain gave the
 //! same scope, and a segment containing `:` could alias two others. Here
 //! every segment is labelled, and the component, values and delivery key
-//! are escaped (`%` → `%25`, `:` → `%3A`, `{` → `%7B`, `}` → `%7D`), so
+//! pass the key codec ([`crate::key`]: `%` → `%25`, `:` → `%3A`, `{` →
+//! `%7B`, `}` → `%7D`, control characters such as NUL → `%00`), so
 //! distinct inputs never give the same key. No escaped part contains a
-//! brace, which keeps Redis Cluster hash tags under the backend's control.
+//! brace, which keeps Redis Cluster hash tags under the backend's control,
+//! nor a NUL, which PostgreSQL and etcd lockers refuse: any text either
+//! becomes a key every locker stores or is refused here for its length.
 
 use core::fmt;
 
 use heapless::String;
+
+use crate::key::{Reserved, escaped};
 
 /// The default prefix of every guard key.
 pub const DEFAULT_PREFIX: &str = "guard:";
@@ -63,23 +68,11 @@ impl fmt::Display for KeyError {
 
 impl core::error::Error for KeyError {}
 
-/// Appends `value` to `out`, escaping the characters that carry structure.
+/// Appends `value` to `out` through the key codec ([`crate::key`]): the
+/// characters that carry structure, `%` and control characters escaped.
 fn push_escaped<const N: usize>(out: &mut String<N>, value: &str) -> Result<(), KeyError> {
-    let too_long = KeyError::TooLong { limit: N };
-    for c in value.chars() {
-        let escaped = match c {
-            '%' => "%25",
-            ':' => "%3A",
-            '{' => "%7B",
-            '}' => "%7D",
-            _ => {
-                out.push(c).map_err(|_| too_long)?;
-                continue;
-            }
-        };
-        out.push_str(escaped).map_err(|_| too_long)?;
-    }
-    Ok(())
+    use core::fmt::Write as _;
+    write!(out, "{}", escaped(value, Reserved::Segment)).map_err(|_| KeyError::TooLong { limit: N })
 }
 
 fn push_raw<const N: usize>(out: &mut String<N>, s: &str) -> Result<(), KeyError> {

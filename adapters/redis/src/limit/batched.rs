@@ -11,7 +11,7 @@ use guard_core::limit::batch::{BatchSize, LocalTokens};
 use guard_core::limit::{Decision, Tokens};
 use guard_core::time::Instant;
 
-use super::{Clock, RedisBucket, RedisTokenBucket, checked_cost};
+use super::{Clock, RedisBucket, RedisTokenBucket, checked_cost, checked_key};
 use crate::error::RedisGuardError;
 
 /// One key's batch on this replica.
@@ -135,6 +135,8 @@ impl RedisBatchedBucket {
     /// refused before anything is sent.
     pub async fn check_n(&self, key: &str, cost: u32) -> Result<Decision, RedisGuardError> {
         checked_cost(cost, self.remote.bucket().capacity())?;
+        // A key the shared bucket would refuse takes no place in the cache.
+        checked_key(key)?;
         // A cost above the largest batch, or a key beyond `max_keys`: the
         // shared bucket decides it directly.
         let local = match self.local(key) {

@@ -27,7 +27,10 @@
 //! longer). Outside that bound a key may expire early and admit as a new
 //! key. [`Clock::Server`] needs no margin.
 //!
-//! Keys (the hash tag keeps each key's data in one cluster slot):
+//! Keys (the hash tag keeps each key's data in one cluster slot; `<key>`
+//! is the user's key through guard-core's key codec, so `%`, braces and
+//! control characters stand as `%XX`, and a key longer than guard-std's
+//! `MAX_KEY_LEN` is refused as invalid input):
 //! sliding window `<prefix>:{<key>}` and `<prefix>:{<key>}:seq`; buckets
 //! `<prefix>:{<key>}:tb` or `:lb`; bandwidths `<prefix>:{<key>}:bw<i>`, one
 //! a bucket; fixed window `<prefix>:{<key>}:fw`. Keys expire once their state equals a
@@ -46,6 +49,7 @@ use std::marker::PhantomData;
 use std::sync::{PoisonError, RwLock};
 use std::time::Duration;
 
+use guard_core::key::{Escaped, Reserved, escaped};
 use guard_core::limit::{
     Bucket, CostAboveLimit, Decision, LimiterError, Rate, Report, SlidingWindow, Tokens, Water,
 };
@@ -260,24 +264,27 @@ if remaining < 0 then remaining = 0 end
 return {0, limit, remaining, tonumber(leaving[2]) + window - reading, tonumber(last[2]) + window - reading}
 ";
 
-/// Checks a user key: not empty, no braces (they would change the hash
-/// tag and split a key's data over cluster slots). Colons are fine.
-fn checked_key(key: &str) -> Result<&str, RedisGuardError> {
-    if key.is_empty() {
-        return Err(RedisGuardError::invalid(
-            Parameter::RateLimitKey,
-            key,
-            "must not be empty",
-        ));
+/// A user key as it stands in a Redis key: checked by guard-std's key
+/// rule (not empty, at most [`MAX_KEY_LEN`](guard_std::ratelimit::MAX_KEY_LEN)
+/// bytes), then written through guard-core's key codec, so any other text
+/// is a key of its own: a brace cannot move the hash tag and two keys
+/// never meet. A refused key is [`RedisGuardError::InvalidInput`] with
+/// guard-std's [`InvalidKey`](guard_std::ratelimit::InvalidKey) as its
+/// source, which the limiters report as `LimitError::InvalidKey` (never as
+/// the backend's failure).
+fn checked_key(key: &str) -> Result<Escaped<'_>, RedisGuardError> {
+    guard_std::ratelimit::check_key(key)
+        .map_err(|e| RedisGuardError::refused_by(Parameter::RateLimitKey, excerpt(key), e))?;
+    Ok(escaped(key, Reserved::HashTag))
+}
+
+/// At most the first 64 characters of `text`, marked when cut: a refused
+/// key is named in the error without copying all of a hostile one.
+fn excerpt(text: &str) -> String {
+    match text.char_indices().nth(64) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_owned(),
     }
-    if key.contains(['{', '}']) {
-        return Err(RedisGuardError::invalid(
-            Parameter::RateLimitKey,
-            key,
-            "contains a brace: braces select the Redis Cluster hash slot and are not allowed in keys",
-        ));
-    }
-    Ok(key)
 }
 
 fn checked_prefix(prefix: &str) -> Result<String, RedisGuardError> {
@@ -753,12 +760,18 @@ impl RedisSlidingWindow {
 }
 
 /// A guard-std [`LimitError`](guard_std::ratelimit::LimitError) of a
-/// Redis limiter's error: a refused cost is the cost error, anything else
-/// the backend's.
+/// Redis limiter's error: a refused cost is the cost error, a refused key
+/// the key error, anything else the backend's.
 fn limit_error(e: RedisGuardError) -> guard_std::ratelimit::LimitError {
     use std::error::Error as _;
     if let Some(cost) = e.source().and_then(|s| s.downcast_ref::<CostAboveLimit>()) {
         return guard_std::ratelimit::LimitError::Cost(*cost);
+    }
+    if let Some(key) = e
+        .source()
+        .and_then(|s| s.downcast_ref::<guard_std::ratelimit::InvalidKey>())
+    {
+        return guard_std::ratelimit::LimitError::InvalidKey(*key);
     }
     guard_std::ratelimit::LimitError::Backend(guard_std::BackendError::new(e))
 }

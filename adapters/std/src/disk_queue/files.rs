@@ -2,13 +2,14 @@
 //! of a directory a crash or a power loss left behind.
 
 use std::collections::VecDeque;
-use std::fs::{self, File};
+use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
 use guard_core::frame::{self, Next};
 
 use super::QueueError;
+use crate::private_files;
 
 /// Segments end in this.
 const SEGMENT_SUFFIX: &str = ".seg";
@@ -68,7 +69,7 @@ pub(super) fn cursor_bytes(at: Position) -> [u8; CURSOR_LEN] {
 /// The position a cursor file holds, if it is whole.
 fn read_cursor(dir: &Path) -> Result<Option<Position>, QueueError> {
     let path = dir.join(CURSOR_FILE);
-    let bytes = match fs::read(&path) {
+    let bytes = match private_files::read(&path) {
         Ok(bytes) => bytes,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(io_error("reading the cursor", &path, e)),
@@ -174,11 +175,12 @@ pub(super) fn recover(dir: &Path) -> Result<Recovered, QueueError> {
                 .map_err(|e| io_error("removing a forwarded segment", &path, e))?;
             continue;
         }
-        let bytes = fs::read(&path).map_err(|e| io_error("reading a segment", &path, e))?;
+        let bytes =
+            private_files::read(&path).map_err(|e| io_error("reading a segment", &path, e))?;
         let scan = frame::scan(&bytes);
         let lost = scan.lost(bytes.len());
         if lost > 0 {
-            let file = File::options()
+            let file = private_files::options()
                 .write(true)
                 .open(&path)
                 .map_err(|e| io_error("opening a damaged segment", &path, e))?;

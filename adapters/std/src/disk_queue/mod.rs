@@ -82,6 +82,8 @@ pub use files::Recovery;
 pub(crate) use files::io_error;
 use files::{CURSOR_FILE, LOCK_FILE, Position, Segment, cursor_bytes, segment_path};
 
+use crate::private_files;
+
 /// The smallest bound a queue takes: 4 KiB.
 pub const MIN_MAX_BYTES: u64 = 4096;
 /// The largest segment unless set: 64 MiB.
@@ -330,7 +332,7 @@ impl DiskQueue {
         settings: QueueSettings,
     ) -> Result<(DiskQueue, Recovery), QueueError> {
         let dir = dir.as_ref().to_owned();
-        fs::create_dir_all(&dir).map_err(|e| io_error("creating", &dir, e))?;
+        private_files::create_dir(&dir).map_err(|e| io_error("creating", &dir, e))?;
         let lock_path = dir.join(LOCK_FILE);
         let lock = open_to_write(&lock_path)?;
         match lock.try_lock() {
@@ -611,7 +613,10 @@ impl DiskQueue {
                 Some((id, file)) if id == current.id => file,
                 _ => {
                     let path = segment_path(&self.shared.dir, current.id);
-                    File::open(&path).map_err(|e| io_error("opening", &path, e))?
+                    private_files::options()
+                        .read(true)
+                        .open(&path)
+                        .map_err(|e| io_error("opening", &path, e))?
                 }
             };
             let read = read_frame(&reader, state.ahead.offset, current.len);
@@ -805,9 +810,10 @@ fn open_segment(dir: &Path, id: u64) -> Result<File, QueueError> {
     open_to_write(&segment_path(dir, id))
 }
 
-/// `path` opened to write, made if missing, its bytes kept.
+/// `path` opened to write, made `0600` if missing, its bytes kept; never
+/// through a link.
 pub(crate) fn open_to_write(path: &Path) -> Result<File, QueueError> {
-    File::options()
+    private_files::options()
         .create(true)
         .truncate(false)
         .write(true)

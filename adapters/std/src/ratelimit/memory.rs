@@ -10,7 +10,10 @@ use guard_core::limit::{
     Keyed, KeyedSlot, KeyedSlots, Report,
 };
 
-use super::{EachResult, FromQuota, KeysHeld, LimitFuture, Quota, RateLimiter, ReconfigureError};
+use super::{
+    EachResult, FromQuota, KeysHeld, LimitError, LimitFuture, Quota, RateLimiter, ReconfigureError,
+    check_key,
+};
 use crate::clock::{Clock, EpochClock, QuantaClock};
 use crate::shared::BoxFuture;
 use crate::sync::Mutex;
@@ -251,8 +254,14 @@ where
     A::State: Send,
     C: Clock,
 {
+    /// A key [`check_key`] refuses is [`LimitError::InvalidKey`], before
+    /// it can take a place in the table.
     fn check_n<'a>(&'a self, key: &'a str, cost: u32) -> LimitFuture<'a> {
-        LimitFuture::Ready(Some(self.check_n_now(key, cost).map_err(Into::into)))
+        let result = match check_key(key) {
+            Ok(()) => self.check_n_now(key, cost).map_err(Into::into),
+            Err(e) => Err(LimitError::InvalidKey(e)),
+        };
+        LimitFuture::Ready(Some(result))
     }
 
     fn quota(&self) -> Quota {
@@ -300,8 +309,14 @@ where
     A::State: Clone + Send,
     C: Clock,
 {
+    /// A key [`check_key`] refuses is [`LimitError::InvalidKey`], before
+    /// it can take a place in the table.
     fn check_n<'a>(&'a self, key: &'a str, cost: u32) -> LimitFuture<'a> {
-        LimitFuture::Ready(Some(self.check_n_now(key, cost).map_err(Into::into)))
+        let result = match check_key(key) {
+            Ok(()) => self.check_n_now(key, cost).map_err(Into::into),
+            Err(e) => Err(LimitError::InvalidKey(e)),
+        };
+        LimitFuture::Ready(Some(result))
     }
 
     fn quota(&self) -> Quota {
@@ -336,10 +351,13 @@ where
     }
 
     fn check_each<'a>(&'a self, key: &'a str, cost: u32) -> BoxFuture<'a, EachResult> {
-        let result = self
-            .check_each_now(key, cost)
-            .map(Vec::from)
-            .map_err(Into::into);
+        let result = match check_key(key) {
+            Ok(()) => self
+                .check_each_now(key, cost)
+                .map(Vec::from)
+                .map_err(Into::into),
+            Err(e) => Err(LimitError::InvalidKey(e)),
+        };
         Box::pin(std::future::ready(result))
     }
 }

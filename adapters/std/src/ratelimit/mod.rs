@@ -37,6 +37,9 @@ pub type LimitResult = Result<Report, LimitError>;
 pub enum LimitError {
     /// The request costs more than the whole quota: no wait can admit it.
     Cost(CostAboveLimit),
+    /// The key cannot be a limiter's key ([`check_key`]): the caller's
+    /// input, never the backend's failure, so no fail-open policy applies.
+    InvalidKey(InvalidKey),
     /// The backend failed (for example Redis unreachable).
     Backend(BackendError),
 }
@@ -45,6 +48,7 @@ impl fmt::Display for LimitError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             LimitError::Cost(e) => write!(f, "rate limiter: {e}"),
+            LimitError::InvalidKey(e) => write!(f, "rate limiter: {e}"),
             LimitError::Backend(e) => write!(f, "rate limiter backend: {e}"),
         }
     }
@@ -54,9 +58,61 @@ impl std::error::Error for LimitError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             LimitError::Cost(e) => Some(e),
+            LimitError::InvalidKey(e) => Some(e),
             LimitError::Backend(e) => Some(e),
         }
     }
+}
+
+/// The longest key a limiter takes, in bytes: a key is text from outside
+/// (an address, a header, a channel name), and every table that holds
+/// keys is bounded in bytes as well as in entries.
+pub const MAX_KEY_LEN: usize = 1024;
+
+/// A key no limiter takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum InvalidKey {
+    /// The key is empty.
+    Empty,
+    /// The key is longer than [`MAX_KEY_LEN`].
+    TooLong {
+        /// Its length in bytes.
+        len: usize,
+    },
+}
+
+impl fmt::Display for InvalidKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            InvalidKey::Empty => f.write_str("a rate-limit key must not be empty"),
+            InvalidKey::TooLong { len } => write!(
+                f,
+                "a rate-limit key of {len} bytes is longer than the {MAX_KEY_LEN} bytes a limiter takes"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for InvalidKey {}
+
+impl From<InvalidKey> for LimitError {
+    fn from(e: InvalidKey) -> Self {
+        LimitError::InvalidKey(e)
+    }
+}
+
+/// The rule every limiter applies to a key before it decides: not empty,
+/// at most [`MAX_KEY_LEN`] bytes. Any other text is a key (a backend that
+/// stores keys encodes them through guard-core's key codec).
+pub fn check_key(key: &str) -> Result<(), InvalidKey> {
+    if key.is_empty() {
+        return Err(InvalidKey::Empty);
+    }
+    if key.len() > MAX_KEY_LEN {
+        return Err(InvalidKey::TooLong { len: key.len() });
+    }
+    Ok(())
 }
 
 impl From<BackendError> for LimitError {

@@ -538,10 +538,12 @@ pub struct EndpointLimit {
 pub enum LimitKey {
     /// The whole source: one budget for the endpoint.
     Source,
-    /// The channel or topic the message came on.
+    /// The channel or topic the message came on (not for a stream, whose
+    /// entries all come on the stream).
     Topic,
-    /// A field of a stream entry (`field:<name>`); an entry without it
-    /// is limited under the empty key.
+    /// A field of a stream entry (`field:<name>`); an entry without it,
+    /// or whose value is empty, not UTF-8 or longer than a limiter's key
+    /// may be, is limited under the whole source's key.
     Field(String),
 }
 

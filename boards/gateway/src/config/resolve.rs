@@ -665,12 +665,14 @@ fn endpoint_limit(
     };
     let limit_key = match keys.limit_key.as_deref() {
         None | Some("source") => LimitKey::Source,
-        Some("topic") => LimitKey::Topic,
+        // A stream's entries all come on the stream: keyed by their ids,
+        // each would have a budget of its own.
+        Some("topic") if !fields_allowed => LimitKey::Topic,
         Some(other) => match other.strip_prefix("field:") {
             Some(field) if fields_allowed && !field.is_empty() => LimitKey::Field(field.to_owned()),
             _ => {
                 let allowed = if fields_allowed {
-                    "\"source\", \"topic\" or \"field:<name>\""
+                    "\"source\" or \"field:<name>\" (a stream's entries have no topic of their own)"
                 } else {
                     "\"source\" or \"topic\""
                 };

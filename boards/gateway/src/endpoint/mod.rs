@@ -122,6 +122,28 @@ struct Inbox {
     drops: Throttle,
 }
 
+/// The limiter key of a message of endpoint `name` from `from` (its
+/// channel or topic), or, for a stream entry, with its `fields`.
+fn limit_key<'a>(
+    name: &'a str,
+    key: &'a LimitKey,
+    from: &'a str,
+    fields: Option<&'a StreamMessage>,
+) -> &'a str {
+    match key {
+        LimitKey::Source => name,
+        LimitKey::Topic => from,
+        // A value no limiter takes (missing, empty, not UTF-8, over the
+        // key rule's length): the whole source's key, which an entry that
+        // leaves the field out shares anyway.
+        LimitKey::Field(field) => fields
+            .and_then(|m| m.field(field))
+            .and_then(|v| std::str::from_utf8(v).ok())
+            .filter(|v| guard_std::ratelimit::check_key(v).is_ok())
+            .unwrap_or(name),
+    }
+}
+
 impl Inbox {
     fn new(
         built: &Built,
@@ -164,14 +186,7 @@ impl Inbox {
         from: &'a str,
         fields: Option<&'a StreamMessage>,
     ) -> &'a str {
-        match key {
-            LimitKey::Source => &self.name,
-            LimitKey::Topic => from,
-            LimitKey::Field(field) => fields
-                .and_then(|m| m.field(field))
-                .and_then(|v| std::str::from_utf8(v).ok())
-                .unwrap_or(""),
-        }
+        limit_key(&self.name, key, from, fields)
     }
 
     fn too_large(&self, size: usize) -> Option<String> {
@@ -551,6 +566,36 @@ mod tests {
     use guard_endpoints::delivery::UnhandledReason;
 
     use super::*;
+
+    #[test]
+    fn an_entry_without_a_usable_field_is_limited_under_the_source_s_key() {
+        let key = LimitKey::Field("device".into());
+        let entry = |value: Option<&[u8]>| StreamMessage {
+            id: "1700000000000-0".into(),
+            fields: value
+                .map(|v| ("device".to_owned(), v.to_vec()))
+                .into_iter()
+                .collect(),
+        };
+        let long = vec![b'd'; guard_std::ratelimit::MAX_KEY_LEN + 1];
+        for (value, expected) in [
+            (Some(&b"pump-7"[..]), "pump-7"),
+            (Some(&b"a}b{"[..]), "a}b{"),
+            (None, "orders"),
+            (Some(&b""[..]), "orders"),
+            (Some(&b"\xff\xfe"[..]), "orders"),
+            (Some(long.as_slice()), "orders"),
+        ] {
+            let message = entry(value);
+            assert_eq!(
+                limit_key("orders", &key, &message.id, Some(&message)),
+                expected,
+                "{value:?}"
+            );
+        }
+        assert_eq!(limit_key("orders", &LimitKey::Source, "c", None), "orders");
+        assert_eq!(limit_key("orders", &LimitKey::Topic, "c", None), "c");
+    }
 
     #[test]
     fn a_full_dead_letter_queue_logs_what_it_drops_once_per_interval() {

@@ -106,6 +106,54 @@ fn a_done_delivery_answers_its_stored_result_and_a_too_small_buffer_is_an_error_
 }
 
 #[test]
+fn a_result_over_the_bound_is_refused_at_complete_and_nothing_reaches_the_store() {
+    let store = Scripted::default();
+    store.begin.set(Some(Begin::Started {
+        token: TOKEN,
+        attempt: 1,
+        after: Start::Fresh,
+    }));
+    let claims = Claims::new(&store, Scope::new("hooks").unwrap());
+    let claim = block_on(claims.begin("e", &mut []))
+        .unwrap()
+        .claim()
+        .expect("an attempt")
+        .clone();
+    let big = [0u8; MAX_RESULT_LEN + 1];
+    let refused = block_on(claims.complete(&claim, &big)).unwrap_err();
+    assert_eq!(
+        refused,
+        ClaimError::ResultOverLimit {
+            len: MAX_RESULT_LEN + 1
+        }
+    );
+    assert!(refused.is_permanent());
+    assert_eq!(
+        store.keys.borrow().len(),
+        1,
+        "only the begin reached the store"
+    );
+    assert_eq!(
+        block_on(claims.complete(&claim, &big[..MAX_RESULT_LEN])),
+        Ok(Settled::Recorded)
+    );
+}
+
+#[test]
+fn only_a_failed_store_is_worth_asking_again() {
+    let transient: ClaimError<&str> = ClaimError::Backend("down");
+    assert!(!transient.is_permanent());
+    let permanent: [ClaimError<&str>; 3] = [
+        ClaimError::Key(KeyError::TooLong { limit: 256 }),
+        ClaimError::ResultTooLong { len: 12, buffer: 4 },
+        ClaimError::ResultOverLimit { len: 1 << 22 },
+    ];
+    for permanent in permanent {
+        assert!(permanent.is_permanent(), "{permanent:?}");
+    }
+}
+
+#[test]
 fn a_running_attempt_says_when_to_come_back() {
     let store = Scripted::default();
     store.begin.set(Some(Begin::Running {
