@@ -6,10 +6,15 @@
 //!
 //! Served by hyper's HTTP/1 server on smol, on a thread of its own, and
 //! bounded so that nothing a client does can take what the lock backend
-//! needs:
-//! - at most [`MAX_CONNECTIONS`] connections are open at once: the next
-//!   one is not even accepted (it waits in the kernel's backlog), so a
-//!   flood of idle clients cannot exhaust the process's descriptors;
+//! needs, nor keep a probe waiting:
+//! - at most [`MAX_CONNECTIONS`] connections are open at once, so a flood
+//!   of idle clients cannot exhaust the process's descriptors; every
+//!   connection is accepted at once, and one beyond the bound closes the
+//!   oldest still waiting for its request head (or, if none waits, the
+//!   oldest), so idle or slow clients never make a probe wait behind
+//!   them: a new connection is served as soon as its head arrives;
+//! - one peer address holds at most [`MAX_IDLE_PER_PEER`] connections
+//!   waiting for their heads: its next one closes its own oldest first;
 //! - a request head must arrive within [`HEAD_TIMEOUT`], and a connection
 //!   lives at most [`CONNECTION_TIMEOUT`];
 //! - an accept error (descriptors exhausted elsewhere) backs off, from
@@ -18,14 +23,15 @@
 //!   logged.
 
 use crate::readiness::Readiness;
+use std::collections::VecDeque;
 use std::convert::Infallible;
-use std::net::{SocketAddr, TcpListener};
-use std::sync::Arc;
+use std::net::{IpAddr, SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread;
 use std::time::Duration;
 
 use async_io::Async;
-use async_lock::Semaphore;
 use futures_lite::future;
 use http_body_util::Full;
 use hyper::body::Bytes;
@@ -39,8 +45,11 @@ use guard_std::Throttle;
 pub const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long one connection may stay open.
 pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
-/// Connections served at once; more wait in the listen backlog.
+/// Connections open at once; a new one beyond closes an older one.
 pub const MAX_CONNECTIONS: usize = 64;
+/// Connections of one peer address that may wait for their request heads
+/// at once; a new one beyond closes the peer's oldest.
+pub const MAX_IDLE_PER_PEER: usize = 8;
 
 /// Installs the Prometheus recorder for this process and serves it on
 /// `address` from a background thread; `/readyz` answers 200 while
@@ -66,18 +75,87 @@ pub fn serve(
     Ok(bound)
 }
 
+/// One open connection: whom it is from, whether its request head
+/// arrived, and the task serving it (dropped to close it).
+struct Open {
+    id: u64,
+    peer: IpAddr,
+    head: Arc<AtomicBool>,
+    task: Option<smol::Task<()>>,
+}
+
+/// The open connections, oldest first.
+#[derive(Default)]
+struct Connections {
+    next_id: u64,
+    open: VecDeque<Open>,
+}
+
+impl Connections {
+    /// Makes room for a connection from `peer` and records it: the ids of
+    /// the connection and the tasks to drop (the connections it closes).
+    fn admit(&mut self, peer: IpAddr, head: Arc<AtomicBool>) -> (u64, Vec<smol::Task<()>>) {
+        let waiting = |o: &Open| !o.head.load(Ordering::Acquire) && o.task.is_some();
+        let mut closed = Vec::new();
+        let peer_waiting = self
+            .open
+            .iter()
+            .filter(|o| o.peer == peer && waiting(o))
+            .count();
+        if peer_waiting >= MAX_IDLE_PER_PEER
+            && let Some(i) = self.open.iter().position(|o| o.peer == peer && waiting(o))
+        {
+            closed.extend(self.open.remove(i).and_then(|o| o.task));
+        }
+        while self.open.len() >= MAX_CONNECTIONS {
+            let oldest = self.open.iter().position(waiting).or_else(|| {
+                // None waits: the oldest one being served had its chance.
+                self.open.iter().position(|o| o.task.is_some())
+            });
+            match oldest.and_then(|i| self.open.remove(i)) {
+                Some(o) => closed.extend(o.task),
+                None => break,
+            }
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        self.open.push_back(Open {
+            id,
+            peer,
+            head,
+            task: None,
+        });
+        (id, closed)
+    }
+
+    /// Hands connection `id` its task; gives the task back when the
+    /// connection is no longer recorded (it already ended).
+    fn serving(&mut self, id: u64, task: smol::Task<()>) -> Option<smol::Task<()>> {
+        match self.open.iter_mut().find(|o| o.id == id) {
+            Some(open) => {
+                open.task = Some(task);
+                None
+            }
+            None => Some(task),
+        }
+    }
+
+    /// Forgets connection `id`, which ended: its task, if recorded.
+    fn ended(&mut self, id: u64) -> Option<smol::Task<()>> {
+        let i = self.open.iter().position(|o| o.id == id)?;
+        self.open.remove(i).and_then(|o| o.task)
+    }
+}
+
 async fn accept(listener: Async<TcpListener>, handle: PrometheusHandle, ready: Arc<Readiness>) {
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let connections = Arc::new(Mutex::new(Connections::default()));
     let errors = Throttle::new();
     let mut backoff = Duration::from_millis(10);
     loop {
-        // A slot first: beyond the cap, connections are not accepted at
-        // all, so they hold no descriptor of this process.
-        let slot = slots.acquire_arc().await;
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => {
                 backoff = Duration::from_millis(10);
-                stream
+                accepted
             }
             Err(e) => {
                 if let Some(unlogged) = errors.admit() {
@@ -85,16 +163,19 @@ async fn accept(listener: Async<TcpListener>, handle: PrometheusHandle, ready: A
                         "metrics listener: {e} ({unlogged} more not logged); backing off {backoff:?}"
                     );
                 }
-                drop(slot);
                 async_io::Timer::after(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(1));
                 continue;
             }
         };
-        let (handle, ready) = (handle.clone(), ready.clone());
-        smol::spawn(async move {
-            let _slot = slot;
+        let head = Arc::new(AtomicBool::new(false));
+        let (id, closed) = lock(&connections).admit(peer.ip(), head.clone());
+        // Dropped outside the lock: each closes its connection.
+        drop(closed);
+        let (handle, ready, open) = (handle.clone(), ready.clone(), connections.clone());
+        let task = smol::spawn(async move {
             let service = hyper::service::service_fn(move |request| {
+                head.store(true, Ordering::Release);
                 let response = respond(&request, &handle, &ready);
                 async move { Ok::<_, Infallible>(response) }
             });
@@ -110,9 +191,20 @@ async fn accept(listener: Async<TcpListener>, handle: PrometheusHandle, ready: A
             if let Err(e) = future::or(connection, late).await {
                 tracing::debug!("metrics request: {e}");
             }
-        })
-        .detach();
+            // Its own handle, detached: dropping it here would cancel
+            // this very task.
+            if let Some(task) = lock(&open).ended(id) {
+                task.detach();
+            }
+        });
+        if let Some(task) = lock(&connections).serving(id, task) {
+            task.detach();
+        }
     }
+}
+
+fn lock(connections: &Mutex<Connections>) -> std::sync::MutexGuard<'_, Connections> {
+    connections.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 fn respond<B>(

@@ -1594,6 +1594,58 @@ fn a_flood_of_idle_metrics_connections_takes_nothing_the_locker_needs() {
     assert!(logged < 64 * 1024, "{logged} bytes of log during the flood");
 }
 
+/// A liveness probe is answered at once however many clients hold
+/// connections open without finishing a request: 1,000 of them, half
+/// silent and half sending their head a byte at a time.
+#[test]
+fn a_thousand_idle_or_slow_metrics_connections_never_keep_a_probe_waiting() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("idle.toml");
+    let metrics = free_port().unwrap();
+    std::fs::write(
+        &path,
+        format!(
+            "[locker]\nkind = \"local\"\n\n[[schedules]]\nrouter = \"tick\"\nevery_ms = 1000\n\n[metrics]\nprometheus = \"127.0.0.1:{metrics}\"\n"
+        ),
+    )
+    .unwrap();
+    let lines: Lines = Arc::default();
+    let _process = start(0, &path, &lines);
+    assert!(ready(metrics), "the replica never became ready");
+    let address: std::net::SocketAddr = ([127, 0, 0, 1], metrics).into();
+    let mut held: Vec<TcpStream> = (0..1_000)
+        .filter_map(|i| {
+            let mut s = TcpStream::connect_timeout(&address, Duration::from_secs(1)).ok()?;
+            if i % 2 == 1 {
+                s.write_all(b"G").ok()?;
+            }
+            Some(s)
+        })
+        .collect();
+    assert!(held.len() >= 900, "only {} connected", held.len());
+    let mut slowest = Duration::ZERO;
+    for round in 0..20 {
+        // The slow half sends one more byte of its head each round.
+        for s in held.iter_mut().skip(1).step_by(2) {
+            let _ = s.write_all(&b"ET /metrics HTTP/1.1\r\n"[round..=round]);
+        }
+        let path = if round % 2 == 0 {
+            "/healthz"
+        } else {
+            "/metrics"
+        };
+        let asked = Instant::now();
+        let (status, _) = http_get(metrics, path);
+        slowest = slowest.max(asked.elapsed());
+        assert!(status.contains("200"), "{path}: {status}");
+    }
+    assert!(
+        slowest < Duration::from_millis(100),
+        "a probe waited {slowest:?} behind idle connections"
+    );
+    drop(held);
+}
+
 #[test]
 fn a_backend_outage_is_logged_once_per_interval_and_each_skipped_slot_printed() {
     let mut server = RedisServer::start().expect("redis-server");
