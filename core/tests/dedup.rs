@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use guard_core::dedup::{
-    BloomError, BloomFilter, BloomParams, CapacityExceeded, Deduplicator, WindowedDeduplicator,
-    ZeroWindow,
+    BloomError, BloomFilter, BloomParams, CapacityExceeded, Deduplicator, SecretHashState,
+    WindowedDeduplicator, ZeroWindow,
 };
 use guard_core::time::Instant;
 use proptest::prelude::*;
@@ -182,6 +182,34 @@ fn bloom_false_positive_rate_stays_near_the_sizing() {
         false_positives < 2_000,
         "{false_positives} false positives in 100,000"
     );
+}
+
+#[test]
+fn a_keyed_bloom_filter_keeps_its_rate_and_replicas_sharing_the_key_decide_alike() {
+    let params = BloomParams::for_capacity(2_000, 0.01).unwrap();
+    let key = [0x5a; 16];
+    let mut a: BloomFilter<300, SecretHashState> = BloomFilter::with_key(params, key).unwrap();
+    let mut b: BloomFilter<300, SecretHashState> = BloomFilter::with_key(params, key).unwrap();
+    let mut other: BloomFilter<300, SecretHashState> =
+        BloomFilter::with_key(params, [0xa5; 16]).unwrap();
+    for i in 0..2_000u64 {
+        assert_eq!(a.check_and_mark(&i, T), b.check_and_mark(&i, T));
+        other.mark_as_seen(&i, T).unwrap();
+    }
+    let probes = 1_000_000..1_100_000u64;
+    let false_positives = probes.clone().filter(|i| a.is_duplicate(i, T)).count();
+    assert!(false_positives < 2_000, "{false_positives} in 100,000");
+    assert!(
+        probes
+            .clone()
+            .all(|i| a.is_duplicate(&i, T) == b.is_duplicate(&i, T))
+    );
+    // Another key puts items on other bits: the false positives differ.
+    let disagree = probes
+        .filter(|i| a.is_duplicate(i, T) != other.is_duplicate(i, T))
+        .count();
+    assert!(disagree > 0, "another key, other bits");
+    assert!(!format!("{a:?}").contains("5a"), "the key is never shown");
 }
 
 proptest! {

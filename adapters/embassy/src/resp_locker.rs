@@ -495,6 +495,10 @@ fn lossy_chars(bytes: &[u8]) -> impl Iterator<Item = char> + '_ {
 impl<M: RawMutex, C: Read + Write, const N: usize> Locker for RespLocker<M, C, N> {
     type Error = RespError<C::Error>;
 
+    fn is_invalid_input(error: &Self::Error) -> bool {
+        matches!(error, RespError::InvalidKey(_))
+    }
+
     async fn try_lock(&self, key: &str, ttl: Ttl) -> Result<Option<Token>, Self::Error> {
         let id = self.next_id().await;
         let fence = self.eval(ACQUIRE_SCRIPT, key, true, &id, Some(ttl)).await?;

@@ -64,6 +64,17 @@ fn a_delivery_key_with_a_nul_runs_once_even_fail_open() {
 }
 
 #[test]
+fn a_key_postgres_cannot_hold_is_invalid_input_behind_a_shared_handle_too() {
+    let db = PgDatabase::create().unwrap();
+    let locker = PgLocker::new(&db.url()).unwrap();
+    let refused = smol::block_on(locker.try_lock("a\0b", ttl(1_000))).unwrap_err();
+    assert!(PgLocker::is_invalid_input(&refused), "{refused}");
+    let shared = guard_std::SharedLocker::new(locker);
+    let refused = smol::block_on(shared.try_lock("a\0b", ttl(1_000))).unwrap_err();
+    assert!(refused.is_invalid_input(), "{refused}");
+}
+
+#[test]
 fn lockers_of_one_table_exclude_each_other_and_share_its_fences() {
     let db = PgDatabase::create().unwrap();
     let a = PgLocker::new(&db.url())

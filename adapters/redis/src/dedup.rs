@@ -5,9 +5,11 @@
 //! now marked (the original's convention).
 
 use std::fmt;
+use std::sync::{PoisonError, RwLock};
 use std::time::Duration;
 
-use guard_core::dedup::BloomParams;
+use guard_core::dedup::{BloomParams, SecretHashState};
+use guard_core::lock::TokenId;
 use redis::Script;
 
 use crate::connection::RedisConnection;
@@ -276,21 +278,59 @@ redis.call('INCR', KEYS[2])
 return 0
 ";
 
+/// The filter's secret, created if missing, in one step. KEYS[1] the
+/// secret, KEYS[2] the bits. ARGV[1] a fresh secret (32 hex digits).
+/// Returns the secret, or `false` for a filter written before secrets
+/// were kept (bits without a secret: read as it was written).
+const SECRET: &str = r"
+local secret = redis.call('GET', KEYS[1])
+if secret then return secret end
+if redis.call('EXISTS', KEYS[2]) == 1 then return false end
+redis.call('SET', KEYS[1], ARGV[1])
+return ARGV[1]
+";
+
+/// How a filter's items become bit positions.
+#[derive(Clone, Copy, Debug)]
+enum Hashing {
+    /// SipHash-1-3 under the filter's secret: no outsider can craft items
+    /// that fill another item's bits.
+    Keyed(SecretHashState),
+    /// The fixed FNV hash of a filter written before secrets were kept,
+    /// so its marks stay readable; [`RedisBloomDeduplicator::clear`]
+    /// starts it again keyed.
+    Unkeyed,
+}
+
 /// A Bloom filter in a Redis string, shared by every process: no false
 /// negatives, false positives at the sized rate, and a `check_and_mark`
 /// that is atomic across processes (the original's was atomic only inside
 /// one process). The count of new marks is shared too.
 ///
-/// Bit positions come from FNV-1a 64 of the item, mixed and split into two
-/// hashes (Kirsch–Mitzenmacher): stable across processes, platforms and
-/// versions, which a filter shared over time requires.
+/// **Keyed.** Bit positions come from SipHash-1-3 of the item under a
+/// 128-bit secret ([`SecretHashState`]), mixed and split into two hashes
+/// (Kirsch–Mitzenmacher): a producer that does not know the secret cannot
+/// craft ids whose bits cover an id it never sent (with a public hash, ten
+/// crafted ids found in a fraction of a second make it read as a
+/// duplicate and be dropped). The secret is given
+/// ([`with_secret`](Self::with_secret), the same on every replica) or made
+/// at the first call and kept beside the filter (`<prefix>:{<name>}:secret`,
+/// one script: every replica reads the same one). A filter written before
+/// secrets were kept (bits and no secret) is read with the fixed hash it
+/// was written with until [`clear`](Self::clear).
 pub struct RedisBloomDeduplicator {
     conn: RedisConnection,
     bits_key: String,
     count_key: String,
+    secret_key: String,
     bits: u64,
     hashes: u32,
     script: Script,
+    secret_script: Script,
+    /// The secret given, if any.
+    given: Option<SecretHashState>,
+    /// How positions are hashed, once known (forgotten by `clear`).
+    hashing: RwLock<Option<Hashing>>,
 }
 
 impl fmt::Debug for RedisBloomDeduplicator {
@@ -308,7 +348,8 @@ const MAX_BITS: u64 = 1 << 32;
 
 impl RedisBloomDeduplicator {
     /// A filter sized by `params` (see [`BloomParams::for_capacity`]) under
-    /// `<prefix>:{<name>}` and `<prefix>:{<name>}:count`.
+    /// `<prefix>:{<name>}` and `<prefix>:{<name>}:count`, its secret kept
+    /// at `<prefix>:{<name>}:secret`.
     pub fn new(
         conn: RedisConnection,
         prefix: &str,
@@ -335,24 +376,73 @@ impl RedisBloomDeduplicator {
         Ok(RedisBloomDeduplicator {
             conn,
             count_key: format!("{bits_key}:count"),
+            secret_key: format!("{bits_key}:secret"),
             bits_key,
             bits: params.bits,
             hashes: params.hashes,
             script: Script::new(BLOOM),
+            secret_script: Script::new(SECRET),
+            given: None,
+            hashing: RwLock::new(None),
         })
     }
 
-    fn positions(&self, item: &[u8]) -> impl Iterator<Item = u64> + use<> {
-        let h = stable_hash(item);
+    /// Hashes under `secret` (from configuration, the same on every
+    /// replica) instead of one kept in Redis. A filter written under
+    /// another secret, or before secrets were kept, reads as empty.
+    #[must_use]
+    pub fn with_secret(mut self, secret: [u8; 16]) -> Self {
+        self.given = Some(SecretHashState::new(secret));
+        self
+    }
+
+    /// How positions are hashed: the given secret, else the one kept in
+    /// Redis (made now if this is a new filter), read once.
+    async fn hashing(&self) -> Result<Hashing, RedisGuardError> {
+        if let Some(secret) = self.given {
+            return Ok(Hashing::Keyed(secret));
+        }
+        if let Some(hashing) = *self.hashing.read().unwrap_or_else(PoisonError::into_inner) {
+            return Ok(hashing);
+        }
+        let fresh = guard_std::TokenIds::new().next_id().to_string();
+        let mut invocation = self.secret_script.prepare_invoke();
+        invocation
+            .key(&self.secret_key)
+            .key(&self.bits_key)
+            .arg(&fresh);
+        let kept: Option<String> = self.conn.invoke(&invocation).await?;
+        let hashing = match kept {
+            None => Hashing::Unkeyed,
+            Some(hex) => match TokenId::from_hex(&hex) {
+                Some(id) => Hashing::Keyed(SecretHashState::new(id.0)),
+                None => {
+                    return Err(RedisGuardError::UnexpectedReply(format!(
+                        "the Bloom filter's secret at {} is not 32 hex digits",
+                        self.secret_key
+                    )));
+                }
+            },
+        };
+        *self.hashing.write().unwrap_or_else(PoisonError::into_inner) = Some(hashing);
+        Ok(hashing)
+    }
+
+    fn positions(&self, item: &[u8], hashing: Hashing) -> impl Iterator<Item = u64> + use<> {
+        let h = match hashing {
+            Hashing::Keyed(secret) => secret.hash_bytes(item),
+            Hashing::Unkeyed => stable_hash(item),
+        };
         let step = (h.rotate_left(32) ^ 0x9e37_79b9_7f4a_7c15) | 1;
         let bits = self.bits;
         (0..u64::from(self.hashes)).map(move |i| h.wrapping_add(i.wrapping_mul(step)) % bits)
     }
 
     async fn run(&self, op: &str, item: &[u8]) -> Result<bool, RedisGuardError> {
+        let hashing = self.hashing().await?;
         let mut invocation = self.script.prepare_invoke();
         invocation.key(&self.bits_key).key(&self.count_key).arg(op);
-        for position in self.positions(item) {
+        for position in self.positions(item, hashing) {
             invocation.arg(position);
         }
         Ok(self.conn.invoke::<i64>(&invocation).await? == 1)
@@ -383,17 +473,25 @@ impl RedisBloomDeduplicator {
         Ok(n.unwrap_or(0))
     }
 
-    /// Forgets everything (the next call starts a new filter).
+    /// Forgets everything, the kept secret included: the next call starts
+    /// a new filter under a new secret. Other processes that read the old
+    /// secret keep it until they are made again; give a secret
+    /// ([`with_secret`](Self::with_secret)) where replicas clear a filter
+    /// they share while running.
     pub async fn clear(&self) -> Result<(), RedisGuardError> {
-        self.conn
-            .query::<i64>(redis::cmd("DEL").arg(&self.bits_key).arg(&self.count_key))
-            .await
-            .map(|_| ())
+        let mut del = redis::cmd("DEL");
+        del.arg(&self.bits_key).arg(&self.count_key);
+        if self.given.is_none() {
+            del.arg(&self.secret_key);
+        }
+        self.conn.query::<i64>(&del).await?;
+        *self.hashing.write().unwrap_or_else(PoisonError::into_inner) = None;
+        Ok(())
     }
 }
 
-/// FNV-1a 64 followed by the splitmix64 finalizer: a fixed function, so
-/// every process and every version maps an item to the same bits.
+/// FNV-1a 64 followed by the splitmix64 finalizer: the fixed function of
+/// filters written before secrets were kept.
 fn stable_hash(bytes: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in bytes {

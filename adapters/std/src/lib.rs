@@ -54,6 +54,8 @@ mod token_ids;
 pub use clock::{Clock, EpochClock, ManualClock, QuantaClock, SystemClock};
 pub use cron_schedule::{CronError, CronSchedule};
 pub use local_locker::{DEFAULT_SWEEP_INTERVAL, LocalLocker};
+#[doc(hidden)]
+pub use shared::backend_error;
 pub use shared::{BackendError, BoxFuture, DynLocker, GuardConfig, LockerError, SharedLocker};
 pub use throttle::{THROTTLE_INTERVAL, Throttle};
 pub use token_ids::TokenIds;

@@ -23,35 +23,60 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// It shows the backend's message and returns the backend's error from
 /// [`source`](std::error::Error::source); [`downcast_ref`](Self::downcast_ref)
 /// recovers the concrete type (for example `guard_redis::RedisGuardError`).
+///
+/// A backend that refused its input (a key no store of its kind takes)
+/// says so ([`invalid_input`](Self::invalid_input)), and the flag goes
+/// through the handle: a guard never applies fail-open to such an error
+/// ([`is_invalid_input`](Self::is_invalid_input)).
 #[derive(Debug)]
-pub struct BackendError(Box<dyn std::error::Error + Send + Sync>);
+pub struct BackendError {
+    error: Box<dyn std::error::Error + Send + Sync>,
+    invalid_input: bool,
+}
 
 impl BackendError {
-    /// Wraps a backend error.
+    /// Wraps a backend error: the store failed.
     pub fn new(error: impl std::error::Error + Send + Sync + 'static) -> Self {
-        BackendError(Box::new(error))
+        BackendError {
+            error: Box::new(error),
+            invalid_input: false,
+        }
+    }
+
+    /// Wraps a backend's refusal of its input (a key or parameter no store
+    /// of its kind takes): asking again cannot help.
+    pub fn invalid_input(error: impl std::error::Error + Send + Sync + 'static) -> Self {
+        BackendError {
+            error: Box::new(error),
+            invalid_input: true,
+        }
+    }
+
+    /// Whether the backend refused its input rather than failed.
+    pub fn is_invalid_input(&self) -> bool {
+        self.invalid_input
     }
 
     /// The backend's error, if it is an `E`.
     pub fn downcast_ref<E: std::error::Error + 'static>(&self) -> Option<&E> {
-        self.0.downcast_ref()
+        self.error.downcast_ref()
     }
 
     /// The backend's error.
     pub fn into_inner(self) -> Box<dyn std::error::Error + Send + Sync> {
-        self.0
+        self.error
     }
 }
 
 impl fmt::Display for BackendError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(&self.0, f)
+        fmt::Display::fmt(&self.error, f)
     }
 }
 
 impl std::error::Error for BackendError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&*self.0)
+        Some(&*self.error)
     }
 }
 
@@ -94,6 +119,22 @@ pub trait DynLocker: Send + Sync {
     ) -> BoxFuture<'a, Result<Renewal, BackendError>>;
 }
 
+/// `error` of locker `L` behind a `dyn` handle, its refusals of input
+/// ([`Locker::is_invalid_input`](guard_core::lock::Locker::is_invalid_input))
+/// kept as such. For [`impl_dyn_locker!`].
+#[doc(hidden)]
+pub fn backend_error<L>(error: L::Error) -> BackendError
+where
+    L: guard_core::lock::Locker + ?Sized,
+    L::Error: std::error::Error + Send + Sync + 'static,
+{
+    if L::is_invalid_input(&error) {
+        BackendError::invalid_input(error)
+    } else {
+        BackendError::new(error)
+    }
+}
+
 /// Implements [`DynLocker`] for a concrete type that implements
 /// `guard_core::lock::Locker` and `LeaseRenewer` (with an error that is a
 /// `std::error::Error + Send + Sync`): its futures are boxed, which is
@@ -116,7 +157,7 @@ macro_rules! impl_dyn_locker {
                 ::std::boxed::Box::pin(async move {
                     ::guard_core::lock::Locker::try_lock(self, key, ttl)
                         .await
-                        .map_err($crate::BackendError::new)
+                        .map_err(|e| $crate::backend_error::<$ty>(e))
                 })
             }
 
@@ -129,7 +170,7 @@ macro_rules! impl_dyn_locker {
                 ::std::boxed::Box::pin(async move {
                     ::guard_core::lock::Locker::unlock(self, key, token)
                         .await
-                        .map_err(|e| e.map_backend($crate::BackendError::new))
+                        .map_err(|e| e.map_backend(|e| $crate::backend_error::<$ty>(e)))
                 })
             }
 
@@ -146,7 +187,7 @@ macro_rules! impl_dyn_locker {
                 ::std::boxed::Box::pin(async move {
                     ::guard_core::lock::LeaseRenewer::renew(self, key, token, ttl)
                         .await
-                        .map_err($crate::BackendError::new)
+                        .map_err(|e| $crate::backend_error::<$ty>(e))
                 })
             }
         }
@@ -231,6 +272,10 @@ impl SharedLocker {
 /// `guard_lock_seconds{op}` ([`crate::observe`]).
 impl SendLocker for SharedLocker {
     type Error = BackendError;
+
+    fn is_invalid_input(error: &BackendError) -> bool {
+        error.is_invalid_input()
+    }
 
     async fn try_lock(&self, key: &str, ttl: Ttl) -> Result<Option<Token>, BackendError> {
         let span = tracing::info_span!(

@@ -133,6 +133,32 @@ fn a_backend_failure_skips_by_default_and_runs_when_fail_open() {
     );
 }
 
+/// A locker that refuses every key as invalid input (as a store refuses
+/// a key it cannot hold).
+struct RefusesKeys;
+
+impl Locker for RefusesKeys {
+    type Error = ConnectionRefused;
+    async fn try_lock(&self, _: &str, _: Ttl) -> Result<Option<Token>, ConnectionRefused> {
+        Err(ConnectionRefused)
+    }
+    async fn unlock(&self, _: &str, _: &Token) -> Result<(), UnlockError<ConnectionRefused>> {
+        Err(UnlockError::Backend(ConnectionRefused))
+    }
+    fn is_invalid_input(_: &ConnectionRefused) -> bool {
+        true
+    }
+}
+
+#[test]
+fn a_key_the_store_refuses_is_skipped_even_when_fail_open() {
+    let open = OnceGuard::new(Some(&RefusesKeys), scope("o", "", "r"))
+        .with_fail_policy(FailPolicy::FailOpen);
+    for _ in 0..3 {
+        assert_eq!(block_on(open.allow("1")), Ok(OnceOutcome::SkippedOnError));
+    }
+}
+
 /// Records the TTL of every acquisition.
 struct Recording(RefCell<Vec<Duration>>);
 

@@ -3,7 +3,7 @@
 use core::fmt;
 use core::hash::{BuildHasher, Hash};
 
-use super::{CapacityExceeded, Deduplicator};
+use super::{CapacityExceeded, Deduplicator, SecretHashState};
 use crate::limit::DefaultHashState;
 use crate::table::hash_of;
 use crate::time::Instant;
@@ -149,7 +149,11 @@ pub struct BloomFilter<const WORDS: usize, S = DefaultHashState> {
 }
 
 impl<const WORDS: usize> BloomFilter<WORDS, DefaultHashState> {
-    /// An empty filter using `hashes` hash functions.
+    /// An empty filter using `hashes` hash functions, hashing with a fixed
+    /// seed: anyone can compute an item's bits, so items an outsider
+    /// chooses (message ids, client keys) must use
+    /// [`with_key`](BloomFilter::with_key) instead, or crafted items can
+    /// make an id never sent read as seen.
     pub const fn new(hashes: u32) -> Result<Self, BloomError> {
         match check_hashes(hashes) {
             Ok(()) => Ok(Self::empty(
@@ -162,15 +166,34 @@ impl<const WORDS: usize> BloomFilter<WORDS, DefaultHashState> {
 
     /// An empty filter for `params`; errors if it has too few bits.
     pub const fn with_params(params: BloomParams) -> Result<Self, BloomError> {
-        let available_bits = (WORDS as u64).saturating_mul(64);
-        if available_bits < params.bits {
-            return Err(BloomError::TooSmall {
-                required_bits: params.bits,
-                available_bits,
-            });
+        match fits::<WORDS>(params) {
+            Ok(()) => Self::new(params.hashes),
+            Err(e) => Err(e),
         }
-        Self::new(params.hashes)
     }
+}
+
+impl<const WORDS: usize> BloomFilter<WORDS, SecretHashState> {
+    /// An empty filter for `params` whose bits are chosen under the secret
+    /// `key` (SipHash-1-3, [`SecretHashState`]): without the key no one
+    /// can craft items that fill an item's bits. Filters that must decide
+    /// alike (replicas' copies) share the key; keep it like a password.
+    pub fn with_key(params: BloomParams, key: [u8; 16]) -> Result<Self, BloomError> {
+        fits::<WORDS>(params)?;
+        Self::with_hasher(params.hashes, SecretHashState::new(key))
+    }
+}
+
+/// Whether a filter of `WORDS` words holds the bits `params` need.
+const fn fits<const WORDS: usize>(params: BloomParams) -> Result<(), BloomError> {
+    let available_bits = (WORDS as u64).saturating_mul(64);
+    if available_bits < params.bits {
+        return Err(BloomError::TooSmall {
+            required_bits: params.bits,
+            available_bits,
+        });
+    }
+    Ok(())
 }
 
 impl<const WORDS: usize, S: BuildHasher> BloomFilter<WORDS, S> {

@@ -6,9 +6,11 @@
 //! (`&mut self`), so each call is atomic; wrap one in a mutex to share it.
 
 mod bloom;
+mod secret;
 mod windowed;
 
 pub use bloom::{BloomError, BloomFilter, BloomParams, MAX_HASHES};
+pub use secret::SecretHashState;
 pub use windowed::WindowedDeduplicator;
 
 use core::fmt;

@@ -15,7 +15,8 @@ pub enum FailPolicy {
     #[default]
     FailClosed,
     /// Run the action: for claim-style actions where a retry downstream is
-    /// the safety net.
+    /// the safety net. Only a store that failed: a key the store refuses
+    /// as invalid input ([`Locker::is_invalid_input`]) is skipped.
     FailOpen,
 }
 
@@ -31,7 +32,8 @@ pub enum OnceOutcome {
     },
     /// Another holder claimed the key: skip.
     AlreadyClaimed,
-    /// The backend failed and the policy is fail-closed: skip.
+    /// The backend failed and the policy is fail-closed, or the backend
+    /// refused the key as invalid input (whatever the policy): skip.
     SkippedOnError,
     /// The backend failed and the policy is fail-open: run (unfenced).
     AllowedOnError,
@@ -230,6 +232,9 @@ impl<'l, L: Locker + ?Sized, O: OnceObserver> OnceGuard<'l, L, O> {
                 None,
             ),
             Ok(None) => (OnceOutcome::AlreadyClaimed, None),
+            // Input the store refuses is never run unguarded: fail-open
+            // is for a store that failed, not for a key crafted to fail.
+            Err(e) if L::is_invalid_input(&e) => (OnceOutcome::SkippedOnError, Some(e)),
             Err(e) => (
                 match self.policy {
                     FailPolicy::FailClosed => OnceOutcome::SkippedOnError,

@@ -177,6 +177,17 @@ pub trait Locker {
 
     /// Releases `key` if `token` holds it.
     async fn unlock(&self, key: &str, token: &Token) -> Result<(), UnlockError<Self::Error>>;
+
+    /// Whether `error` refuses the input (a key or parameter no store of
+    /// this kind takes) rather than reporting the store failing. Asking
+    /// again cannot change such an error, and a guard never applies its
+    /// fail-open policy to one: fail-open is for a store that could not
+    /// answer, never for input crafted to make it fail. `false` unless
+    /// the locker says otherwise.
+    fn is_invalid_input(error: &Self::Error) -> bool {
+        let _ = error;
+        false
+    }
 }
 
 /// A locker that can extend a held lock in place, with no window in which

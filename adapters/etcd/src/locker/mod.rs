@@ -504,6 +504,10 @@ fn hex(id: &TokenId) -> String {
 impl SendLocker for EtcdLocker {
     type Error = EtcdError;
 
+    fn is_invalid_input(error: &EtcdError) -> bool {
+        matches!(error, EtcdError::InvalidInput { .. })
+    }
+
     async fn try_lock(&self, key: &str, ttl: Ttl) -> Result<Option<Token>, EtcdError> {
         on_tokio(self.try_lock_inner(key, ttl)).await
     }

@@ -532,6 +532,10 @@ fn stored_fence(token: &Token) -> Option<i64> {
 impl SendLocker for PgLocker {
     type Error = PgLockError;
 
+    fn is_invalid_input(error: &PgLockError) -> bool {
+        matches!(error, PgLockError::InvalidInput { .. })
+    }
+
     async fn try_lock(&self, key: &str, ttl: Ttl) -> Result<Option<Token>, PgLockError> {
         let key = checked_key(key)?;
         // Purge before the grant, so the grant is the last step awaited: a

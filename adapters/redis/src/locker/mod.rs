@@ -117,6 +117,10 @@ impl RedisLocker {
 impl SendLocker for RedisLocker {
     type Error = RedisGuardError;
 
+    fn is_invalid_input(error: &RedisGuardError) -> bool {
+        matches!(error, RedisGuardError::InvalidInput { .. })
+    }
+
     async fn try_lock(&self, key: &str, ttl: Ttl) -> Result<Option<Token>, RedisGuardError> {
         let (lock, fence) = lock_keys(&self.prefix, key)?;
         let id = self.ids.next_id();
