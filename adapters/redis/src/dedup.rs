@@ -265,41 +265,47 @@ impl RedisWindowedDeduplicator {
 }
 
 /// Test and set every bit; count the item if any bit was new.
-/// KEYS[1] bits, KEYS[2] count. ARGV: 'check' or 'cam', then positions.
+/// KEYS[1] bits, KEYS[2] count, KEYS[3] the kept secret. ARGV: 'check' or
+/// 'cam', the secret the positions were hashed under ('' for one given,
+/// not kept), then the positions. Returns -1, touching nothing, when the
+/// kept secret is not the caller's (a clear, or an eviction, made another).
 const BLOOM: &str = r"
+if ARGV[2] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[2] then return -1 end
 local fresh = false
-for i = 2, #ARGV do
+for i = 3, #ARGV do
   if redis.call('GETBIT', KEYS[1], ARGV[i]) == 0 then fresh = true break end
 end
 if ARGV[1] == 'check' then return fresh and 0 or 1 end
 if not fresh then return 1 end
-for i = 2, #ARGV do redis.call('SETBIT', KEYS[1], ARGV[i], 1) end
+for i = 3, #ARGV do redis.call('SETBIT', KEYS[1], ARGV[i], 1) end
 redis.call('INCR', KEYS[2])
 return 0
 ";
 
-/// The filter's secret, created if missing, in one step. KEYS[1] the
-/// secret, KEYS[2] the bits. ARGV[1] a fresh secret (32 hex digits).
-/// Returns the secret, or `false` for a filter written before secrets
-/// were kept (bits without a secret: read as it was written).
+/// The kept secret, made if missing. KEYS[1] the secret. ARGV[1] a fresh
+/// secret (32 hex digits). Returns the secret.
 const SECRET: &str = r"
 local secret = redis.call('GET', KEYS[1])
 if secret then return secret end
-if redis.call('EXISTS', KEYS[2]) == 1 then return false end
 redis.call('SET', KEYS[1], ARGV[1])
 return ARGV[1]
 ";
 
-/// How a filter's items become bit positions.
-#[derive(Clone, Copy, Debug)]
-enum Hashing {
-    /// SipHash-1-3 under the filter's secret: no outsider can craft items
-    /// that fill another item's bits.
-    Keyed(SecretHashState),
-    /// The fixed FNV hash of a filter written before secrets were kept,
-    /// so its marks stay readable; [`RedisBloomDeduplicator::clear`]
-    /// starts it again keyed.
-    Unkeyed,
+/// Forgets the filter and, when its secret is kept, puts a fresh one in
+/// the same step (bits never stand without a secret). KEYS[1] bits,
+/// KEYS[2] count, KEYS[3] secret. ARGV[1] the fresh secret, or ''.
+const CLEAR: &str = r"
+redis.call('DEL', KEYS[1], KEYS[2])
+if ARGV[1] ~= '' then redis.call('SET', KEYS[3], ARGV[1]) end
+return 1
+";
+
+/// The secret positions are hashed under: its hasher, and its text as
+/// kept in Redis ('' for a secret given, which is not kept).
+#[derive(Clone)]
+struct Secret {
+    hasher: SecretHashState,
+    kept: String,
 }
 
 /// A Bloom filter in a Redis string, shared by every process: no false
@@ -314,10 +320,13 @@ enum Hashing {
 /// crafted ids found in a fraction of a second make it read as a
 /// duplicate and be dropped). The secret is given
 /// ([`with_secret`](Self::with_secret), the same on every replica) or made
-/// at the first call and kept beside the filter (`<prefix>:{<name>}:secret`,
-/// one script: every replica reads the same one). A filter written before
-/// secrets were kept (bits and no secret) is read with the fixed hash it
-/// was written with until [`clear`](Self::clear).
+/// at the first call and kept beside the filter (`<prefix>:{<name>}:secret`).
+/// Every call names the kept secret it hashed under and is refused, and
+/// asked again under the kept one, if that is another: a replica never
+/// marks under a secret the others no longer use, after a
+/// [`clear`](Self::clear) elsewhere or an eviction of the secret. A filter
+/// whose secret is gone is read under a new one: what it held may be
+/// admitted once more, as after losing its bits.
 pub struct RedisBloomDeduplicator {
     conn: RedisConnection,
     bits_key: String,
@@ -327,10 +336,11 @@ pub struct RedisBloomDeduplicator {
     hashes: u32,
     script: Script,
     secret_script: Script,
+    clear_script: Script,
     /// The secret given, if any.
     given: Option<SecretHashState>,
-    /// How positions are hashed, once known (forgotten by `clear`).
-    hashing: RwLock<Option<Hashing>>,
+    /// The kept secret, once read (forgotten when Redis says it changed).
+    kept: RwLock<Option<Secret>>,
 }
 
 impl fmt::Debug for RedisBloomDeduplicator {
@@ -382,70 +392,92 @@ impl RedisBloomDeduplicator {
             hashes: params.hashes,
             script: Script::new(BLOOM),
             secret_script: Script::new(SECRET),
+            clear_script: Script::new(CLEAR),
             given: None,
-            hashing: RwLock::new(None),
+            kept: RwLock::new(None),
         })
     }
 
     /// Hashes under `secret` (from configuration, the same on every
     /// replica) instead of one kept in Redis. A filter written under
-    /// another secret, or before secrets were kept, reads as empty.
+    /// another secret reads as one with random bits set: its false
+    /// positives rise and what it held may be admitted once more.
     #[must_use]
     pub fn with_secret(mut self, secret: [u8; 16]) -> Self {
         self.given = Some(SecretHashState::new(secret));
         self
     }
 
-    /// How positions are hashed: the given secret, else the one kept in
-    /// Redis (made now if this is a new filter), read once.
-    async fn hashing(&self) -> Result<Hashing, RedisGuardError> {
-        if let Some(secret) = self.given {
-            return Ok(Hashing::Keyed(secret));
+    /// The secret to hash under: the given one, else the kept one (read
+    /// once, made now if the filter has none).
+    async fn secret(&self) -> Result<Secret, RedisGuardError> {
+        if let Some(hasher) = self.given {
+            return Ok(Secret {
+                hasher,
+                kept: String::new(),
+            });
         }
-        if let Some(hashing) = *self.hashing.read().unwrap_or_else(PoisonError::into_inner) {
-            return Ok(hashing);
+        if let Some(secret) = self
+            .kept
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+        {
+            return Ok(secret);
         }
-        let fresh = guard_std::TokenIds::new().next_id().to_string();
         let mut invocation = self.secret_script.prepare_invoke();
-        invocation
-            .key(&self.secret_key)
-            .key(&self.bits_key)
-            .arg(&fresh);
-        let kept: Option<String> = self.conn.invoke(&invocation).await?;
-        let hashing = match kept {
-            None => Hashing::Unkeyed,
-            Some(hex) => match TokenId::from_hex(&hex) {
-                Some(id) => Hashing::Keyed(SecretHashState::new(id.0)),
-                None => {
-                    return Err(RedisGuardError::UnexpectedReply(format!(
-                        "the Bloom filter's secret at {} is not 32 hex digits",
-                        self.secret_key
-                    )));
-                }
-            },
-        };
-        *self.hashing.write().unwrap_or_else(PoisonError::into_inner) = Some(hashing);
-        Ok(hashing)
+        invocation.key(&self.secret_key).arg(fresh_secret());
+        let kept: String = self.conn.invoke(&invocation).await?;
+        self.keep(kept)
     }
 
-    fn positions(&self, item: &[u8], hashing: Hashing) -> impl Iterator<Item = u64> + use<> {
-        let h = match hashing {
-            Hashing::Keyed(secret) => secret.hash_bytes(item),
-            Hashing::Unkeyed => stable_hash(item),
+    /// `text`, read from Redis, as the secret this replica hashes under.
+    fn keep(&self, text: String) -> Result<Secret, RedisGuardError> {
+        let Some(id) = TokenId::from_hex(&text) else {
+            return Err(RedisGuardError::UnexpectedReply(format!(
+                "the Bloom filter's secret at {} is not 32 hex digits",
+                self.secret_key
+            )));
         };
+        let secret = Secret {
+            hasher: SecretHashState::new(id.0),
+            kept: text,
+        };
+        *self.kept.write().unwrap_or_else(PoisonError::into_inner) = Some(secret.clone());
+        Ok(secret)
+    }
+
+    fn positions(&self, item: &[u8], secret: &Secret) -> impl Iterator<Item = u64> + use<> {
+        let h = secret.hasher.hash_bytes(item);
         let step = (h.rotate_left(32) ^ 0x9e37_79b9_7f4a_7c15) | 1;
         let bits = self.bits;
         (0..u64::from(self.hashes)).map(move |i| h.wrapping_add(i.wrapping_mul(step)) % bits)
     }
 
+    /// One call of the filter's script; asked once more under the kept
+    /// secret when Redis says it is not the one this replica read.
     async fn run(&self, op: &str, item: &[u8]) -> Result<bool, RedisGuardError> {
-        let hashing = self.hashing().await?;
-        let mut invocation = self.script.prepare_invoke();
-        invocation.key(&self.bits_key).key(&self.count_key).arg(op);
-        for position in self.positions(item, hashing) {
-            invocation.arg(position);
+        for _ in 0..2 {
+            let secret = self.secret().await?;
+            let mut invocation = self.script.prepare_invoke();
+            invocation
+                .key(&self.bits_key)
+                .key(&self.count_key)
+                .key(&self.secret_key)
+                .arg(op)
+                .arg(&secret.kept);
+            for position in self.positions(item, &secret) {
+                invocation.arg(position);
+            }
+            match self.conn.invoke::<i64>(&invocation).await? {
+                -1 => *self.kept.write().unwrap_or_else(PoisonError::into_inner) = None,
+                reply => return Ok(reply == 1),
+            }
         }
-        Ok(self.conn.invoke::<i64>(&invocation).await? == 1)
+        Err(RedisGuardError::UnexpectedReply(format!(
+            "the Bloom filter's secret at {} changed twice during one call",
+            self.secret_key
+        )))
     }
 
     /// Whether `item` may have been seen (never a false negative).
@@ -473,48 +505,30 @@ impl RedisBloomDeduplicator {
         Ok(n.unwrap_or(0))
     }
 
-    /// Forgets everything, the kept secret included: the next call starts
-    /// a new filter under a new secret. Other processes that read the old
-    /// secret keep it until they are made again; give a secret
-    /// ([`with_secret`](Self::with_secret)) where replicas clear a filter
-    /// they share while running.
+    /// Forgets everything and, when the secret is kept, replaces it in the
+    /// same step: every replica hashes under the new one from its next
+    /// call.
     pub async fn clear(&self) -> Result<(), RedisGuardError> {
-        let mut del = redis::cmd("DEL");
-        del.arg(&self.bits_key).arg(&self.count_key);
+        let fresh = if self.given.is_some() {
+            String::new()
+        } else {
+            fresh_secret()
+        };
+        let mut invocation = self.clear_script.prepare_invoke();
+        invocation
+            .key(&self.bits_key)
+            .key(&self.count_key)
+            .key(&self.secret_key)
+            .arg(&fresh);
+        self.conn.invoke::<i64>(&invocation).await?;
         if self.given.is_none() {
-            del.arg(&self.secret_key);
+            self.keep(fresh)?;
         }
-        self.conn.query::<i64>(&del).await?;
-        *self.hashing.write().unwrap_or_else(PoisonError::into_inner) = None;
         Ok(())
     }
 }
 
-/// FNV-1a 64 followed by the splitmix64 finalizer: the fixed function of
-/// filters written before secrets were kept.
-fn stable_hash(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h ^= h >> 30;
-    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    h ^= h >> 27;
-    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
-    h ^ (h >> 31)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::stable_hash;
-
-    #[test]
-    fn the_stable_hash_never_changes() {
-        // Pinned (computed by an independent implementation): a filter
-        // written today must be read the same tomorrow.
-        assert_eq!(stable_hash(b""), 0xf52a_15e9_a9b5_e89b);
-        assert_eq!(stable_hash(b"order-1"), 0xedf2_3fc2_e07f_a9d3);
-        assert_ne!(stable_hash(b"order-1"), stable_hash(b"order-2"));
-    }
+/// 128 bits the operating system's randomness chose, as 32 hex digits.
+fn fresh_secret() -> String {
+    guard_std::TokenIds::new().next_id().to_string()
 }

@@ -1,7 +1,7 @@
 //! The Redis Bloom filter hashes under a secret: ids crafted with a public
 //! hash to cover the bits of an id never sent do not make it read as a
-//! duplicate; replicas share the secret; a filter written before secrets
-//! were kept is still read as it was written.
+//! duplicate; replicas share the secret, also across a clear or the
+//! secret's eviction; a filter never falls back to a public hash.
 
 use std::time::Duration;
 
@@ -19,8 +19,7 @@ fn connect(server: &RedisServer) -> RedisConnection {
 
 /// The bit positions a public, unkeyed hash gives `item` (FNV-1a 64 and
 /// the splitmix64 finalizer, split Kirsch–Mitzenmacher): what an attacker
-/// computes offline, and how filters written before secrets were kept
-/// placed their bits.
+/// computes offline.
 fn public_positions(item: &[u8], params: BloomParams) -> Vec<u64> {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in item {
@@ -99,9 +98,11 @@ fn replicas_share_the_kept_secret_and_a_clear_makes_a_new_one() {
 }
 
 #[test]
-fn a_filter_written_before_secrets_were_kept_is_read_as_it_was_written() {
+fn a_filter_whose_secret_is_gone_is_read_under_a_new_one_never_unkeyed() {
     let server = RedisServer::start().expect("redis-server");
     let params = BloomParams::for_capacity(1_000, 0.01).unwrap();
+    // Bits at an item's public positions, and no secret (evicted, or
+    // never made): the filter must not fall back to the public hash.
     for bit in public_positions(b"order-7", params) {
         server
             .command(&format!("SETBIT bf:{{old}} {bit} 1"))
@@ -109,21 +110,34 @@ fn a_filter_written_before_secrets_were_kept_is_read_as_it_was_written() {
     }
     let filter = RedisBloomDeduplicator::new(connect(&server), "bf", "old", params).unwrap();
     smol::block_on(async {
-        assert!(filter.is_duplicate(b"order-7").await.unwrap());
-        assert!(!filter.check_and_mark(b"order-8").await.unwrap());
-        assert!(filter.is_duplicate(b"order-8").await.unwrap());
-    });
-    assert_eq!(
-        server.command("EXISTS bf:{old}:secret").unwrap().trim(),
-        ":0"
-    );
-    smol::block_on(filter.clear()).unwrap();
-    smol::block_on(async {
         assert!(!filter.is_duplicate(b"order-7").await.unwrap());
-        filter.mark_as_seen(b"order-7").await.unwrap();
     });
     assert_eq!(
         server.command("EXISTS bf:{old}:secret").unwrap().trim(),
         ":1"
     );
+}
+
+#[test]
+fn a_replica_that_read_the_secret_before_another_cleared_marks_under_the_new_one() {
+    let server = RedisServer::start().expect("redis-server");
+    let params = BloomParams::for_capacity(1_000, 0.01).unwrap();
+    let a = RedisBloomDeduplicator::new(connect(&server), "bf", "shared", params).unwrap();
+    let b = RedisBloomDeduplicator::new(connect(&server), "bf", "shared", params).unwrap();
+    smol::block_on(async {
+        assert!(
+            !b.check_and_mark(b"warm").await.unwrap(),
+            "b reads the secret"
+        );
+        a.clear().await.unwrap();
+        assert!(!b.check_and_mark(b"order-1").await.unwrap());
+        assert!(
+            a.is_duplicate(b"order-1").await.unwrap(),
+            "b marked under a's secret"
+        );
+        // The secret evicted: the next caller makes one, the others follow.
+        server.command("DEL bf:{shared}:secret").unwrap();
+        assert!(!a.check_and_mark(b"order-2").await.unwrap());
+        assert!(b.is_duplicate(b"order-2").await.unwrap());
+    });
 }

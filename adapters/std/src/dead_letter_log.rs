@@ -98,9 +98,7 @@ impl DeadLetterLog {
             let scan = frame::scan(&bytes);
             let lost = scan.lost(bytes.len()) as u64;
             if lost > 0 {
-                let file = private_files::options()
-                    .write(true)
-                    .open(path)
+                let file = private_files::open(private_files::options().write(true), path)
                     .map_err(|e| io_error("opening", path, e))?;
                 file.set_len(scan.valid as u64)
                     .and_then(|()| file.sync_all())
@@ -117,13 +115,9 @@ impl DeadLetterLog {
     /// and report; its bytes are returned.
     pub fn inspect(dir: impl AsRef<Path>, max_bytes: u64) -> Result<(Self, u64), QueueError> {
         let dir = dir.as_ref().to_owned();
-        if !dir.is_dir() {
-            return Err(io_error(
-                "no dead letters at",
-                &dir,
-                io::Error::new(io::ErrorKind::NotFound, "not a directory"),
-            ));
-        }
+        // As the writer does: a link or another user's directory is
+        // refused before anything is created in it.
+        private_files::check_dir(&dir).map_err(|e| io_error("no dead letters at", &dir, e))?;
         let log = DeadLetterLog {
             dir,
             max_bytes,
@@ -191,11 +185,9 @@ impl DeadLetterLog {
         framed.extend_from_slice(&header.to_bytes());
         framed.extend_from_slice(&record);
         let outcome = self.locked(|path| {
-            let mut file = private_files::options()
-                .create(true)
-                .append(true)
-                .open(path)
-                .map_err(|e| io_error("opening", path, e))?;
+            let mut file =
+                private_files::open(private_files::options().create(true).append(true), path)
+                    .map_err(|e| io_error("opening", path, e))?;
             let held = file
                 .metadata()
                 .map_err(|e| io_error("reading the size of", path, e))?
@@ -271,13 +263,15 @@ impl DeadLetterLog {
             // and count.
             kept.extend_from_slice(bytes.get(at..).unwrap_or_default());
             let new = self.dir.join(format!("{LETTERS}.new"));
-            private_files::options()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(&new)
-                .and_then(|mut f| f.write_all(&kept).and_then(|()| f.sync_all()))
-                .map_err(|e| io_error("writing", &new, e))?;
+            private_files::open(
+                private_files::options()
+                    .write(true)
+                    .create(true)
+                    .truncate(true),
+                &new,
+            )
+            .and_then(|mut f| f.write_all(&kept).and_then(|()| f.sync_all()))
+            .map_err(|e| io_error("writing", &new, e))?;
             fs::rename(&new, path).map_err(|e| io_error("replacing", path, e))?;
             File::open(&self.dir)
                 .and_then(|d| d.sync_all())

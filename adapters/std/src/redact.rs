@@ -34,15 +34,29 @@ pub const SECRET_KEYS: &[&str] = &[
 
 /// `text` with every secret hidden; see the module documentation.
 pub fn redacted(text: &str) -> String {
-    match text.find("://") {
-        Some(end) => {
-            let (scheme, rest) = text.split_at(end + 3);
-            format!("{scheme}{}", hidden_url(rest))
-        }
-        // A key/value string: `key=value` pairs apart by blanks.
-        None if text.contains('=') => hidden_pairs(text),
-        None => hidden_url(text),
+    if let Some(end) = scheme_end(text) {
+        let (scheme, rest) = text.split_at(end);
+        return format!("{scheme}{}", hidden_url(rest));
     }
+    // Not a URL: `key=value` pairs apart by blanks; then, if it is one
+    // word with an `@`, a URL without a scheme (`user:password@host`).
+    let pairs = hidden_pairs(text);
+    if pairs.contains('@') && !pairs.contains(char::is_whitespace) {
+        hidden_url(&pairs)
+    } else {
+        pairs
+    }
+}
+
+/// Where the `scheme://` that starts `text` ends, if it starts with one
+/// (RFC 3986: a letter, then letters, digits, `+`, `-` or `.`).
+fn scheme_end(text: &str) -> Option<usize> {
+    let colon = text.find("://")?;
+    let scheme = &text[..colon];
+    let mut chars = scheme.chars();
+    let starts = chars.next().is_some_and(|c| c.is_ascii_alphabetic());
+    let rest = chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+    (starts && rest).then_some(colon + 3)
 }
 
 /// A URL after its scheme: the user information (up to the last `@`)
@@ -100,36 +114,42 @@ fn hidden_pairs(text: &str) -> String {
             .unwrap_or_default();
         let blanks = after[1..].len() - after[1..].trim_start().len();
         let value_start = eq + 1 + blanks;
-        let value_len = value_len(&rest[value_start..]);
+        let value = &rest[value_start..];
         out.push_str(&rest[..value_start]);
+        let Some(value_len) = value_len(value) else {
+            // A quote never closed: what follows may be anything, a
+            // secret's key and value included.
+            out.push_str("***");
+            return out;
+        };
         if is_secret(key) {
             out.push_str("***");
         } else {
-            out.push_str(&rest[value_start..value_start + value_len]);
+            out.push_str(&value[..value_len]);
         }
-        rest = &rest[value_start + value_len..];
+        rest = &value[value_len..];
     }
     out.push_str(rest);
     out
 }
 
 /// The length of the value at the start of `text`: a quoted one to its
-/// closing quote (to the end where it has none), a bare one to the next
-/// blank.
-fn value_len(text: &str) -> usize {
+/// closing quote, a bare one to the next blank; `None` for a quote never
+/// closed.
+fn value_len(text: &str) -> Option<usize> {
     let Some(quoted) = text.strip_prefix('\'') else {
-        return text.find(char::is_whitespace).unwrap_or(text.len());
+        return Some(text.find(char::is_whitespace).unwrap_or(text.len()));
     };
     let mut escaped = false;
     for (i, c) in quoted.char_indices() {
         match c {
             _ if escaped => escaped = false,
             '\\' => escaped = true,
-            '\'' => return i + 2,
+            '\'' => return Some(i + 2),
             _ => {}
         }
     }
-    text.len()
+    None
 }
 
 /// Whether `key` (percent-encoding decoded, any case) names a secret.
@@ -226,11 +246,28 @@ mod tests {
             ),
             ("host=db PASSWORD='open", "host=db PASSWORD=***"),
             ("password=p@ss host=db", "password=*** host=db"),
+            ("password=p@ss", "password=***"),
+            // `://` inside a key/value string is not a scheme.
+            (
+                "host=db application_name=http://x password=S3cret",
+                "host=db application_name=http://x password=***",
+            ),
+            (
+                "password=S3cret options=a://b",
+                "password=*** options=a://b",
+            ),
+            // A URL without a scheme, with a query.
+            ("u:secret@nats:4222?x=1", "u:***@nats:4222?x=1"),
+            // A quote never closed hides all that follows.
+            (
+                "host=db options='-c x password=S3cret",
+                "host=db options=***",
+            ),
         ] {
             let got = redacted(text);
             assert_eq!(got, shown, "{text}");
             for secret in [
-                "secret", "s3cret", "se/cr@et", "pa/ss", "a b", "a\\'b", "p@ss", "open",
+                "secret", "s3cret", "S3cret", "se/cr@et", "pa/ss", "a b", "a\\'b", "p@ss", "open",
             ] {
                 if text.contains(secret) && !shown.contains(secret) {
                     assert!(!got.contains(secret), "{secret} in {got}");

@@ -137,15 +137,25 @@ fn a_backend_failure_skips_by_default_and_runs_when_fail_open() {
 /// a key it cannot hold).
 struct RefusesKeys;
 
+/// The refusal of [`RefusesKeys`].
+#[derive(Debug)]
+struct KeyRefused;
+
+impl fmt::Display for KeyRefused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a key this store cannot hold")
+    }
+}
+
 impl Locker for RefusesKeys {
-    type Error = ConnectionRefused;
-    async fn try_lock(&self, _: &str, _: Ttl) -> Result<Option<Token>, ConnectionRefused> {
-        Err(ConnectionRefused)
+    type Error = KeyRefused;
+    async fn try_lock(&self, _: &str, _: Ttl) -> Result<Option<Token>, KeyRefused> {
+        Err(KeyRefused)
     }
-    async fn unlock(&self, _: &str, _: &Token) -> Result<(), UnlockError<ConnectionRefused>> {
-        Err(UnlockError::Backend(ConnectionRefused))
+    async fn unlock(&self, _: &str, _: &Token) -> Result<(), UnlockError<KeyRefused>> {
+        Err(UnlockError::Backend(KeyRefused))
     }
-    fn is_invalid_input(_: &ConnectionRefused) -> bool {
+    fn is_invalid_input(_: &KeyRefused) -> bool {
         true
     }
 }

@@ -106,3 +106,77 @@ fn a_link_in_place_of_a_dead_letter_file_is_never_followed() {
     assert!(log.remove(&[id]).is_err());
     assert_eq!(fs::read(&victim).unwrap(), b"precious");
 }
+
+#[test]
+fn an_existing_directory_and_files_open_to_others_are_made_private() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("queue");
+    fs::create_dir(&dir).unwrap();
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o777)).unwrap();
+    fs::write(dir.join("cursor"), b"").unwrap();
+    fs::set_permissions(dir.join("cursor"), fs::Permissions::from_mode(0o666)).unwrap();
+    let (queue, _) = DiskQueue::open(&dir, settings()).unwrap();
+    queue.append(b"secret payload").unwrap();
+    assert_eq!(mode(&dir), 0o700);
+    assert_eq!(mode(&dir.join("cursor")), 0o600);
+}
+
+#[test]
+fn a_fifo_or_a_hard_link_in_place_of_a_file_is_refused_without_waiting() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("queue");
+    fs::create_dir(&dir).unwrap();
+    let fifo = dir.join("cursor");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let started = std::time::Instant::now();
+    let err = DiskQueue::open(&dir, settings()).err().expect("refused");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the open waited"
+    );
+    assert!(err.to_string().contains("cursor"), "{err}");
+
+    let victim = victim(root.path());
+    let dir = root.path().join("letters");
+    fs::create_dir(&dir).unwrap();
+    fs::hard_link(&victim, dir.join("letters")).unwrap();
+    let err = DeadLetterLog::open(&dir, 1 << 20).err().expect("refused");
+    assert!(err.to_string().contains("hard link"), "{err}");
+    assert_eq!(fs::read(&victim).unwrap(), b"precious");
+}
+
+#[test]
+fn a_tool_inspecting_dead_letters_refuses_a_link_too() {
+    let root = tempfile::tempdir().unwrap();
+    let real = root.path().join("real");
+    DeadLetterLog::open(&real, 1 << 20).unwrap();
+    let link = root.path().join("letters");
+    symlink(&real, &link).unwrap();
+    let err = DeadLetterLog::inspect(&link, 1 << 20)
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("symbolic link"), "{err}");
+}
+
+#[test]
+fn another_user_s_directory_is_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("queue");
+    fs::create_dir(&dir).unwrap();
+    // Only root can give a directory away; as another user, nothing to show.
+    let given = std::process::Command::new("chown")
+        .arg("65534")
+        .arg(&dir)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !given {
+        eprintln!("not root: another user's directory cannot be made here");
+        return;
+    }
+    let err = DiskQueue::open(&dir, settings()).err().expect("refused");
+    assert!(err.to_string().contains("belongs to user 65534"), "{err}");
+}

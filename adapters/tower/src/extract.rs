@@ -497,7 +497,8 @@ fn parse_node(node: &str) -> Option<IpAddr> {
     };
     let ip = address.parse::<IpAddr>().ok()?;
     let zone_fits = zone.is_none_or(|zone| ip.is_ipv6() && is_token(zone));
-    (zone_fits && !ip.is_unspecified()).then_some(ip)
+    // Canonical first: `::ffff:0.0.0.0` is the unspecified IPv4 address.
+    (zone_fits && !ip.to_canonical().is_unspecified()).then_some(ip)
 }
 
 /// A port: one to five digits, or an obfuscated one (`_` and a token).
@@ -781,14 +782,6 @@ mod tests {
         assert_eq!(key(&fwd, &twice), None);
     }
 
-    /// Peer vectors: (header, field lines, trusted proxies, the address).
-    /// Ported from realclientip-go's `realclientip_test.go` (A, B, C, D,
-    /// E), client-ip and forwarded-header-value (F) and actix-web's
-    /// `info.rs` (G), each converted to counting from the right. Where
-    /// the peers disagree we keep RFC 7239 and RFC 9110: empty list
-    /// elements are skipped (realclientip-go counts them), a second `for`
-    /// in one element is no address (it takes the first), an IPv6 zone is
-    /// dropped rather than kept in the key.
     /// One vector: the header's name, its field lines, the trusted
     /// proxies and the address expected (`None`: no key).
     type Vector = (
@@ -798,6 +791,16 @@ mod tests {
         Option<&'static str>,
     );
 
+    /// Peer vectors: (header, field lines, trusted proxies, the address).
+    /// Ported from realclientip-go's `realclientip_test.go` (A to D),
+    /// client-ip and forwarded-header-value (F), actix-web's `info.rs` (G)
+    /// and werkzeug's `ProxyFix` tests (H), each converted to counting
+    /// from the right; E are adversarial cases built from the peers'
+    /// behaviour (a client's open quote, non-ASCII bytes, ports, zones). Where
+    /// the peers disagree we keep RFC 7239 and RFC 9110: empty list
+    /// elements are skipped (realclientip-go counts them), a second `for`
+    /// in one element is no address (it takes the first), an IPv6 zone is
+    /// dropped rather than kept in the key.
     const PEER_VECTORS: &[Vector] = &[
         // A1: counted across three field lines.
         ("x-forwarded-for", &[b"4.4.4.4, 5.5.5.5", b"::1, fe80::382b:141b:fa4a:2a16%28", b"7.7.7.7.7, 8.8.8.8, 9.9.9.9, 10.10.10.10,11.11.11.11, 12.12.12.12"], 1, Some("12.12.12.12")),
@@ -820,6 +823,7 @@ mod tests {
         ("x-forwarded-for", &[b"3.3.3.3", b"4.4.4.4, 64:ff9b::188.0.2.128"], 1, Some("64:ff9b::bc00:280")),
         ("x-forwarded-for", &[b"4.4.4.4, 5.5.5.5", b"::1, nope"], 1, None),
         ("x-forwarded-for", &[b"::1, nope", b"192.168.1.1, !?!, ::, 0.0.0.0"], 2, None),
+        ("x-forwarded-for", &[b"[::ffff:0.0.0.0]:80"], 1, None),
         ("forwarded", &[b"host=what;for=:48485;proto=https,For=2.2.2.2", b"For=\"\", For=\"::ffff:192.168.1.1\""], 1, Some("192.168.1.1")),
         ("forwarded", &[b"host=what;for=:48485;proto=https,For=2.2.2.2", b"For=\"\", For=\"::ffff:192.168.1.1\""], 3, Some("2.2.2.2")),
         ("forwarded", &[b"host=what;for=:48485;proto=https,For=2.2.2.2", b"For=\"\", For=\"::ffff:192.168.1.1\""], 4, None),

@@ -136,21 +136,28 @@ pub enum Event {
 }
 
 /// `text` as one line: a control character (a newline in a payload, a
-/// command's standard error) is written escaped, so what a message or a
-/// command says can never begin a line of its own on stdout.
+/// command's standard error), a line or paragraph separator or a
+/// bidirectional override is written escaped, so what a message or a
+/// command says can never begin a line of its own nor reorder one.
 pub(crate) fn one_line(text: &str) -> std::borrow::Cow<'_, str> {
-    if !text.chars().any(char::is_control) {
+    if !text.chars().any(escaped_in_a_line) {
         return std::borrow::Cow::Borrowed(text);
     }
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
-        if c.is_control() {
+        if escaped_in_a_line(c) {
             out.extend(c.escape_default());
         } else {
             out.push(c);
         }
     }
     std::borrow::Cow::Owned(out)
+}
+
+/// What [`one_line`] escapes.
+fn escaped_in_a_line(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
 
 /// A handled message's content, as text (invalid UTF-8 replaced).

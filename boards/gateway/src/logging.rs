@@ -206,14 +206,17 @@ mod tests {
         };
         let subscriber = tracing_subscriber::registry().with(super::lines(false, writer));
         tracing::subscriber::with_default(subscriber, || {
-            let channel = "sensors\n[ERROR guard_gateway] FORGED\r\x1b[2K";
+            let channel = "sensors\n[ERROR guard_gateway] FORGED\r\x1b[2K\u{2028}\u{202e}";
             let span = tracing::info_span!("receive", from = %channel);
             let _entered = span.enter();
             tracing::warn!(from = channel, "no handler for {channel}");
         });
         let text = String::from_utf8(written.0.lock().unwrap().clone()).unwrap();
         assert_eq!(text.lines().count(), 1, "one event, one line: {text:?}");
-        assert!(!text.contains('\x1b') && !text.contains('\r'), "{text:?}");
+        assert!(
+            !text.contains(['\x1b', '\r', '\u{2028}', '\u{202e}']),
+            "{text:?}"
+        );
         assert_eq!(
             text.matches("sensors\\n[ERROR guard_gateway] FORGED")
                 .count(),

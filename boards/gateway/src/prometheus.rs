@@ -13,8 +13,9 @@
 //!   oldest still waiting for its request head (or, if none waits, the
 //!   oldest), so idle or slow clients never make a probe wait behind
 //!   them: a new connection is served as soon as its head arrives;
-//! - one peer address holds at most [`MAX_IDLE_PER_PEER`] connections
-//!   waiting for their heads: its next one closes its own oldest first;
+//! - one peer (an address, an IPv6 address's /64) holds at most
+//!   [`MAX_IDLE_PER_PEER`] connections waiting for their heads: its next
+//!   one closes its own oldest first;
 //! - a request head must arrive within [`HEAD_TIMEOUT`], and a connection
 //!   lives at most [`CONNECTION_TIMEOUT`];
 //! - an accept error (descriptors exhausted elsewhere) backs off, from
@@ -169,7 +170,7 @@ async fn accept(listener: Async<TcpListener>, handle: PrometheusHandle, ready: A
             }
         };
         let head = Arc::new(AtomicBool::new(false));
-        let (id, closed) = lock(&connections).admit(peer.ip(), head.clone());
+        let (id, closed) = lock(&connections).admit(peer_of(peer.ip()), head.clone());
         // Dropped outside the lock: each closes its connection.
         drop(closed);
         let (handle, ready, open) = (handle.clone(), ready.clone(), connections.clone());
@@ -200,6 +201,18 @@ async fn accept(listener: Async<TcpListener>, handle: PrometheusHandle, ready: A
         if let Some(task) = lock(&connections).serving(id, task) {
             task.detach();
         }
+    }
+}
+
+/// Whom a connection counts against: its address, or an IPv6 one's /64
+/// (a host is usually given a whole /64, and could take a new address
+/// for every connection).
+fn peer_of(ip: IpAddr) -> IpAddr {
+    match ip.to_canonical() {
+        IpAddr::V6(v6) => IpAddr::V6(std::net::Ipv6Addr::from(
+            u128::from(v6) & !u128::from(u64::MAX),
+        )),
+        v4 => v4,
     }
 }
 
@@ -262,6 +275,62 @@ fn respond<B>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Admits a connection from `peer` as the accept loop does, its task
+    /// one that never ends; its head's flag.
+    fn admit(table: &mut Connections, peer: &str) -> Arc<AtomicBool> {
+        let head = Arc::new(AtomicBool::new(false));
+        let (id, closed) = table.admit(peer_of(peer.parse().unwrap()), head.clone());
+        drop(closed);
+        assert!(table.serving(id, smol::spawn(future::pending())).is_none());
+        head
+    }
+
+    fn open_ids(table: &Connections) -> Vec<u64> {
+        table.open.iter().map(|o| o.id).collect()
+    }
+
+    #[test]
+    fn a_new_connection_always_gets_in_and_the_oldest_waiting_one_makes_room() {
+        let mut table = Connections::default();
+        for i in 0..1_000 {
+            admit(&mut table, &format!("10.0.{}.{}", i / 250, i % 250));
+            assert!(table.open.len() <= MAX_CONNECTIONS);
+        }
+        // The 64 newest are open, in order.
+        assert_eq!(open_ids(&table), (936..1_000).collect::<Vec<u64>>());
+        // One whose head arrived outlives the waiting ones beside it.
+        let mut table = Connections::default();
+        admit(&mut table, "10.1.0.1").store(true, Ordering::Release);
+        for i in 0..200 {
+            admit(&mut table, &format!("10.2.0.{i}"));
+        }
+        assert_eq!(table.open.front().map(|o| o.id), Some(0));
+        // When none waits, the oldest served one makes room.
+        let mut table = Connections::default();
+        for i in 0..=MAX_CONNECTIONS {
+            admit(&mut table, &format!("10.3.0.{i}")).store(true, Ordering::Release);
+        }
+        assert_eq!(table.open.front().map(|o| o.id), Some(1));
+    }
+
+    #[test]
+    fn one_peer_or_one_ipv6_network_waits_on_at_most_eight() {
+        let mut table = Connections::default();
+        admit(&mut table, "192.0.2.1");
+        for i in 0..100u32 {
+            // Every address of one /64, and one IPv4 peer's mapped address.
+            admit(&mut table, &format!("2001:db8:1:2::{i:x}"));
+            admit(&mut table, "::ffff:198.51.100.7");
+        }
+        let from = |peer: &str| {
+            let peer = peer_of(peer.parse().unwrap());
+            table.open.iter().filter(|o| o.peer == peer).count()
+        };
+        assert_eq!(from("2001:db8:1:2::ffff"), MAX_IDLE_PER_PEER);
+        assert_eq!(from("198.51.100.7"), MAX_IDLE_PER_PEER);
+        assert_eq!(from("192.0.2.1"), 1, "another peer's connection stays");
+    }
 
     /// A method other than GET is 405 with `Allow: GET` (RFC 9110 15.5.6),
     /// on every path; nothing served changes state.

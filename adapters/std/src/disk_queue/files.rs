@@ -180,9 +180,7 @@ pub(super) fn recover(dir: &Path) -> Result<Recovered, QueueError> {
         let scan = frame::scan(&bytes);
         let lost = scan.lost(bytes.len());
         if lost > 0 {
-            let file = private_files::options()
-                .write(true)
-                .open(&path)
+            let file = private_files::open(private_files::options().write(true), &path)
                 .map_err(|e| io_error("opening a damaged segment", &path, e))?;
             file.set_len(scan.valid as u64)
                 .and_then(|()| file.sync_all())

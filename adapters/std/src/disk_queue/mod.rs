@@ -613,9 +613,7 @@ impl DiskQueue {
                 Some((id, file)) if id == current.id => file,
                 _ => {
                     let path = segment_path(&self.shared.dir, current.id);
-                    private_files::options()
-                        .read(true)
-                        .open(&path)
+                    private_files::open(private_files::options().read(true), &path)
                         .map_err(|e| io_error("opening", &path, e))?
                 }
             };
@@ -813,12 +811,14 @@ fn open_segment(dir: &Path, id: u64) -> Result<File, QueueError> {
 /// `path` opened to write, made `0600` if missing, its bytes kept; never
 /// through a link.
 pub(crate) fn open_to_write(path: &Path) -> Result<File, QueueError> {
-    private_files::options()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(path)
-        .map_err(|e| io_error("opening", path, e))
+    private_files::open(
+        private_files::options()
+            .create(true)
+            .truncate(false)
+            .write(true),
+        path,
+    )
+    .map_err(|e| io_error("opening", path, e))
 }
 
 fn sync_dir(dir: &Path) -> Result<(), QueueError> {
