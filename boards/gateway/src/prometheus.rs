@@ -171,8 +171,12 @@ async fn accept(listener: Async<TcpListener>, handle: PrometheusHandle, ready: A
         };
         let head = Arc::new(AtomicBool::new(false));
         let (id, closed) = lock(&connections).admit(peer_of(peer.ip()), head.clone());
-        // Dropped outside the lock: each closes its connection.
-        drop(closed);
+        // Outside the lock, and waited for: a cancelled task's socket is
+        // closed only once its future is dropped, and accepting on before
+        // then would hold more descriptors than the bound.
+        for task in closed {
+            task.cancel().await;
+        }
         let (handle, ready, open) = (handle.clone(), ready.clone(), connections.clone());
         let task = smol::spawn(async move {
             let service = hyper::service::service_fn(move |request| {
