@@ -60,7 +60,12 @@ fuzz_target!(|input: Input| {
     } else {
         "x-forwarded-for"
     });
-    let mut fields: Vec<Vec<u8>> = input.client.iter().take(4).map(|f| header_bytes(f)).collect();
+    let mut fields: Vec<Vec<u8>> = input
+        .client
+        .iter()
+        .take(4)
+        .map(|f| header_bytes(f))
+        .collect();
     let mut appended = Vec::new();
     for proxy in input.proxies.iter().take(4) {
         let (ip, node) = entry(proxy, input.forwarded);
