@@ -12,6 +12,9 @@ pub const RL_DENIED: &str = "guard_rl_denied_total";
 pub const RL_KEYS: &str = "guard_rl_keys";
 /// The most keys an in-process limiter holds, by limiter `name`.
 pub const RL_KEYS_CAPACITY: &str = "guard_rl_keys_capacity";
+/// The most bytes an in-process limiter's table takes, keys' text
+/// included, by limiter `name`: its byte budget.
+pub const RL_MAX_BYTES: &str = "guard_rl_max_bytes";
 /// Elements a rate-limiting sink dropped, by sink `name`.
 pub const SINK_DROPPED: &str = "guard_sink_dropped_total";
 /// A sink's queue on disk without room, by sink `name` and `outcome`:
@@ -59,6 +62,8 @@ pub const ENDPOINT_DROPPED: &str = "guard_endpoint_dropped_total";
 pub const ENDPOINT_DISCONNECTS: &str = "guard_endpoint_disconnects_total";
 /// Dead letters held, by `topic`.
 pub const DLQ_SIZE: &str = "guard_dlq_size";
+/// What the dead letters of a queue bounded in bytes weigh, by `topic`.
+pub const DLQ_BYTES: &str = "guard_dlq_bytes";
 /// Calls made by retried operations, by `name`.
 pub const RETRY_ATTEMPTS: &str = "guard_retry_attempts_total";
 /// Calls through a circuit breaker, by breaker `name` and `outcome`
@@ -167,6 +172,11 @@ pub fn record_demoted(key: &str, reason: DemoteReason) {
 /// Records the size of a dead-letter queue.
 pub fn record_dlq_size(topic: &str, size: usize) {
     metrics::gauge!(DLQ_SIZE, "topic" => topic.to_owned()).set(size as f64);
+}
+
+/// Records what a dead-letter queue bounded in bytes holds, in bytes.
+pub fn record_dlq_bytes(topic: &str, bytes: usize) {
+    metrics::gauge!(DLQ_BYTES, "topic" => topic.to_owned()).set(bytes as f64);
 }
 
 /// Records the calls a retried operation made.

@@ -11,8 +11,8 @@ use guard_core::time::Instant;
 use guard_std::LocalLocker;
 use guard_std::metered::{MeteredDeadLetterQueue, retry_blocking};
 use guard_std::metrics::{
-    ACTIVE_LEADER, ACTIVE_TRANSITIONS, DLQ_SIZE, ONCE_OUTCOMES, RETRY_ATTEMPTS, record_demoted,
-    record_promoted,
+    ACTIVE_LEADER, ACTIVE_TRANSITIONS, DLQ_BYTES, DLQ_SIZE, ONCE_OUTCOMES, RETRY_ATTEMPTS,
+    record_demoted, record_promoted,
 };
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 
@@ -113,6 +113,48 @@ fn the_dead_letter_queue_size_follows_every_change() {
         assert_eq!(size(), Some(1.0));
         dlq.clear();
         assert_eq!(size(), Some(0.0));
+    });
+}
+
+#[test]
+fn a_dead_letter_queue_bounded_in_bytes_hands_back_what_would_pass_its_bound() {
+    let recorder = DebuggingRecorder::new();
+    let bytes = || {
+        recorded(&recorder)
+            .into_iter()
+            .find(|m| m.0 == DLQ_BYTES && m.1 == "topic=uplink")
+            .map(|m| m.2)
+    };
+    metrics::with_local_recorder(&recorder, || {
+        // Room for 100 letters but 1,000 bytes: a producer's long names or
+        // large payloads fill the bytes long before the count.
+        let dlq: MeteredDeadLetterQueue<Vec<u8>, String, 100> =
+            MeteredDeadLetterQueue::bounded_in_bytes("uplink", 1000, |f| {
+                f.element().len() + f.error().map_or(0, String::len)
+            });
+        assert_eq!(bytes(), Some(0.0));
+        dlq.add(vec![0; 600], Some("why".into()), 1, Instant::ZERO)
+            .unwrap();
+        assert_eq!(dlq.bytes(), 603);
+        let handed_back = dlq
+            .add(vec![1; 400], Some("why".into()), 1, Instant::ZERO)
+            .map_err(|f| f.into_element().len());
+        assert_eq!(handed_back, Err(400), "603 + 403 is over 1,000");
+        dlq.add(vec![2; 390], Some("why".into()), 1, Instant::ZERO)
+            .unwrap();
+        assert_eq!((dlq.len(), dlq.bytes()), (2, 996));
+        assert_eq!(bytes(), Some(996.0));
+        // One larger than the whole bound never fits, even when empty.
+        dlq.clear();
+        assert_eq!(bytes(), Some(0.0));
+        assert!(
+            dlq.add(vec![3; 1001], None, 1, Instant::ZERO).is_err(),
+            "over the bound alone"
+        );
+        dlq.add(vec![4; 1000], None, 1, Instant::ZERO).unwrap();
+        assert_eq!(dlq.poll().map(|f| f.into_element().len()), Some(1000));
+        assert_eq!((dlq.len(), dlq.bytes()), (0, 0));
+        assert_eq!(bytes(), Some(0.0));
     });
 }
 

@@ -181,8 +181,9 @@ impl Admission {
 }
 
 /// Refused messages a broadcast endpoint keeps in memory (in a
-/// `guard_std::MeteredDeadLetterQueue`: bounded, `guard_dlq_size{topic}`
-/// kept up to date, a full queue hands the message back).
+/// `guard_std::MeteredDeadLetterQueue`: bounded in letters and in bytes,
+/// `guard_dlq_size{topic}` and `guard_dlq_bytes{topic}` kept up to date, a
+/// full queue hands the message back).
 pub const DEAD_LETTERS: usize = 1024;
 
 /// A message an endpoint could not hand over: where it came from and its
@@ -193,4 +194,17 @@ pub struct Undelivered {
     pub from: String,
     /// The payload.
     pub payload: Vec<u8>,
+}
+
+impl Undelivered {
+    /// What a dead letter of this message with `why` costs in memory:
+    /// its origin, payload and reason, all kept whole, and the letter's
+    /// own fixed size.
+    pub fn weight(letter: &guard_core::dlq::FailedElement<Undelivered, String>) -> usize {
+        let message = letter.element();
+        std::mem::size_of_val(letter)
+            + message.from.len()
+            + message.payload.len()
+            + letter.error().map_or(0, String::len)
+    }
 }

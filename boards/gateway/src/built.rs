@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 #[cfg(feature = "postgres")]
 use crate::config::PostgresLocker;
-use crate::config::{Backend, Config, Locker, MAX_SLIDING_LIMIT, Policy, PolicyAlgorithm};
+use crate::config::{
+    Backend, Config, Locker, MAX_SLIDING_LIMIT, Policy, PolicyAlgorithm, sliding_log,
+};
 use guard_core::key::{Reserved, escaped};
 use guard_core::limit::{FullPolicy, SlidingWindow};
 #[cfg(feature = "postgres")]
@@ -96,7 +98,7 @@ pub async fn build(config: &Config) -> Result<Built, GatewayError> {
     if let Some(ratelimit) = &config.ratelimit {
         for policy in &ratelimit.policies {
             let limiter = match (policy.backend, &redis) {
-                (Backend::Memory, _) => memory(policy, ratelimit.memory_keys),
+                (Backend::Memory, _) => memory(policy),
                 (Backend::Redis, Some(conn)) => {
                     remote(policy, &tenant_prefix(config, policy), conn)?
                 }
@@ -107,7 +109,7 @@ pub async fn build(config: &Config) -> Result<Built, GatewayError> {
                         "rate limiter {}: Redis backend without a Redis locker to connect with; using memory (fallback_to_memory = true)",
                         policy.name
                     );
-                    memory(policy, ratelimit.memory_keys)
+                    memory(policy)
                 }
             };
             limiters.push((policy.name.clone(), limiter));
@@ -182,28 +184,30 @@ async fn etcd(l: &crate::config::EtcdLocker) -> Result<guard_etcd::EtcdLocker, G
     Ok(locker)
 }
 
-/// A sliding window whose per-key log holds `M` instants, if its limit
-/// fits: a key costs 8 bytes per instant, so the log is sized to the
-/// configured limit's class, not to the largest limit allowed (4096
-/// instants, 32 KiB a key).
+/// A sliding window whose per-key log holds `M` instants: a key costs 8
+/// bytes per instant, so the log is sized to the configured limit's class
+/// (`sliding_log`), not to the largest limit allowed (4096 instants, 32
+/// KiB a key).
 fn sliding<const M: usize>(
     window: SlidingWindow<MAX_SLIDING_LIMIT>,
     keys: usize,
-) -> Option<Arc<dyn RateLimiter>> {
-    let window = SlidingWindow::<M>::new(window.window(), window.limit()).ok()?;
-    Some(Arc::new(MemoryLimiter::new(
-        window,
-        keys,
-        FullPolicy::DenyNewKeys,
-    )))
+) -> Arc<dyn RateLimiter> {
+    match SlidingWindow::<M>::new(window.window(), window.limit()) {
+        Ok(window) => Arc::new(MemoryLimiter::new(window, keys, FullPolicy::DenyNewKeys)),
+        Err(_) => unreachable!("sliding_log chose a log that holds the limit"),
+    }
 }
 
-fn memory(policy: &Policy, keys: usize) -> Arc<dyn RateLimiter> {
+/// `policy`'s table in memory, of its `memory_keys` keys.
+fn memory(policy: &Policy) -> Arc<dyn RateLimiter> {
+    let keys = policy.memory_keys;
     match policy.algorithm {
-        PolicyAlgorithm::Sliding(w) => sliding::<16>(w, keys)
-            .or_else(|| sliding::<128>(w, keys))
-            .or_else(|| sliding::<1024>(w, keys))
-            .unwrap_or_else(|| Arc::new(MemoryLimiter::new(w, keys, FullPolicy::DenyNewKeys))),
+        PolicyAlgorithm::Sliding(w) => match sliding_log(w.limit()) {
+            16 => sliding::<16>(w, keys),
+            128 => sliding::<128>(w, keys),
+            1024 => sliding::<1024>(w, keys),
+            _ => Arc::new(MemoryLimiter::new(w, keys, FullPolicy::DenyNewKeys)),
+        },
         // On the wall clock, so that windows start on the epoch's
         // boundaries as Redis's do.
         PolicyAlgorithm::FixedWindow(w) => {

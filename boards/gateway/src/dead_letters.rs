@@ -30,6 +30,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::check::{Env, bounded, expand};
 use crate::config::{Config, ConfigError, invalid};
 use crate::error::GatewayError;
+use crate::event::{field_value, one_line};
 
 /// The dead letters' bound unless configured: 64 MiB.
 pub const DEFAULT_MAX_BYTES: u64 = 64 << 20;
@@ -330,7 +331,7 @@ pub fn dlq(
                     out,
                     format!("message    {}", letter.id.as_deref().unwrap_or("-")),
                 );
-                write(out, format!("origin     {}", escaped(&letter.from)));
+                write(out, format!("origin     {}", one_line(&letter.from)));
                 write(
                     out,
                     format!(
@@ -340,9 +341,12 @@ pub fn dlq(
                 );
                 write(out, format!("attempts   {}", letter.attempts));
                 write(out, format!("at_ms      {}", letter.at_ms));
-                write(out, format!("reason     {}", escaped(&letter.reason)));
+                write(out, format!("reason     {}", one_line(&letter.reason)));
                 write(out, format!("payload    {} bytes", letter.payload.len()));
-                write(out, escaped(&String::from_utf8_lossy(&letter.payload)));
+                write(
+                    out,
+                    one_line(&String::from_utf8_lossy(&letter.payload)).into_owned(),
+                );
                 Ok(true)
             }
         },
@@ -382,27 +386,13 @@ fn summary(id: u64, letter: &Result<DeadLetter, String>) -> String {
             l.place,
             l.name,
             l.sink.as_deref().unwrap_or("-"),
-            escaped(&l.from),
+            field_value(&l.from),
             l.attempts,
             l.at_ms,
             l.payload.len(),
-            escaped(&l.reason)
+            one_line(&l.reason)
         ),
     }
-}
-
-/// `text` with control characters escaped: one line, nothing a terminal
-/// obeys.
-fn escaped(text: &str) -> String {
-    text.chars()
-        .flat_map(|c| {
-            if c.is_control() {
-                c.escape_default().collect::<Vec<_>>()
-            } else {
-                vec![c]
-            }
-        })
-        .collect()
 }
 
 /// Sends the `selection`'s letters to their sinks (made from `config`,
@@ -493,7 +483,7 @@ fn replay(
                     out,
                     "id={id} not replayed to {name} after {} attempt(s): {}",
                     delivery.attempts,
-                    escaped(&e.to_string())
+                    one_line(&e.to_string())
                 );
                 failed += 1;
             }

@@ -154,6 +154,27 @@ pub(crate) fn one_line(text: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(out)
 }
 
+/// `text` as one field's value on a line of `name=value` fields: as it
+/// is when it is plain, otherwise quoted as a Rust string literal (`"`
+/// and `\` escaped by `\`, control characters, separators and
+/// bidirectional overrides as escapes) when it is empty or holds a space,
+/// `=`, `"`, `\` or anything [`one_line`] escapes. So a value from
+/// outside (a channel, an id) can neither begin a line nor pose as a
+/// field of its own (`from="a reason=forged"`, not `from=a reason=forged`).
+pub(crate) fn field_value(text: &str) -> std::borrow::Cow<'_, str> {
+    let plain = !text.is_empty()
+        && !text
+            .chars()
+            .any(|c| matches!(c, ' ' | '=' | '"' | '\\') || escaped_in_a_line(c));
+    if plain {
+        std::borrow::Cow::Borrowed(text)
+    } else {
+        // str's Debug escapes every control character and every character
+        // that is not printable (the separators and overrides among them).
+        std::borrow::Cow::Owned(format!("{text:?}"))
+    }
+}
+
 /// What [`one_line`] escapes.
 fn escaped_in_a_line(c: char) -> bool {
     c.is_control()
@@ -181,7 +202,7 @@ impl fmt::Display for Content {
                         f.write_str(" ")?;
                     }
                     first = false;
-                    write!(f, "{}={}", one_line(name), one_line(value))?;
+                    write!(f, "{}={}", field_value(name), field_value(value))?;
                 }
                 Ok(())
             }
@@ -213,7 +234,7 @@ impl fmt::Display for Event {
             } => write!(
                 f,
                 "received endpoint={endpoint} from={} fence={} {content}",
-                one_line(from),
+                field_value(from),
                 fence.map_or("-".into(), |x| x.to_string())
             ),
             Event::DeadLettered {
@@ -223,7 +244,7 @@ impl fmt::Display for Event {
             } => write!(
                 f,
                 "dead-lettered endpoint={endpoint} from={} reason={}",
-                one_line(from),
+                field_value(from),
                 one_line(reason)
             ),
             Event::SinkDeadLettered {
@@ -234,8 +255,8 @@ impl fmt::Display for Event {
             } => write!(
                 f,
                 "dead-lettered sink={sink} id={} from={} reason={}",
-                one_line(id),
-                one_line(from),
+                field_value(id),
+                field_value(from),
                 one_line(reason)
             ),
             Event::DeadLettersOpened { dir, lost_bytes } => write!(
@@ -347,5 +368,46 @@ mod tests {
         }
         .to_string();
         assert!(line.ends_with("reason=some noise\\ndisk full"), "{line}");
+    }
+
+    #[test]
+    fn a_value_from_outside_never_poses_as_a_field_of_its_own() {
+        let line = Event::DeadLettered {
+            endpoint: "alerts".into(),
+            from: "alerts.x reason=forged".into(),
+            reason: "rate limited".into(),
+        }
+        .to_string();
+        assert_eq!(
+            line,
+            "dead-lettered endpoint=alerts from=\"alerts.x reason=forged\" reason=rate limited"
+        );
+        let line = Event::SinkDeadLettered {
+            sink: "uplink".into(),
+            id: "a\"b c\\".into(),
+            from: String::new(),
+            reason: "gone".into(),
+        }
+        .to_string();
+        assert_eq!(
+            line,
+            "dead-lettered sink=uplink id=\"a\\\"b c\\\\\" from=\"\" reason=gone"
+        );
+        let line = Event::Received {
+            endpoint: "orders".into(),
+            from: "1-0".into(),
+            fence: None,
+            content: Content::Fields(vec![
+                ("temp".into(), "21".into()),
+                ("note".into(), "x fence=9".into()),
+            ]),
+        }
+        .to_string();
+        assert_eq!(
+            line,
+            "received endpoint=orders from=1-0 fence=- temp=21 note=\"x fence=9\""
+        );
+        // Plain values are written as they are.
+        assert_eq!(field_value("alerts.fire"), "alerts.fire");
     }
 }

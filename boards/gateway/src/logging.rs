@@ -26,7 +26,7 @@ use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt as _;
 use tracing_subscriber::{EnvFilter, filter::LevelFilter};
 
-use crate::event::one_line;
+use crate::event::{field_value, one_line};
 
 /// What [`install`] set up; dropping it sends the spans still batched
 /// (with the `otel` feature).
@@ -85,7 +85,69 @@ where
     tracing_subscriber::fmt::layer()
         .with_ansi(false)
         .with_writer(writer)
+        .fmt_fields(QuotedFields)
         .event_format(Line { status_line })
+}
+
+/// Fields as `name=value`, each value from outside written by
+/// [`field_value`]: quoted when it holds a space, `=` or `"`, however it
+/// was recorded (`%`, `?` or a string), so that no value poses as a field
+/// of its own. The message is written as it is, first.
+struct QuotedFields;
+
+impl<'w> FormatFields<'w> for QuotedFields {
+    fn format_fields<R: tracing_subscriber::field::RecordFields>(
+        &self,
+        mut writer: Writer<'w>,
+        fields: R,
+    ) -> std::fmt::Result {
+        let mut quoting = Quoting {
+            writer: &mut writer,
+            first: true,
+            result: Ok(()),
+        };
+        fields.record(&mut quoting);
+        quoting.result
+    }
+}
+
+/// [`QuotedFields`]' visitor: writes each field in turn, keeping the
+/// first error.
+struct Quoting<'a, 'w> {
+    writer: &'a mut Writer<'w>,
+    first: bool,
+    result: std::fmt::Result,
+}
+
+impl Quoting<'_, '_> {
+    fn write(&mut self, field: &tracing::field::Field, value: &str) {
+        let name = field.name();
+        // tracing-log's own fields, already in the line's target.
+        if self.result.is_err() || name.starts_with("log.") {
+            return;
+        }
+        let separator = if std::mem::take(&mut self.first) {
+            ""
+        } else {
+            " "
+        };
+        self.result = if name == "message" {
+            write!(self.writer, "{separator}{value}")
+        } else {
+            let name = name.strip_prefix("r#").unwrap_or(name);
+            write!(self.writer, "{separator}{name}={}", field_value(value))
+        };
+    }
+}
+
+impl tracing::field::Visit for Quoting<'_, '_> {
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        self.write(field, value);
+    }
+
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.write(field, &format!("{value:?}"));
+    }
 }
 
 /// One line per event: `[LEVEL target] span{fields}: message fields`.
@@ -197,21 +259,31 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_name_from_outside_with_a_newline_cannot_forge_a_line() {
+    /// What the lines layer writes of the events `log` makes.
+    fn written_by(log: impl FnOnce()) -> String {
         let written = Written::default();
         let writer = {
             let written = written.clone();
             move || written.clone()
         };
         let subscriber = tracing_subscriber::registry().with(super::lines(false, writer));
-        tracing::subscriber::with_default(subscriber, || {
+        tracing::subscriber::with_default(subscriber, log);
+        let text = written
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        String::from_utf8(text).unwrap()
+    }
+
+    #[test]
+    fn a_name_from_outside_with_a_newline_cannot_forge_a_line() {
+        let text = written_by(|| {
             let channel = "sensors\n[ERROR guard_gateway] FORGED\r\x1b[2K\u{2028}\u{202e}";
             let span = tracing::info_span!("receive", from = %channel);
             let _entered = span.enter();
             tracing::warn!(from = channel, "no handler for {channel}");
         });
-        let text = String::from_utf8(written.0.lock().unwrap().clone()).unwrap();
         assert_eq!(text.lines().count(), 1, "one event, one line: {text:?}");
         assert!(
             !text.contains(['\x1b', '\r', '\u{2028}', '\u{202e}']),
@@ -222,6 +294,21 @@ mod tests {
                 .count(),
             3,
             "{text}"
+        );
+    }
+
+    #[test]
+    fn a_field_from_outside_never_poses_as_another_field() {
+        let text = written_by(|| {
+            let channel = "sensors reason=forged";
+            let span = tracing::info_span!("receive", from = %channel, n = 3);
+            let _entered = span.enter();
+            tracing::warn!(from = %channel, plain = %"alerts.fire", id = channel, "refused");
+        });
+        assert_eq!(
+            text.trim_end(),
+            "[WARN guard_gateway::logging::tests] receive{from=\"sensors reason=forged\" n=3}: \
+             refused from=\"sensors reason=forged\" plain=alerts.fire id=\"sensors reason=forged\"",
         );
     }
 }

@@ -649,8 +649,16 @@ pub fn summary(config: &Config) -> String {
                     b.rate().period()
                 ),
             };
+            // The table as built: whole shards, each key at most its
+            // bytes however long the key.
+            let keys = p.memory_keys.div_ceil(guard_std::ratelimit::SHARD_KEYS)
+                * guard_std::ratelimit::SHARD_KEYS;
+            let in_memory = format!(
+                "memory, {keys} keys in at most {} bytes",
+                keys * p.algorithm.memory_bytes_per_key()
+            );
             let backend = match p.backend {
-                Backend::Memory => "memory",
+                Backend::Memory => in_memory.as_str(),
                 Backend::Redis => "redis",
             };
             let counting = match p.cost {
@@ -697,7 +705,7 @@ pub fn summary(config: &Config) -> String {
             .prometheus
             .map_or("none".to_owned(), |a| a.to_string()),
         config.dead_letters.as_ref().map_or(
-            "in memory (1,024 per broadcast endpoint, gone at a restart)".to_owned(),
+            "in memory (1,024 and 16 MiB per broadcast endpoint, gone at a restart)".to_owned(),
             |d| format!("{} (at most {} bytes)", d.dir.display(), d.max_bytes)
         ),
     )

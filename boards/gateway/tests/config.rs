@@ -1405,7 +1405,7 @@ fn check_shows_the_values_that_came_from_defaults() {
         "{shown}"
     );
     assert!(
-        shown.contains("default (sliding, 100 per 1s, memory)"),
+        shown.contains("default (sliding, 100 per 1s, memory, 65536 keys in at most "),
         "{shown}"
     );
 }
@@ -2043,4 +2043,55 @@ fn the_readme_sink_queue_and_dead_letter_examples_parse() {
     let queue = c.sinks[0].queue.as_ref().expect("a queue");
     assert_eq!(queue.settings.max_bytes(), 64 << 20);
     assert!(c.dead_letters.is_some());
+}
+
+/// `[ratelimit] memory_bytes` sizes every in-memory table in bytes, the
+/// keys' text included: each limiter built from it holds as many whole
+/// shards as fit, and says so in its byte budget; a size that holds no
+/// shard, or one given beside `memory_keys`, is refused by name.
+#[test]
+fn in_memory_limiter_tables_are_sized_in_bytes() {
+    let text = |memory: &str| {
+        format!(
+            "{JOB}[ratelimit]\nenabled = true\n{memory}\n\
+             [ratelimit.policies.api]\nalgorithm = \"token-bucket\"\ncapacity = 5\nrate_per_second = 5\n\
+             [ratelimit.policies.wide]\nalgorithm = \"sliding\"\nwindow_ms = 60000\nlimit = 4000\n"
+        )
+    };
+    let budget = 48 << 20;
+    let config = Config::from_toml(&text(&format!("memory_bytes = {budget}"))).unwrap();
+    let built = smol::block_on(guard_gateway::replica::build(&config)).unwrap();
+    let mut sizes = Vec::new();
+    for limiter in built.limiters.iter() {
+        let held = limiter.keys_held().expect("an in-memory table");
+        assert!(held.max_bytes <= budget, "{}: {held:?}", limiter.name());
+        assert!(held.capacity >= 1024, "{}: {held:?}", limiter.name());
+        sizes.push((limiter.name().to_owned(), held.capacity));
+    }
+    // A bucket's key costs far less than a window of 4,000 instants.
+    let capacity = |name: &str| sizes.iter().find(|(n, _)| n == name).unwrap().1;
+    assert!(capacity("api") > 50 * capacity("wide"), "{sizes:?}");
+    // The log of 4,096 instants is 32 KiB a key: its table needs 32 MiB
+    // at least, the least it names.
+    let small = error(&text("memory_bytes = 1000000"));
+    assert!(
+        small.contains("`ratelimit.memory_bytes` = 1000000: expected at least 33")
+            && small.contains(
+                "bytes: the table of ratelimit.policies.wide holds whole shards of 1024 keys at \
+                 up to 32"
+            ),
+        "{small}"
+    );
+    assert!(
+        error(&text("memory_keys = 1024\nmemory_bytes = 50000000")).contains(
+            "`ratelimit.memory_bytes` = 50000000: expected unset while ratelimit.memory_keys is set"
+        ),
+        "{}",
+        error(&text("memory_keys = 1024\nmemory_bytes = 50000000"))
+    );
+    assert!(
+        error(&text("memory_keys = 0")).contains("`ratelimit.memory_keys` = 0"),
+        "{}",
+        error(&text("memory_keys = 0"))
+    );
 }

@@ -102,12 +102,24 @@ fn start_logged(id: usize, config: &std::path::Path, lines: &Lines) -> Process {
     collect(id, child, lines)
 }
 
+/// The bytes of each line of a replica's that a test keeps.
+const KEPT_OF_A_LINE: usize = 16 * 1024;
+
 /// Collects the lines `child` prints on its (piped) stdout as process `id`.
 fn collect(id: usize, mut child: Child, lines: &Lines) -> Process {
     let stdout = child.stdout.take().unwrap();
     let lines = lines.clone();
     thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+        for mut line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            // What a test reads of a line is its start: a line of a
+            // channel named with 256 KiB is kept in part.
+            if line.len() > KEPT_OF_A_LINE {
+                let end = (0..=KEPT_OF_A_LINE)
+                    .rev()
+                    .find(|&i| line.is_char_boundary(i))
+                    .unwrap_or(0);
+                line.truncate(end);
+            }
             lines.lock().unwrap().push((id, Instant::now(), line));
         }
     });
@@ -1963,6 +1975,79 @@ fn status_kib(pid: u32, field: &str) -> u64 {
         .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap_or_else(|| panic!("{field} of process {pid}"))
+}
+
+#[test]
+fn channels_of_a_quarter_mebibyte_never_grow_the_gateway_past_its_bounds_in_bytes() {
+    // The probe: 1,000 Pub/Sub channels of 256 KiB on an endpoint limited
+    // per channel took the gateway from 28 to 288 MB. A channel over the
+    // key rule is limited under the endpoint's key; the handler queue and
+    // the dead letters in memory hold 16 MiB each at most; the limiter's
+    // table is sized in bytes. Every message is handled, dead-lettered or
+    // counted as dropped.
+    let mut replica = AlertsReplica::start(
+        "\n[ratelimit]\nenabled = true\nmemory_bytes = 16777216\n[ratelimit.policies.per-channel]\nalgorithm = \"token-bucket\"\nbackend = \"memory\"\ncapacity = 5\nrate_per_second = 100\n",
+        "limit = \"per-channel\"\nlimit_key = \"topic\"\nwhen_limited = \"dead-letter\"\n",
+    );
+    let pid = replica.process.0.id();
+    let metrics = replica.metrics;
+    // Handled, kept as dead letters, dropped: where each message ended.
+    let ended = |replica: &AlertsReplica| {
+        let (_, text) = http_get(metrics, "/metrics");
+        let dead = sample(&text, "guard_dlq_size{topic=\"alerts\"}").unwrap_or(0.0);
+        let dropped = sample(&text, "guard_sink_dropped_total{name=\"alerts\"}").unwrap_or(0.0);
+        (replica.handled(), dead as u64, dropped as u64, text)
+    };
+    let settled = |replica: &AlertsReplica, published: u64, slack: u64| {
+        wait_for(Duration::from_secs(60), || {
+            let (handled, dead, dropped, _) = ended(replica);
+            handled + dead + dropped + slack >= published
+        })
+    };
+    for i in 0..20 {
+        let _: i64 = redis::cmd("PUBLISH")
+            .arg(format!("alerts.{i}"))
+            .arg("x")
+            .query(&mut replica.conn)
+            .unwrap();
+    }
+    assert!(settled(&replica, 20, 0), "{:?}", ended(&replica));
+    let before = resident_kib(pid);
+    let channel = |i: u64| format!("alerts.{i:04}.{}", "c".repeat(256 * 1024));
+    let mut published = 20;
+    for chunk in 0..20 {
+        let mut pipe = redis::pipe();
+        for i in chunk * 50..(chunk + 1) * 50 {
+            pipe.cmd("PUBLISH").arg(channel(i)).arg("x").ignore();
+        }
+        pipe.query::<()>(&mut replica.conn).unwrap();
+        published += 50;
+        // Never more than a chunk ahead: Redis closes a subscriber that
+        // falls 32 MB behind, which is not what this measures.
+        assert!(settled(&replica, published, 50), "{:?}", ended(&replica));
+    }
+    assert!(settled(&replica, published, 0), "{:?}", ended(&replica));
+    let (handled, dead, dropped, text) = ended(&replica);
+    let peak = status_kib(pid, "VmHWM");
+    eprintln!(
+        "RSS {before} KiB before, peak {peak} KiB; handled {handled}, dead letters {dead}, dropped {dropped}"
+    );
+    assert_eq!(handled + dead + dropped, published);
+    assert!(
+        handled < 1020 && dead > 0,
+        "the long channels share the endpoint's key: handled {handled}, dead letters {dead}"
+    );
+    let dlq_bytes = sample(&text, "guard_dlq_bytes{topic=\"alerts\"}").expect("guard_dlq_bytes");
+    assert!(dlq_bytes <= 16.0 * 1024.0 * 1024.0, "{dlq_bytes}");
+    let table =
+        sample(&text, "guard_rl_max_bytes{name=\"per-channel\"}").expect("guard_rl_max_bytes");
+    assert!(table <= 16.0 * 1024.0 * 1024.0, "{table}");
+    // 256 MB of channel names passed through; the queue and the dead
+    // letters keep 32 MiB of them at most.
+    assert!(
+        peak < before + 96 * 1024,
+        "RSS from {before} KiB to a peak of {peak} KiB"
+    );
 }
 
 #[test]

@@ -28,8 +28,12 @@
 //!   holds the executor that drives the locker's connection); the handler
 //!   runs on the caller's executor. A handler that is slow, or even blocks
 //!   its thread, delays only the messages behind it.
-//! - **The handler queue is bounded** ([`with_queue`](PubSubEndpoint::with_queue),
-//!   [`DEFAULT_QUEUE`](crate::queue::DEFAULT_QUEUE) by default). The
+//! - **The handler queue is bounded** in messages
+//!   ([`with_queue`](PubSubEndpoint::with_queue),
+//!   [`DEFAULT_QUEUE`](crate::queue::DEFAULT_QUEUE) by default) and in
+//!   bytes, channel names and payloads together
+//!   ([`with_queue_bytes`](PubSubEndpoint::with_queue_bytes),
+//!   [`DEFAULT_QUEUE_BYTES`](crate::queue::DEFAULT_QUEUE_BYTES)). The
 //!   reader never waits for the handler, so Redis never has to buffer for
 //!   this subscriber; when the queue is full its [`WhenFull`] policy leaves
 //!   a message out.
@@ -76,7 +80,7 @@ use crate::lease_thread::{self, StopOnDrop};
 use crate::link::Link;
 use crate::observe;
 use crate::parameter::Parameter;
-use crate::queue::{DEFAULT_QUEUE, Feeder, WhenFull};
+use crate::queue::{DEFAULT_QUEUE, DEFAULT_QUEUE_BYTES, Drain, Feeder, WhenFull};
 
 /// The original's limit on waiting for the subscription confirmations.
 pub const DEFAULT_CONFIRM_TIMEOUT: Duration = Duration::from_secs(3);
@@ -124,6 +128,7 @@ pub struct PubSubEndpoint {
     runner: ActiveRunner,
     confirm_timeout: Duration,
     queue: usize,
+    queue_bytes: usize,
     when_full: WhenFull,
     counters: Arc<Counters>,
     unhandled: Option<UnhandledFn>,
@@ -136,6 +141,7 @@ impl fmt::Debug for PubSubEndpoint {
             .field("patterns", &self.patterns)
             .field("key", &self.runner.key())
             .field("queue", &self.queue)
+            .field("queue_bytes", &self.queue_bytes)
             .field("when_full", &self.when_full)
             .finish()
     }
@@ -239,6 +245,7 @@ impl PubSubEndpoint {
             runner,
             confirm_timeout: DEFAULT_CONFIRM_TIMEOUT,
             queue: DEFAULT_QUEUE,
+            queue_bytes: DEFAULT_QUEUE_BYTES,
             when_full: WhenFull::default(),
             counters: Arc::default(),
             unhandled: None,
@@ -289,6 +296,23 @@ impl PubSubEndpoint {
         }
         self.queue = capacity;
         self.when_full = when_full;
+        Ok(self)
+    }
+
+    /// The handler queue's bound in bytes: the messages waiting weigh at
+    /// most `max_bytes` together (channel and payload of each); a message
+    /// that would pass it is left out by the queue's [`WhenFull`] policy,
+    /// as when the queue is full of messages. [`DEFAULT_QUEUE_BYTES`] by
+    /// default.
+    pub fn with_queue_bytes(mut self, max_bytes: usize) -> Result<Self, EndpointError> {
+        if max_bytes == 0 {
+            return Err(EndpointError::invalid(
+                Parameter::QueueCapacity,
+                "0 bytes",
+                "must be at least 1 byte",
+            ));
+        }
+        self.queue_bytes = max_bytes;
         Ok(self)
     }
 
@@ -345,7 +369,8 @@ impl PubSubEndpoint {
         let runner = self.runner.clone();
         let lease = runner.lease_check();
         let key = runner.key().to_owned();
-        let (feeder, queue) = Feeder::bounded(self.queue, self.when_full);
+        let (feeder, queue) =
+            Feeder::bounded(self.queue, self.queue_bytes, Queued::weight, self.when_full);
         let unhandled = UnhandledSink::new(
             &format!("Pub/Sub {:?}", self.patterns),
             &key,
@@ -452,6 +477,17 @@ struct Queued {
     fence: u64,
 }
 
+impl Queued {
+    /// What it weighs in the queue: its channel and payload, which a
+    /// producer chooses, and the message's own size (its pattern is one
+    /// of the endpoint's own).
+    fn weight(&self) -> usize {
+        std::mem::size_of::<Queued>()
+            + self.msg.get_channel_name().len()
+            + self.msg.get_payload_bytes().len()
+    }
+}
+
 /// `msg`, read under `fence` and not handled for `reason`.
 fn unhandled_message(msg: &redis::Msg, fence: Option<u64>, reason: UnhandledReason) -> Unhandled {
     Unhandled {
@@ -469,7 +505,7 @@ struct LeaseKeeper {
     /// Takes each promotion's subscription.
     link: Link,
     /// The queue's receiving side, to empty it at a demotion.
-    queue: async_channel::Receiver<Queued>,
+    queue: Drain<Queued>,
 }
 
 impl LeaseKeeper {
@@ -628,14 +664,15 @@ impl Reader {
             match pubsub.get_message() {
                 Ok(msg) => {
                     Counters::add(&self.counters.received, 1);
-                    if let Some(Queued { msg, fence }) = self.feeder.push(Queued { msg, fence }) {
-                        Counters::add(&self.counters.dropped_full, 1);
-                        self.unhandled.hand(unhandled_message(
-                            &msg,
-                            Some(fence),
-                            UnhandledReason::QueueFull,
-                        ));
-                    }
+                    self.feeder
+                        .push(Queued { msg, fence }, |Queued { msg, fence }| {
+                            Counters::add(&self.counters.dropped_full, 1);
+                            self.unhandled.hand(unhandled_message(
+                                &msg,
+                                Some(fence),
+                                UnhandledReason::QueueFull,
+                            ));
+                        });
                 }
                 Err(e) if e.is_timeout() => {}
                 // A signal interrupted the read: after SIGSTOP and SIGCONT,

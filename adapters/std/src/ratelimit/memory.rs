@@ -2,8 +2,10 @@
 //! bounded `Keyed`.
 
 use std::collections::hash_map::RandomState;
-use std::hash::BuildHasher;
+use std::hash::{BuildHasher, Hasher as _};
 use std::sync::PoisonError;
+
+use siphasher::sip128::{Hasher128 as _, SipHasher13};
 
 use guard_core::limit::{
     Algorithm, Bandwidths, CostAboveLimit, Decision, DefaultHashState, FixedWindow, FullPolicy,
@@ -20,6 +22,22 @@ use crate::sync::Mutex;
 
 /// Keys per shard by default.
 pub const SHARD_KEYS: usize = 1024;
+
+/// The longest key a [`MemoryLimiter`] stores as it is: a longer one
+/// (up to [`MAX_KEY_LEN`](super::MAX_KEY_LEN)) is stored as its keyed
+/// 128-bit hash, [`HASHED_KEY_LEN`] bytes, so that no key costs the
+/// table more than this many bytes of text.
+pub const STORED_KEY_LEN: usize = 64;
+
+/// The length of a long key's stored form: a NUL, then its keyed
+/// SipHash-1-3-128 in 32 hexadecimal digits.
+pub const HASHED_KEY_LEN: usize = 33;
+
+/// The bytes the allocator may spend on one key's text besides the text
+/// itself (its block header and rounding), counted in
+/// [`MemoryLimiter::max_bytes`] so that the bound holds for the process,
+/// not only for what was asked of the allocator.
+const ALLOCATION_OVERHEAD: usize = 16;
 
 /// A shard's table, its slots on the heap, so that building it never puts
 /// them on the stack.
@@ -75,6 +93,19 @@ fn heap_slots<A: Algorithm, const S: usize>() -> Box<KeyedSlots<String, A, S>> {
 /// Each shard hashes keys with a seed of its own chosen at start-up, so
 /// that clients cannot aim many keys at one set of a shard to crowd out
 /// others.
+///
+/// # Bounded in bytes
+///
+/// A key of up to [`STORED_KEY_LEN`] bytes is stored as it is; a longer
+/// one as a NUL and its SipHash-1-3-128 under a secret chosen at
+/// start-up, in hexadecimal. So the whole table never takes more than
+/// [`MemoryLimiter::max_bytes`]: `capacity` slots and, for each, at most
+/// [`STORED_KEY_LEN`] bytes of text and the allocator's overhead (checked
+/// by `tests/memory_bytes.rs` with a counting allocator, with keys of
+/// [`MAX_KEY_LEN`](super::MAX_KEY_LEN) bytes). Two long keys share a
+/// state only if their keyed hashes meet, which without the secret is a
+/// 128-bit guess; a short key that starts with a NUL likewise. A table
+/// of a given size in bytes is [`MemoryLimiter::keys_within`] keys.
 pub struct MemoryLimiter<A: Algorithm, C: Clock = QuantaClock, const S: usize = SHARD_KEYS> {
     /// `None` until the shard's first key arrives.
     shards: Box<[Shard<A, S>]>,
@@ -95,6 +126,9 @@ pub struct MemoryLimiter<A: Algorithm, C: Clock = QuantaClock, const S: usize = 
     /// tables' own hasher; std's SipHash here cost a third of a keyed
     /// decision).
     router: DefaultHashState,
+    /// The secret of the long keys' hash (two words from std's random
+    /// keys), never shown.
+    long_keys: (u64, u64),
     clock: C,
 }
 
@@ -129,6 +163,7 @@ where
     pub fn with_clock(algorithm: A, capacity: usize, policy: FullPolicy, clock: C) -> Self {
         let seeds = RandomState::new();
         let router = DefaultHashState::with_seed(seeds.hash_one(u64::MAX));
+        let long_keys = (seeds.hash_one(u64::MAX - 1), seeds.hash_one(u64::MAX - 2));
         let count = capacity.div_ceil(S).max(1);
         MemoryLimiter {
             shards: (0..count).map(|_| Mutex::new(None)).collect(),
@@ -137,6 +172,7 @@ where
             policy,
             seeds,
             router,
+            long_keys,
             clock,
         }
     }
@@ -152,6 +188,27 @@ where
     /// The most keys it tracks.
     pub fn capacity(&self) -> usize {
         self.shards.len() * S
+    }
+
+    /// The bytes one key may cost the table at most: its slot (the
+    /// stored text's handle and `A`'s state), at most [`STORED_KEY_LEN`]
+    /// bytes of text and the allocator's overhead for them.
+    pub fn bytes_per_key() -> usize {
+        std::mem::size_of::<KeyedSlot<String, A::State>>() + STORED_KEY_LEN + ALLOCATION_OVERHEAD
+    }
+
+    /// The most keys that fit `bytes` by [`Self::bytes_per_key`], in
+    /// whole shards of `S` (a limiter built with this many keys stays
+    /// within `bytes`); zero when not even one shard fits.
+    pub fn keys_within(bytes: usize) -> usize {
+        bytes / Self::bytes_per_key() / S * S
+    }
+
+    /// The most bytes the table takes once every shard holds its keys:
+    /// `capacity` times [`Self::bytes_per_key`] (besides each shard's
+    /// lock and one state of `A`).
+    pub fn max_bytes(&self) -> usize {
+        self.capacity().saturating_mul(Self::bytes_per_key())
     }
 
     /// Keys currently tracked.
@@ -181,20 +238,42 @@ where
     }
 
     /// Runs `decide` on the table of the shard that holds `key`, built
-    /// first if it is the shard's first key.
-    fn with_table<R>(&self, key: &str, decide: impl FnOnce(&mut Table<A, S>) -> R) -> R {
+    /// first if it is the shard's first key, with the form `key` is
+    /// stored under (see the type's "Bounded in bytes").
+    fn with_table<R>(&self, key: &str, decide: impl FnOnce(&mut Table<A, S>, &str) -> R) -> R {
+        let mut hashed = [0_u8; HASHED_KEY_LEN];
+        let key = if key.len() <= STORED_KEY_LEN {
+            key
+        } else {
+            self.hashed(key, &mut hashed)
+        };
         // There is at least one shard, and the index is reduced modulo
         // their number.
         let index = (self.router.hash_one(key) as usize) % self.shards.len();
         let mut shard = self.shards[index]
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        decide(shard.get_or_insert_with(|| self.table(index)))
+        decide(shard.get_or_insert_with(|| self.table(index)), key)
+    }
+
+    /// The stored form of a key longer than [`STORED_KEY_LEN`], written
+    /// into `out`: a NUL and its keyed hash in hexadecimal.
+    fn hashed<'b>(&self, key: &str, out: &'b mut [u8; HASHED_KEY_LEN]) -> &'b str {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut hasher = SipHasher13::new_with_keys(self.long_keys.0, self.long_keys.1);
+        hasher.write(key.as_bytes());
+        let hash = hasher.finish128().as_u128();
+        out[0] = 0;
+        for (i, digit) in out[1..].iter_mut().enumerate() {
+            *digit = DIGITS[((hash >> (4 * (31 - i))) & 0xf) as usize];
+        }
+        // A NUL and hexadecimal digits: ASCII.
+        std::str::from_utf8(out).unwrap_or_else(|_| unreachable!("ASCII is UTF-8"))
     }
 
     /// Decides one request for `key` now.
     pub fn check_now(&self, key: &str) -> Decision {
-        self.with_table(key, |table| {
+        self.with_table(key, |table, key| {
             // Read under the shard's lock: one clock order a shard.
             let now = self.clock.now();
             table.check_borrowed(key, || key.to_owned(), now)
@@ -204,7 +283,7 @@ where
     /// Decides a request of `cost` units for `key` now, with the key's
     /// quota; see guard-core's `Algorithm::check_n`.
     pub fn check_n_now(&self, key: &str, cost: u32) -> Result<Report, CostAboveLimit> {
-        self.with_table(key, |table| {
+        self.with_table(key, |table, key| {
             let now = self.clock.now();
             table.check_n_borrowed(key, || key.to_owned(), cost, now)
         })
@@ -277,6 +356,7 @@ where
         Some(KeysHeld {
             held: self.len(),
             capacity: self.capacity(),
+            max_bytes: self.max_bytes(),
         })
     }
 }
@@ -291,7 +371,7 @@ where
     /// nothing, with each one's report; see guard-core's
     /// `Bandwidths::check_each`.
     pub fn check_each_now(&self, key: &str, cost: u32) -> Result<[Report; W], CostAboveLimit> {
-        self.with_table(key, |table| {
+        self.with_table(key, |table, key| {
             let now = self.clock.now();
             table.check_each_borrowed(key, || key.to_owned(), cost, now)
         })
@@ -337,6 +417,7 @@ where
         Some(KeysHeld {
             held: self.len(),
             capacity: self.capacity(),
+            max_bytes: self.max_bytes(),
         })
     }
 

@@ -14,7 +14,7 @@ mod named;
 mod quota;
 mod sink;
 
-pub use memory::{MemoryLimiter, SHARD_KEYS};
+pub use memory::{HASHED_KEY_LEN, MemoryLimiter, SHARD_KEYS, STORED_KEY_LEN};
 pub use named::{NamedRateLimiter, RateLimiterRegistry};
 pub use quota::{FromQuota, Quota, ReconfigureError};
 pub use sink::{DenyPolicy, RateLimitingSink, Sink, SinkError};
@@ -204,4 +204,7 @@ pub struct KeysHeld {
     /// The most it holds; a new key beyond is refused or shares the
     /// overflow state, by its `FullPolicy`.
     pub capacity: usize,
+    /// The most bytes the table takes, keys' text included, however long
+    /// the keys (its byte budget).
+    pub max_bytes: usize,
 }

@@ -7,7 +7,9 @@ use super::{KeysHeld, LimitResult, Quota, RateLimiter, ReconfigureError};
 use tracing::Instrument as _;
 use tracing::field::Empty;
 
-use crate::metrics::{RL_ALLOWED, RL_DECISION_SECONDS, RL_DENIED, RL_KEYS, RL_KEYS_CAPACITY};
+use crate::metrics::{
+    RL_ALLOWED, RL_DECISION_SECONDS, RL_DENIED, RL_KEYS, RL_KEYS_CAPACITY, RL_MAX_BYTES,
+};
 use crate::observe::timed;
 use crate::sync::{AtomicU64, Ordering};
 
@@ -102,12 +104,14 @@ impl NamedRateLimiter {
     }
 
     /// The keys an in-process limiter holds; records them in
-    /// `guard_rl_keys{name}` and `guard_rl_keys_capacity{name}` too, so an
-    /// exporter shows that the table stays within its bound.
+    /// `guard_rl_keys{name}`, `guard_rl_keys_capacity{name}` and
+    /// `guard_rl_max_bytes{name}` too, so an exporter shows that the table
+    /// stays within its bounds.
     pub fn keys_held(&self) -> Option<KeysHeld> {
         let held = self.inner.keys_held()?;
         metrics::gauge!(RL_KEYS, "name" => self.name.clone()).set(held.held as f64);
         metrics::gauge!(RL_KEYS_CAPACITY, "name" => self.name.clone()).set(held.capacity as f64);
+        metrics::gauge!(RL_MAX_BYTES, "name" => self.name.clone()).set(held.max_bytes as f64);
         Some(held)
     }
 

@@ -407,6 +407,33 @@ pub enum Backend {
 /// The most admissions a sliding window tracks per key.
 pub const MAX_SLIDING_LIMIT: usize = 4096;
 
+/// The instants a sliding window's in-memory table keeps per key: the
+/// smallest of 16, 128, 1,024 and [`MAX_SLIDING_LIMIT`] that holds its
+/// `limit` (8 bytes an instant, so a key of a small limit costs the
+/// table little).
+pub fn sliding_log(limit: u32) -> usize {
+    [16, 128, 1024]
+        .into_iter()
+        .find(|&log| limit as usize <= log)
+        .unwrap_or(MAX_SLIDING_LIMIT)
+}
+
+/// The size of every in-memory limiter's table: `[ratelimit]
+/// memory_keys` or `memory_bytes`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemoryTables {
+    /// So many keys a table (rounded up to whole shards of 1,024).
+    Keys(usize),
+    /// At most so many bytes a table, keys' text included: as many
+    /// whole shards of 1,024 keys as fit at the most a key of its
+    /// algorithm can cost ([`PolicyAlgorithm::memory_bytes_per_key`]).
+    Bytes(usize),
+}
+
+/// The keys a table holds when neither `memory_keys` nor `memory_bytes`
+/// is set.
+pub const DEFAULT_MEMORY_KEYS: usize = 65_536;
+
 /// A policy's algorithm with validated parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PolicyAlgorithm {
@@ -430,6 +457,24 @@ impl PolicyAlgorithm {
             PolicyAlgorithm::FixedWindow(w) => w.limit(),
             PolicyAlgorithm::TokenBucket(b) => b.limit(),
             PolicyAlgorithm::LeakyBucket(b) => b.limit(),
+        }
+    }
+
+    /// The most bytes one key costs an in-memory table of this
+    /// algorithm, its text included however long (guard-std's
+    /// `MemoryLimiter::bytes_per_key`, for the table the gateway builds).
+    pub fn memory_bytes_per_key(&self) -> usize {
+        use guard_std::ratelimit::MemoryLimiter;
+        match self {
+            PolicyAlgorithm::Sliding(w) => match sliding_log(w.limit()) {
+                16 => MemoryLimiter::<SlidingWindow<16>>::bytes_per_key(),
+                128 => MemoryLimiter::<SlidingWindow<128>>::bytes_per_key(),
+                1024 => MemoryLimiter::<SlidingWindow<1024>>::bytes_per_key(),
+                _ => MemoryLimiter::<SlidingWindow<MAX_SLIDING_LIMIT>>::bytes_per_key(),
+            },
+            PolicyAlgorithm::FixedWindow(_) => MemoryLimiter::<FixedWindow>::bytes_per_key(),
+            PolicyAlgorithm::TokenBucket(_) => MemoryLimiter::<TokenBucket>::bytes_per_key(),
+            PolicyAlgorithm::LeakyBucket(_) => MemoryLimiter::<LeakyBucket>::bytes_per_key(),
         }
     }
 }
@@ -457,6 +502,9 @@ pub struct Policy {
     pub key_prefix: String,
     /// What it counts.
     pub cost: Cost,
+    /// The keys its in-memory table holds (when it runs in memory):
+    /// `memory_keys`, or as many as fit `memory_bytes`.
+    pub memory_keys: usize,
 }
 
 /// `[ratelimit]`, enabled.
@@ -466,8 +514,8 @@ pub struct RateLimits {
     pub policies: Vec<Policy>,
     /// The default limiter's name.
     pub default_name: String,
-    /// Keys tracked per in-memory limiter.
-    pub memory_keys: usize,
+    /// The size of each in-memory limiter's table.
+    pub memory: MemoryTables,
     /// Use memory, with a warning, when a Redis backend has no Redis
     /// locker to share; otherwise that is an error.
     pub fallback_to_memory: bool,

@@ -8,7 +8,11 @@ use guard_core::limit::{FixedWindow, LeakyBucket, Rate, SlidingWindow, TokenBuck
 
 use super::check::{bounded, printable};
 use super::raw;
-use super::{Backend, ConfigError, Cost, Policy, PolicyAlgorithm, RateLimits, invalid};
+use super::{
+    Backend, ConfigError, Cost, DEFAULT_MEMORY_KEYS, MemoryTables, Policy, PolicyAlgorithm,
+    RateLimits, invalid,
+};
+use guard_std::ratelimit::SHARD_KEYS;
 
 /// The longest window of a sliding or fixed window: a week.
 const MAX_WINDOW_MS: u64 = 7 * 24 * 3600 * 1000;
@@ -57,15 +61,7 @@ pub(super) fn bytes_fit(
 }
 
 pub(super) fn rate_limits(r: &raw::RateLimit) -> Result<RateLimits, ConfigError> {
-    if r.memory_keys == 0 {
-        return Err(invalid(
-            "ratelimit.memory_keys",
-            0,
-            "a positive number of keys",
-        ));
-    }
-    let memory_keys = usize::try_from(r.memory_keys)
-        .map_err(|_| invalid("ratelimit.memory_keys", r.memory_keys, "fewer keys"))?;
+    let memory = memory_tables(r)?;
     if r.default_name.is_empty() {
         return Err(invalid(
             "ratelimit.default_name",
@@ -84,7 +80,7 @@ pub(super) fn rate_limits(r: &raw::RateLimit) -> Result<RateLimits, ConfigError>
                 "a non-empty policy name without control characters",
             ));
         }
-        policies.push(policy(r, name, p, &at)?);
+        policies.push(policy(r, name, p, &at, memory)?);
     }
     if !r.policies.contains_key(&r.default_name) {
         // The top-level window and limit make the default limiter, as in
@@ -100,14 +96,77 @@ pub(super) fn rate_limits(r: &raw::RateLimit) -> Result<RateLimits, ConfigError>
             utc_offset: None,
             cost: None,
         };
-        policies.push(policy(r, &r.default_name, &default, "ratelimit")?);
+        policies.push(policy(r, &r.default_name, &default, "ratelimit", memory)?);
     }
     Ok(RateLimits {
         policies,
         default_name: r.default_name.clone(),
-        memory_keys,
+        memory,
         fallback_to_memory: r.fallback_to_memory,
     })
+}
+
+/// `memory_keys` or `memory_bytes`, never both.
+fn memory_tables(r: &raw::RateLimit) -> Result<MemoryTables, ConfigError> {
+    match (r.memory_keys, r.memory_bytes) {
+        (Some(_), Some(bytes)) => Err(invalid(
+            "ratelimit.memory_bytes",
+            bytes,
+            "unset while ratelimit.memory_keys is set: size the tables in keys or in bytes",
+        )),
+        (Some(0), None) => Err(invalid(
+            "ratelimit.memory_keys",
+            0,
+            "a positive number of keys",
+        )),
+        (Some(keys), None) => usize::try_from(keys)
+            .ok()
+            .filter(|&keys| keys <= MAX_MEMORY_KEYS)
+            .map(MemoryTables::Keys)
+            .ok_or_else(|| {
+                invalid(
+                    "ratelimit.memory_keys",
+                    keys,
+                    format!("at most {MAX_MEMORY_KEYS} keys"),
+                )
+            }),
+        (None, Some(bytes)) => usize::try_from(bytes)
+            .map(MemoryTables::Bytes)
+            .map_err(|_| invalid("ratelimit.memory_bytes", bytes, "fewer bytes")),
+        (None, None) => Ok(MemoryTables::Keys(DEFAULT_MEMORY_KEYS)),
+    }
+}
+
+/// The most keys `memory_keys` may give a table: 2^28, a table of
+/// several GiB for the smallest algorithm.
+const MAX_MEMORY_KEYS: usize = 1 << 28;
+
+/// The keys `algorithm`'s in-memory table holds under `memory`; a size
+/// in bytes that holds no whole shard is refused, naming the least that
+/// does. `at` is the policy's place.
+fn table_keys(
+    at: &str,
+    algorithm: &PolicyAlgorithm,
+    memory: MemoryTables,
+) -> Result<usize, ConfigError> {
+    match memory {
+        MemoryTables::Keys(keys) => Ok(keys),
+        MemoryTables::Bytes(bytes) => {
+            let per_key = algorithm.memory_bytes_per_key();
+            match bytes / per_key / SHARD_KEYS * SHARD_KEYS {
+                0 => Err(invalid(
+                    "ratelimit.memory_bytes",
+                    bytes,
+                    format!(
+                        "at least {} bytes: the table of {at} holds whole shards of \
+                         {SHARD_KEYS} keys at up to {per_key} bytes a key",
+                        per_key * SHARD_KEYS
+                    ),
+                )),
+                keys => Ok(keys),
+            }
+        }
+    }
 }
 
 /// One policy; `at` is where its keys are written (`ratelimit` for the
@@ -117,6 +176,7 @@ fn policy(
     name: &str,
     p: &raw::Policy,
     at: &str,
+    memory: MemoryTables,
 ) -> Result<Policy, ConfigError> {
     let key = |field: &str| format!("{at}.{field}");
     let only = |set: bool, field: &str, algorithm: &str| {
@@ -280,10 +340,12 @@ fn policy(
             ));
         }
     }
+    let memory_keys = table_keys(at, &algorithm, memory)?;
     Ok(Policy {
         name: name.to_owned(),
         backend,
         algorithm,
+        memory_keys,
         key_prefix,
         cost: match p.cost {
             None | Some(raw::Cost::Message) => Cost::Messages,

@@ -87,7 +87,8 @@ pub(super) struct RateLimit {
     pub key_prefix: String,
     pub default_name: String,
     pub fallback_to_memory: bool,
-    pub memory_keys: u64,
+    pub memory_keys: Option<u64>,
+    pub memory_bytes: Option<u64>,
     pub policies: BTreeMap<String, Policy>,
 }
 
@@ -101,7 +102,8 @@ impl Default for RateLimit {
             key_prefix: "guard:rl".to_owned(),
             default_name: "default".to_owned(),
             fallback_to_memory: false,
-            memory_keys: 65_536,
+            memory_keys: None,
+            memory_bytes: None,
             policies: BTreeMap::new(),
         }
     }

@@ -96,6 +96,19 @@ impl std::fmt::Display for Refused {
     }
 }
 
+/// The bytes each of a broadcast endpoint's tables in memory (its Pub/Sub
+/// handler queue, its dead letters when not on disk) may hold: a
+/// producer's long channel names and large payloads fill them at this,
+/// long before their count of messages would take a GiB.
+pub const MEMORY_BYTES: usize = 16 << 20;
+
+/// The bound in bytes of the tables in memory of an endpoint whose
+/// messages are at most `max_payload` bytes: [`MEMORY_BYTES`], or room for
+/// two of its largest messages if that is more.
+pub fn memory_bytes(max_payload: usize) -> usize {
+    MEMORY_BYTES.max(max_payload.saturating_mul(2))
+}
+
 /// Why a message whose lease ended while it waited is not handled.
 const LEASE_LOST_WAITING: &str =
     "the lease it was read under ended while it waited for the limiter";
@@ -130,16 +143,18 @@ fn limit_key<'a>(
     from: &'a str,
     fields: Option<&'a StreamMessage>,
 ) -> &'a str {
+    // A channel or value no limiter takes (missing, empty, not UTF-8,
+    // over the key rule's length) is limited under the whole source's
+    // key, which an entry that leaves the field out shares anyway: never
+    // unlimited, never refused for its name.
+    let usable = |k: &&str| guard_std::ratelimit::check_key(k).is_ok();
     match key {
         LimitKey::Source => name,
-        LimitKey::Topic => from,
-        // A value no limiter takes (missing, empty, not UTF-8, over the
-        // key rule's length): the whole source's key, which an entry that
-        // leaves the field out shares anyway.
+        LimitKey::Topic => Some(from).filter(usable).unwrap_or(name),
         LimitKey::Field(field) => fields
             .and_then(|m| m.field(field))
             .and_then(|v| std::str::from_utf8(v).ok())
-            .filter(|v| guard_std::ratelimit::check_key(v).is_ok())
+            .filter(usable)
             .unwrap_or(name),
     }
 }
@@ -163,7 +178,11 @@ impl Inbox {
             name: entry.name.clone(),
             max_payload: entry.max_payload_bytes,
             limit,
-            dead_letters: Arc::new(MeteredDeadLetterQueue::new(&entry.name)),
+            dead_letters: Arc::new(MeteredDeadLetterQueue::bounded_in_bytes(
+                &entry.name,
+                memory_bytes(entry.max_payload_bytes),
+                Undelivered::weight,
+            )),
             on_disk: built.dead_letters.as_ref().map(|(store, _)| store.clone()),
             forward: match &entry.to {
                 None => None,
@@ -568,7 +587,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_entry_without_a_usable_field_is_limited_under_the_source_s_key() {
+    fn an_entry_or_channel_without_a_usable_key_is_limited_under_the_source_s_key() {
         let key = LimitKey::Field("device".into());
         let entry = |value: Option<&[u8]>| StreamMessage {
             id: "1700000000000-0".into(),
@@ -595,22 +614,35 @@ mod tests {
         }
         assert_eq!(limit_key("orders", &LimitKey::Source, "c", None), "orders");
         assert_eq!(limit_key("orders", &LimitKey::Topic, "c", None), "c");
+        // A channel no limiter takes: the source's key, not a refusal.
+        let channel = "c".repeat(guard_std::ratelimit::MAX_KEY_LEN + 1);
+        assert_eq!(
+            limit_key("orders", &LimitKey::Topic, &channel, None),
+            "orders"
+        );
+        assert_eq!(limit_key("orders", &LimitKey::Topic, "", None), "orders");
     }
 
-    #[test]
-    fn a_full_dead_letter_queue_logs_what_it_drops_once_per_interval() {
-        let log = guard_testkit::SpanLog::new();
-        let inbox = Inbox {
+    /// The inbox of an endpoint `alerts` without limiter, sink or disk,
+    /// keeping its dead letters in `dead_letters`.
+    fn inbox(dead_letters: MeteredDeadLetterQueue<Undelivered, String, DEAD_LETTERS>) -> Inbox {
+        Inbox {
             name: "alerts".into(),
             max_payload: 1024,
             limit: None,
-            dead_letters: Arc::new(MeteredDeadLetterQueue::new("alerts")),
+            dead_letters: Arc::new(dead_letters),
             on_disk: None,
             forward: None,
             clock: SystemClock::new(),
             warnings: Throttle::new(),
             drops: Throttle::new(),
-        };
+        }
+    }
+
+    #[test]
+    fn a_full_dead_letter_queue_logs_what_it_drops_once_per_interval() {
+        let log = guard_testkit::SpanLog::new();
+        let inbox = inbox(MeteredDeadLetterQueue::new("alerts"));
         let emit: Emit = Arc::new(|_| {});
         let _logged = tracing::subscriber::set_default(log.subscriber());
         for n in 0..DEAD_LETTERS + 500 {
@@ -631,5 +663,31 @@ mod tests {
             .collect();
         assert_eq!(dropped.len(), 1, "one line for 500 drops: {dropped:#?}");
         assert_eq!(inbox.dead_letters.len(), DEAD_LETTERS, "the queue is full");
+    }
+
+    #[test]
+    fn dead_letters_in_memory_stay_within_their_bytes_whatever_the_names() {
+        // A producer publishes on channels of 256 KiB: 1,024 letters of
+        // them would hold 256 MiB; the bytes' bound keeps 16 MiB, hands the
+        // rest back (counted as dropped, logged) and keeps every name whole.
+        let inbox = inbox(MeteredDeadLetterQueue::bounded_in_bytes(
+            "alerts",
+            memory_bytes(1024),
+            Undelivered::weight,
+        ));
+        let emit: Emit = Arc::new(|_| {});
+        let long = |n: usize| format!("alerts.{n:04}.{}", "c".repeat(256 * 1024));
+        let kept = (0..1000)
+            .filter(|&n| inbox.keep(&long(n), b"x", "rate limited".into(), 1, &emit))
+            .count();
+        let bytes = inbox.dead_letters.bytes();
+        assert!(bytes <= MEMORY_BYTES, "{bytes}");
+        assert!((60..=64).contains(&kept), "16 MiB of 256 KiB names: {kept}");
+        assert_eq!(inbox.dead_letters.len(), kept);
+        // A message of an ordinary name still finds room once a letter is
+        // taken out, and the names kept are whole.
+        let first = inbox.dead_letters.poll().unwrap();
+        assert_eq!(first.element().from, long(0));
+        assert!(inbox.keep("alerts.fire", b"x", "rate limited".into(), 1, &emit));
     }
 }

@@ -332,6 +332,7 @@ pub(super) fn pubsub(cx: Assembly<'_>, source: &PubSubSource) -> Result<Task, Ga
     let scope = scope("redis")?;
     let endpoint = source
         .endpoint(&built.guards, &scope)
+        .and_then(|e| e.with_queue_bytes(super::memory_bytes(inbox.max_payload)))
         .and_then(|e| e.with_settings(timing))
         .map_err(|e| context(e.into()))?
         .with_unhandled(inbox.unhandled_to(&emit))
