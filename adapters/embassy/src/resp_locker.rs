@@ -204,9 +204,11 @@ struct Conn<C, const N: usize> {
 }
 
 /// A `Locker` + `LeaseRenewer` on Redis over a RESP2 connection `C`, with
-/// an `N`-byte buffer for a request and its reply (512 holds any lock
-/// request with a key of up to 256 bytes); see the module documentation.
-pub struct RespLocker<M: RawMutex, C, const N: usize = 512> {
+/// an `N`-byte buffer for a request and its reply (1,536 holds any lock
+/// request with a key of up to 256 bytes under a prefix of up to
+/// [`MAX_PREFIX`]: the script and the lock's three keys); see the module
+/// documentation.
+pub struct RespLocker<M: RawMutex, C, const N: usize = 1536> {
     conn: Mutex<M, Conn<C, N>>,
     prefix: heapless::String<MAX_PREFIX>,
     seed: u64,
@@ -386,7 +388,9 @@ impl<M: RawMutex, C: Read + Write, const N: usize> RespLocker<M, C, N> {
         let mut retried = false;
         loop {
             self.ready(conn).await?;
-            let key_count = if with_fence { 2 } else { 1 };
+            // The lock, the fence counter for an acquisition, and the
+            // grant record.
+            let key_count = if with_fence { 3 } else { 2 };
             let args = 3 + key_count + 1 + usize::from(ttl.is_some());
             let mut w = CommandWriter::new(&mut conn.buf, args)
                 .and_then(|w| w.bytes(b"EVAL"))
@@ -397,6 +401,7 @@ impl<M: RawMutex, C: Read + Write, const N: usize> RespLocker<M, C, N> {
             if with_fence {
                 w = w.display(keys.fence()).map_err(RespError::BufferFull)?;
             }
+            w = w.display(keys.grant()).map_err(RespError::BufferFull)?;
             w = w.display(token).map_err(RespError::BufferFull)?;
             if let Some(ttl) = ttl {
                 w = w
@@ -502,10 +507,11 @@ impl<M: RawMutex, C: Read + Write, const N: usize> Locker for RespLocker<M, C, N
     async fn try_lock(&self, key: &str, ttl: Ttl) -> Result<Option<Token>, Self::Error> {
         let id = self.next_id().await;
         let fence = self.eval(ACQUIRE_SCRIPT, key, true, &id, Some(ttl)).await?;
-        match u64::try_from(fence) {
-            Ok(0) => Ok(None),
-            Ok(fence) => Ok(Some(Token::new(id, fence))),
-            Err(_) => Err(RespError::UnexpectedReply),
+        match fence {
+            // Held, or its last grant may still be believed (the lock key
+            // gone before the grant's end): refused all the same.
+            ..=0 => Ok(None),
+            fence => Ok(Some(Token::new(id, fence.unsigned_abs()))),
         }
     }
 

@@ -46,3 +46,52 @@ fn resp_locker_over_one_connection_passes_the_locker_contract() {
         contract::run_all(&locker, "embassy:resp", 20, sleep).await;
     });
 }
+
+#[test]
+fn resp_locker_grants_a_lost_key_to_nobody_before_its_holder_s_deadline() {
+    let server = RedisServer::start().expect("redis-server");
+    smol::block_on(async {
+        let stream = async_net::TcpStream::connect(("127.0.0.1", server.port()))
+            .await
+            .expect("connect");
+        let locker = RespLocker::<NoopRawMutex, _>::new(FromFutures::new(stream), 0x1057_c0de);
+        let lose = |key: &str| {
+            let keys = guard_core::lock::redis::RedisKeys::new("", key).unwrap();
+            let deleted = server.command(&format!("DEL {}", keys.lock())).unwrap();
+            assert!(deleted.starts_with(":1"), "{key}: {deleted}");
+            std::future::ready(())
+        };
+        contract::a_lost_key_is_granted_to_nobody_before_its_deadline(
+            &locker,
+            "guard:active:sensors",
+            lose,
+            sleep,
+        )
+        .await;
+        // The default buffer holds the longest request: a key of the
+        // longest a guard key may be, under the longest prefix.
+        let stream = async_net::TcpStream::connect(("127.0.0.1", server.port()))
+            .await
+            .expect("connect");
+        let longest = RespLocker::<NoopRawMutex, _>::new(FromFutures::new(stream), 0x10c4)
+            .with_prefix(&"p".repeat(guard_embassy::MAX_PREFIX - 1))
+            .unwrap();
+        let key = format!(
+            "{}:{}",
+            "d".repeat(200),
+            "s".repeat(guard_core::lock::MAX_KEY_LEN - 201)
+        );
+        assert_eq!(key.len(), guard_core::lock::MAX_KEY_LEN);
+        let ttl = guard_core::lock::Ttl::from_secs(5).unwrap();
+        let token = guard_core::lock::Locker::try_lock(&longest, &key, ttl)
+            .await
+            .expect("the longest request fits the default buffer")
+            .expect("granted");
+        guard_core::lock::LeaseRenewer::renew(&longest, &key, &token, ttl)
+            .await
+            .unwrap();
+        guard_core::lock::Locker::unlock(&longest, &key, &token)
+            .await
+            .unwrap();
+    });
+}

@@ -26,6 +26,30 @@ fn standalone_passes_the_locker_contract() {
 }
 
 #[test]
+fn a_lost_lock_key_is_granted_to_nobody_before_its_holder_s_deadline() {
+    // The lock key deleted mid-lease (an operator's DEL, an eviction): its
+    // grant record keeps the holder's deadline.
+    let server = RedisServer::start().expect("redis-server");
+    let locker = connect(Topology::Standalone { url: server.url() })
+        .with_prefix("prod1")
+        .unwrap();
+    let lose = |key: &str| {
+        let (lock, _) = lock_keys("prod1:", key).unwrap();
+        let deleted = server.command(&format!("DEL {lock}")).unwrap();
+        assert!(deleted.starts_with(":1"), "{lock} deleted: {deleted}");
+        std::future::ready(())
+    };
+    smol::block_on(
+        contract::a_lost_key_is_granted_to_nobody_before_its_deadline(
+            &locker,
+            "guard:active:sensors",
+            lose,
+            smol::Timer::after,
+        ),
+    );
+}
+
+#[test]
 fn cluster_passes_the_locker_contract_without_crossslot_errors() {
     let cluster = RedisCluster::start().expect("redis cluster");
     let locker = connect(Topology::Cluster {

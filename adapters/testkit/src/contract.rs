@@ -331,6 +331,73 @@ where
     );
 }
 
+/// A lock the lock service loses mid-lease (its key deleted by hand,
+/// evicted) is granted to nobody before the end of the lease its holder
+/// was granted: the holder's renewal reports the loss, and the key is
+/// granted again (under a greater fence) once that end has passed, or at
+/// once when the holder released it. `lose(key)` deletes the lock's key
+/// in the backend, nothing else; `sleep(d)` waits `d` on the backend's
+/// clock.
+///
+/// Not part of [`run_all`]: it needs a hand inside the backend.
+pub async fn a_lost_key_is_granted_to_nobody_before_its_deadline<L, S, F, X, G>(
+    locker: &L,
+    key: &str,
+    lose: X,
+    sleep: S,
+) where
+    L: LeaseRenewer,
+    S: Fn(Duration) -> F,
+    F: Future,
+    X: Fn(&str) -> G,
+    G: Future,
+{
+    let scale = Scale(1);
+    let holder = grant(locker, key, scale, 500)
+        .await
+        .unwrap_or_else(|| panic!("{key}: a free key is granted"));
+    lose(key).await;
+    assert!(
+        grant(locker, key, scale, 60_000).await.is_none(),
+        "{key}: a key lost mid-lease is granted to nobody before the lease's end"
+    );
+    assert_eq!(
+        renew(locker, key, &holder, scale, 500).await,
+        Renewal::Lost,
+        "{key}: the holder's renewal finds its key lost"
+    );
+    assert!(
+        grant(locker, key, scale, 60_000).await.is_none(),
+        "{key}: a failed renewal extends nothing, and grants nothing either"
+    );
+    sleep(scale.ms(650)).await;
+    let next = grant(locker, key, scale, 60_000)
+        .await
+        .unwrap_or_else(|| panic!("{key}: once the lost lease has ended, the key is granted"));
+    assert!(
+        next.fence() > holder.fence(),
+        "{key}: the next grant's fence {} is above the lost one's {}",
+        next.fence(),
+        holder.fence()
+    );
+
+    let released = format!("{key}:released");
+    let holder = grant(locker, &released, scale, 60_000)
+        .await
+        .unwrap_or_else(|| panic!("{released}: a free key is granted"));
+    lose(&released).await;
+    assert!(
+        grant(locker, &released, scale, 60_000).await.is_none(),
+        "{released}: a key lost mid-lease is granted to nobody before the lease's end"
+    );
+    // The holder gives the lease up: nothing of it is believed any more.
+    let _ = unlock(locker, &released, &holder).await;
+    assert!(
+        grant(locker, &released, scale, 60_000).await.is_some(),
+        "{released}: once its holder released it, a lost key is granted at once"
+    );
+}
+
 /// The fence strictly increases over `rounds` acquisitions of one key.
 pub async fn fences_strictly_increase<L: Locker>(locker: &L, key: &str, rounds: usize) {
     fences_strictly_increase_at(locker, key, rounds, Scale(1)).await;

@@ -2142,9 +2142,11 @@ fn endpoint_lease_key(server: &RedisServer) -> Option<String> {
         .arg("*endpoint*")
         .query(&mut conn)
         .unwrap();
+    // The lock itself, not its grant record (`grant:{...}`), which keeps
+    // the deadline of the last grant beside it.
     keys.into_iter().find(|key| {
         let ttl: i64 = redis::cmd("PTTL").arg(key).query(&mut conn).unwrap();
-        ttl > 0
+        ttl > 0 && !key.contains("grant:{")
     })
 }
 

@@ -14,62 +14,67 @@
 //!
 //! The value of a lock is its token id as 32 lowercase hex digits.
 //!
-//! # Fences that never go backwards
+//! # A grant outlives its key
 //!
-//! A fence is `max(counter + 1, TIME in microseconds)` of the server that
-//! grants, and that value becomes the counter. While the counter survives,
-//! fences strictly increase as with a plain counter. When it does not (a
-//! restart without persistence, a failover to a replica that had not
-//! received the last grants), the next grant starts from the server's
-//! clock, which has moved past every earlier grant's clock reading. No
-//! persistence is needed.
+//! Beside each lock, its *grant record* `<prefix>grant:{<domain>}:<last>`
+//! holds the token of the last grant and expires when that grant does
+//! (set at every grant and renewal, with the same TTL). An acquisition is
+//! refused while the record lives, whether the lock key is there or not:
+//! a lock key deleted by hand, evicted or flushed alone leaves the record,
+//! so nobody is granted the key while its holder may still believe it
+//! holds it, and the holder's next renewal, finding its key gone, tells
+//! it so. A release deletes the record with the lock (the holder believes
+//! nothing any more).
 //!
-//! **The exact limit.** After the counter is lost, a fence can repeat or
-//! go backwards only if the granting server's clock (µs since the Unix
-//! epoch) reads no more than the largest fence issued before the loss:
-//! that is, if its clock is behind the clock of the server that issued
-//! that fence, at that grant, by more than the time that has passed
-//! between the two grants (a clock stepped back, or a promoted replica
-//! whose clock lags its old primary by more than the failover takes). The
-//! counter itself runs ahead of the clock only when one domain is granted
-//! more than once per microsecond. Requires Redis 5 or later (scripts
-//! replicate their effects, so `TIME` may precede a write).
-
+//! **The limit.** The record protects only while it survives the loss of
+//! the lock key: a loss of both (a `FLUSHALL`, a restart without
+//! persistence, a failover to a replica that never received them, an
+//! eviction of both) can grant the key again while its old holder still
+//! believes it, until that holder's next renewal.
+//!
 use core::fmt;
 
-/// Takes the lock (`SET NX PX`) and, if taken, advances the fence to
-/// `max(counter + 1, TIME in µs)` (see the module notes); both keys share
-/// a hash slot, so this is one atomic script in a cluster too. KEYS: lock,
-/// fence; ARGV: token hex, TTL in ms. Returns the fence, or 0 when the key
-/// is held.
+/// Takes the lock (`SET NX PX`) unless its grant record lives (see the
+/// module notes) and, if taken, writes the grant record and advances the
+/// fence to `max(counter + 1, TIME in µs)`; the three keys share a hash
+/// slot, so this is one atomic script in a cluster too. KEYS: lock,
+/// fence, grant; ARGV: token hex, TTL in ms. Returns the fence; 0 when
+/// the key is held; minus the ms left of the last grant when its record
+/// outlived its lock key.
 ///
 /// Lua numbers are doubles: exact up to 2^53, which the clock in µs
 /// reaches in the year 2255. Kept short: an embedded locker sends it
-/// whole with every acquisition, in a 512-byte buffer.
+/// whole with every acquisition, with the three keys, in one buffer.
 pub const ACQUIRE_SCRIPT: &str = r"
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  local t = redis.call('TIME')
-  local f = math.max((tonumber(redis.call('GET', KEYS[2])) or 0) + 1, t[1] * 1000000 + t[2])
-  redis.call('SET', KEYS[2], string.format('%.0f', f))
-  return f
+local g=redis.call('PTTL',KEYS[3])
+if g>0 then return -g end
+if redis.call('SET',KEYS[1],ARGV[1],'NX','PX',ARGV[2]) then
+local t=redis.call('TIME')
+local f=math.max((tonumber(redis.call('GET',KEYS[2])) or 0)+1,t[1]*1000000+t[2])
+redis.call('SET',KEYS[2],string.format('%.0f',f))
+redis.call('SET',KEYS[3],ARGV[1],'PX',ARGV[2])
+return f
 end
 return 0
 ";
 
-/// Compare-and-delete: a stale holder never frees someone else's lock.
-/// KEYS: lock; ARGV: token hex. Returns 1 if released.
+/// Compare-and-delete: a stale holder never frees someone else's lock;
+/// the holder's grant record goes with it. KEYS: lock, grant; ARGV: token
+/// hex. Returns 1 if the lock was released.
 pub const RELEASE_SCRIPT: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
+if redis.call('GET',KEYS[2])==ARGV[1] then redis.call('DEL',KEYS[2]) end
+if redis.call('GET',KEYS[1])==ARGV[1] then
+return redis.call('DEL',KEYS[1])
 end
 return 0
 ";
 
-/// Compare-and-extend. KEYS: lock; ARGV: token hex, TTL in ms. Returns 1
-/// if still held.
+/// Compare-and-extend, the grant record with the lock. KEYS: lock,
+/// grant; ARGV: token hex, TTL in ms. Returns 1 if still held.
 pub const RENEW_SCRIPT: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+if redis.call('GET',KEYS[1])==ARGV[1] then
+redis.call('SET',KEYS[2],ARGV[1],'PX',ARGV[2])
+return redis.call('PEXPIRE',KEYS[1],ARGV[2])
 end
 return 0
 ";
@@ -122,6 +127,7 @@ pub fn check_prefix(prefix: &str) -> Result<(), InvalidRedisKey> {
 /// let keys = RedisKeys::new("prod1:", "guard:once:report:1700000000000")?;
 /// assert_eq!(keys.lock().to_string(), "prod1:{guard:once:report}:1700000000000");
 /// assert_eq!(keys.fence().to_string(), "prod1:fence:{guard:once:report}");
+/// assert_eq!(keys.grant().to_string(), "prod1:grant:{guard:once:report}:1700000000000");
 /// # Ok::<(), guard_core::lock::redis::InvalidRedisKey>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -162,6 +168,11 @@ impl<'a> RedisKeys<'a> {
     pub fn fence(&self) -> impl fmt::Display + '_ {
         FenceKey(self)
     }
+
+    /// The lock's grant record (see the module notes).
+    pub fn grant(&self) -> impl fmt::Display + '_ {
+        GrantKey(self)
+    }
 }
 
 struct LockKey<'k, 'a>(&'k RedisKeys<'a>);
@@ -182,5 +193,18 @@ struct FenceKey<'k, 'a>(&'k RedisKeys<'a>);
 impl fmt::Display for FenceKey<'_, '_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}fence:{{{}}}", self.0.prefix, self.0.domain)
+    }
+}
+
+struct GrantKey<'k, 'a>(&'k RedisKeys<'a>);
+
+impl fmt::Display for GrantKey<'_, '_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let k = self.0;
+        write!(f, "{}grant:{{{}}}", k.prefix, k.domain)?;
+        match k.last {
+            Some(last) => write!(f, ":{last}"),
+            None => Ok(()),
+        }
     }
 }

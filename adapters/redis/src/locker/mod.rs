@@ -25,13 +25,19 @@ use crate::error::{Parameter, RedisGuardError};
 /// the prefix is at fault), with guard-core's [`InvalidRedisKey`] as its
 /// source.
 pub fn lock_keys(prefix: &str, key: &str) -> Result<(String, String), RedisGuardError> {
-    let keys = RedisKeys::new(prefix, key).map_err(|e| match e {
+    let keys = redis_keys(prefix, key)?;
+    Ok((keys.lock().to_string(), keys.fence().to_string()))
+}
+
+/// The Redis keys of `key` under `prefix`, or the error naming which of
+/// the two is refused.
+fn redis_keys<'a>(prefix: &'a str, key: &'a str) -> Result<RedisKeys<'a>, RedisGuardError> {
+    RedisKeys::new(prefix, key).map_err(|e| match e {
         InvalidRedisKey::BraceInPrefix => {
             RedisGuardError::refused_by(Parameter::LockerPrefix, prefix, e)
         }
         _ => RedisGuardError::refused_by(Parameter::LockKey, key, e),
-    })?;
-    Ok((keys.lock().to_string(), keys.fence().to_string()))
+    })
 }
 
 /// A `Locker` and `LeaseRenewer` on Redis, with fencing (see
@@ -122,26 +128,31 @@ impl SendLocker for RedisLocker {
     }
 
     async fn try_lock(&self, key: &str, ttl: Ttl) -> Result<Option<Token>, RedisGuardError> {
-        let (lock, fence) = lock_keys(&self.prefix, key)?;
+        let keys = redis_keys(&self.prefix, key)?;
         let id = self.ids.next_id();
         let mut invocation = self.acquire.prepare_invoke();
         invocation
-            .key(&lock)
-            .key(&fence)
+            .key(keys.lock().to_string())
+            .key(keys.fence().to_string())
+            .key(keys.grant().to_string())
             .arg(Self::hex(&id))
             .arg(ttl.as_millis_ceil());
         let fence: i64 = self.conn.invoke(&invocation).await?;
-        match u64::try_from(fence) {
-            Ok(0) => Ok(None),
-            Ok(fence) => Ok(Some(Token::new(id, fence))),
-            Err(_) => Err(RedisGuardError::UnexpectedReply(format!("fence {fence}"))),
+        match fence {
+            // Held, or its last grant may still be believed (the lock key
+            // gone before the grant's end): refused all the same.
+            ..=0 => Ok(None),
+            fence => Ok(Some(Token::new(id, fence.unsigned_abs()))),
         }
     }
 
     async fn unlock(&self, key: &str, token: &Token) -> Result<(), UnlockError<RedisGuardError>> {
-        let (lock, _) = lock_keys(&self.prefix, key).map_err(UnlockError::Backend)?;
+        let keys = redis_keys(&self.prefix, key).map_err(UnlockError::Backend)?;
         let mut invocation = self.release.prepare_invoke();
-        invocation.key(&lock).arg(Self::hex(token.id()));
+        invocation
+            .key(keys.lock().to_string())
+            .key(keys.grant().to_string())
+            .arg(Self::hex(token.id()));
         match self.conn.invoke::<i64>(&invocation).await {
             Ok(1) => Ok(()),
             Ok(_) => Err(UnlockError::NotHeld),
@@ -152,10 +163,11 @@ impl SendLocker for RedisLocker {
 
 impl SendLeaseRenewer for RedisLocker {
     async fn renew(&self, key: &str, token: &Token, ttl: Ttl) -> Result<Renewal, RedisGuardError> {
-        let (lock, _) = lock_keys(&self.prefix, key)?;
+        let keys = redis_keys(&self.prefix, key)?;
         let mut invocation = self.renew.prepare_invoke();
         invocation
-            .key(&lock)
+            .key(keys.lock().to_string())
+            .key(keys.grant().to_string())
             .arg(Self::hex(token.id()))
             .arg(ttl.as_millis_ceil());
         let renewed: i64 = self.conn.invoke(&invocation).await?;
