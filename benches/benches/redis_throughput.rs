@@ -309,6 +309,7 @@ fn main() {
     let lock_keys = [
         "{bench:lock:__rand_int__}",
         "fence:{bench:lock:__rand_int__}",
+        "grant:{bench:lock:__rand_int__}",
     ];
     let window_keys = [
         "guard:rl:{bench:__rand_int__}",
@@ -326,9 +327,10 @@ fn main() {
             vec![
                 "EVALSHA",
                 &acquire_sha,
-                "2",
+                "3",
                 lock_keys[0],
                 lock_keys[1],
+                lock_keys[2],
                 "v",
                 "1000",
             ],

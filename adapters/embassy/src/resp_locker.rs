@@ -373,7 +373,8 @@ impl<M: RawMutex, C: Read + Write, const N: usize> RespLocker<M, C, N> {
         token_id(self.seed, n)
     }
 
-    /// Runs `EVAL script 2|1 keys... args...` and returns its integer.
+    /// Runs `EVAL script 3|2 keys... args...` (the lock, the fence counter
+    /// when `with_fence`, the grant record) and returns its integer.
     async fn eval(
         &self,
         script: &str,

@@ -186,32 +186,39 @@ impl<T> Feeder<T> {
     /// has gone), is left out itself.
     pub(crate) fn push(&self, item: T, mut left_out: impl FnMut(T)) {
         let weight = (self.bytes.weigh)(&item);
-        let fits = |bytes: &Bytes<T>| {
-            bytes.held.load(Ordering::Acquire).saturating_add(weight) <= bytes.max
-        };
         // Heavier than the whole bound, or no receiver left but the
         // feeder's own: the handler has gone.
         if weight > self.bytes.max || self.tx.receiver_count() <= 1 {
             return left_out(item);
         }
+        // The bytes are reserved before the message is sent, in one step,
+        // so that two pushes at once (a reader stopping while the next
+        // starts) never pass the bound together.
+        let reserved = || {
+            self.bytes
+                .held
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                    held.checked_add(weight).filter(|&n| n <= self.bytes.max)
+                })
+                .is_ok()
+        };
+        let mut room = reserved();
         if self.policy == WhenFull::DropOldest {
-            while !fits(&self.bytes) {
+            while !room {
                 match self.oldest.try_recv() {
                     Ok(oldest) => {
                         self.bytes.taken(&oldest);
                         left_out(oldest);
+                        room = reserved();
                     }
                     // Empty, the rest being received right now.
                     Err(_) => break,
                 }
             }
         }
-        // One feeder a queue: only a receiver changes the bytes meanwhile,
-        // and only downwards.
-        if !fits(&self.bytes) {
+        if !room {
             return left_out(item);
         }
-        self.bytes.held.fetch_add(weight, Ordering::AcqRel);
         let sent = match self.policy {
             WhenFull::DropNewest => self
                 .tx

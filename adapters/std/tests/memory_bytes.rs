@@ -95,6 +95,29 @@ fn the_budget_holds_for_a_sliding_window_too() {
 }
 
 #[test]
+fn keys_stored_as_they_are_at_the_longest_stay_within_the_budget_too() {
+    // The worst case for the text: every key exactly as long as a key
+    // stored as it is (a longer one costs only its hash).
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let region = Region::new(ALLOCATOR);
+    let limiter = MemoryLimiter::new(bucket(), 2 * SHARD_KEYS, FullPolicy::DenyNewKeys);
+    for i in 0..10 * limiter.capacity() {
+        let _ = limiter.check_now(&key(i, STORED_KEY_LEN));
+    }
+    let grown = grown(&region);
+    assert!(
+        limiter.len() >= limiter.capacity() * 8 / 10,
+        "the flood filled the table: {}",
+        limiter.len()
+    );
+    assert!(
+        grown <= limiter.max_bytes(),
+        "{grown} > {}",
+        limiter.max_bytes()
+    );
+}
+
+#[test]
 fn keys_within_a_size_build_a_table_of_at_most_that_size() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let bytes = 3 * 1024 * 1024 + 12_345;

@@ -353,16 +353,24 @@ pub async fn a_lost_key_is_granted_to_nobody_before_its_deadline<L, S, F, X, G>(
     G: Future,
 {
     let scale = Scale(1);
-    let holder = grant(locker, key, scale, 500)
+    let holder = grant(locker, key, scale, 2_000)
         .await
         .unwrap_or_else(|| panic!("{key}: a free key is granted"));
+    assert_eq!(
+        renew(locker, key, &holder, scale, 4_000).await,
+        Renewal::Held,
+        "{key}: the holder renews its live lease"
+    );
+    // Past the first grant's end, within the renewed lease's: what the
+    // holder believes now is the renewal.
+    sleep(scale.ms(2_500)).await;
     lose(key).await;
     assert!(
         grant(locker, key, scale, 60_000).await.is_none(),
-        "{key}: a key lost mid-lease is granted to nobody before the lease's end"
+        "{key}: a key lost mid-lease is granted to nobody before the renewed lease's end"
     );
     assert_eq!(
-        renew(locker, key, &holder, scale, 500).await,
+        renew(locker, key, &holder, scale, 4_000).await,
         Renewal::Lost,
         "{key}: the holder's renewal finds its key lost"
     );
@@ -370,7 +378,7 @@ pub async fn a_lost_key_is_granted_to_nobody_before_its_deadline<L, S, F, X, G>(
         grant(locker, key, scale, 60_000).await.is_none(),
         "{key}: a failed renewal extends nothing, and grants nothing either"
     );
-    sleep(scale.ms(650)).await;
+    sleep(scale.ms(2_000)).await;
     let next = grant(locker, key, scale, 60_000)
         .await
         .unwrap_or_else(|| panic!("{key}: once the lost lease has ended, the key is granted"));

@@ -655,7 +655,7 @@ pub fn summary(config: &Config) -> String {
                 * guard_std::ratelimit::SHARD_KEYS;
             let in_memory = format!(
                 "memory, {keys} keys in at most {} bytes",
-                keys * p.algorithm.memory_bytes_per_key()
+                keys.saturating_mul(p.algorithm.memory_bytes_per_key())
             );
             let backend = match p.backend {
                 Backend::Memory => in_memory.as_str(),

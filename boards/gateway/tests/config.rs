@@ -2089,6 +2089,11 @@ fn in_memory_limiter_tables_are_sized_in_bytes() {
         "{}",
         error(&text("memory_keys = 1024\nmemory_bytes = 50000000"))
     );
+    let huge = error(&text("memory_bytes = 9000000000000000000"));
+    assert!(
+        huge.contains("`ratelimit.memory_bytes` = 9000000000000000000: expected at most"),
+        "{huge}"
+    );
     assert!(
         error(&text("memory_keys = 0")).contains("`ratelimit.memory_keys` = 0"),
         "{}",

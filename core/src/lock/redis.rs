@@ -14,6 +14,27 @@
 //!
 //! The value of a lock is its token id as 32 lowercase hex digits.
 //!
+//! # Fences that never go backwards
+//!
+//! A fence is `max(counter + 1, TIME in microseconds)` of the server that
+//! grants, and that value becomes the counter. While the counter survives,
+//! fences strictly increase as with a plain counter. When it does not (a
+//! restart without persistence, a failover to a replica that had not
+//! received the last grants), the next grant starts from the server's
+//! clock, which has moved past every earlier grant's clock reading. No
+//! persistence is needed.
+//!
+//! **The exact limit.** After the counter is lost, a fence can repeat or
+//! go backwards only if the granting server's clock (µs since the Unix
+//! epoch) reads no more than the largest fence issued before the loss:
+//! that is, if its clock is behind the clock of the server that issued
+//! that fence, at that grant, by more than the time that has passed
+//! between the two grants (a clock stepped back, or a promoted replica
+//! whose clock lags its old primary by more than the failover takes). The
+//! counter itself runs ahead of the clock only when one domain is granted
+//! more than once per microsecond. Requires Redis 5 or later (scripts
+//! replicate their effects, so `TIME` may precede a write).
+//!
 //! # A grant outlives its key
 //!
 //! Beside each lock, its *grant record* `<prefix>grant:{<domain>}:<last>`
@@ -30,17 +51,19 @@
 //! the lock key: a loss of both (a `FLUSHALL`, a restart without
 //! persistence, a failover to a replica that never received them, an
 //! eviction of both) can grant the key again while its old holder still
-//! believes it, until that holder's next renewal.
-//!
+//! believes it, until that holder's next renewal. An operator who frees
+//! a stuck lock by hand deletes both keys (or waits for the record's TTL).
+
 use core::fmt;
 
 /// Takes the lock (`SET NX PX`) unless its grant record lives (see the
 /// module notes) and, if taken, writes the grant record and advances the
 /// fence to `max(counter + 1, TIME in µs)`; the three keys share a hash
 /// slot, so this is one atomic script in a cluster too. KEYS: lock,
-/// fence, grant; ARGV: token hex, TTL in ms. Returns the fence; 0 when
-/// the key is held; minus the ms left of the last grant when its record
-/// outlived its lock key.
+/// fence, grant; ARGV: token hex, TTL in ms. Returns the fence if
+/// granted; otherwise minus the ms left of the last grant while its record
+/// lives (the key held, or lost before the grant's end), and 0 for a lock
+/// key held without a record (taken by an earlier version of the script).
 ///
 /// Lua numbers are doubles: exact up to 2^53, which the clock in µs
 /// reaches in the year 2255. Kept short: an embedded locker sends it

@@ -415,7 +415,7 @@ impl PubSubEndpoint {
         // (a pattern's channels are unbounded).
         let source = self.patterns.join(",");
         // Ends when the lease thread ends (stop) and the queue is empty.
-        while let Ok(Queued { msg, fence }) = queue.recv().await {
+        while let Ok(Queued { msg, fence, .. }) = queue.recv().await {
             // The lease is checked where the side effect happens, under
             // the fence the message was read under: nothing is handled
             // past the deadline, after leadership ended, or under a later
@@ -425,7 +425,7 @@ impl PubSubEndpoint {
                 LeaseState::Valid(fence) => {
                     late = 0;
                     let handling = handler(PubSubMessage {
-                        channel: msg.get_channel_name().to_owned(),
+                        channel: channel(&msg),
                         pattern: msg.get_pattern().ok(),
                         payload: msg.get_payload_bytes().to_vec(),
                         fence,
@@ -475,23 +475,43 @@ impl PubSubEndpoint {
 struct Queued {
     msg: redis::Msg,
     fence: u64,
+    /// What it weighs in the queue ([`Queued::new`]), measured once so
+    /// that adding and taking it count the same.
+    weight: usize,
 }
 
 impl Queued {
-    /// What it weighs in the queue: its channel and payload, which a
-    /// producer chooses, and the message's own size (its pattern is one
-    /// of the endpoint's own).
+    /// `msg` read under `fence`, weighed: its channel's bytes (not
+    /// `get_channel_name`, which reads a channel that is not UTF-8 as
+    /// `"?"`) and payload, which a producer chooses, and the message's own
+    /// size (its pattern is one of the endpoint's own).
+    fn new(msg: redis::Msg, fence: u64) -> Self {
+        let weight =
+            std::mem::size_of::<Queued>() + channel(&msg).len() + msg.get_payload_bytes().len();
+        Queued { msg, fence, weight }
+    }
+
     fn weight(&self) -> usize {
-        std::mem::size_of::<Queued>()
-            + self.msg.get_channel_name().len()
-            + self.msg.get_payload_bytes().len()
+        self.weight
+    }
+}
+
+/// `msg`'s channel as text, every byte kept (one that is not UTF-8 as
+/// U+FFFD), where redis-rs's `get_channel_name` gives `"?"` for the whole.
+fn channel(msg: &redis::Msg) -> String {
+    match msg.get_channel::<Vec<u8>>() {
+        Ok(bytes) => match String::from_utf8(bytes) {
+            Ok(text) => text,
+            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+        },
+        Err(_) => msg.get_channel_name().to_owned(),
     }
 }
 
 /// `msg`, read under `fence` and not handled for `reason`.
 fn unhandled_message(msg: &redis::Msg, fence: Option<u64>, reason: UnhandledReason) -> Unhandled {
     Unhandled {
-        origin: msg.get_channel_name().to_owned(),
+        origin: channel(msg),
         payload: msg.get_payload_bytes().to_vec(),
         fence,
         reason,
@@ -543,7 +563,7 @@ impl LeaseKeeper {
                     // What waits in the queue is no longer ours to handle
                     // (the lease is already withdrawn from the handler
                     // loop, which accounts for what it takes).
-                    while let Ok(Queued { msg, fence }) = this.queue.try_recv() {
+                    while let Ok(Queued { msg, fence, .. }) = this.queue.try_recv() {
                         Counters::add(&this.reader.counters.dropped_demoted, 1);
                         this.reader.unhandled.hand(unhandled_message(
                             &msg,
@@ -665,7 +685,7 @@ impl Reader {
                 Ok(msg) => {
                     Counters::add(&self.counters.received, 1);
                     self.feeder
-                        .push(Queued { msg, fence }, |Queued { msg, fence }| {
+                        .push(Queued::new(msg, fence), |Queued { msg, fence, .. }| {
                             Counters::add(&self.counters.dropped_full, 1);
                             self.unhandled.hand(unhandled_message(
                                 &msg,
@@ -723,5 +743,37 @@ impl Reader {
                 UnhandledReason::Demoted,
             ));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use redis::Value;
+
+    use super::*;
+
+    /// A `pmessage` on `channel` with `payload`, as the server sends it.
+    fn message(channel: &[u8], payload: &[u8]) -> redis::Msg {
+        redis::Msg::from_owned_value(Value::Array(vec![
+            Value::BulkString(b"pmessage".to_vec()),
+            Value::BulkString(b"alerts.*".to_vec()),
+            Value::BulkString(channel.to_vec()),
+            Value::BulkString(payload.to_vec()),
+        ]))
+        .expect("a pmessage")
+    }
+
+    #[test]
+    fn a_channel_that_is_not_utf8_weighs_and_reads_as_all_its_bytes() {
+        // One byte that is not UTF-8 must not make 256 KiB of name weigh
+        // nothing (redis-rs names such a channel "?").
+        let mut name = vec![b'c'; 256 * 1024];
+        name[7] = 0xff;
+        let queued = Queued::new(message(&name, b"x"), 1);
+        assert!(queued.weight() > 256 * 1024, "{}", queued.weight());
+        let read = channel(&queued.msg);
+        assert_eq!(read.chars().count(), 256 * 1024, "every byte kept");
+        assert!(read.contains('\u{fffd}'));
+        assert_eq!(channel(&message(b"alerts.fire", b"x")), "alerts.fire");
     }
 }

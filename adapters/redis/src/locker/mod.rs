@@ -103,7 +103,8 @@ impl RedisLocker {
         Ok(self)
     }
 
-    /// The acquire script (KEYS: lock, fence; ARGV: token, TTL in ms),
+    /// The acquire script (KEYS: lock, fence, grant record; ARGV: token,
+    /// TTL in ms),
     /// e.g. to load it into `redis-benchmark` for a side-by-side
     /// measurement.
     pub fn acquire_script_source() -> &'static str {

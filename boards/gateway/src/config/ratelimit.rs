@@ -163,6 +163,15 @@ fn table_keys(
                         per_key * SHARD_KEYS
                     ),
                 )),
+                keys if keys > MAX_MEMORY_KEYS => Err(invalid(
+                    "ratelimit.memory_bytes",
+                    bytes,
+                    format!(
+                        "at most {} bytes: the table of {at} would hold more than \
+                         {MAX_MEMORY_KEYS} keys",
+                        MAX_MEMORY_KEYS.saturating_mul(per_key)
+                    ),
+                )),
                 keys => Ok(keys),
             }
         }
