@@ -7,16 +7,18 @@
 //! part of the caller's key), whose value is the token id's 32 hex digits
 //! and which is attached to a lease of the TTL:
 //!
-//! - `try_lock`: grant a lease, then one transaction "if the key does not
-//!   exist (create revision 0), put it on the lease"; the fence is the
-//!   put's revision. If the key exists the lease is revoked and the answer
-//!   is `None`.
+//! - `try_lock`: grant a lease, then one transaction "if neither the key
+//!   nor its grant record `<key>\x01grant` exists (create revision 0), put
+//!   both on the lease"; the fence is the put's revision. If either exists
+//!   the lease is revoked and the answer is `None`.
 //! - `unlock`: one transaction "if the value is the token and the create
-//!   revision is the fence, delete", then revoke the freed lease.
+//!   revision is the fence, delete it and its record, else delete the
+//!   record if it is the token's", then revoke the freed lease.
 //! - `renew`: grant a new lease of the TTL, one transaction "if the value
-//!   is the token and the create revision is the fence, put the key on the
-//!   new lease" (which keeps the create revision), then revoke the old
-//!   lease. etcd cannot change a lease's TTL, so renewal moves the key.
+//!   is the token and the create revision is the fence, put the key and
+//!   its record on the new lease" (which keeps the create revision), then
+//!   revoke the old lease. etcd cannot change a lease's TTL, so renewal
+//!   moves the key.
 //!
 //! It is also a `ClaimStore` (guard-core's `claim`: done at most once,
 //! retried until done): a record key on a keep lease and a lease key that
@@ -39,6 +41,13 @@
 //!   also across member crashes and leader changes, as long as a quorum's
 //!   data survives (etcd keeps its log on disk; a cluster rebuilt from an
 //!   old snapshot starts again from the snapshot's revision).
+//! - **A lost key is granted to nobody before its holder's lease ends.**
+//!   The grant record lives on the holder's lease, so a key deleted by
+//!   hand mid-lease leaves it, and no acquisition succeeds until that
+//!   lease ends; the holder's renewal reports the loss
+//!   (`tests/contract.rs::a_lost_lock_key_is_granted_to_nobody_before_its_holder_s_deadline`).
+//!   A lock key with NUL or U+0001 (the permits' and the record's
+//!   separators) is refused.
 //! - **Stale tokens release and renew nothing.** The checks compare both
 //!   the value (the token id) and the create revision (the fence): a later
 //!   incarnation of the key is never mistaken for the one a token holds.

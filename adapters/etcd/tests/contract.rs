@@ -36,6 +36,39 @@ fn a_three_member_cluster_passes_the_locker_contract() {
 }
 
 #[test]
+fn a_lost_lock_key_is_granted_to_nobody_before_its_holder_s_deadline() {
+    // The key deleted by hand mid-lease (`etcdctl del`): its grant record
+    // stays on the holder's lease until that lease ends.
+    let cluster = EtcdCluster::start(3).expect("etcd cluster");
+    let endpoints = cluster.endpoints();
+    smol::block_on(async {
+        let locker = EtcdLocker::connect(EtcdConfig::new(endpoints.clone()))
+            .await
+            .expect("etcd client");
+        let lose = |key: &str| {
+            let (key, endpoints) = (key.to_owned(), endpoints.clone());
+            async_compat::Compat::new(async move {
+                let mut client = etcd_client::Client::connect(endpoints, None)
+                    .await
+                    .expect("a client of its own");
+                let deleted = client.delete(key.as_str(), None).await.expect("delete");
+                assert_eq!(deleted.deleted(), 1, "{key}: the lock key was there");
+            })
+        };
+        // Leases are whole seconds and end on etcd's own timer: twice the
+        // suite's TTLs and waits.
+        contract::a_lost_key_is_granted_to_nobody_before_its_deadline_scaled(
+            &locker,
+            "guard/test/lost",
+            2,
+            lose,
+            smol::Timer::after,
+        )
+        .await;
+    });
+}
+
+#[test]
 fn inside_a_tokio_runtime_its_futures_are_send_and_one_task_wins() {
     let cluster = EtcdCluster::start(3).expect("etcd cluster");
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -158,7 +191,13 @@ fn a_zero_timeout_and_keys_no_lock_can_have_are_refused_before_asking_etcd() {
     let locker = smol::block_on(EtcdLocker::connect(EtcdConfig::new(["http://127.0.0.1:1"])))
         .expect("connecting is lazy");
     let ttl = Ttl::from_secs(1).unwrap();
-    for key in [String::new(), "k".repeat(257), "k\0x".to_owned()] {
+    for key in [
+        String::new(),
+        "k".repeat(257),
+        "k\0x".to_owned(),
+        // Lock "k"'s grant record.
+        "k\u{1}grant".to_owned(),
+    ] {
         let err = smol::block_on(locker.try_lock(&key, ttl)).expect_err("refused");
         assert!(
             matches!(

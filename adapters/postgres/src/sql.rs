@@ -11,6 +11,16 @@
 //! CREATE SEQUENCE "<table>_fence" AS bigint;
 //! CREATE INDEX "<table>_expires" ON "<table>" (expires_at);
 //!
+//! -- The last grant of each key: the deadline its holder believes, kept
+//! -- apart from the lease row so that a row deleted mid-lease grants
+//! -- nothing before that deadline.
+//! CREATE TABLE "<table>_grants" (
+//!     key        text        PRIMARY KEY,
+//!     token      bytea       NOT NULL,  -- the last grant's token id
+//!     expires_at timestamptz NOT NULL   -- its lease's end, as in the row
+//! );
+//! CREATE INDEX "<table>_granted" ON "<table>_grants" (expires_at);
+//!
 //! -- Claim records (guard-core's `claim` module), fences from the same sequence.
 //! CREATE TABLE "<table>_claims" (
 //!     key         text        PRIMARY KEY,
@@ -48,6 +58,19 @@
 //! A released key's row stays, its lease ended, until a purge after the
 //! purge grace (see the acquire statement's comment).
 //!
+//! # A grant outlives its row
+//!
+//! Every grant and renewal writes the lease's end to the key's grant
+//! record too, in the same statement, and an acquisition is refused while
+//! the record's end is ahead, whether the key's lease row is there or not:
+//! a row deleted by hand mid-lease grants the key to nobody while its
+//! holder may still believe it holds it, and that holder's next renewal,
+//! finding no row, tells it so. A release forgets the record (the holder
+//! believes nothing any more). **The limit:** a loss of both rows (a
+//! restore of an older backup, a failover to a standby that never
+//! received them) can grant the key again while its old holder still
+//! believes it, until that holder's next renewal.
+//!
 //! Names are spliced into SQL text (a table cannot be a bind parameter),
 //! so only a plain identifier is accepted, and it is always used quoted:
 //! nothing a caller passes can end a statement or start another.
@@ -71,6 +94,12 @@ const CLAIMS_SUFFIX: &str = "_claims";
 
 /// Appended to the table's name to name the claim records' index.
 const CLAIMS_INDEX_SUFFIX: &str = "_forget";
+
+/// Appended to the table's name to name its grant records' table.
+const GRANTS_SUFFIX: &str = "_grants";
+
+/// Appended to the table's name to name the grant records' index.
+const GRANTS_INDEX_SUFFIX: &str = "_granted";
 
 /// Appended to the table's name to name its permits' table.
 const PERMITS_SUFFIX: &str = "_permits";
@@ -126,19 +155,24 @@ pub(crate) struct Statements {
     /// Creates them unless they exist, as `create` does.
     pub(crate) create_permits: String,
     /// Grants `$1` (text) to token `$2` (bytea) for `$3` milliseconds
-    /// (bigint) if the key is free or its lease has ended; returns the
-    /// new fence, or no row if the key is held.
+    /// (bigint) if the key is free or its lease has ended, and its last
+    /// grant's has too; returns the new fence, or no row if the key is
+    /// held (or its last grant may still be believed).
     pub(crate) acquire: String,
-    /// Extends `$1`'s lease to `$4` milliseconds from now if token `$2`
-    /// with fence `$3` holds it and its lease has not ended; one row
-    /// affected means renewed.
+    /// Extends `$1`'s lease (and its grant record) to `$4` milliseconds
+    /// from now if token `$2` with fence `$3` holds it and its lease has
+    /// not ended; one row, the count renewed (1 means renewed).
     pub(crate) renew: String,
     /// Ends `$1`'s lease now if token `$2` with fence `$3` holds it and
-    /// the lease has not ended; one row affected means released.
+    /// the lease has not ended, and forgets the key's grant record if it
+    /// is `$2`'s; one row, the count released (1 means released).
     pub(crate) release: String,
     /// Deletes up to `$1` rows whose leases ended more than `$2`
     /// milliseconds ago.
     pub(crate) purge: String,
+    /// Deletes up to `$1` grant records whose leases ended more than `$2`
+    /// milliseconds ago.
+    pub(crate) grants_purge: String,
     /// Begins an attempt on claim `$1` with token `$2` (bytea), lease
     /// `$3` and keep `$4` milliseconds (bigint). One row: `kind` 1 (an
     /// attempt started: fence, attempt, started), 2 (running: ms left)
@@ -180,6 +214,8 @@ impl Statements {
         let index = quoted(&format!("{table}{INDEX_SUFFIX}"));
         let c = quoted(&format!("{table}{CLAIMS_SUFFIX}"));
         let claims_index = quoted(&format!("{table}{CLAIMS_INDEX_SUFFIX}"));
+        let g = quoted(&format!("{table}{GRANTS_SUFFIX}"));
+        let grants_index = quoted(&format!("{table}{GRANTS_INDEX_SUFFIX}"));
         let p = quoted(&format!("{table}{PERMITS_SUFFIX}"));
         let acquire_fn = quoted(&format!("{table}{ACQUIRE_SUFFIX}"));
         // A lease's end: the server's clock plus the TTL. `clock_timestamp`
@@ -189,11 +225,13 @@ impl Statements {
             |param: &str| format!("clock_timestamp() + {param}::bigint * interval '1 millisecond'");
         Statements {
             exists: format!(
-                "SELECT to_regclass('{t}') IS NOT NULL AND to_regclass('{c}') IS NOT NULL"
+                "SELECT to_regclass('{t}') IS NOT NULL AND to_regclass('{c}') IS NOT NULL \
+                 AND to_regclass('{g}') IS NOT NULL"
             ),
             privileges: format!(
                 "SELECT has_table_privilege('{t}', 'SELECT, INSERT, UPDATE, DELETE') \
                  AND has_table_privilege('{c}', 'SELECT, INSERT, UPDATE, DELETE') \
+                 AND has_table_privilege('{g}', 'SELECT, INSERT, UPDATE, DELETE') \
                  AND has_sequence_privilege('{sequence}', 'USAGE')"
             ),
             permits_exist: format!(
@@ -225,6 +263,11 @@ impl Statements {
                  forget_at timestamptz NOT NULL, \
                  result bytea); \
                  CREATE INDEX IF NOT EXISTS {claims_index} ON {c} (forget_at); \
+                 CREATE TABLE IF NOT EXISTS {g} (\
+                 key text PRIMARY KEY, \
+                 token bytea NOT NULL, \
+                 expires_at timestamptz NOT NULL); \
+                 CREATE INDEX IF NOT EXISTS {grants_index} ON {g} (expires_at); \
                  COMMIT"
             ),
             create_permits: format!(
@@ -265,24 +308,54 @@ impl Statements {
             // only deleted by a purge long after its lease ended (longer
             // than any statement may run: the session's
             // `statement_timeout`).
+            //
+            // A live grant record refuses the grant even without a row
+            // (one deleted by hand): nothing is inserted, so no row is
+            // returned. The record is written in the same statement as
+            // the row it follows.
             acquire: format!(
-                "INSERT INTO {t} AS held (key, token, fence, expires_at) \
-                 VALUES ($1, $2, nextval('{sequence}'), {values_until}) \
+                "WITH granted AS (\
+                 INSERT INTO {t} AS held (key, token, fence, expires_at) \
+                 SELECT $1::text, $2::bytea, nextval('{sequence}'), {values_until} \
+                 WHERE NOT EXISTS (SELECT 1 FROM {g} WHERE key = $1 AND expires_at > clock_timestamp()) \
                  ON CONFLICT (key) DO UPDATE \
                  SET token = excluded.token, fence = nextval('{sequence}'), expires_at = {set_until} \
                  WHERE held.expires_at <= clock_timestamp() \
-                 RETURNING fence",
+                 RETURNING key, token, fence, expires_at), \
+                 recorded AS (\
+                 INSERT INTO {g} (key, token, expires_at) SELECT key, token, expires_at FROM granted \
+                 ON CONFLICT (key) DO UPDATE SET token = excluded.token, expires_at = excluded.expires_at) \
+                 SELECT fence FROM granted",
                 values_until = until("$3"),
                 set_until = until("$3"),
             ),
             renew: format!(
-                "UPDATE {t} SET expires_at = {} \
-                 WHERE key = $1 AND token = $2 AND fence = $3 AND expires_at > clock_timestamp()",
+                "WITH renewed AS (\
+                 UPDATE {t} SET expires_at = {} \
+                 WHERE key = $1 AND token = $2 AND fence = $3 AND expires_at > clock_timestamp() \
+                 RETURNING key, token, expires_at), \
+                 recorded AS (\
+                 INSERT INTO {g} (key, token, expires_at) SELECT key, token, expires_at FROM renewed \
+                 ON CONFLICT (key) DO UPDATE SET token = excluded.token, expires_at = excluded.expires_at) \
+                 SELECT count(*) FROM renewed",
                 until("$4")
             ),
+            // The record is forgotten when it is this token's, whether the
+            // row is there or not: a holder that gives its grant up no
+            // longer believes it, even one whose row was deleted.
             release: format!(
-                "UPDATE {t} SET expires_at = clock_timestamp() \
-                 WHERE key = $1 AND token = $2 AND fence = $3 AND expires_at > clock_timestamp()"
+                "WITH released AS (\
+                 UPDATE {t} SET expires_at = clock_timestamp() \
+                 WHERE key = $1 AND token = $2 AND fence = $3 AND expires_at > clock_timestamp() \
+                 RETURNING key), \
+                 forgotten AS (DELETE FROM {g} WHERE key = $1 AND token = $2) \
+                 SELECT count(*) FROM released"
+            ),
+            grants_purge: format!(
+                "DELETE FROM {g} WHERE key IN (\
+                 SELECT key FROM {g} \
+                 WHERE expires_at <= clock_timestamp() - $2::bigint * interval '1 millisecond' \
+                 ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)"
             ),
             purge: format!(
                 "DELETE FROM {t} WHERE key IN (\
@@ -378,6 +451,8 @@ mod tests {
             SEQUENCE_SUFFIX,
             CLAIMS_SUFFIX,
             CLAIMS_INDEX_SUFFIX,
+            GRANTS_SUFFIX,
+            GRANTS_INDEX_SUFFIX,
             PERMITS_SUFFIX,
             ACQUIRE_SUFFIX,
         ] {

@@ -36,6 +36,46 @@ fn the_locker_contract_holds() {
 }
 
 #[test]
+fn a_lost_lease_row_is_granted_to_nobody_before_its_holder_s_deadline() {
+    // The row deleted by hand mid-lease (an operator's DELETE): its grant
+    // record, in `guard_locks_grants`, still holds the holder's deadline.
+    let db = PgDatabase::create().unwrap();
+    let locker = PgLocker::new(&db.url()).unwrap();
+    smol::block_on(
+        contract::a_lost_key_is_granted_to_nobody_before_its_deadline(
+            &locker,
+            "pg:lost",
+            |key: &str| {
+                let delete = format!("DELETE FROM guard_locks WHERE key = '{key}'");
+                let db = &db;
+                async move {
+                    db.query(&delete).expect("the row deleted");
+                }
+            },
+            async_io::Timer::after,
+        ),
+    );
+}
+
+#[test]
+fn a_deployment_made_before_the_grant_records_gains_them_at_the_next_start() {
+    let db = PgDatabase::create().unwrap();
+    smol::block_on(PgLocker::new(&db.url()).unwrap().connect()).unwrap();
+    db.query("DROP TABLE guard_locks_grants").unwrap();
+    let locker = PgLocker::new(&db.url()).unwrap();
+    smol::block_on(async {
+        let held = locker.try_lock("k", ttl(60_000)).await.unwrap().unwrap();
+        assert_eq!(locker.try_lock("k", ttl(60_000)).await.unwrap(), None);
+        locker.unlock("k", &held).await.unwrap();
+    });
+    assert_eq!(
+        rows(&db, "guard_locks_grants"),
+        0,
+        "a release forgets its record"
+    );
+}
+
+#[test]
 fn a_delivery_key_with_a_nul_runs_once_even_fail_open() {
     // A producer's message id holds a NUL, which PostgreSQL's text
     // refuses: the key codec writes it `%00`, so the claim is decided by
@@ -232,8 +272,15 @@ fn ended_leases_are_purged_after_their_grace() {
         async_io::Timer::after(GRACE + Duration::from_millis(200)).await;
         assert_eq!(
             locker.purge_expired().await.unwrap(),
-            11,
-            "ended and released leases go after the grace, the live one stays"
+            11 + 10,
+            "ended and released leases go after the grace, the live one stays, \
+             and so do the ended leases' grant records (the released one's went \
+             with its release)"
+        );
+        assert_eq!(
+            rows(&db, "guard_locks_grants"),
+            1,
+            "the live lease's record"
         );
         // The locker purges by itself: keys taken once, each for 1 ms.
         for i in 0..PURGE_EVERY {
@@ -252,12 +299,14 @@ fn ended_leases_are_purged_after_their_grace() {
                 .unwrap();
         }
     });
-    let left = rows(&db, "guard_locks");
-    assert!(
-        left <= 2 * PURGE_EVERY + 1 - 1_000,
-        "{left} rows after {} grants of 1 ms leases: a purge ran",
-        2 * PURGE_EVERY
-    );
+    for table in ["guard_locks", "guard_locks_grants"] {
+        let left = rows(&db, table);
+        assert!(
+            left <= 2 * PURGE_EVERY + 1 - 1_000,
+            "{table}: {left} rows after {} grants of 1 ms leases: a purge ran",
+            2 * PURGE_EVERY
+        );
+    }
 }
 
 #[test]

@@ -116,7 +116,7 @@ fn a_deployment_made_before_the_semaphore_keeps_its_locks_and_the_semaphore_says
     let role = format!("{}_old", db.name());
     db.query(&format!(
         "CREATE ROLE \"{role}\" LOGIN; \
-         GRANT SELECT, INSERT, UPDATE, DELETE ON guard_locks, guard_locks_claims TO \"{role}\"; \
+         GRANT SELECT, INSERT, UPDATE, DELETE ON guard_locks, guard_locks_claims, guard_locks_grants TO \"{role}\"; \
          GRANT USAGE ON SEQUENCE guard_locks_fence TO \"{role}\"; \
          REVOKE CREATE ON SCHEMA public FROM \"{role}\""
     ))

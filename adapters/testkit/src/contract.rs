@@ -352,7 +352,26 @@ pub async fn a_lost_key_is_granted_to_nobody_before_its_deadline<L, S, F, X, G>(
     X: Fn(&str) -> G,
     G: Future,
 {
-    let scale = Scale(1);
+    a_lost_key_is_granted_to_nobody_before_its_deadline_scaled(locker, key, 1, lose, sleep).await;
+}
+
+/// [`a_lost_key_is_granted_to_nobody_before_its_deadline`] with every TTL
+/// and wait times `scale` (as [`run_all_scaled`]): 2 s and 4 s leases, 5 s
+/// of waits, unscaled.
+pub async fn a_lost_key_is_granted_to_nobody_before_its_deadline_scaled<L, S, F, X, G>(
+    locker: &L,
+    key: &str,
+    scale: u32,
+    lose: X,
+    sleep: S,
+) where
+    L: LeaseRenewer,
+    S: Fn(Duration) -> F,
+    F: Future,
+    X: Fn(&str) -> G,
+    G: Future,
+{
+    let scale = Scale(scale);
     let holder = grant(locker, key, scale, 2_000)
         .await
         .unwrap_or_else(|| panic!("{key}: a free key is granted"));
@@ -378,7 +397,9 @@ pub async fn a_lost_key_is_granted_to_nobody_before_its_deadline<L, S, F, X, G>(
         grant(locker, key, scale, 60_000).await.is_none(),
         "{key}: a failed renewal extends nothing, and grants nothing either"
     );
-    sleep(scale.ms(2_000)).await;
+    // Past the renewed lease's end, with room for a lock service that
+    // expires leases on a timer of its own (etcd).
+    sleep(scale.ms(2_500)).await;
     let next = grant(locker, key, scale, 60_000)
         .await
         .unwrap_or_else(|| panic!("{key}: once the lost lease has ended, the key is granted"));

@@ -487,7 +487,7 @@ impl Queued {
     /// size (its pattern is one of the endpoint's own).
     fn new(msg: redis::Msg, fence: u64) -> Self {
         let weight =
-            std::mem::size_of::<Queued>() + channel(&msg).len() + msg.get_payload_bytes().len();
+            std::mem::size_of::<Queued>() + channel_len(&msg) + msg.get_payload_bytes().len();
         Queued { msg, fence, weight }
     }
 
@@ -496,9 +496,24 @@ impl Queued {
     }
 }
 
+/// The length in bytes of `msg`'s channel, copying nothing unless its
+/// name is not UTF-8 (redis-rs then reads it as `"?"`).
+fn channel_len(msg: &redis::Msg) -> usize {
+    match msg.get_channel_name() {
+        "?" => msg.get_channel::<Vec<u8>>().map_or(1, |bytes| bytes.len()),
+        name => name.len(),
+    }
+}
+
 /// `msg`'s channel as text, every byte kept (one that is not UTF-8 as
 /// U+FFFD), where redis-rs's `get_channel_name` gives `"?"` for the whole.
+/// A UTF-8 name is copied once, from redis-rs's reading; only `"?"` (a
+/// real one-byte name, or a name that is not UTF-8) is read again as bytes.
 fn channel(msg: &redis::Msg) -> String {
+    let name = msg.get_channel_name();
+    if name != "?" {
+        return name.to_owned();
+    }
     match msg.get_channel::<Vec<u8>>() {
         Ok(bytes) => match String::from_utf8(bytes) {
             Ok(text) => text,
@@ -775,5 +790,9 @@ mod tests {
         assert_eq!(read.chars().count(), 256 * 1024, "every byte kept");
         assert!(read.contains('\u{fffd}'));
         assert_eq!(channel(&message(b"alerts.fire", b"x")), "alerts.fire");
+        // A channel really named "?" reads and weighs as itself.
+        assert_eq!(channel(&message(b"?", b"x")), "?");
+        assert_eq!(channel_len(&message(b"?", b"x")), 1);
+        assert_eq!(channel_len(&message(b"alerts.fire", b"x")), 11);
     }
 }

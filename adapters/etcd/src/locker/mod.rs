@@ -67,6 +67,18 @@ impl EtcdConfig {
 /// token id's 32 hex digits, attached to a lease of the TTL; the fence is
 /// the key's create revision.
 ///
+/// Beside each lock, on the same lease, its *grant record*
+/// `<key>\x01grant` holds the same token. An acquisition is refused while
+/// either exists, so a lock key deleted by hand mid-lease (an operator's
+/// `etcdctl del`) is granted to nobody while its holder may still believe
+/// it holds it: the record lives until the holder's lease ends, and the
+/// holder's next renewal, finding its key gone, tells it so. A renewal
+/// moves both to the new lease; a release deletes both, or the record
+/// alone when the key was lost (the holder believes nothing any more).
+/// **The limit:** a loss of both (a revoked lease, a cluster restored
+/// from an older snapshot) can grant the key again while its old holder
+/// still believes it, until that holder's next renewal.
+///
 /// Keys are used as given: a prefix that namespaces an application
 /// (`myapp/locks/`) is the caller's, part of the key.
 ///
@@ -316,6 +328,13 @@ impl EtcdLocker {
         .await
     }
 
+    /// `key`'s grant record (see the type's documentation). A lock key
+    /// holds no U+0001 ([`checked_key`]), so no lock is another's record,
+    /// and no NUL, so no semaphore counts it among its permits.
+    fn grant_record(key: &str) -> String {
+        format!("{key}\u{1}grant")
+    }
+
     /// The compares that prove `token` holds `key`: its value is the
     /// token's id and it is the same incarnation of the key (created at
     /// the token's fence), not a later one that happens to carry an equal
@@ -332,15 +351,19 @@ impl EtcdLocker {
         checked_key(key)?;
         let id = self.ids.next_id();
         let lease = self.grant_lease(ttl).await?;
-        // Absent (create revision 0) is the only state in which the key is
-        // taken; the put's revision then is its create revision: the fence.
+        // Absent (create revision 0), with no grant record left by a lost
+        // key, is the only state in which the key is taken; the put's
+        // revision then is its create revision: the fence.
+        let record = Self::grant_record(key);
         let txn = Txn::new()
-            .when([Compare::create_revision(key, CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(
-                key,
-                hex(&id),
-                Some(PutOptions::new().with_lease(lease)),
-            )]);
+            .when([
+                Compare::create_revision(key, CompareOp::Equal, 0),
+                Compare::create_revision(record.as_str(), CompareOp::Equal, 0),
+            ])
+            .and_then([
+                TxnOp::put(key, hex(&id), Some(PutOptions::new().with_lease(lease))),
+                TxnOp::put(record, hex(&id), Some(PutOptions::new().with_lease(lease))),
+            ]);
         let (reply, endpoint) = match self.txn(Call::Acquire, txn).await {
             Ok(reply) => reply,
             Err(e) => {
@@ -376,19 +399,53 @@ impl EtcdLocker {
 
     async fn unlock_inner(&self, key: &str, token: &Token) -> Result<(), UnlockError<EtcdError>> {
         checked_key(key).map_err(UnlockError::Backend)?;
-        self.delete_held(key, token).await
+        self.unlock_held(key, token).await
     }
 
-    /// Deletes `key` if `token` holds it (compare and delete), and
-    /// revokes its lease: a lock's release, and a permit's.
-    async fn delete_held(&self, key: &str, token: &Token) -> Result<(), UnlockError<EtcdError>> {
+    /// Deletes `key` and its grant record if `token` holds it (compare
+    /// and delete), and revokes its lease: a lock's release. When the key
+    /// is gone but the record is `token`'s, the record alone is deleted
+    /// (and the release is still `NotHeld`).
+    async fn unlock_held(&self, key: &str, token: &Token) -> Result<(), UnlockError<EtcdError>> {
+        let record = Self::grant_record(key);
+        let forget = Txn::new()
+            .when([Compare::value(
+                record.as_str(),
+                CompareOp::Equal,
+                hex(token.id()),
+            )])
+            .and_then([TxnOp::delete(record.as_str(), None)]);
+        self.delete_held(
+            key,
+            token,
+            &[TxnOp::delete(record.as_str(), None)],
+            &[TxnOp::txn(forget)],
+        )
+        .await
+    }
+
+    /// Deletes `key` if `token` holds it (compare and delete), with
+    /// `also` in the same transaction, and revokes its lease; otherwise
+    /// runs `otherwise`: a lock's release, and a permit's.
+    async fn delete_held(
+        &self,
+        key: &str,
+        token: &Token,
+        also: &[TxnOp],
+        otherwise: &[TxnOp],
+    ) -> Result<(), UnlockError<EtcdError>> {
         let Some(held) = Self::held_by(key, token) else {
             return Err(UnlockError::NotHeld);
         };
-        let txn = Txn::new().when(held).and_then([TxnOp::delete(
+        let mut ops = vec![TxnOp::delete(
             key,
             Some(DeleteOptions::new().with_prev_key()),
-        )]);
+        )];
+        ops.extend_from_slice(also);
+        let txn = Txn::new()
+            .when(held)
+            .and_then(ops)
+            .or_else(otherwise.to_vec());
         let (reply, endpoint) = self
             .txn(Call::Release, txn)
             .await
@@ -431,22 +488,38 @@ impl EtcdLocker {
     /// which the key is free or held by another lease of ours.
     async fn renew_inner(&self, key: &str, token: &Token, ttl: Ttl) -> Result<Renewal, EtcdError> {
         checked_key(key)?;
-        self.move_held(key, token, ttl).await
+        self.move_held(key, token, ttl, Some(&Self::grant_record(key)))
+            .await
     }
 
-    /// Moves `key` to a new lease of `ttl` if `token` holds it (see
+    /// Moves `key` (and `record`, its grant record, if it has one) to a
+    /// new lease of `ttl` if `token` holds it (see
     /// [`renew_inner`](Self::renew_inner)): a lock's renewal, and a
     /// permit's.
-    async fn move_held(&self, key: &str, token: &Token, ttl: Ttl) -> Result<Renewal, EtcdError> {
+    async fn move_held(
+        &self,
+        key: &str,
+        token: &Token,
+        ttl: Ttl,
+        record: Option<&str>,
+    ) -> Result<Renewal, EtcdError> {
         let Some(held) = Self::held_by(key, token) else {
             return Ok(Renewal::Lost);
         };
         let lease = self.grant_lease(ttl).await?;
-        let txn = Txn::new().when(held).and_then([TxnOp::put(
+        let mut ops = vec![TxnOp::put(
             key,
             hex(token.id()),
             Some(PutOptions::new().with_lease(lease).with_prev_key()),
-        )]);
+        )];
+        ops.extend(record.map(|record| {
+            TxnOp::put(
+                record,
+                hex(token.id()),
+                Some(PutOptions::new().with_lease(lease)),
+            )
+        }));
+        let txn = Txn::new().when(held).and_then(ops);
         // On an error the new lease is kept: the put may have been applied
         // with its answer lost, and revoking would then delete the key
         // before the old lease's end, while the holder may still act until
@@ -483,15 +556,17 @@ impl EtcdLocker {
 }
 
 /// Refuses a key no lock can have: empty (etcd refuses it too), longer
-/// than the guards' [`MAX_KEY_LEN`], as every other locker does, or with a
+/// than the guards' [`MAX_KEY_LEN`], as every other locker does, with a
 /// NUL (the separator of a semaphore's permits: a lock `k\0x` would count
-/// as a permit of semaphore `k`; PostgreSQL refuses NUL too).
+/// as a permit of semaphore `k`; PostgreSQL refuses NUL too) or with a
+/// U+0001 (the separator of a grant record: a lock `k\x01grant` would be
+/// lock `k`'s). Guard-built keys escape both (`%00`, `%01`).
 fn checked_key(key: &str) -> Result<(), EtcdError> {
-    if key.is_empty() || key.len() > MAX_KEY_LEN || key.contains('\0') {
+    if key.is_empty() || key.len() > MAX_KEY_LEN || key.contains(['\0', '\u{1}']) {
         return Err(EtcdError::InvalidInput {
             parameter: "lock key",
             value: key.to_owned(),
-            rule: format!("must be 1 to {MAX_KEY_LEN} bytes without NUL"),
+            rule: format!("must be 1 to {MAX_KEY_LEN} bytes without NUL or U+0001"),
         });
     }
     Ok(())

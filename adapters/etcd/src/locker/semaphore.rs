@@ -182,12 +182,12 @@ impl SendSemaphore for EtcdLocker {
 
     async fn renew(&self, key: &str, token: &Token, lease: Ttl) -> Result<Renewal, EtcdError> {
         checked_semaphore_key(key)?;
-        super::on_tokio(self.move_held(&permit_key(key, token.id()), token, lease)).await
+        super::on_tokio(self.move_held(&permit_key(key, token.id()), token, lease, None)).await
     }
 
     async fn release(&self, key: &str, token: &Token) -> Result<(), UnlockError<EtcdError>> {
         checked_semaphore_key(key).map_err(UnlockError::Backend)?;
-        super::on_tokio(self.delete_held(&permit_key(key, token.id()), token)).await
+        super::on_tokio(self.delete_held(&permit_key(key, token.id()), token, &[], &[])).await
     }
 
     async fn holders(&self, key: &str) -> Result<u32, EtcdError> {

@@ -46,6 +46,7 @@ struct Session {
     renew: Statement,
     release: Statement,
     purge: Statement,
+    grants_purge: Statement,
     claim_begin: Statement,
     claim_extend: Statement,
     claim_settle: Statement,
@@ -286,7 +287,7 @@ impl PgLocker {
     }
 
     /// Deletes up to [`PURGE_BATCH`] rows whose leases ended, as many
-    /// claim records forgotten and as many ended permits, more than the
+    /// grant records, claim records forgotten and ended permits, more than the
     /// purge grace ago; returns how many. The locker does this by itself
     /// at the start of every [`PURGE_EVERY`]-th acquisition, claim begin
     /// or permit.
@@ -294,6 +295,10 @@ impl PgLocker {
         let grace = i64::try_from(self.purge_grace.as_millis()).unwrap_or(i64::MAX);
         self.request("purge", async |s: &Session| {
             let locks = s.client.execute(&s.purge, &[&PURGE_BATCH, &grace]).await?;
+            let grants = s
+                .client
+                .execute(&s.grants_purge, &[&PURGE_BATCH, &grace])
+                .await?;
             let claims = s
                 .client
                 .execute(&s.claim_purge, &[&PURGE_BATCH, &grace])
@@ -302,7 +307,10 @@ impl PgLocker {
                 Ok(p) => s.client.execute(&p.purge, &[&PURGE_BATCH, &grace]).await?,
                 Err(_) => 0,
             };
-            Ok(locks.saturating_add(claims).saturating_add(permits))
+            Ok(locks
+                .saturating_add(grants)
+                .saturating_add(claims)
+                .saturating_add(permits))
         })
         .await
     }
@@ -420,7 +428,7 @@ impl PgLocker {
             return Err(PgLockError::invalid(
                 "table",
                 self.table.clone(),
-                "the role needs SELECT, INSERT, UPDATE and DELETE on the table and on <table>_claims, and USAGE on its sequence <table>_fence",
+                "the role needs SELECT, INSERT, UPDATE and DELETE on the table, <table>_claims and <table>_grants, and USAGE on its sequence <table>_fence",
             ));
         }
         let prepare = async |sql: &str| {
@@ -433,6 +441,7 @@ impl PgLocker {
         let renew = prepare(&self.statements.renew).await?;
         let release = prepare(&self.statements.release).await?;
         let purge = prepare(&self.statements.purge).await?;
+        let grants_purge = prepare(&self.statements.grants_purge).await?;
         Ok(Session {
             claim_begin: prepare(&self.statements.claim_begin).await?,
             claim_extend: prepare(&self.statements.claim_extend).await?,
@@ -444,6 +453,7 @@ impl PgLocker {
             renew,
             release,
             purge,
+            grants_purge,
             callers: AtomicU64::new(1),
         })
     }
@@ -523,6 +533,15 @@ fn ttl_millis(ttl: Ttl) -> i64 {
     i64::try_from(ttl.as_millis_ceil()).unwrap_or(i64::MAX)
 }
 
+/// The count a renewal or a release answers (its statement's one row).
+fn counted(row: &tokio_postgres::Row, statement: &str) -> Result<u64, PgLockError> {
+    let count: i64 = row
+        .try_get(0)
+        .map_err(|e| PgLockError::UnexpectedReply(format!("{statement}: {e}")))?;
+    u64::try_from(count)
+        .map_err(|_| PgLockError::UnexpectedReply(format!("{statement}: count {count}")))
+}
+
 /// A token's fence as the table keeps it; a fence past `i64::MAX` was
 /// never issued by the sequence, so it holds nothing.
 fn stored_fence(token: &Token) -> Option<i64> {
@@ -574,10 +593,11 @@ impl SendLocker for PgLocker {
         let released = self
             .request("release", async |s: &Session| {
                 s.client
-                    .execute(&s.release, &[&key, &&id.0[..], &fence])
+                    .query_one(&s.release, &[&key, &&id.0[..], &fence])
                     .await
             })
             .await
+            .and_then(|row| counted(&row, "release"))
             .map_err(UnlockError::Backend)?;
         // None released: not ours, or ours but ended (another holder may
         // have had the key meanwhile, so this unlock released nothing live).
@@ -599,10 +619,11 @@ impl SendLeaseRenewer for PgLocker {
         let renewed = self
             .request("renew", async |s: &Session| {
                 s.client
-                    .execute(&s.renew, &[&key, &id, &fence, &millis])
+                    .query_one(&s.renew, &[&key, &id, &fence, &millis])
                     .await
             })
-            .await?;
+            .await
+            .and_then(|row| counted(&row, "renew"))?;
         Ok(if renewed == 1 {
             Renewal::Held
         } else {
