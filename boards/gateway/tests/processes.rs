@@ -1008,6 +1008,9 @@ enum Source {
     Nats(String),
     /// RabbitMQ fanout exchange `alerts` on a broker's URL.
     Amqp(String),
+    /// Rows inserted into `app.orders (item)` of a MariaDB on a port, read
+    /// from its binlog.
+    Binlog(u16),
 }
 
 /// A NATS client of `url`, and a way to run its futures.
@@ -1022,6 +1025,7 @@ fn nats_block_on<F: std::future::Future>(work: F) -> F::Output {
 impl Source {
     /// A function that publishes one payload.
     fn publisher(&self) -> Box<dyn FnMut(String)> {
+        // (A binlog's client process ends when its input is dropped.)
         match self.clone() {
             Source::Redis(url) => {
                 let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
@@ -1074,6 +1078,21 @@ impl Source {
                         BasicProperties::default(),
                     ))
                     .unwrap();
+                })
+            }
+            Source::Binlog(port) => {
+                // One client for every insert, fed on its standard input.
+                let mut client = Command::new("mariadb")
+                    .args(["-h", "127.0.0.1", "-P", &port.to_string(), "-u", "root"])
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::null())
+                    .spawn()
+                    .expect("the mariadb client");
+                let mut stdin = client.stdin.take().unwrap();
+                Box::new(move |payload| {
+                    let _keep = &client;
+                    writeln!(stdin, "INSERT INTO app.orders (item) VALUES ('{payload}');").unwrap();
+                    stdin.flush().unwrap();
                 })
             }
             Source::Nats(url) => {
@@ -1229,6 +1248,234 @@ fn a_paused_rabbitmq_leader_does_not_handle_what_arrived_after_its_deadline() {
         vhost.url()
     );
     a_paused_leader_acts_late_on_nothing(&endpoint, &Source::Amqp(vhost.url()), &server);
+}
+
+/// How a test takes the elected endpoint's lease key away mid-lease.
+#[derive(Clone, Copy, Debug)]
+enum Loss {
+    /// `DEL` of the lease key alone (an operator, an eviction).
+    Del,
+    /// `FLUSHALL`: the key, its grant record and the fence counter.
+    FlushAll,
+}
+
+/// The PTTL of `key`, in ms (negative when it has none or is gone).
+fn pttl(conn: &mut redis::Connection, key: &str) -> i64 {
+    redis::cmd("PTTL").arg(key).query(conn).unwrap()
+}
+
+/// Two replicas share the elected endpoint `alerts`, which forwards to an
+/// HTTP sink; messages arrive every 20 ms. Right after one of the
+/// leader's renewals its lease key is lost (`loss`), so the standby's
+/// next poll comes before the leader's next renewal, whatever its phase
+/// (the window the lease's grant record closes); the sink answers 503 for
+/// a while after, so the leader is retrying when it learns of the loss.
+/// No request may reach the sink under the old fence after the first one
+/// under the successor's, and no message is taken (2xx) twice; from a
+/// source that keeps its messages (a binlog), every one is taken. (A
+/// broadcast source's messages published while no replica leads reach
+/// nobody.)
+fn a_lost_lease_key_lets_no_effect_overlap(
+    endpoint: &str,
+    source: &Source,
+    server: &RedisServer,
+    loss: Loss,
+) {
+    const TTL_MS: u64 = 6_000;
+    const INTERVAL_MS: u64 = 2_000;
+    let receiver = guard_testkit::HttpReceiver::start().expect("receiver");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("lost-lease.toml");
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+[locker]
+kind = "redis"
+url = "{}"
+request_timeout_ms = 300
+
+[guards]
+owner = "it"
+active_ttl_ms = {TTL_MS}
+active_interval_ms = {INTERVAL_MS}
+
+[[sinks]]
+name = "uplink"
+kind = "http"
+url = "{}"
+timeout_ms = 2000
+retries = 1000
+retry_delay_ms = 100
+max_retry_delay_ms = 200
+
+{endpoint}to = "uplink"
+"#,
+            server.url(),
+            receiver.url("/ingest")
+        ),
+    )
+    .unwrap();
+    let lines: Lines = Arc::default();
+    let _processes: Vec<Process> = (0..2).map(|id| start(id, &path, &lines)).collect();
+    let fence_of = |r: &guard_testkit::Received| -> Option<u64> {
+        r.header("guard-fence").and_then(|f| f.parse().ok())
+    };
+    let mut publish = source.publisher();
+    let mut probe = 0;
+    let old_fence = loop {
+        assert!(
+            probe < 200,
+            "nothing forwarded: {:?}",
+            lines.lock().unwrap()
+        );
+        publish(format!("probe{probe}"));
+        probe += 1;
+        thread::sleep(Duration::from_millis(100));
+        if let Some(fence) = receiver.requests().iter().find_map(fence_of) {
+            break fence;
+        }
+    };
+    // For 20 s: past the lost lease's end and the successor's start.
+    let publisher = {
+        let source = source.clone();
+        thread::spawn(move || {
+            let mut publish = source.publisher();
+            let started = Instant::now();
+            let mut sent = 0;
+            while started.elapsed() < Duration::from_secs(20) {
+                publish(format!("m{sent}"));
+                sent += 1;
+                thread::sleep(Duration::from_millis(20));
+            }
+            sent
+        })
+    };
+    // Right after a renewal: the lease key's time to live jumps back up.
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let key = endpoint_lease_key(server).expect("the endpoint's lease key");
+    let mut last = pttl(&mut conn, &key);
+    let watching = Instant::now();
+    loop {
+        assert!(
+            watching.elapsed() < Duration::from_secs(30),
+            "no renewal seen"
+        );
+        let now = pttl(&mut conn, &key);
+        if now > last + 500 {
+            break;
+        }
+        last = now;
+        thread::sleep(Duration::from_millis(2));
+    }
+    receiver.script((0..30).map(|_| guard_testkit::Answer::status(503)));
+    match loss {
+        Loss::Del => {
+            let deleted: i64 = redis::cmd("DEL").arg(&key).query(&mut conn).unwrap();
+            assert_eq!(deleted, 1);
+        }
+        Loss::FlushAll => redis::cmd("FLUSHALL").query::<()>(&mut conn).unwrap(),
+    }
+    let sent = publisher.join().unwrap();
+    let taken_all = |requests: &[guard_testkit::Received]| {
+        let bodies: Vec<String> = requests
+            .iter()
+            .filter(|r| (200..300).contains(&r.status))
+            .map(|r| String::from_utf8_lossy(&r.body).into_owned())
+            .collect();
+        (0..sent)
+            .filter(|i| {
+                let quoted = format!("\"m{i}\"");
+                !bodies.iter().any(|b| b.contains(&quoted))
+            })
+            .collect::<Vec<_>>()
+    };
+    if matches!(source, Source::Binlog(_)) {
+        let all = wait_for(SETTLE, || taken_all(&receiver.requests()).is_empty());
+        assert!(
+            all,
+            "rows never taken ({loss:?}): {:?}",
+            taken_all(&receiver.requests())
+        );
+    }
+    thread::sleep(Duration::from_secs(2));
+    let requests = receiver.stop();
+    let first_new = requests
+        .iter()
+        .filter(|r| fence_of(r).is_some_and(|f| f > old_fence))
+        .map(|r| r.at)
+        .min()
+        .unwrap_or_else(|| panic!("no request under a new fence after the loss ({loss:?})"));
+    let stale: Vec<_> = requests
+        .iter()
+        .filter(|r| r.at > first_new && fence_of(r) == Some(old_fence))
+        .map(|r| String::from_utf8_lossy(&r.body).into_owned())
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "{} request(s) under the old fence {old_fence} after the successor's first ({loss:?}): {stale:?}",
+        stale.len()
+    );
+    let mut taken: BTreeMap<Vec<u8>, usize> = BTreeMap::new();
+    for r in requests.iter().filter(|r| (200..300).contains(&r.status)) {
+        *taken.entry(r.body.clone()).or_default() += 1;
+    }
+    let twice: Vec<_> = taken.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "taken twice ({loss:?}): {twice:?}");
+}
+
+#[test]
+fn a_pubsub_leader_whose_lease_key_is_deleted_makes_no_effect_beside_its_successor() {
+    let server = RedisServer::start().expect("redis-server");
+    let endpoint =
+        "[[endpoints]]\nname = \"alerts\"\nkind = \"redis-pubsub\"\npatterns = [\"alerts.*\"]\n";
+    a_lost_lease_key_lets_no_effect_overlap(
+        endpoint,
+        &Source::Redis(server.url()),
+        &server,
+        Loss::Del,
+    );
+}
+
+#[test]
+fn a_binlog_leader_whose_lease_key_is_deleted_makes_no_effect_beside_its_successor() {
+    let server = RedisServer::start().expect("redis-server");
+    let mariadb = guard_testkit::mariadb::MariaDb::start().expect("mariadbd");
+    mariadb
+        .execute(
+            "CREATE DATABASE app; \
+             CREATE TABLE app.orders (id INT AUTO_INCREMENT PRIMARY KEY, item VARCHAR(16))",
+        )
+        .unwrap();
+    let endpoint = format!(
+        "[[endpoints]]\nname = \"alerts\"\nkind = \"mysql-binlog\"\nurl = \"{}\"\n",
+        mariadb.url("app")
+    );
+    a_lost_lease_key_lets_no_effect_overlap(
+        &endpoint,
+        &Source::Binlog(mariadb.port()),
+        &server,
+        Loss::Del,
+    );
+}
+
+#[test]
+fn a_nats_leader_whose_lease_key_is_deleted_makes_no_effect_beside_its_successor() {
+    let server = RedisServer::start().expect("redis-server");
+    let nats = NatsServer::start().expect("nats-server");
+    let endpoint = format!(
+        "[[endpoints]]\nname = \"alerts\"\nkind = \"nats\"\nurl = \"{}\"\nsubject = \"alerts.*\"\nguard = true\n",
+        nats.url()
+    );
+    a_lost_lease_key_lets_no_effect_overlap(
+        &endpoint,
+        &Source::Nats(nats.url()),
+        &server,
+        Loss::Del,
+    );
 }
 
 #[test]
