@@ -204,11 +204,11 @@ struct Conn<C, const N: usize> {
 }
 
 /// A `Locker` + `LeaseRenewer` on Redis over a RESP2 connection `C`, with
-/// an `N`-byte buffer for a request and its reply (1,536 holds any lock
+/// an `N`-byte buffer for a request and its reply (1,792 holds any lock
 /// request with a key of up to 256 bytes under a prefix of up to
 /// [`MAX_PREFIX`]: the script and the lock's three keys); see the module
 /// documentation.
-pub struct RespLocker<M: RawMutex, C, const N: usize = 1536> {
+pub struct RespLocker<M: RawMutex, C, const N: usize = 1792> {
     conn: Mutex<M, Conn<C, N>>,
     prefix: heapless::String<MAX_PREFIX>,
     seed: u64,

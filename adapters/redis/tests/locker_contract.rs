@@ -50,6 +50,38 @@ fn a_lost_lock_key_is_granted_to_nobody_before_its_holder_s_deadline() {
 }
 
 #[test]
+fn with_its_quarantine_a_store_that_lost_its_data_grants_nothing_for_one_ttl() {
+    let server = RedisServer::start().expect("redis-server");
+    let locker = connect(Topology::Standalone { url: server.url() }).with_quarantine(true);
+    let lose_all = |_key: &str| {
+        let flushed = server.command("FLUSHALL").unwrap();
+        assert!(flushed.starts_with("+OK"), "FLUSHALL: {flushed}");
+        std::future::ready(())
+    };
+    smol::block_on(contract::a_lost_store_grants_nothing_for_one_ttl(
+        &locker,
+        "guard:active:sensors",
+        lose_all,
+        smol::Timer::after,
+    ));
+    // Without it, a key with no record is granted at once: the case
+    // catches that.
+    let plain = connect(Topology::Standalone { url: server.url() });
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        smol::block_on(contract::a_lost_store_grants_nothing_for_one_ttl(
+            &plain,
+            "plain:k",
+            lose_all,
+            smol::Timer::after,
+        ));
+    }));
+    assert!(
+        caught.is_err(),
+        "the case passed a locker without the quarantine"
+    );
+}
+
+#[test]
 fn cluster_passes_the_locker_contract_without_crossslot_errors() {
     let cluster = RedisCluster::start().expect("redis cluster");
     let locker = connect(Topology::Cluster {

@@ -322,6 +322,9 @@ impl SendLocker for SharedLocker {
 #[derive(Clone, Debug)]
 pub struct GuardConfig {
     locker: Option<SharedLocker>,
+    /// The elections' locker, when it is not `locker` (one that waits out
+    /// a lost store, say, which the once-guards' hour-long keys cannot).
+    lease_locker: Option<SharedLocker>,
     owner: String,
     prefix: String,
 }
@@ -330,6 +333,7 @@ impl Default for GuardConfig {
     fn default() -> Self {
         GuardConfig {
             locker: None,
+            lease_locker: None,
             owner: String::new(),
             prefix: DEFAULT_PREFIX.to_owned(),
         }
@@ -364,9 +368,25 @@ impl GuardConfig {
         Ok(self)
     }
 
+    /// Injects the locker the elections (`run::ActiveRunner`: leader
+    /// leases) use instead of [`with_locker`](Self::with_locker)'s, on the
+    /// same lock service: one with other settings for leases alone (a
+    /// quarantine after a lost store costs a lease one TTL, a once-guard's
+    /// key its whole keep). Without it, elections use the guards' locker.
+    pub fn with_lease_locker(mut self, locker: SharedLocker) -> Self {
+        self.lease_locker = Some(locker);
+        self
+    }
+
     /// The locker, if one is injected.
     pub fn locker(&self) -> Option<&SharedLocker> {
         self.locker.as_ref()
+    }
+
+    /// The elections' locker: [`with_lease_locker`](Self::with_lease_locker)'s,
+    /// else the guards' one, if any.
+    pub fn lease_locker(&self) -> Option<&SharedLocker> {
+        self.lease_locker.as_ref().or(self.locker.as_ref())
     }
 
     /// The owner.

@@ -427,6 +427,69 @@ pub async fn a_lost_key_is_granted_to_nobody_before_its_deadline_scaled<L, S, F,
     );
 }
 
+/// A locker whose store lost every record of a key (its lock, its grant
+/// record and its fence: a `FLUSHALL`, a restart without persistence, a
+/// new cluster) grants it to nobody for one TTL, so that a holder the
+/// store had granted has seen its lease end first; the next grant's fence
+/// is still above the lost one's. A key never granted waits the same
+/// (nothing tells it from a lost one). `lose_all(key)` deletes every
+/// record of the key in the backend; `sleep(d)` waits `d` on its clock.
+///
+/// Not part of [`run_all`]: it needs a hand inside the backend, and a
+/// locker that waits out such a loss (a quarantine).
+pub async fn a_lost_store_grants_nothing_for_one_ttl<L, S, F, X, G>(
+    locker: &L,
+    key: &str,
+    lose_all: X,
+    sleep: S,
+) where
+    L: LeaseRenewer,
+    S: Fn(Duration) -> F,
+    F: Future,
+    X: Fn(&str) -> G,
+    G: Future,
+{
+    let scale = Scale(1);
+    assert!(
+        grant(locker, key, scale, 2_000).await.is_none(),
+        "{key}: a key with no record at all is granted to nobody at first"
+    );
+    sleep(scale.ms(2_500)).await;
+    let holder = grant(locker, key, scale, 2_000)
+        .await
+        .unwrap_or_else(|| panic!("{key}: granted once the first TTL has passed"));
+    assert_eq!(
+        renew(locker, key, &holder, scale, 2_000).await,
+        Renewal::Held,
+        "{key}: the holder renews"
+    );
+    lose_all(key).await;
+    assert!(
+        grant(locker, key, scale, 2_000).await.is_none(),
+        "{key}: after every record is lost, nobody is granted the key while its holder may still believe it"
+    );
+    assert_eq!(
+        renew(locker, key, &holder, scale, 2_000).await,
+        Renewal::Lost,
+        "{key}: the holder's renewal finds its key lost"
+    );
+    sleep(scale.ms(1_000)).await;
+    assert!(
+        grant(locker, key, scale, 2_000).await.is_none(),
+        "{key}: nor within one TTL of the loss"
+    );
+    sleep(scale.ms(1_500)).await;
+    let next = grant(locker, key, scale, 2_000)
+        .await
+        .unwrap_or_else(|| panic!("{key}: once one TTL has passed, the key is granted"));
+    assert!(
+        next.fence() > holder.fence(),
+        "{key}: the next grant's fence {} is above the lost one's {}",
+        next.fence(),
+        holder.fence()
+    );
+}
+
 /// The fence strictly increases over `rounds` acquisitions of one key.
 pub async fn fences_strictly_increase<L: Locker>(locker: &L, key: &str, rounds: usize) {
     fences_strictly_increase_at(locker, key, rounds, Scale(1)).await;

@@ -94,6 +94,18 @@ pub async fn build(config: &Config) -> Result<Built, GatewayError> {
     if let Some(locker) = locker {
         guards = guards.with_locker(locker);
     }
+    // The quarantine is the leases' alone: a once-guard's key is kept for
+    // `once_ttl_s` (an hour), which a quarantine would cost every slot.
+    if let (Locker::Redis(l), Some(conn)) = (&config.locker, &redis)
+        && l.quarantine
+    {
+        guards = guards.with_lease_locker(SharedLocker::new(
+            RedisLocker::new(conn.clone())
+                .with_prefix(&l.prefix)
+                .map_err(GatewayError::Locker)?
+                .with_quarantine(true),
+        ));
+    }
     let mut limiters: Vec<(String, Arc<dyn RateLimiter>)> = Vec::new();
     if let Some(ratelimit) = &config.ratelimit {
         for policy in &ratelimit.policies {

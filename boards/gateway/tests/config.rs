@@ -255,6 +255,10 @@ fn a_postgres_locker_is_checked_with_its_own_rules() {
             "`locker.mode` = set: expected no such key unless kind = \"redis\"",
         ),
         (
+            "url = \"postgres://app@db/app\"\nquarantine = true\n",
+            "`locker.quarantine` = set: expected no such key unless kind = \"redis\"",
+        ),
+        (
             "url = \"postgres://app@db/app\"\nrequest_timeout_ms = 0\n",
             "`locker.request_timeout_ms` = 0",
         ),
@@ -279,6 +283,11 @@ fn a_postgres_locker_is_checked_with_its_own_rules() {
             && !e.contains("db:port"),
         "{e}"
     );
+    let c = Config::from_toml(&format!(
+        "{JOB}[locker]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:6379/\"\nquarantine = true\n"
+    ))
+    .unwrap();
+    assert!(c.redis_locker().is_some_and(|l| l.quarantine));
     let e = error_with_job(
         "[locker]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:6379/\"\ntable = \"t\"\n",
     );

@@ -1013,6 +1013,20 @@ enum Source {
     Binlog(u16),
 }
 
+/// A client process fed on its standard input: dropped, its input is
+/// closed and it is waited for, so that what it was given is done.
+struct Fed {
+    stdin: Option<std::process::ChildStdin>,
+    client: Child,
+}
+
+impl Drop for Fed {
+    fn drop(&mut self) {
+        drop(self.stdin.take());
+        let _ = self.client.wait();
+    }
+}
+
 /// A NATS client of `url`, and a way to run its futures.
 fn nats_client(url: &str) -> async_nats::Client {
     nats_block_on(async_nats::connect(url)).expect("nats connect")
@@ -1025,7 +1039,6 @@ fn nats_block_on<F: std::future::Future>(work: F) -> F::Output {
 impl Source {
     /// A function that publishes one payload.
     fn publisher(&self) -> Box<dyn FnMut(String)> {
-        // (A binlog's client process ends when its input is dropped.)
         match self.clone() {
             Source::Redis(url) => {
                 let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
@@ -1088,9 +1101,13 @@ impl Source {
                     .stdout(Stdio::null())
                     .spawn()
                     .expect("the mariadb client");
-                let mut stdin = client.stdin.take().unwrap();
+                let stdin = client.stdin.take().unwrap();
+                let mut fed = Fed {
+                    stdin: Some(stdin),
+                    client,
+                };
                 Box::new(move |payload| {
-                    let _keep = &client;
+                    let stdin = fed.stdin.as_mut().unwrap();
                     writeln!(stdin, "INSERT INTO app.orders (item) VALUES ('{payload}');").unwrap();
                     stdin.flush().unwrap();
                 })
@@ -1265,16 +1282,19 @@ fn pttl(conn: &mut redis::Connection, key: &str) -> i64 {
 }
 
 /// Two replicas share the elected endpoint `alerts`, which forwards to an
-/// HTTP sink; messages arrive every 20 ms. Right after one of the
-/// leader's renewals its lease key is lost (`loss`), so the standby's
-/// next poll comes before the leader's next renewal, whatever its phase
-/// (the window the lease's grant record closes); the sink answers 503 for
-/// a while after, so the leader is retrying when it learns of the loss.
+/// HTTP sink; messages arrive every 20 ms. The standby starts just after
+/// one of the leader's renewals, so that its polls come just after them;
+/// right after a later renewal the lease key is lost (`loss`), so the
+/// standby's next poll comes before the leader's next renewal (the window
+/// the lease's grant record and quarantine close); the sink answers 503
+/// for a while after, so the leader is retrying when it learns of the
+/// loss.
 /// No request may reach the sink under the old fence after the first one
 /// under the successor's, and no message is taken (2xx) twice; from a
 /// source that keeps its messages (a binlog), every one is taken. (A
 /// broadcast source's messages published while no replica leads reach
-/// nobody.)
+/// nobody.) A `FLUSHALL` takes the grant record too: the replicas run
+/// with the leases' quarantine.
 fn a_lost_lease_key_lets_no_effect_overlap(
     endpoint: &str,
     source: &Source,
@@ -1294,6 +1314,7 @@ fn a_lost_lease_key_lets_no_effect_overlap(
 kind = "redis"
 url = "{}"
 request_timeout_ms = 300
+quarantine = {}
 
 [guards]
 owner = "it"
@@ -1312,12 +1333,13 @@ max_retry_delay_ms = 200
 {endpoint}to = "uplink"
 "#,
             server.url(),
+            matches!(loss, Loss::FlushAll),
             receiver.url("/ingest")
         ),
     )
     .unwrap();
     let lines: Lines = Arc::default();
-    let _processes: Vec<Process> = (0..2).map(|id| start(id, &path, &lines)).collect();
+    let mut processes: Vec<Process> = vec![start(0, &path, &lines)];
     let fence_of = |r: &guard_testkit::Received| -> Option<u64> {
         r.header("guard-fence").and_then(|f| f.parse().ok())
     };
@@ -1336,6 +1358,31 @@ max_retry_delay_ms = 200
             break fence;
         }
     };
+    // Right after a renewal: the lease key's time to live jumps back up.
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let key = endpoint_lease_key(server).expect("the endpoint's lease key");
+    let mut renewed = || {
+        let mut last = pttl(&mut conn, &key);
+        let watching = Instant::now();
+        loop {
+            assert!(
+                watching.elapsed() < Duration::from_secs(30),
+                "no renewal seen"
+            );
+            let now = pttl(&mut conn, &key);
+            if now > last + 500 {
+                return;
+            }
+            last = now;
+            thread::sleep(Duration::from_millis(2));
+        }
+    };
+    renewed();
+    thread::sleep(Duration::from_millis(100));
+    processes.push(start(1, &path, &lines));
     // For 20 s: past the lost lease's end and the successor's start.
     let publisher = {
         let source = source.clone();
@@ -1351,26 +1398,9 @@ max_retry_delay_ms = 200
             sent
         })
     };
-    // Right after a renewal: the lease key's time to live jumps back up.
-    let mut conn = redis::Client::open(server.url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
-    let key = endpoint_lease_key(server).expect("the endpoint's lease key");
-    let mut last = pttl(&mut conn, &key);
-    let watching = Instant::now();
-    loop {
-        assert!(
-            watching.elapsed() < Duration::from_secs(30),
-            "no renewal seen"
-        );
-        let now = pttl(&mut conn, &key);
-        if now > last + 500 {
-            break;
-        }
-        last = now;
-        thread::sleep(Duration::from_millis(2));
-    }
+    // The standby has started and polled (once at its start).
+    renewed();
+    renewed();
     receiver.script((0..30).map(|_| guard_testkit::Answer::status(503)));
     match loss {
         Loss::Del => {
@@ -1441,8 +1471,21 @@ fn a_pubsub_leader_whose_lease_key_is_deleted_makes_no_effect_beside_its_success
 }
 
 #[test]
-fn a_binlog_leader_whose_lease_key_is_deleted_makes_no_effect_beside_its_successor() {
+fn a_pubsub_leader_whose_locker_is_flushed_makes_no_effect_beside_its_successor() {
     let server = RedisServer::start().expect("redis-server");
+    let endpoint =
+        "[[endpoints]]\nname = \"alerts\"\nkind = \"redis-pubsub\"\npatterns = [\"alerts.*\"]\n";
+    a_lost_lease_key_lets_no_effect_overlap(
+        endpoint,
+        &Source::Redis(server.url()),
+        &server,
+        Loss::FlushAll,
+    );
+}
+
+/// A binlog with a table `app.orders (id, item)` on a MariaDB of its own,
+/// and the endpoint that reads it.
+fn orders_binlog() -> (guard_testkit::mariadb::MariaDb, String) {
     let mariadb = guard_testkit::mariadb::MariaDb::start().expect("mariadbd");
     mariadb
         .execute(
@@ -1454,6 +1497,25 @@ fn a_binlog_leader_whose_lease_key_is_deleted_makes_no_effect_beside_its_success
         "[[endpoints]]\nname = \"alerts\"\nkind = \"mysql-binlog\"\nurl = \"{}\"\n",
         mariadb.url("app")
     );
+    (mariadb, endpoint)
+}
+
+#[test]
+fn a_binlog_leader_whose_locker_is_flushed_makes_no_effect_beside_its_successor() {
+    let server = RedisServer::start().expect("redis-server");
+    let (mariadb, endpoint) = orders_binlog();
+    a_lost_lease_key_lets_no_effect_overlap(
+        &endpoint,
+        &Source::Binlog(mariadb.port()),
+        &server,
+        Loss::FlushAll,
+    );
+}
+
+#[test]
+fn a_binlog_leader_whose_lease_key_is_deleted_makes_no_effect_beside_its_successor() {
+    let server = RedisServer::start().expect("redis-server");
+    let (mariadb, endpoint) = orders_binlog();
     a_lost_lease_key_lets_no_effect_overlap(
         &endpoint,
         &Source::Binlog(mariadb.port()),

@@ -51,19 +51,39 @@
 //! the lock key: a loss of both (a `FLUSHALL`, a restart without
 //! persistence, a failover to a replica that never received them, an
 //! eviction of both) can grant the key again while its old holder still
-//! believes it, until that holder's next renewal. An operator who frees
-//! a stuck lock by hand deletes both keys (or waits for the record's TTL).
+//! believes it, until that holder's next renewal, unless the quarantine
+//! below is on. An operator who frees a stuck lock by hand deletes both
+//! keys (or waits for the record's TTL).
+//!
+//! # A lost store waits one TTL (opt-in)
+//!
+//! The fence counter has no TTL: once a domain has granted, only a loss
+//! of the store's data (or of the counter itself) removes it. With the
+//! quarantine on, an acquisition that finds no counter takes it for such
+//! a loss: it writes the counter (from `TIME`, as a grant would) and a
+//! quarantine record `<prefix>quarantine:{<domain>}` that lives for the
+//! acquisition's TTL, and refuses, as every acquisition in the domain does
+//! while the record lives. Any holder the lost store had granted has then
+//! seen its lease end (a holder believes a grant for at most its TTL, and
+//! every caller of the domain asks for the same TTL), so no two grants
+//! overlap even across a `FLUSHALL`. **The cost:** one TTL without a
+//! holder after the store lost its data, and before the first grant of a
+//! domain that has never granted (a new deployment, a new schedule); a
+//! caller that asks for a shorter TTL than an earlier holder's shortens
+//! the wait to its own.
 
 use core::fmt;
 
 /// Takes the lock (`SET NX PX`) unless its grant record lives (see the
 /// module notes) and, if taken, writes the grant record and advances the
-/// fence to `max(counter + 1, TIME in µs)`; the three keys share a hash
-/// slot, so this is one atomic script in a cluster too. KEYS: lock,
-/// fence, grant; ARGV: token hex, TTL in ms. Returns the fence if
-/// granted; otherwise minus the ms left of the last grant while its record
-/// lives (the key held, or lost before the grant's end), and 0 for a lock
-/// key held without a record (taken by an earlier version of the script).
+/// fence to `max(counter + 1, TIME in µs)`; the keys share a hash slot,
+/// so this is one atomic script in a cluster too. KEYS: lock, fence,
+/// grant, and the quarantine record when ARGV[3] is `1`; ARGV: token hex,
+/// TTL in ms, and `1` for the quarantine (see the module notes). Returns
+/// the fence if granted; otherwise minus the ms left of the last grant
+/// while its record lives (the key held, or lost before the grant's end)
+/// or of the quarantine, and 0 for a lock key held without a record
+/// (taken by an earlier version of the script).
 ///
 /// Lua numbers are doubles: exact up to 2^53, which the clock in µs
 /// reaches in the year 2255. Kept short: an embedded locker sends it
@@ -71,6 +91,16 @@ use core::fmt;
 pub const ACQUIRE_SCRIPT: &str = r"
 local g=redis.call('PTTL',KEYS[3])
 if g>0 then return -g end
+if ARGV[3]=='1' then
+g=redis.call('PTTL',KEYS[4])
+if g>0 then return -g end
+if redis.call('EXISTS',KEYS[2])==0 then
+local t=redis.call('TIME')
+redis.call('SET',KEYS[2],string.format('%.0f',t[1]*1000000+t[2]))
+redis.call('SET',KEYS[4],'1','PX',ARGV[2])
+return -tonumber(ARGV[2])
+end
+end
 if redis.call('SET',KEYS[1],ARGV[1],'NX','PX',ARGV[2]) then
 local t=redis.call('TIME')
 local f=math.max((tonumber(redis.call('GET',KEYS[2])) or 0)+1,t[1]*1000000+t[2])
@@ -151,6 +181,7 @@ pub fn check_prefix(prefix: &str) -> Result<(), InvalidRedisKey> {
 /// assert_eq!(keys.lock().to_string(), "prod1:{guard:once:report}:1700000000000");
 /// assert_eq!(keys.fence().to_string(), "prod1:fence:{guard:once:report}");
 /// assert_eq!(keys.grant().to_string(), "prod1:grant:{guard:once:report}:1700000000000");
+/// assert_eq!(keys.quarantine().to_string(), "prod1:quarantine:{guard:once:report}");
 /// # Ok::<(), guard_core::lock::redis::InvalidRedisKey>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -195,6 +226,19 @@ impl<'a> RedisKeys<'a> {
     /// The lock's grant record (see the module notes).
     pub fn grant(&self) -> impl fmt::Display + '_ {
         GrantKey(self)
+    }
+
+    /// The domain's quarantine record (see the module notes).
+    pub fn quarantine(&self) -> impl fmt::Display + '_ {
+        QuarantineKey(self)
+    }
+}
+
+struct QuarantineKey<'k, 'a>(&'k RedisKeys<'a>);
+
+impl fmt::Display for QuarantineKey<'_, '_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}quarantine:{{{}}}", self.0.prefix, self.0.domain)
     }
 }
 

@@ -55,6 +55,9 @@ fn redis_keys<'a>(prefix: &'a str, key: &'a str) -> Result<RedisKeys<'a>, RedisG
 pub struct RedisLocker {
     conn: RedisConnection,
     prefix: String,
+    /// Whether a domain without its fence counter waits one TTL before
+    /// its first grant ([`with_quarantine`](Self::with_quarantine)).
+    quarantine: bool,
     ids: TokenIds,
     acquire: Script,
     release: Script,
@@ -68,6 +71,7 @@ impl fmt::Debug for RedisLocker {
         f.debug_struct("RedisLocker")
             .field("conn", &self.conn)
             .field("prefix", &self.prefix)
+            .field("quarantine", &self.quarantine)
             .finish()
     }
 }
@@ -78,6 +82,7 @@ impl RedisLocker {
         RedisLocker {
             conn,
             prefix: String::new(),
+            quarantine: false,
             ids: TokenIds::new(),
             acquire: Script::new(ACQUIRE),
             release: Script::new(RELEASE),
@@ -103,8 +108,22 @@ impl RedisLocker {
         Ok(self)
     }
 
-    /// The acquire script (KEYS: lock, fence, grant record; ARGV: token,
-    /// TTL in ms),
+    /// With `on`, an acquisition in a domain whose fence counter is gone
+    /// (the store lost its data: a `FLUSHALL`, a restart without
+    /// persistence, a failover to a replica that never had it; or the
+    /// domain never granted) grants nothing for one TTL, so that no holder
+    /// the lost store had granted can still believe its lease when the
+    /// next one is granted (see [`guard_core::lock::redis`], "A lost store
+    /// waits one TTL"). The cost: one TTL without a holder then, and before
+    /// a new domain's first grant. Every caller of a domain must ask for
+    /// the same TTL. Off unless set.
+    pub fn with_quarantine(mut self, on: bool) -> Self {
+        self.quarantine = on;
+        self
+    }
+
+    /// The acquire script (KEYS: lock, fence, grant record, quarantine
+    /// record; ARGV: token, TTL in ms, `1` for the quarantine),
     /// e.g. to load it into `redis-benchmark` for a side-by-side
     /// measurement.
     pub fn acquire_script_source() -> &'static str {
@@ -138,10 +157,14 @@ impl SendLocker for RedisLocker {
             .key(keys.grant().to_string())
             .arg(Self::hex(&id))
             .arg(ttl.as_millis_ceil());
+        if self.quarantine {
+            invocation.key(keys.quarantine().to_string()).arg("1");
+        }
         let fence: i64 = self.conn.invoke(&invocation).await?;
         match fence {
             // Held, or its last grant may still be believed (the lock key
-            // gone before the grant's end): refused all the same.
+            // gone before the grant's end), or the domain waits out its
+            // quarantine: refused all the same.
             ..=0 => Ok(None),
             fence => Ok(Some(Token::new(id, fence.unsigned_abs()))),
         }

@@ -201,7 +201,7 @@ impl<R: Runtime> ActiveRunner<R> {
         D: FnMut(DemoteReason) -> DF,
         DF: Future<Output = ()>,
     {
-        let Some(locker) = self.config.locker() else {
+        let Some(locker) = self.config.lease_locker() else {
             return self.run_unguarded(control, on_promoted, on_demoted).await;
         };
         // A standby is visible from the start (leader 0), not only once it

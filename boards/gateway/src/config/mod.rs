@@ -318,6 +318,10 @@ pub struct RedisLocker {
     /// TLS, when the URLs are `rediss://`: the `tls_*` files (none: the
     /// system's roots).
     pub tls: Option<TlsFiles>,
+    /// Whether the leases wait one lease TTL after the store lost their
+    /// records (`quarantine = true`: guard-redis's
+    /// `RedisLocker::with_quarantine`, for the elections only).
+    pub quarantine: bool,
 }
 
 impl fmt::Debug for RedisLocker {
@@ -340,6 +344,7 @@ impl fmt::Debug for RedisLocker {
             .field("prefix", &self.prefix)
             .field("request_timeout", &self.request_timeout)
             .field("tls", &self.tls)
+            .field("quarantine", &self.quarantine)
             .finish()
     }
 }

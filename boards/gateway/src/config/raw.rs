@@ -158,6 +158,7 @@ pub(super) struct Locker {
     pub tls_ca: Option<String>,
     pub tls_cert: Option<String>,
     pub tls_key: Option<String>,
+    pub quarantine: bool,
 }
 
 impl Default for Locker {
@@ -174,6 +175,7 @@ impl Default for Locker {
             tls_ca: None,
             tls_cert: None,
             tls_key: None,
+            quarantine: false,
         }
     }
 }

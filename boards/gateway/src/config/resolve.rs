@@ -259,6 +259,7 @@ fn locker(l: &raw::Locker, env: Env<'_>) -> Result<Locker, ConfigError> {
     only(l.tls_cert.is_some(), "tls_cert", &[Redis], redis)?;
     only(l.tls_key.is_some(), "tls_key", &[Redis], redis)?;
     only(l.table.is_some(), "table", &[Postgres], "\"postgres\"")?;
+    only(l.quarantine, "quarantine", &[Redis], redis)?;
     match l.kind {
         raw::LockerKind::None => return Ok(Locker::None),
         raw::LockerKind::Local => return Ok(Locker::Local),
@@ -360,6 +361,7 @@ fn locker(l: &raw::Locker, env: Env<'_>) -> Result<Locker, ConfigError> {
             l.request_timeout_ms.unwrap_or(REDIS_LOCKER_TIMEOUT_MS),
         ),
         tls,
+        quarantine: l.quarantine,
     }))
 }
 
