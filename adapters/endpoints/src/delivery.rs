@@ -32,6 +32,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use guard_std::Throttle;
 use guard_std::run::LeaseState;
@@ -48,11 +49,18 @@ use crate::runtime::LeaseCheck;
 /// request) checks [`is_valid`](Self::is_valid) again immediately before
 /// it, and passes [`fence`](Self::fence) to a resource that refuses
 /// stale leaders.
+///
+/// It also counts the attempts at the effect of the message in hand (a
+/// sink's sends: [`attempted`](Self::attempted)), shared by its clones:
+/// an endpoint handles one message at a time under a lease, and a
+/// message given up when the lease ends is dead-lettered with that count
+/// even when its handler was cut short.
 #[derive(Clone)]
 pub struct ElectedLease {
     check: LeaseCheck,
     fence: u64,
     key: Arc<str>,
+    attempts: Arc<AtomicU32>,
 }
 
 impl ElectedLease {
@@ -61,7 +69,24 @@ impl ElectedLease {
             check,
             fence,
             key: key.into(),
+            attempts: Arc::default(),
         }
+    }
+
+    /// Counts one attempt at the effect of the message in hand (a send to
+    /// a sink), for its dead letter should the lease end.
+    pub fn attempted(&self) {
+        self.attempts.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The attempts counted for the message in hand.
+    pub fn attempts(&self) -> u32 {
+        self.attempts.load(Ordering::Relaxed)
+    }
+
+    /// A new message is in hand: its count starts at 0.
+    pub(crate) fn next_message(&self) {
+        self.attempts.store(0, Ordering::Relaxed);
     }
 
     /// The fence the message was read under.
@@ -124,7 +149,8 @@ pub enum UnhandledReason {
     /// its handler, during the handler's own wait (the handler found it
     /// gone), or before its dead letter could be written under the lease.
     LeaseLost {
-        /// Handler calls made.
+        /// Attempts made: the handler's calls, or the attempts its effect
+        /// counted ([`ElectedLease::attempted`]: a sink's sends) when more.
         attempts: u32,
         /// The last call's error.
         error: String,
@@ -179,12 +205,12 @@ impl fmt::Display for UnhandledReason {
             UnhandledReason::Demoted => f.write_str("leadership had ended"),
             UnhandledReason::LeaseLost { attempts, error } => write!(
                 f,
-                "the lease ended while it was handled ({attempts} call(s), last error: {error})"
+                "the lease ended while it was handled ({attempts} attempt(s), last error: {error})"
             ),
             UnhandledReason::QueueFull => f.write_str("the handler queue was full"),
             UnhandledReason::GaveUp { attempts, error } => write!(
                 f,
-                "given up after {attempts} call(s) with no dead-letter destination: {error}"
+                "given up after {attempts} attempt(s) with no dead-letter destination: {error}"
             ),
         }
     }
@@ -292,6 +318,8 @@ pub(crate) type Parts<M> = fn(&M) -> (String, Vec<u8>, Option<u64>);
 pub(crate) struct InHand<'a, M, C: Fn()> {
     sink: &'a UnhandledSink,
     message: &'a M,
+    /// The lease it was read under: the attempts it counted.
+    lease: Option<&'a ElectedLease>,
     /// Its origin, payload and fence, made only if it is handed over.
     parts: Parts<M>,
     /// Counts it in the endpoint's stats when it is handed over.
@@ -300,10 +328,20 @@ pub(crate) struct InHand<'a, M, C: Fn()> {
 }
 
 impl<'a, M, C: Fn()> InHand<'a, M, C> {
-    pub(crate) fn new(sink: &'a UnhandledSink, message: &'a M, parts: Parts<M>, count: C) -> Self {
+    pub(crate) fn new(
+        sink: &'a UnhandledSink,
+        message: &'a M,
+        lease: Option<&'a ElectedLease>,
+        parts: Parts<M>,
+        count: C,
+    ) -> Self {
+        if let Some(lease) = lease {
+            lease.next_message();
+        }
         InHand {
             sink,
             message,
+            lease,
             parts,
             count,
             settled: false,
@@ -325,9 +363,10 @@ impl<M, C: Fn()> Drop for InHand<'_, M, C> {
             self.sink.hand(Unhandled {
                 origin,
                 payload,
-                fence,
+                // The fence it was read under, whether the message knows it.
+                fence: fence.or(self.lease.map(ElectedLease::fence)),
                 reason: UnhandledReason::LeaseLost {
-                    attempts: 0,
+                    attempts: self.lease.map_or(0, ElectedLease::attempts),
                     error: "leadership ended while it was in the handler or between its retries"
                         .to_owned(),
                 },
@@ -384,6 +423,7 @@ mod step {
         E: fmt::Display,
     {
         if let Some(lease) = lease {
+            lease.next_message();
             match lease.state() {
                 LeaseState::Valid(_) => {}
                 LeaseState::PastDeadline => {
@@ -400,7 +440,9 @@ mod step {
             Ok(()) => Delivered::Handled,
             Err(gave_up) if gave_up.interrupted || !may_call() => {
                 Delivered::Unhandled(UnhandledReason::LeaseLost {
-                    attempts: gave_up.attempts,
+                    attempts: gave_up
+                        .attempts
+                        .max(lease.map_or(0, ElectedLease::attempts)),
                     error: gave_up.error,
                 })
             }
@@ -456,6 +498,44 @@ mod tests {
         let seen = seen.lock().unwrap();
         assert_eq!(seen.len(), 3, "none held back by the log throttle");
         assert_eq!(seen[2].payload, [2]);
+    }
+
+    #[test]
+    fn a_message_cut_short_is_handed_over_with_the_attempts_it_made_and_its_fence() {
+        use guard_std::{GuardConfig, LocalLocker, SharedLocker};
+        let config = GuardConfig::new().with_locker(SharedLocker::new(LocalLocker::new()));
+        let runner =
+            crate::runtime::ActiveRunner::new(&config, &config.scope("test").unwrap()).unwrap();
+        let lease = ElectedLease::new(runner.lease_check(), 7, "k");
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let to = seen.clone();
+        let sink = UnhandledSink::new(
+            "test",
+            "k",
+            Some(Arc::new(move |m: Unhandled| to.lock().unwrap().push(m))),
+        );
+        let parts: Parts<()> = |_| ("orders".into(), vec![1], None);
+        lease.attempted(); // the message before, settled
+        let in_hand = InHand::new(&sink, &(), Some(&lease), parts, || {});
+        // The handler's sink sends eight times, then the lease ends and
+        // the serving is dropped with the message in hand.
+        let clone = lease.clone();
+        for _ in 0..8 {
+            clone.attempted();
+        }
+        drop(in_hand);
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 1);
+        assert_eq!(seen[0].fence, Some(7), "the fence it was read under");
+        assert!(
+            matches!(
+                seen[0].reason,
+                UnhandledReason::LeaseLost { attempts: 8, .. }
+            ),
+            "{:?}",
+            seen[0].reason
+        );
+        assert!(seen[0].reason.to_string().contains("8 attempt(s)"));
     }
 
     #[test]

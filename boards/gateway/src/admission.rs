@@ -55,6 +55,10 @@ pub enum Refusal {
     /// costs more than the quota, with this error (shared, so a refusal
     /// stays `Clone`; it is also the source).
     LimiterFailed(Arc<LimitError>),
+    /// The caller's condition failed before the message took anything of
+    /// the quota ([`Admission::admit_while`]: the lease it was read under
+    /// ended while it waited): no unit was spent on it.
+    Withdrawn,
 }
 
 impl std::fmt::Display for Refusal {
@@ -62,6 +66,9 @@ impl std::fmt::Display for Refusal {
         match self {
             Refusal::Limited { waited } => write!(f, "rate limited (waited {waited:?})"),
             Refusal::LimiterFailed(e) => write!(f, "the rate limiter gave no decision: {e}"),
+            Refusal::Withdrawn => {
+                f.write_str("the lease it was read under ended while it waited for the limiter")
+            }
         }
     }
 }
@@ -69,7 +76,7 @@ impl std::fmt::Display for Refusal {
 impl std::error::Error for Refusal {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Refusal::Limited { .. } => None,
+            Refusal::Limited { .. } | Refusal::Withdrawn => None,
             Refusal::LimiterFailed(e) => Some(&**e),
         }
     }
@@ -131,8 +138,24 @@ impl Admission {
     /// nowhere else to go); only a failing limiter ends it, with its error
     /// (a message that costs more than the whole quota among them).
     pub async fn admit_eventually(&self, key: &str, size: usize) -> Result<(), Refusal> {
+        self.admit_eventually_while(key, size, || true).await
+    }
+
+    /// [`admit_eventually`](Self::admit_eventually), asking `may_take`
+    /// immediately before each request to the limiter: once it says no,
+    /// [`Refusal::Withdrawn`], with nothing of the quota taken (a deposed
+    /// leader's message spends nothing of a quota the replicas share).
+    pub async fn admit_eventually_while(
+        &self,
+        key: &str,
+        size: usize,
+        may_take: impl Fn() -> bool,
+    ) -> Result<(), Refusal> {
         let units = self.units(size);
         loop {
+            if !may_take() {
+                return Err(Refusal::Withdrawn);
+            }
             match self
                 .limiter
                 .check_n(key, units)
@@ -152,6 +175,20 @@ impl Admission {
     /// between refusals for the time it names, as long as the policy
     /// allows.
     pub async fn admit(&self, key: &str, size: usize) -> Verdict {
+        self.admit_while(key, size, || true).await
+    }
+
+    /// [`admit`](Self::admit), asking `may_take` immediately before each
+    /// request to the limiter (the first one too): once it says no,
+    /// refused as [`Refusal::Withdrawn`], with nothing of the quota taken.
+    /// An elected endpoint passes its lease's validity: a message that
+    /// waits in a limiter while its lease ends takes no token.
+    pub async fn admit_while(
+        &self,
+        key: &str,
+        size: usize,
+        may_take: impl Fn() -> bool,
+    ) -> Verdict {
         let units = self.units(size);
         let started = Instant::now();
         let max_wait = match self.when_limited {
@@ -159,6 +196,9 @@ impl Admission {
             WhenLimited::DeadLetter => Duration::ZERO,
         };
         loop {
+            if !may_take() {
+                return Verdict::Refused(Refusal::Withdrawn);
+            }
             match self
                 .limiter
                 .check_n(key, units)
@@ -186,14 +226,16 @@ impl Admission {
 /// full queue hands the message back).
 pub const DEAD_LETTERS: usize = 1024;
 
-/// A message an endpoint could not hand over: where it came from and its
-/// payload.
+/// A message an endpoint could not hand over: where it came from, its
+/// payload and the fence it was read under.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Undelivered {
     /// The channel or topic.
     pub from: String,
     /// The payload.
     pub payload: Vec<u8>,
+    /// The fence of the lease it was read under, if elected.
+    pub fence: Option<u64>,
 }
 
 impl Undelivered {
@@ -206,5 +248,58 @@ impl Undelivered {
             + message.from.len()
             + message.payload.len()
             + letter.error().map_or(0, String::len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+
+    use guard_core::limit::{FullPolicy, Rate, TokenBucket};
+    use guard_std::ratelimit::MemoryLimiter;
+
+    use super::*;
+
+    /// One message per 300 ms, waiting up to 5 s.
+    fn gate() -> Admission {
+        let bucket = TokenBucket::new(1, Rate::per(1, Duration::from_millis(300))).unwrap();
+        let limiter = MemoryLimiter::new(bucket, 16, FullPolicy::DenyNewKeys);
+        Admission::new(
+            Arc::new(NamedRateLimiter::new("uplink", Arc::new(limiter))),
+            WhenLimited::Wait(Duration::from_secs(5)),
+        )
+    }
+
+    #[test]
+    fn a_message_whose_lease_ends_while_it_waits_takes_nothing_of_the_quota() {
+        smol::block_on(async {
+            let gate = gate();
+            assert!(matches!(gate.admit("k", 1).await, Verdict::Admitted));
+            // The next waits for the token; its lease ends on the second
+            // question, during the wait, before the token comes.
+            let asked = Cell::new(0);
+            let valid = || {
+                asked.set(asked.get() + 1);
+                asked.get() < 2
+            };
+            let verdict = gate.admit_while("k", 1, valid).await;
+            assert!(
+                matches!(verdict, Verdict::Refused(Refusal::Withdrawn)),
+                "{verdict:?}"
+            );
+            // The token it waited for is still there for the next holder.
+            let started = Instant::now();
+            assert!(matches!(gate.admit("k", 1).await, Verdict::Admitted));
+            assert!(
+                started.elapsed() < Duration::from_millis(250),
+                "the withdrawn message spent a token: the next waited {:?}",
+                started.elapsed()
+            );
+            let eventually = gate.admit_eventually_while("k", 1, || false).await;
+            assert!(
+                matches!(eventually, Err(Refusal::Withdrawn)),
+                "{eventually:?}"
+            );
+        });
     }
 }

@@ -28,6 +28,9 @@ pub struct Readiness {
     /// The unit each lease key is for (`endpoint:<name>`,
     /// `active:<name>`).
     owners: Mutex<BTreeMap<String, String>>,
+    /// The Redis locker's key prefix, when the leases are held in Redis
+    /// (where a key is stored otherwise than it is named).
+    redis_prefix: Mutex<Option<String>>,
     /// The stores the status view reads.
     storage: Mutex<Storage>,
 }
@@ -107,6 +110,29 @@ impl Readiness {
             .insert(key.to_owned(), unit.to_owned());
     }
 
+    /// Records that the leases are held in Redis under `prefix`.
+    pub fn leases_in_redis(&self, prefix: &str) {
+        *self
+            .redis_prefix
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(prefix.to_owned());
+    }
+
+    /// Lease `key` as the lock service holds it: in Redis, the lock's own
+    /// key under the locker's prefix (`<prefix>{<domain>}:<last>`),
+    /// elsewhere the key itself.
+    pub fn stored_key(&self, key: &str) -> String {
+        match &*self
+            .redis_prefix
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+        {
+            Some(prefix) => guard_redis::lock_keys(prefix, key)
+                .map_or_else(|_| key.to_owned(), |(lock, _)| lock),
+            None => key.to_owned(),
+        }
+    }
+
     /// The unit lease `key` is for, if this replica's.
     pub fn owner(&self, key: &str) -> Option<String> {
         self.owners
@@ -164,5 +190,22 @@ impl Readiness {
         } else {
             Err(failing.join("; "))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_key_is_shown_as_the_lock_service_holds_it() {
+        let ready = Readiness::new();
+        let key = "guard:active:consumer:owner=acme:name=sensors";
+        assert_eq!(ready.stored_key(key), key, "elsewhere than Redis, as named");
+        ready.leases_in_redis("prod1");
+        assert_eq!(
+            ready.stored_key(key),
+            "prod1:{guard:active:consumer:owner=acme}:name=sensors"
+        );
     }
 }

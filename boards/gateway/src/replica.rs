@@ -96,6 +96,9 @@ pub async fn run_reloading(
     for outcome in ["applied", "refused"] {
         metrics::counter!(reload::RELOADS, "outcome" => outcome).increment(0);
     }
+    if let Some(locker) = config.redis_locker() {
+        ready.leases_in_redis(&locker.prefix);
+    }
     ready.show(crate::readiness::Storage {
         queues: built
             .queues

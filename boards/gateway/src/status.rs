@@ -3,10 +3,13 @@
 //!
 //! - `ready`, and what it waits for when not (as `/readyz`);
 //! - `leases`: every lease key this replica competes for (its leader-only
-//!   consumers and elected endpoints), the unit it is for, whether it
-//!   leads, the fence, and how long until its renew deadline;
+//!   consumers and elected endpoints), as named and as the lock service
+//!   holds it (`stored_as`: in Redis, under the locker's prefix), the unit
+//!   it is for, whether it leads, the fence, and how long until its renew
+//!   deadline;
 //! - `endpoints`: each source's connection (`connected`, the last
-//!   failure), and for an elected one its lease key and whether it leads;
+//!   failure), and for an elected one its lease key (and `lease_stored_as`)
+//!   and whether it leads;
 //! - `sinks`: each queue on disk (messages waiting, bytes, bound);
 //! - `dead_letters`: the store on disk (bytes, bound), if configured.
 //!
@@ -40,6 +43,7 @@ pub fn view(ready: &Readiness) -> Value {
         .map(|(lease, owner)| {
             json!({
                 "key": lease.key,
+                "stored_as": ready.stored_key(&lease.key),
                 "for": owner,
                 "leading": lease.valid,
                 "fence": lease.fence,
@@ -61,6 +65,7 @@ pub fn view(ready: &Readiness) -> Value {
                 "connected": Readiness::waiting_on(link, *at_start).is_none(),
                 "failure": link.failure(),
                 "lease": lease.map(|l| l.key.clone()),
+                "lease_stored_as": lease.map(|l| ready.stored_key(&l.key)),
                 "leading": lease.map(|l| l.valid),
                 "fence": lease.and_then(|l| l.fence),
             })

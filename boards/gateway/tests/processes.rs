@@ -4232,6 +4232,16 @@ fn a_reload_starts_what_was_added_while_leaders_keep_their_fences_and_refuses_a_
         "{status}"
     );
     assert_eq!(led(&status, "endpoint:alerts"), Some(lease), "{status}");
+    // Each lease as Redis holds it: a key that is there.
+    for held in status["leases"].as_array().unwrap() {
+        let stored = held["stored_as"].as_str().unwrap();
+        let mut conn = redis::Client::open(server.url())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let there: i64 = redis::cmd("EXISTS").arg(stored).query(&mut conn).unwrap();
+        assert_eq!(there, 1, "{stored} is not in Redis: {status}");
+    }
     let alerts = &status["endpoints"][0];
     assert_eq!(
         (&alerts["name"], &alerts["connected"], &alerts["leading"]),

@@ -178,10 +178,11 @@ impl Connection {
                         // A demotion drops this connection's serving,
                         // maybe during the call: what is in hand then is
                         // handed over, counted.
-                        let in_hand = lease.map(|(_, unhandled)| {
+                        let in_hand = lease.map(|(lease, unhandled)| {
                             InHand::new(
                                 unhandled,
                                 &publish,
+                                Some(lease),
                                 |p: &Publish| (p.topic.clone(), p.payload.to_vec(), None),
                                 || {},
                             )

@@ -326,6 +326,7 @@ impl NatsSubscriber {
             let in_hand = InHand::new(
                 unhandled,
                 &message,
+                lease.as_ref(),
                 |m: &NatsMessage| (m.subject.clone(), m.payload.clone(), m.fence),
                 || Counters::add(&counters.lease_lost),
             );

@@ -46,6 +46,10 @@ pub trait LeaseGate: Sync {
     fn fence(&self) -> u64;
     /// Whether an effect may be made under it now.
     fn is_valid(&self) -> bool;
+    /// One attempt at the effect was made (a send), for the count a dead
+    /// letter of the message shows should the lease end; nothing unless
+    /// the lease counts them.
+    fn attempted(&self) {}
 }
 
 impl LeaseGate for ElectedLease {
@@ -54,6 +58,9 @@ impl LeaseGate for ElectedLease {
     }
     fn is_valid(&self) -> bool {
         ElectedLease::is_valid(self)
+    }
+    fn attempted(&self) {
+        ElectedLease::attempted(self);
     }
 }
 use guard_std::run::{CallerRuntime, Runtime as _};
@@ -292,6 +299,9 @@ pub async fn deliver(
             continue;
         }
         attempts = attempts.saturating_add(1);
+        if let Some(lease) = lease {
+            lease.attempted();
+        }
         let retry_after = match &outcome {
             Err(SinkError::Transient { retry_after, .. }) => *retry_after,
             _ => return Delivery { attempts, outcome },
@@ -328,6 +338,43 @@ mod tests {
                 }
             })
         }
+    }
+
+    /// A lease that counts attempts, valid throughout.
+    #[derive(Default)]
+    struct Counting(AtomicU32);
+
+    impl LeaseGate for Counting {
+        fn fence(&self) -> u64 {
+            7
+        }
+        fn is_valid(&self) -> bool {
+            true
+        }
+        fn attempted(&self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn each_attempt_is_counted_on_the_lease_as_it_is_made() {
+        let lease = Counting::default();
+        let message = Outgoing {
+            id: "orders:1-0",
+            origin: "orders",
+            fence: Some(7),
+            payload: b"{}",
+        };
+        let policy = RetryPolicy::fixed_delay(2, Duration::from_millis(1));
+        let delivery = futures_lite::future::block_on(deliver(
+            &BusyOnce(AtomicU32::new(0)),
+            &message,
+            &policy,
+            &mut guard_core::retry::WithoutRandom,
+            Some(&lease),
+        ));
+        assert_eq!(delivery.attempts, 2);
+        assert_eq!(lease.0.load(Ordering::SeqCst), 2);
     }
 
     /// Each send of a named sink is a span with the sink's name, the

@@ -18,15 +18,29 @@ use crate::connection::RedisConnection;
 use crate::error::{Parameter, RedisGuardError};
 
 /// The Redis keys of lock `key`: `(lock, fence counter)`, as laid out by
-/// [`guard_core::lock::redis`] (shared with the embedded locker).
+/// [`guard_core::lock::redis`] (shared with the embedded locker), under
+/// `prefix` as [`RedisLocker::with_prefix`] takes it (trimmed, a `:`
+/// appended if missing): the keys a locker with that prefix uses.
 ///
 /// A key or prefix guard-core refuses is
 /// [`RedisGuardError::InvalidInput`] naming the key (or the prefix, when
 /// the prefix is at fault), with guard-core's [`InvalidRedisKey`] as its
 /// source.
 pub fn lock_keys(prefix: &str, key: &str) -> Result<(String, String), RedisGuardError> {
-    let keys = redis_keys(prefix, key)?;
+    let prefix = stored_prefix(prefix);
+    let keys = redis_keys(&prefix, key)?;
     Ok((keys.lock().to_string(), keys.fence().to_string()))
+}
+
+/// `prefix` as keys carry it: trimmed, a `:` appended unless it is blank
+/// or ends with one (as the original's prefix wrapper did).
+fn stored_prefix(prefix: &str) -> String {
+    let prefix = prefix.trim();
+    if prefix.is_empty() || prefix.ends_with(':') {
+        prefix.to_owned()
+    } else {
+        format!("{prefix}:")
+    }
 }
 
 /// The Redis keys of `key` under `prefix`, or the error naming which of
@@ -97,14 +111,9 @@ impl RedisLocker {
     /// A prefix with `{` or `}` is refused: it would put a lock and its
     /// fence counter in different cluster slots.
     pub fn with_prefix(mut self, prefix: &str) -> Result<Self, RedisGuardError> {
-        let prefix = prefix.trim();
-        check_prefix(prefix)
-            .map_err(|e| RedisGuardError::refused_by(Parameter::LockerPrefix, prefix, e))?;
-        self.prefix = if prefix.is_empty() || prefix.ends_with(':') {
-            prefix.to_owned()
-        } else {
-            format!("{prefix}:")
-        };
+        check_prefix(prefix.trim())
+            .map_err(|e| RedisGuardError::refused_by(Parameter::LockerPrefix, prefix.trim(), e))?;
+        self.prefix = stored_prefix(prefix);
         Ok(self)
     }
 

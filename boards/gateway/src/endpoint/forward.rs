@@ -192,7 +192,14 @@ impl Inbox {
                 self.lease_lost(from, payload, lease, not.attempts, not.to_string(), emit);
             }
             _ => {
-                if !self.keep(from, payload, not.to_string(), not.attempts, emit) {
+                let letter = super::Letter {
+                    from,
+                    payload,
+                    why: not.to_string(),
+                    attempts: not.attempts,
+                    fence: lease.map(ElectedLease::fence),
+                };
+                if !self.keep(letter, emit) {
                     self.dropped(from, &format!("{not}; the dead-letter queue is full"));
                 }
             }

@@ -41,7 +41,7 @@ use guard_smol::Control;
 use guard_std::metered::MeteredDeadLetterQueue;
 use guard_std::{Clock, SystemClock, Throttle};
 
-use crate::admission::{Admission, DEAD_LETTERS, Undelivered, Verdict};
+use crate::admission::{Admission, DEAD_LETTERS, Refusal, Undelivered, Verdict};
 use crate::built::{Built, limiter};
 use crate::config::{Config, Endpoint, LimitKey, Source};
 use crate::error::GatewayError;
@@ -244,9 +244,17 @@ impl Inbox {
     }
 
     /// Keeps a message this endpoint did not handle in its dead letters
-    /// with `why` and the calls made, and reports it; `false` when the
-    /// dead-letter queue is full (nothing kept).
-    fn keep(&self, from: &str, payload: &[u8], why: String, attempts: u32, emit: &Emit) -> bool {
+    /// with `why`, the attempts made and the fence it was read under, and
+    /// reports it; `false` when the dead-letter queue is full (nothing
+    /// kept).
+    fn keep(&self, letter: Letter<'_>, emit: &Emit) -> bool {
+        let Letter {
+            from,
+            payload,
+            why,
+            attempts,
+            fence,
+        } = letter;
         if let Some(store) = &self.on_disk {
             let letter = crate::dead_letters::DeadLetter {
                 place: "endpoint".to_owned(),
@@ -254,7 +262,7 @@ impl Inbox {
                 sink: self.forward.as_ref().map(|f| f.sink_name.clone()),
                 id: None,
                 from: from.to_owned(),
-                fence: None,
+                fence,
                 reason: why.clone(),
                 attempts,
                 at_ms: crate::dead_letters::now_ms(),
@@ -271,6 +279,7 @@ impl Inbox {
             let message = Undelivered {
                 from: from.to_owned(),
                 payload: payload.to_vec(),
+                fence,
             };
             if self
                 .dead_letters
@@ -298,14 +307,14 @@ impl Inbox {
     /// dead letters; a full queue counts it as dropped, loudly.
     fn keep_unhandled(&self, message: Unhandled, emit: &Emit) {
         let why = message.reason.to_string();
-        let attempts = message.reason.attempts();
-        if !self.keep(
-            &message.origin,
-            &message.payload,
-            why.clone(),
-            attempts,
-            emit,
-        ) {
+        let letter = Letter {
+            from: &message.origin,
+            payload: &message.payload,
+            why: why.clone(),
+            attempts: message.reason.attempts(),
+            fence: message.fence,
+        };
+        if !self.keep(letter, emit) {
             self.dropped(
                 &message.origin,
                 &format!("{why}; the dead-letter queue is full"),
@@ -369,31 +378,59 @@ impl Inbox {
         lease: Option<&ElectedLease>,
         emit: &Emit,
     ) -> bool {
-        let passed = self.pass_limits(from, payload, emit).await;
-        // The limiter may have waited past the lease: no effect under it.
+        let passed = self.pass_limits(from, payload, lease, emit).await;
+        // The limiter's answer may have come past the lease: no effect
+        // under it.
         if passed && lease.is_some_and(|lease| !lease.is_valid()) {
-            self.lease_lost(from, payload, lease, 1, LEASE_LOST_WAITING.to_owned(), emit);
+            self.lease_lost(from, payload, lease, 0, LEASE_LOST_WAITING.to_owned(), emit);
             return false;
         }
         passed
     }
 
-    /// [`pass`](Self::pass)'s size bound and limiter.
-    async fn pass_limits(&self, from: &str, payload: &[u8], emit: &Emit) -> bool {
+    /// [`pass`](Self::pass)'s size bound and limiter. A message whose
+    /// lease ends while it waits in the limiter takes nothing of its
+    /// quota: the lease is asked before each request for a token.
+    async fn pass_limits(
+        &self,
+        from: &str,
+        payload: &[u8],
+        lease: Option<&ElectedLease>,
+        emit: &Emit,
+    ) -> bool {
+        let may_take = || lease.is_none_or(ElectedLease::is_valid);
         let why = match self.too_large(payload.len()) {
             Some(why) => why,
             None => match &self.limit {
                 None => return true,
                 Some((admission, key)) => match admission
-                    .admit(self.key_of(key, from, None), payload.len())
+                    .admit_while(self.key_of(key, from, None), payload.len(), may_take)
                     .await
                 {
                     Verdict::Admitted => return true,
+                    Verdict::Refused(Refusal::Withdrawn) => {
+                        self.lease_lost(
+                            from,
+                            payload,
+                            lease,
+                            0,
+                            LEASE_LOST_WAITING.to_owned(),
+                            emit,
+                        );
+                        return false;
+                    }
                     Verdict::Refused(why) => why.to_string(),
                 },
             },
         };
-        if self.keep(from, payload, why.clone(), 1, emit) {
+        let letter = Letter {
+            from,
+            payload,
+            why: why.clone(),
+            attempts: 1,
+            fence: lease.map(ElectedLease::fence),
+        };
+        if self.keep(letter, emit) {
             return false;
         }
         let waited = match &self.limit {
@@ -405,21 +442,38 @@ impl Inbox {
                     );
                 }
                 admission
-                    .admit_eventually(self.key_of(key, from, None), payload.len())
+                    .admit_eventually_while(self.key_of(key, from, None), payload.len(), may_take)
                     .await
-                    .map_err(|failed| failed.to_string())
             }
-            _ => Err(why),
+            _ => {
+                // Nowhere left to keep it: said loudly and counted.
+                self.dropped(from, &why);
+                return false;
+            }
         };
         match waited {
             Ok(()) => true,
-            Err(why) => {
+            Err(Refusal::Withdrawn) => {
+                self.lease_lost(from, payload, lease, 0, LEASE_LOST_WAITING.to_owned(), emit);
+                false
+            }
+            Err(failed) => {
                 // Nowhere left to keep it: said loudly and counted.
-                self.dropped(from, &why);
+                self.dropped(from, &failed.to_string());
                 false
             }
         }
     }
+}
+
+/// A message an endpoint keeps in its dead letters: where it came from,
+/// its payload, why, the attempts made and the fence it was read under.
+struct Letter<'a> {
+    from: &'a str,
+    payload: &'a [u8],
+    why: String,
+    attempts: u32,
+    fence: Option<u64>,
 }
 
 /// What every source's assembly takes: the endpoint's name and inbox,
@@ -623,6 +677,17 @@ mod tests {
         assert_eq!(limit_key("orders", &LimitKey::Topic, "", None), "orders");
     }
 
+    /// A letter of `from`'s, refused by a limiter.
+    fn limited(from: &str) -> Letter<'_> {
+        Letter {
+            from,
+            payload: b"x",
+            why: "rate limited".into(),
+            attempts: 1,
+            fence: None,
+        }
+    }
+
     /// The inbox of an endpoint `alerts` without limiter, sink or disk,
     /// keeping its dead letters in `dead_letters`.
     fn inbox(dead_letters: MeteredDeadLetterQueue<Undelivered, String, DEAD_LETTERS>) -> Inbox {
@@ -678,7 +743,7 @@ mod tests {
         let emit: Emit = Arc::new(|_| {});
         let long = |n: usize| format!("alerts.{n:04}.{}", "c".repeat(256 * 1024));
         let kept = (0..1000)
-            .filter(|&n| inbox.keep(&long(n), b"x", "rate limited".into(), 1, &emit))
+            .filter(|&n| inbox.keep(limited(&long(n)), &emit))
             .count();
         let bytes = inbox.dead_letters.bytes();
         assert!(bytes <= MEMORY_BYTES, "{bytes}");
@@ -688,6 +753,6 @@ mod tests {
         // taken out, and the names kept are whole.
         let first = inbox.dead_letters.poll().unwrap();
         assert_eq!(first.element().from, long(0));
-        assert!(inbox.keep("alerts.fire", b"x", "rate limited".into(), 1, &emit));
+        assert!(inbox.keep(limited("alerts.fire"), &emit));
     }
 }

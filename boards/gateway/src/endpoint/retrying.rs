@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use guard_endpoints::delivery::ElectedLease;
 
-use crate::admission::Verdict;
+use crate::admission::{Refusal, Verdict};
 
 use super::{Content, Emit, Event, Inbox, Refused, text};
 
@@ -24,10 +24,17 @@ impl Inbox {
         if let Some(why) = self.too_large(size) {
             return Err(Refused::Invalid(why));
         }
-        if let Some((admission, key)) = &self.limit
-            && let Verdict::Refused(why) = admission.admit(self.key_of(key, from, None), size).await
-        {
-            return Err(Refused::Limited(why.to_string()));
+        // A lease that ends while the message waits takes no token.
+        let may_take = || lease.is_none_or(ElectedLease::is_valid);
+        if let Some((admission, key)) = &self.limit {
+            match admission
+                .admit_while(self.key_of(key, from, None), size, may_take)
+                .await
+            {
+                Verdict::Admitted => {}
+                Verdict::Refused(Refusal::Withdrawn) => return Err(Refused::LeaseLost),
+                Verdict::Refused(why) => return Err(Refused::Limited(why.to_string())),
+            }
         }
         if lease.is_some_and(|lease| !lease.is_valid()) {
             return Err(Refused::LeaseLost);
