@@ -37,6 +37,8 @@ pub enum Call {
     /// The transaction of a permit's acquisition (put if the permits
     /// counted are unchanged).
     PermitAcquire,
+    /// The read of a key's last fence (`LastFence`).
+    LastFence,
 }
 
 impl fmt::Display for Call {
@@ -56,6 +58,7 @@ impl fmt::Display for Call {
             Call::PermitAcquire => "permit acquire transaction",
             Call::ClaimSettle => "claim settle transaction",
             Call::LeaseKeepAlive => "lease keep-alive",
+            Call::LastFence => "last fence read",
         })
     }
 }

@@ -69,6 +69,17 @@ fn a_lost_lock_key_is_granted_to_nobody_before_its_holder_s_deadline() {
 }
 
 #[test]
+fn the_last_fence_told_is_never_below_a_granted_one() {
+    let cluster = EtcdCluster::start(3).expect("etcd cluster");
+    smol::block_on(async {
+        let locker = EtcdLocker::connect(EtcdConfig::new(cluster.endpoints()))
+            .await
+            .expect("etcd client");
+        contract::last_fence_is_never_below_a_granted_one(&locker, "guard/test/last-fence").await;
+    });
+}
+
+#[test]
 fn inside_a_tokio_runtime_its_futures_are_send_and_one_task_wins() {
     let cluster = EtcdCluster::start(3).expect("etcd cluster");
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -173,6 +173,10 @@ pub(crate) struct Statements {
     /// Deletes up to `$1` grant records whose leases ended more than `$2`
     /// milliseconds ago.
     pub(crate) grants_purge: String,
+    /// The last fence granted for `$1`: its row's while the row is kept,
+    /// else the sequence's last value (above every fence drawn), NULL when
+    /// the sequence never drew one.
+    pub(crate) last_fence: String,
     /// Begins an attempt on claim `$1` with token `$2` (bytea), lease
     /// `$3` and keep `$4` milliseconds (bigint). One row: `kind` 1 (an
     /// attempt started: fence, attempt, started), 2 (running: ms left)
@@ -350,6 +354,10 @@ impl Statements {
                  RETURNING key), \
                  forgotten AS (DELETE FROM {g} WHERE key = $1 AND token = $2) \
                  SELECT count(*) FROM released"
+            ),
+            last_fence: format!(
+                "SELECT COALESCE((SELECT fence FROM {t} WHERE key = $1), \
+                 pg_sequence_last_value('{sequence}'::regclass))"
             ),
             grants_purge: format!(
                 "DELETE FROM {g} WHERE key IN (\

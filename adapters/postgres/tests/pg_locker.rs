@@ -58,6 +58,19 @@ fn a_lost_lease_row_is_granted_to_nobody_before_its_holder_s_deadline() {
 }
 
 #[test]
+fn the_last_fence_told_is_never_below_a_granted_one() {
+    let db = PgDatabase::create().unwrap();
+    let locker = PgLocker::new(&db.url()).unwrap();
+    smol::block_on(contract::last_fence_is_never_below_a_granted_one(
+        &locker, "pg:last",
+    ));
+    // Once its row is purged, a key's last fence is the sequence's.
+    db.query("DELETE FROM guard_locks").unwrap();
+    let told = smol::block_on(guard_std::LastFence::last_fence(&locker, "pg:last")).unwrap();
+    assert!(told.is_some_and(|f| f >= 2), "{told:?}");
+}
+
+#[test]
 fn a_deployment_made_before_the_grant_records_gains_them_at_the_next_start() {
     let db = PgDatabase::create().unwrap();
     smol::block_on(PgLocker::new(&db.url()).unwrap().connect()).unwrap();

@@ -82,6 +82,18 @@ fn with_its_quarantine_a_store_that_lost_its_data_grants_nothing_for_one_ttl() {
 }
 
 #[test]
+fn the_last_fence_told_is_never_below_a_granted_one() {
+    let server = RedisServer::start().expect("redis-server");
+    let locker = connect(Topology::Standalone { url: server.url() })
+        .with_prefix("prod1")
+        .unwrap();
+    smol::block_on(contract::last_fence_is_never_below_a_granted_one(
+        &locker,
+        "guard:active:endpoint:node=alerts",
+    ));
+}
+
+#[test]
 fn cluster_passes_the_locker_contract_without_crossslot_errors() {
     let cluster = RedisCluster::start().expect("redis cluster");
     let locker = connect(Topology::Cluster {

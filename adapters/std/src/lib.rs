@@ -38,6 +38,7 @@ mod clock;
 mod cron_schedule;
 pub mod dead_letter_log;
 pub mod disk_queue;
+mod last_fence;
 mod local_locker;
 pub mod metered;
 pub mod metrics;
@@ -53,6 +54,7 @@ mod token_ids;
 
 pub use clock::{Clock, EpochClock, ManualClock, QuantaClock, SystemClock};
 pub use cron_schedule::{CronError, CronSchedule};
+pub use last_fence::LastFence;
 pub use local_locker::{DEFAULT_SWEEP_INTERVAL, LocalLocker};
 #[doc(hidden)]
 pub use shared::backend_error;

@@ -490,6 +490,57 @@ pub async fn a_lost_store_grants_nothing_for_one_ttl<L, S, F, X, G>(
     );
 }
 
+/// What a locker tells of a key's last fence
+/// ([`LastFence`](guard_std::LastFence)) is never below a fence it
+/// granted for the key: while the grant is held, after its renewal and
+/// its release, and after the next grant.
+///
+/// Not part of [`run_all`]: a locker need not tell its fences.
+pub async fn last_fence_is_never_below_a_granted_one<L>(locker: &L, key: &str)
+where
+    L: LeaseRenewer + guard_std::LastFence,
+{
+    let scale = Scale(1);
+    let told = async || {
+        backend(key, "last_fence", locker.last_fence(key).await).unwrap_or_else(|| {
+            panic!("{key}: contract:last-fence: a locker that granted the key tells a fence")
+        })
+    };
+    let first = grant(locker, key, scale, 10_000)
+        .await
+        .unwrap_or_else(|| panic!("{key}: a free key is granted"));
+    let held = told().await;
+    assert!(
+        held >= first.fence(),
+        "{key}: contract:last-fence: told {held} while fence {} is held",
+        first.fence()
+    );
+    assert_eq!(
+        renew(locker, key, &first, scale, 10_000).await,
+        Renewal::Held,
+        "{key}: the holder renews"
+    );
+    assert!(
+        told().await >= first.fence(),
+        "{key}: contract:last-fence: after a renewal"
+    );
+    assert!(unlock(locker, key, &first).await.is_ok(), "{key}: released");
+    assert!(
+        told().await >= first.fence(),
+        "{key}: contract:last-fence: a release forgets no fence"
+    );
+    let next = grant(locker, key, scale, 10_000)
+        .await
+        .unwrap_or_else(|| panic!("{key}: a released key is granted"));
+    let after = told().await;
+    assert!(
+        after >= next.fence(),
+        "{key}: contract:last-fence: told {after} after the next grant's fence {}",
+        next.fence()
+    );
+    let _ = unlock(locker, key, &next).await;
+}
+
 /// The fence strictly increases over `rounds` acquisitions of one key.
 pub async fn fences_strictly_increase<L: Locker>(locker: &L, key: &str, rounds: usize) {
     fences_strictly_increase_at(locker, key, rounds, Scale(1)).await;

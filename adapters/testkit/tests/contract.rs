@@ -186,3 +186,64 @@ fn a_check_then_act_race_is_caught_by_contenders_joined_on_one_thread() {
         "{message}"
     );
 }
+
+#[test]
+fn local_locker_tells_a_last_fence_never_below_a_granted_one() {
+    block_on(contract::last_fence_is_never_below_a_granted_one(
+        &LocalLocker::new(),
+        "last-fence",
+    ));
+}
+
+/// LocalLocker telling the first fence it granted, forever.
+struct StuckFence {
+    inner: LocalLocker,
+    first: std::sync::Mutex<Option<u64>>,
+}
+
+impl Locker for StuckFence {
+    type Error = Infallible;
+
+    async fn try_lock(&self, key: &str, ttl: Ttl) -> Result<Option<Token>, Infallible> {
+        let granted = self.inner.try_lock(key, ttl).await?;
+        if let Some(token) = &granted {
+            self.first.lock().unwrap().get_or_insert(token.fence());
+        }
+        Ok(granted)
+    }
+
+    async fn unlock(&self, key: &str, token: &Token) -> Result<(), UnlockError<Infallible>> {
+        self.inner.unlock(key, token).await
+    }
+}
+
+impl LeaseRenewer for StuckFence {
+    async fn renew(&self, key: &str, token: &Token, ttl: Ttl) -> Result<Renewal, Infallible> {
+        self.inner.renew(key, token, ttl).await
+    }
+}
+
+impl guard_std::LastFence for StuckFence {
+    type Error = Infallible;
+
+    async fn last_fence(&self, _key: &str) -> Result<Option<u64>, Infallible> {
+        Ok(*self.first.lock().unwrap())
+    }
+}
+
+#[test]
+fn a_locker_that_tells_a_stale_last_fence_fails_the_case() {
+    let locker = StuckFence {
+        inner: LocalLocker::new(),
+        first: std::sync::Mutex::new(None),
+    };
+    let message = guard_testkit::broken_rule("a stale last fence", || {
+        block_on(contract::last_fence_is_never_below_a_granted_one(
+            &locker, "stuck",
+        ))
+    });
+    assert!(
+        message.contains("contract:last-fence: told") && message.contains("after the next grant"),
+        "{message}"
+    );
+}

@@ -3,15 +3,11 @@
 
 use std::sync::Arc;
 
-#[cfg(feature = "postgres")]
-use crate::config::PostgresLocker;
 use crate::config::{
     Backend, Config, Locker, MAX_SLIDING_LIMIT, Policy, PolicyAlgorithm, sliding_log,
 };
 use guard_core::key::{Reserved, escaped};
 use guard_core::limit::{FullPolicy, SlidingWindow};
-#[cfg(feature = "postgres")]
-use guard_postgres::{PgLockError, PgLocker};
 use guard_redis::{
     RedisConnection, RedisFixedWindow, RedisGuardError, RedisLeakyBucket, RedisLocker,
     RedisSlidingWindow, RedisTokenBucket,
@@ -72,9 +68,9 @@ pub async fn build(config: &Config) -> Result<Built, GatewayError> {
                 .map_err(GatewayError::Locker)?,
         )),
         #[cfg(feature = "postgres")]
-        (Locker::Postgres(l), _) => Some(SharedLocker::new(postgres(l).await?)),
+        (Locker::Postgres(l), _) => Some(SharedLocker::new(crate::lockers::postgres(l).await?)),
         #[cfg(feature = "etcd")]
-        (Locker::Etcd(l), _) => Some(SharedLocker::new(etcd(l).await?)),
+        (Locker::Etcd(l), _) => Some(SharedLocker::new(crate::lockers::etcd(l).await?)),
         (Locker::None, _) => None,
         // A locker this build cannot make must stop the start: no locker
         // would let every guard allow, silently.
@@ -90,7 +86,7 @@ pub async fn build(config: &Config) -> Result<Built, GatewayError> {
             });
         }
     };
-    let mut guards = GuardConfig::new().with_owner(config.guards.owner.clone());
+    let mut guards = config.guard_settings();
     if let Some(locker) = locker {
         guards = guards.with_locker(locker);
     }
@@ -161,39 +157,6 @@ pub async fn build(config: &Config) -> Result<Built, GatewayError> {
         queues,
         dead_letters,
     })
-}
-
-#[cfg(feature = "postgres")]
-/// The PostgreSQL locker `l` names, connected (its table created unless
-/// it exists), so a server that cannot be reached stops the start.
-async fn postgres(l: &PostgresLocker) -> Result<PgLocker, GatewayError> {
-    let failed = |source: PgLockError| GatewayError::LockService {
-        kind: "postgres",
-        source: Box::new(source),
-    };
-    let locker = PgLocker::new(&l.url)
-        .and_then(|p| p.with_table(&l.table))
-        .and_then(|p| p.with_request_timeout(l.request_timeout))
-        .map_err(failed)?;
-    locker.connect().await.map_err(failed)?;
-    Ok(locker)
-}
-
-/// The etcd locker `l` names, checked (a member with a leader answered),
-/// so a cluster that cannot be reached stops the start.
-#[cfg(feature = "etcd")]
-async fn etcd(l: &crate::config::EtcdLocker) -> Result<guard_etcd::EtcdLocker, GatewayError> {
-    let failed = |source: guard_etcd::EtcdError| GatewayError::LockService {
-        kind: "etcd",
-        source: Box::new(source),
-    };
-    let config =
-        guard_etcd::EtcdConfig::new(l.endpoints.iter().cloned()).with_timeout(l.request_timeout);
-    let locker = guard_etcd::EtcdLocker::connect(config)
-        .await
-        .map_err(failed)?;
-    locker.check().await.map_err(failed)?;
-    Ok(locker)
 }
 
 /// A sliding window whose per-key log holds `M` instants: a key costs 8

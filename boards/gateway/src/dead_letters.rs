@@ -254,8 +254,15 @@ pub enum DlqCommand {
     List,
     /// One letter whole.
     Show(u64),
-    /// Send letters to their sink again; those it takes are removed.
-    Replay(Selection),
+    /// Send letters to their sink again; those it takes are removed. A
+    /// letter read under a fence below its endpoint's last one is kept
+    /// unless `force` (a later leader may have handled the message).
+    Replay {
+        /// Which letters.
+        selection: Selection,
+        /// Replay letters of an earlier leadership too.
+        force: bool,
+    },
     /// Remove letters.
     Purge(Selection),
 }
@@ -373,7 +380,9 @@ pub fn dlq(
                 Selection::Ids(asked) => removed == asked.len(),
             })
         }
-        DlqCommand::Replay(selection) => replay(config, &store, &letters, selection, out),
+        DlqCommand::Replay { selection, force } => {
+            replay(config, &store, &letters, selection, *force, out)
+        }
     }
 }
 
@@ -382,11 +391,12 @@ fn summary(id: u64, letter: &Result<DeadLetter, String>) -> String {
     match letter {
         Err(why) => format!("id={id} unreadable: {why}"),
         Ok(l) => format!(
-            "id={id} {}={} to={} from={} attempts={} at_ms={} bytes={} reason={}",
+            "id={id} {}={} to={} from={} fence={} attempts={} at_ms={} bytes={} reason={}",
             l.place,
             l.name,
             l.sink.as_deref().unwrap_or("-"),
             field_value(&l.from),
+            l.fence.map_or("-".to_owned(), |f| f.to_string()),
             l.attempts,
             l.at_ms,
             l.payload.len(),
@@ -398,11 +408,15 @@ fn summary(id: u64, letter: &Result<DeadLetter, String>) -> String {
 /// Sends the `selection`'s letters to their sinks (made from `config`,
 /// straight to the receiver: a sink's queue belongs to its running
 /// gateway), each under its sink's retries; what a sink took is removed.
+/// Unless `force`, a letter an elected endpoint read under a fence below
+/// the last one its lease was granted since is kept, and so is one whose
+/// endpoint's last fence cannot be told (see [`stale`]).
 fn replay(
     config: &Config,
     store: &DeadLetterStore,
     letters: &[ReadBack],
     selection: &Selection,
+    force: bool,
     out: &mut dyn std::io::Write,
 ) -> Result<bool, GatewayError> {
     let picked: Vec<&ReadBack> = letters
@@ -435,6 +449,10 @@ fn replay(
         };
         crate::sink::build(&config.sinks, redis.as_ref(), Duration::from_secs(5)).await
     })?;
+    // The lock service, asked only for letters read under a lease.
+    let fenced = |letter: &&ReadBack| matches!(&letter.1, Ok(l) if l.place == "endpoint" && l.fence.is_some());
+    let fences = (!force && picked.iter().any(fenced))
+        .then(|| smol::block_on(crate::lockers::Fences::of(config)));
     let mut replayed = Vec::new();
     let mut failed = 0usize;
     for (id, letter) in picked {
@@ -446,6 +464,16 @@ fn replay(
                 continue;
             }
         };
+        if let Some(fences) = &fences
+            && let Some(why) = stale(config, fences, letter)
+        {
+            let _ = writeln!(
+                out,
+                "id={id} not replayed: {why}; `--force` sends it anyway"
+            );
+            failed += 1;
+            continue;
+        }
         let Some((name, sink)) = letter
             .sink
             .as_ref()
@@ -501,6 +529,44 @@ fn replay(
         replayed.len()
     );
     Ok(failed == 0 && everything)
+}
+
+/// Why `letter` must not be replayed without `--force`, if it must not:
+/// an elected endpoint read it under a fence below the last one its lease
+/// was granted since (a later leader may have handled the same message),
+/// or that last fence cannot be told. `fences` is the lock service, or
+/// why it could not be reached.
+fn stale(
+    config: &Config,
+    fences: &Result<crate::lockers::Fences, GatewayError>,
+    letter: &DeadLetter,
+) -> Option<String> {
+    let fence = letter.fence.filter(|_| letter.place == "endpoint")?;
+    let key = config
+        .endpoints
+        .iter()
+        .find(|e| e.name == letter.name)
+        .and_then(|e| e.lease_key(&config.guard_settings()));
+    let Some(key) = key else {
+        return Some(format!(
+            "read under fence {fence} by endpoint {}, which this configuration does not elect: its last fence is unknown",
+            field_value(&letter.name)
+        ));
+    };
+    let fences = match fences {
+        Ok(fences) => fences,
+        Err(e) => return Some(format!("the lock service could not be asked: {e}")),
+    };
+    match smol::block_on(fences.last(&key)) {
+        Ok(Some(last)) if last > fence => Some(format!(
+            "read under fence {fence}, below the last fence {last} granted for the endpoint's lease {key} (a later leader may have handled it)"
+        )),
+        Ok(_) => None,
+        Err(e) => Some(format!(
+            "the last fence of lease {key} could not be read: {}",
+            one_line(&e)
+        )),
+    }
 }
 
 /// Keeps `letter` in `store`, or says why not: a caller with nowhere else

@@ -16,6 +16,7 @@ pub mod demo;
 mod endpoint;
 mod error;
 mod event;
+mod lockers;
 pub mod logging;
 pub mod prometheus;
 mod queue;

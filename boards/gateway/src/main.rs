@@ -102,6 +102,11 @@ enum DlqAction {
         /// The letters' ids.
         #[arg(group = "which")]
         ids: Vec<u64>,
+        /// Send letters an earlier leader read too: by default a letter
+        /// read under a fence below its endpoint's last one is kept (a
+        /// later leader may have handled the message).
+        #[arg(long)]
+        force: bool,
     },
     /// Remove letters for good.
     #[command(group(clap::ArgGroup::new("which").required(true)))]
@@ -157,7 +162,18 @@ fn dlq(action: DlqAction) -> ExitCode {
     let (path, command) = match action {
         DlqAction::List { config } => (config, DlqCommand::List),
         DlqAction::Show { config, id } => (config, DlqCommand::Show(id)),
-        DlqAction::Replay { config, all, ids } => (config, DlqCommand::Replay(selection(all, ids))),
+        DlqAction::Replay {
+            config,
+            all,
+            ids,
+            force,
+        } => (
+            config,
+            DlqCommand::Replay {
+                selection: selection(all, ids),
+                force,
+            },
+        ),
         DlqAction::Purge { config, all, ids } => (config, DlqCommand::Purge(selection(all, ids))),
     };
     let config = match Config::from_path(&path) {

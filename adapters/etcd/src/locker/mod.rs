@@ -598,6 +598,35 @@ impl SendLeaseRenewer for EtcdLocker {
     }
 }
 
+/// The key's create revision while it is held (its grant's fence), else
+/// the cluster's revision, above every fence granted so far.
+impl guard_std::LastFence for EtcdLocker {
+    type Error = EtcdError;
+
+    async fn last_fence(&self, key: &str) -> Result<Option<u64>, EtcdError> {
+        checked_key(key)?;
+        let key = key.to_owned();
+        let (reply, endpoint) = on_tokio(self.request(Call::LastFence, |mut c| {
+            let key = key.clone();
+            async move { c.get(key, None).await }
+        }))
+        .await?;
+        let revision = match reply.kvs().first() {
+            Some(kv) => kv.create_revision(),
+            None => reply.header().map_or(0, |h| h.revision()),
+        };
+        match u64::try_from(revision) {
+            Ok(0) => Ok(None),
+            Ok(fence) => Ok(Some(fence)),
+            Err(_) => Err(Self::bad_reply(
+                Call::LastFence,
+                endpoint,
+                format!("revision {revision}"),
+            )),
+        }
+    }
+}
+
 guard_std::impl_dyn_locker!(EtcdLocker);
 
 #[cfg(test)]

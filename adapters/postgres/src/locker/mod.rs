@@ -47,6 +47,7 @@ struct Session {
     release: Statement,
     purge: Statement,
     grants_purge: Statement,
+    last_fence: Statement,
     claim_begin: Statement,
     claim_extend: Statement,
     claim_settle: Statement,
@@ -442,6 +443,7 @@ impl PgLocker {
         let release = prepare(&self.statements.release).await?;
         let purge = prepare(&self.statements.purge).await?;
         let grants_purge = prepare(&self.statements.grants_purge).await?;
+        let last_fence = prepare(&self.statements.last_fence).await?;
         Ok(Session {
             claim_begin: prepare(&self.statements.claim_begin).await?,
             claim_extend: prepare(&self.statements.claim_extend).await?,
@@ -454,6 +456,7 @@ impl PgLocker {
             release,
             purge,
             grants_purge,
+            last_fence,
             callers: AtomicU64::new(1),
         })
     }
@@ -629,6 +632,30 @@ impl SendLeaseRenewer for PgLocker {
         } else {
             Renewal::Lost
         })
+    }
+}
+
+/// The key's row's fence while the row is kept (its last grant's), else
+/// the fence sequence's last value, above every fence drawn for any key.
+impl guard_std::LastFence for PgLocker {
+    type Error = PgLockError;
+
+    async fn last_fence(&self, key: &str) -> Result<Option<u64>, PgLockError> {
+        let key = checked_key(key)?;
+        let row = self
+            .request("last fence", async |s: &Session| {
+                s.client.query_one(&s.last_fence, &[&key]).await
+            })
+            .await?;
+        let fence: Option<i64> = row
+            .try_get(0)
+            .map_err(|e| PgLockError::UnexpectedReply(format!("last fence: {e}")))?;
+        fence
+            .map(|f| {
+                u64::try_from(f)
+                    .map_err(|_| PgLockError::UnexpectedReply(format!("last fence {f}")))
+            })
+            .transpose()
     }
 }
 

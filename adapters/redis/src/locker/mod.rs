@@ -194,6 +194,31 @@ impl SendLocker for RedisLocker {
     }
 }
 
+/// The fence counter of `key`'s domain: every lock of the domain draws
+/// from it, so it is at least `key`'s last fence (exactly it when the
+/// domain holds one key); `None` when it is gone (never granted, or lost
+/// with the store's data).
+impl guard_std::LastFence for RedisLocker {
+    type Error = RedisGuardError;
+
+    async fn last_fence(&self, key: &str) -> Result<Option<u64>, RedisGuardError> {
+        let keys = redis_keys(&self.prefix, key)?;
+        let mut cmd = redis::cmd("GET");
+        cmd.arg(keys.fence().to_string());
+        let counter: Option<String> = self.conn.query(&cmd).await?;
+        counter
+            .map(|text| {
+                text.parse::<u64>().map_err(|_| {
+                    RedisGuardError::UnexpectedReply(format!(
+                        "fence counter {}: {text:?} is not a fence",
+                        keys.fence()
+                    ))
+                })
+            })
+            .transpose()
+    }
+}
+
 impl SendLeaseRenewer for RedisLocker {
     async fn renew(&self, key: &str, token: &Token, ttl: Ttl) -> Result<Renewal, RedisGuardError> {
         let keys = redis_keys(&self.prefix, key)?;

@@ -203,3 +203,14 @@ impl<C: Clock> SendLeaseRenewer for LocalLocker<C> {
 }
 
 crate::impl_dyn_locker!([C: Clock + 'static] LocalLocker<C>);
+
+/// The last fence granted to any key (one counter for every key): never
+/// below a key's own last one.
+impl<C: Clock + Sync> crate::LastFence for LocalLocker<C> {
+    type Error = std::convert::Infallible;
+
+    async fn last_fence(&self, _key: &str) -> Result<Option<u64>, Self::Error> {
+        let last = self.lock_state().last_fence;
+        Ok((last > 0).then_some(last))
+    }
+}

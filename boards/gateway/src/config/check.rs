@@ -22,7 +22,27 @@ pub(crate) const MAX_LEASE_MS: u64 = 24 * 3600 * 1000; // a day
 /// (`endpoint/<kind>`, built by the endpoint modules): an owner and an
 /// endpoint name are checked against the longest, so that what the
 /// check lets through makes every key at start.
-pub(crate) const ENDPOINT_SCOPE_KINDS: [&str; 5] = ["redis", "mqtt", "nats", "amqp", "binlog"];
+pub(crate) const ENDPOINT_SCOPE_KINDS: [&str; 5] = [
+    scope_kind::REDIS,
+    scope_kind::MQTT,
+    scope_kind::NATS,
+    scope_kind::AMQP,
+    scope_kind::BINLOG,
+];
+
+/// The kinds in elected endpoints' lease scopes, one per source module.
+pub(crate) mod scope_kind {
+    /// Redis Pub/Sub.
+    pub(crate) const REDIS: &str = "redis";
+    /// A guarded MQTT subscription.
+    pub(crate) const MQTT: &str = "mqtt";
+    /// An elected core NATS subscriber.
+    pub(crate) const NATS: &str = "nats";
+    /// An elected RabbitMQ fanout consumer.
+    pub(crate) const AMQP: &str = "amqp";
+    /// The binlog reader.
+    pub(crate) const BINLOG: &str = "binlog";
+}
 
 /// The longest elected endpoint scope component (see
 /// [`ENDPOINT_SCOPE_KINDS`]).

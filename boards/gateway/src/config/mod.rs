@@ -64,7 +64,7 @@ pub(crate) mod raw;
 mod resolve;
 pub(crate) mod tls;
 
-pub(crate) use check::ENDPOINT_SCOPE_KINDS;
+pub(crate) use check::{ENDPOINT_SCOPE_KINDS, scope_kind};
 // Each source kind's validated configuration lives with its assembly.
 pub use crate::action::{Action, CommandAction};
 pub use crate::endpoint::amqp::{AmqpDelivery, AmqpSource};
@@ -544,6 +544,45 @@ pub struct Endpoint {
     pub to: Option<String>,
 }
 
+impl Endpoint {
+    /// The kind in its lease scope (`endpoint/<kind>`, one of
+    /// [`scope_kind`]), if its source can elect a replica.
+    pub(crate) fn lease_kind(&self) -> Option<&'static str> {
+        match &self.source {
+            Source::RedisPubsub(_) => Some(scope_kind::REDIS),
+            Source::Mqtt(_) => Some(scope_kind::MQTT),
+            #[cfg(feature = "nats")]
+            Source::Nats(_) => Some(scope_kind::NATS),
+            #[cfg(feature = "amqp")]
+            Source::Rabbitmq(_) => Some(scope_kind::AMQP),
+            #[cfg(feature = "mysql")]
+            Source::MysqlBinlog(_) => Some(scope_kind::BINLOG),
+            _ => None,
+        }
+    }
+
+    /// The lease key replicas with `guards` elect it under, if its source
+    /// can elect: what `dlq replay` asks the lock service about.
+    pub fn lease_key(&self, guards: &guard_std::GuardConfig) -> Option<String> {
+        let scope = lease_scope(guards, self.lease_kind()?, &self.name).ok()?;
+        guard_core::lock::active_key(guards.prefix(), &scope)
+            .ok()
+            .map(|key| key.as_str().to_owned())
+    }
+}
+
+/// The lease scope of an endpoint `name` of `kind` (one of
+/// [`scope_kind`]) under `guards`: `endpoint/<kind>`, the owner, the name.
+pub(crate) fn lease_scope(
+    guards: &guard_std::GuardConfig,
+    kind: &str,
+    name: &str,
+) -> Result<guard_core::lock::Scope, guard_core::lock::KeyError> {
+    guards
+        .scope(&format!("endpoint/{kind}"))
+        .and_then(|s| s.segment("node", name))
+}
+
 /// The largest message an endpoint hands over unless configured: 1 MiB.
 pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1 << 20;
 
@@ -659,5 +698,11 @@ impl Config {
             Locker::Redis(redis) => Some(redis),
             _ => None,
         }
+    }
+
+    /// The guards' shared settings without their locker: the owner, and
+    /// the default key prefix (what every scope and key is made under).
+    pub fn guard_settings(&self) -> guard_std::GuardConfig {
+        guard_std::GuardConfig::new().with_owner(self.guards.owner.clone())
     }
 }

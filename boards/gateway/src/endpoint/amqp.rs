@@ -249,7 +249,7 @@ pub(super) fn start(cx: Assembly<'_>, source: &AmqpSource) -> Result<Task, Gatew
                     .map_err(|e| context(e.into()))?;
             }
             if *elected {
-                let scope = scope("amqp")?;
+                let scope = scope(super::kind::AMQP)?;
                 consumer = consumer
                     .with_guard(&built.guards, &scope)
                     .and_then(|c| c.with_guard_settings(timing))

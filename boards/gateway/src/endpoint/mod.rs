@@ -502,8 +502,11 @@ fn failed(name: &str, source: Box<dyn std::error::Error + Send + Sync>) -> Gatew
     }
 }
 
-/// An elected endpoint's lease scope: its kind and its name; its lease
-/// key is told to `ready`, for the status view.
+/// The kinds in elected endpoints' lease scopes.
+pub(crate) use crate::config::scope_kind as kind;
+
+/// An elected endpoint's lease scope: its kind (one of [`kind`]) and its
+/// name; its lease key is told to `ready`, for the status view.
 fn elected_scope(
     built: &Built,
     ready: &Readiness,
@@ -515,10 +518,7 @@ fn elected_scope(
         crate::config::ENDPOINT_SCOPE_KINDS.contains(&kind),
         "{kind}"
     );
-    let scope = built
-        .guards
-        .scope(&format!("endpoint/{kind}"))
-        .and_then(|s| s.segment("node", name))
+    let scope = crate::config::lease_scope(&built.guards, kind, name)
         .map_err(|e| failed(name, e.into()))?;
     let key = guard_core::lock::active_key(built.guards.prefix(), &scope)
         .map_err(|e| failed(name, e.into()))?;

@@ -245,7 +245,7 @@ pub(super) fn start(cx: Assembly<'_>, source: &MqttSource) -> Result<Task, Gatew
     .map_err(|e| context(e.into()))?;
     let mut endpoint = MqttEndpoint::new(options, subscription).with_link(cx.link);
     if source.delivery == MqttDelivery::Elected {
-        let scope = scope("mqtt")?;
+        let scope = scope(super::kind::MQTT)?;
         endpoint = endpoint
             .with_guard(&built.guards, &scope)
             .and_then(|e| e.with_guard_settings(timing))

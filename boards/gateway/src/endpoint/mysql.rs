@@ -151,7 +151,7 @@ pub(super) fn start(cx: Assembly<'_>, source: &BinlogSource) -> Result<Task, Gat
     let context = |source| failed(&name, source);
     let ready = cx.ready;
     let scope = |kind: &str| elected_scope(built, ready, kind, &name);
-    let scope = scope("binlog")?;
+    let scope = scope(super::kind::BINLOG)?;
     let mut reader = BinlogReader::new(&source.url, &name, &built.guards, &scope)
         .and_then(|r| r.with_lock_service(&built.lock_service))
         .and_then(|r| r.with_guard_settings(timing))

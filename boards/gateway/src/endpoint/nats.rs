@@ -334,7 +334,7 @@ pub(super) fn subject(cx: Assembly<'_>, source: &NatsSource) -> Result<Task, Gat
             .map_err(|e| context(e.into()))?;
     }
     if source.delivery == NatsDelivery::Elected {
-        let scope = scope("nats")?;
+        let scope = scope(super::kind::NATS)?;
         subscriber = subscriber
             .with_guard(&built.guards, &scope)
             .and_then(|s| s.with_guard_settings(timing))

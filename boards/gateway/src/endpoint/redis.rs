@@ -329,7 +329,7 @@ pub(super) fn pubsub(cx: Assembly<'_>, source: &PubSubSource) -> Result<Task, Ga
     let context = |source| failed(&name, source);
     let ready = cx.ready;
     let scope = |kind: &str| elected_scope(built, ready, kind, &name);
-    let scope = scope("redis")?;
+    let scope = scope(super::kind::REDIS)?;
     let endpoint = source
         .endpoint(&built.guards, &scope)
         .and_then(|e| e.with_queue_bytes(super::memory_bytes(inbox.max_payload)))
