@@ -45,6 +45,8 @@ run lease-drift-above-margin     lease.pml "violated:P1"       "-DCLOCKD=2"     
 run lease-skew-above-margin      lease.pml "violated:P1"       "-DNSKEW=2"                      2000000
 run lease-lossy-failover         lease.pml "violated:P1"       "-DLOSSY"                        2000000
 run lease-release-before-demote  lease.pml "violated:P1"       "-DRELEASE_BEFORE_DEMOTE"        2000000
+run lease-key-loss               lease.pml holds               "-DKEYLOSS"                      2000000
+run lease-key-loss-no-record     lease.pml "violated:P1"       "-DKEYLOSS -DNO_GRANT_RECORD"    2000000
 # Fences (fence.pml): properties 2 and 3.
 run fence                        fence.pml holds               ""                               1000000
 run fence-node-ahead             fence.pml holds               "-DNSKEW=1"                      1000000

@@ -44,6 +44,15 @@
  *                      renewal says otherwise; the check has no deadline)
  *   RELEASE_BEFORE_DEMOTE  negative: a step-down releases first and demotes
  *                      once the release is answered
+ *   KEYLOSS            the lock key alone may be lost (NLOSS times per run: an
+ *                      operator's DEL, an eviction) while its grant record,
+ *                      which every grant and renewal writes beside it with the
+ *                      same TTL, stays; an acquisition is refused while the
+ *                      record lives (ACQUIRE_SCRIPT's first line). Property 1
+ *                      then reads "the service holds its lease or its grant
+ *                      record". Not with LOSSY.
+ *   NO_GRANT_RECORD    negative, with KEYLOSS: an acquisition ignores the
+ *                      grant record (the script before it had one)
  */
 
 /* ------------------------------------------------------------------ */
@@ -81,6 +90,13 @@
 #endif
 #ifndef GMAX
 #define GMAX 9            /* token ids: more than can be referenced at once */
+#endif
+
+#ifndef NLOSS
+#define NLOSS 1           /* lock keys lost alone per run (KEYLOSS) */
+#endif
+#if defined(KEYLOSS) && defined(LOSSY)
+#error "KEYLOSS models a key lost alone; LOSSY loses the key and its record together"
 #endif
 
 #define RD (TTL - DRIFT)  /* ActiveConfig::renew_deadline */
@@ -157,6 +173,11 @@ byte down_left;
 byte nfaults;
 byte hold_tok;                  /* the key's token (0: absent or expired) */
 byte hold_left;                 /* its expiry - the serving node's clock */
+#ifdef KEYLOSS
+byte grant_tok;                 /* the grant record's token (0: absent or expired) */
+byte grant_left;                /* its expiry - the serving node's clock */
+byte nloss;
+#endif
 #ifdef LOSSY
 byte r_tok;                     /* what the replica node has received */
 short r_left;                   /* its expiry - the serving node's clock (may be < 0) */
@@ -264,6 +285,9 @@ inline canon() {
 #ifdef LOSSY
   see(r_tok);
 #endif
+#ifdef KEYLOSS
+  see(grant_tok);
+#endif
   see(tok[0]); see(optok[0]); see(rgrant[0]); see(ltok[0]);
   see(tok[1]); see(optok[1]); see(rgrant[1]); see(ltok[1]);
 #if NREP > 2
@@ -272,6 +296,9 @@ inline canon() {
   renumber(hold_tok);
 #ifdef LOSSY
   renumber(r_tok);
+#endif
+#ifdef KEYLOSS
+  renumber(grant_tok);
 #endif
   renumber(tok[0]); renumber(optok[0]); renumber(rgrant[0]); renumber(ltok[0]);
   renumber(tok[1]); renumber(optok[1]); renumber(rgrant[1]); renumber(ltok[1]);
@@ -508,6 +535,8 @@ end:
 #define REFERS(v, r) (tok[r] == (v) || ltok[r] == (v) || optok[r] == (v) || rgrant[r] == (v))
 #ifdef LOSSY
 #define REF_SERVICE(v) (hold_tok == (v) || r_tok == (v))
+#elif defined(KEYLOSS)
+#define REF_SERVICE(v) (hold_tok == (v) || grant_tok == (v))
 #else
 #define REF_SERVICE(v) (hold_tok == (v))
 #endif
@@ -532,9 +561,15 @@ inline new_token() {
 inline acquire_script(r) {
   if
   :: hold_tok != 0 -> rv[r] = R_NO                   /* SET NX failed: 0 */
+#if defined(KEYLOSS) && !defined(NO_GRANT_RECORD)
+  :: hold_tok == 0 && grant_tok != 0 -> rv[r] = R_NO /* the record lives: -PTTL */
+#endif
   :: else ->
      new_token();
      hold_tok = t_id; hold_left = TTL;
+#ifdef KEYLOSS
+     grant_tok = t_id; grant_left = TTL;
+#endif
      printf("t=%d node %d grants token %d to r%d for %d ticks\n", tnow, primary, t_id, r, TTL);
      rv[r] = R_OK; rgrant[r] = t_id
   fi
@@ -545,6 +580,9 @@ inline acquire_script(r) {
 inline renew_script(r) {
   if
   :: hold_tok != 0 && hold_tok == optok[r] -> hold_left = TTL; rv[r] = R_OK;
+#ifdef KEYLOSS
+     grant_tok = optok[r]; grant_left = TTL;
+#endif
      printf("t=%d node %d renews token %d for %d ticks\n", tnow, primary, optok[r], TTL)
   :: else -> rv[r] = R_NO
   fi
@@ -553,6 +591,13 @@ inline renew_script(r) {
 /* models the RELEASE_SCRIPT Lua script (core/src/lock/redis.rs),
    LockOp::Release in Store::apply (sim/src/server.rs) */
 inline release_script(r) {
+#ifdef KEYLOSS
+  /* the holder's record goes, whether its key is there or not */
+  if
+  :: grant_tok != 0 && grant_tok == optok[r] -> grant_tok = 0; grant_left = 0
+  :: else -> skip
+  fi;
+#endif
   if
   :: hold_tok != 0 && hold_tok == optok[r] -> hold_tok = 0; hold_left = 0; rv[r] = R_OK;
      printf("t=%d node %d releases token %d\n", tnow, primary, optok[r])
@@ -632,6 +677,14 @@ inline fail_over() {
   :: t_res == 0 || hold_tok == 0 -> hold_tok = 0; hold_left = 0
   :: else -> skip
   fi;
+#ifdef KEYLOSS
+  /* the record, written with the key, read on the new primary's clock */
+  if
+  :: grant_tok != 0 && primary == 0 && grant_left - NSKEW > 0 -> grant_left = grant_left - NSKEW
+  :: grant_tok != 0 && primary == 1 && grant_left + NSKEW > 0 -> grant_left = grant_left + NSKEW
+  :: else -> grant_tok = 0; grant_left = 0
+  fi;
+#endif
   primary = 1 - primary;
   printf("t=%d failover to node %d: token %d, %d ticks left on its clock\n",
          tnow, primary, hold_tok, hold_left);
@@ -668,6 +721,13 @@ end:
 #endif
   /* without LOSSY the replica has every write when it takes over */
   :: d_step { nfaults < NFAULTS -> fail_over(); canon() }
+#ifdef KEYLOSS
+  /* the key alone is lost: deleted by hand, or evicted */
+  :: d_step { nloss < NLOSS && UP && hold_tok != 0 ->
+       nloss++;
+       printf("t=%d token %d's key is lost; its grant record stays\n", tnow, hold_tok);
+       hold_tok = 0; hold_left = 0; canon() }
+#endif
   od
 }
 
@@ -712,6 +772,13 @@ inline service_tick() {
      hold_tok = 0; hold_left = 0
   :: else -> skip
   fi;
+#ifdef KEYLOSS
+  if
+  :: grant_left > 1 -> grant_left--
+  :: grant_left == 1 -> grant_tok = 0; grant_left = 0
+  :: else -> skip
+  fi;
+#endif
 #ifdef LOSSY
   /* on the replica's data: dead on either node once below -|NSKEW| */
   if
@@ -754,7 +821,12 @@ end:
    Checked in every state: the monitor moves only where it fails. */
 
 #define ACTS(r)  (promoted[r] && CHECK_OK(r))
+#ifdef KEYLOSS
+/* the key, or the grant record a lost key left */
+#define HOLDS(r) ((hold_tok != 0 && hold_tok == ltok[r]) || (grant_tok != 0 && grant_tok == ltok[r]))
+#else
 #define HOLDS(r) (hold_tok != 0 && hold_tok == ltok[r])
+#endif
 #define P1_R(r)  (!ACTS(r) || HOLDS(r))
 #if NREP == 2
 #define P1_INV (P1_R(0) && P1_R(1))
