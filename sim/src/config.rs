@@ -66,6 +66,12 @@ pub enum Fault {
         /// How long the service is unavailable.
         downtime: Duration,
     },
+    /// The lock service loses the leader's lease key alone (an operator's
+    /// `DEL`, an eviction): its grant record and fence counter stay.
+    LoseKey {
+        /// When.
+        at: Duration,
+    },
 }
 
 impl Fault {
@@ -76,7 +82,8 @@ impl Fault {
             | Fault::Pause { at, .. }
             | Fault::Partition { at, .. }
             | Fault::Failover { at, .. }
-            | Fault::Restart { at, .. } => *at,
+            | Fault::Restart { at, .. }
+            | Fault::LoseKey { at } => *at,
         }
     }
 }

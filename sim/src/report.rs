@@ -89,6 +89,8 @@ pub struct Report {
     pub failovers: u64,
     /// Lock-service restarts without persistence.
     pub restarts: u64,
+    /// Leases the lock service lost alone, their grant records kept.
+    pub keys_lost: u64,
 
     /// The largest offset of a replica's wall clock from true time seen at
     /// a slot timer, in nanoseconds.
@@ -161,8 +163,13 @@ impl fmt::Display for Report {
             (
                 "faults",
                 format!(
-                    "{} crashes, {} pauses, {} partitions, {} failovers, {} restarts",
-                    self.crashes, self.pauses, self.partitions, self.failovers, self.restarts
+                    "{} crashes, {} pauses, {} partitions, {} failovers, {} restarts, {} keys lost",
+                    self.crashes,
+                    self.pauses,
+                    self.partitions,
+                    self.failovers,
+                    self.restarts,
+                    self.keys_lost
                 ),
             ),
             (

@@ -55,6 +55,11 @@ pub enum Scenario {
     /// accumulates until offsets pass the slot key's retention and slots
     /// run twice (over a simulated day), as on machines without NTP.
     FreeDrift,
+    /// The lock service loses the leader's lease key alone, again and
+    /// again (an operator's `DEL`, an eviction), at any moment of the
+    /// lease: its grant record keeps every standby out until the lost
+    /// lease's end, so there are never two acting leaders.
+    KeyLoss,
 }
 
 /// Appends `fault(rng, second)` at whole seconds from `first` on, every
@@ -77,7 +82,7 @@ fn recurring(
 
 impl Scenario {
     /// Every scenario.
-    pub const ALL: [Scenario; 11] = [
+    pub const ALL: [Scenario; 12] = [
         Scenario::SkewBelow,
         Scenario::SkewAbove,
         Scenario::PartitionedLeader,
@@ -89,6 +94,7 @@ impl Scenario {
         Scenario::RestartWithoutPersistence,
         Scenario::LinearizableFailover,
         Scenario::FreeDrift,
+        Scenario::KeyLoss,
     ];
 
     /// Its name on the command line.
@@ -105,6 +111,7 @@ impl Scenario {
             Scenario::RestartWithoutPersistence => "restart-without-persistence",
             Scenario::LinearizableFailover => "linearizable-failover",
             Scenario::FreeDrift => "free-drift",
+            Scenario::KeyLoss => "key-loss",
         }
     }
 
@@ -236,6 +243,15 @@ impl Scenario {
                 c.limiter = None;
                 c.max_offset = Duration::from_millis(200);
             }
+            Scenario::KeyLoss => {
+                // Every 2 to 5 s, at any point of a lease and of its
+                // renewals, the standbys polling throughout.
+                recurring(&mut c.faults, &mut rng, secs, (3, 2, 2, 3), |rng, at| {
+                    Fault::LoseKey {
+                        at: at + Duration::from_millis(rng.below(1000)),
+                    }
+                });
+            }
         }
         c
     }
@@ -296,6 +312,7 @@ impl Scenario {
                 | Scenario::SkewBelow
                 | Scenario::Once
                 | Scenario::LinearizableFailover
+                | Scenario::KeyLoss
         ) {
             expect(report.dual_leader_ns == 0, "never two acting leaders");
         }
@@ -367,6 +384,10 @@ impl Scenario {
                     report.duplicate_runs > 0,
                     "drift carries clocks past the retention: slots run twice",
                 );
+            }
+            Scenario::KeyLoss => {
+                expect(report.keys_lost > 0, "the lease key is lost");
+                expect(report.promotions > 1, "a new leader follows each loss");
             }
             Scenario::SkewBelow | Scenario::Once => {}
         }

@@ -77,6 +77,7 @@ pub enum LockReply {
 struct Undo {
     key: String,
     lease: Option<Lease>,
+    grant: Option<Lease>,
     fence: Option<u64>,
 }
 
@@ -89,19 +90,46 @@ struct Now {
     micros: u64,
 }
 
-/// The data a lock service keeps: leases and fence counters.
+/// The data a lock service keeps: leases, their grant records and fence
+/// counters.
 #[derive(Clone, Debug, Default)]
 struct Store {
     leases: HashMap<String, Lease>,
+    /// Each key's last grant, kept beside its lease and ending with it
+    /// (the scripts' grant record, `core/src/lock/redis.rs`): a lease lost
+    /// alone ([`LockService::lose_key`]) leaves it, and an acquisition is
+    /// refused while it lives.
+    grants: HashMap<String, Lease>,
     fences: HashMap<String, u64>,
     /// Expiry index, so expired keys are swept in order (bounded memory
     /// over millions of slot keys).
     by_expiry: BTreeMap<(Nanos, u128), String>,
+    /// The grant records' expiry index.
+    grants_by_expiry: BTreeMap<(Nanos, u128), String>,
 }
 
 impl Store {
     fn live(&self, key: &str, now: Nanos) -> Option<Lease> {
         self.leases.get(key).copied().filter(|l| l.expires_at > now)
+    }
+
+    /// `key`'s grant record, while it lives.
+    fn granted(&self, key: &str, now: Nanos) -> Option<Lease> {
+        self.grants.get(key).copied().filter(|l| l.expires_at > now)
+    }
+
+    fn set_grant(&mut self, key: &str, lease: Lease) {
+        if let Some(old) = self.grants.insert(key.to_owned(), lease) {
+            self.grants_by_expiry.remove(&(old.expires_at, old.token));
+        }
+        self.grants_by_expiry
+            .insert((lease.expires_at, lease.token), key.to_owned());
+    }
+
+    fn delete_grant(&mut self, key: &str) {
+        if let Some(old) = self.grants.remove(key) {
+            self.grants_by_expiry.remove(&(old.expires_at, old.token));
+        }
     }
 
     fn set(&mut self, key: &str, lease: Lease) {
@@ -128,6 +156,15 @@ impl Store {
                 self.leases.remove(&key);
             }
         }
+        while let Some(entry) = self.grants_by_expiry.first_entry() {
+            if entry.key().0 > now {
+                break;
+            }
+            let key = entry.remove();
+            if self.grants.get(&key).is_some_and(|l| l.expires_at <= now) {
+                self.grants.remove(&key);
+            }
+        }
     }
 
     /// Every lease live at `now` (by the clock that wrote it) runs again
@@ -135,23 +172,26 @@ impl Store {
     /// what etcd's lessor does on promotion. Leases that had ended are
     /// dropped.
     fn extend_live(&mut self, now: Nanos, restart: Nanos) {
-        let live: Vec<(String, Lease)> = self
-            .leases
-            .iter()
-            .filter(|(_, l)| l.expires_at > now)
-            .map(|(k, l)| (k.clone(), *l))
-            .collect();
+        let again = |leases: &HashMap<String, Lease>| -> Vec<(String, Lease)> {
+            leases
+                .iter()
+                .filter(|(_, l)| l.expires_at > now)
+                .map(|(k, l)| {
+                    let expires_at = restart + l.ttl_ns;
+                    (k.clone(), Lease { expires_at, ..*l })
+                })
+                .collect()
+        };
+        let (live, granted) = (again(&self.leases), again(&self.grants));
         self.leases.clear();
         self.by_expiry.clear();
+        self.grants.clear();
+        self.grants_by_expiry.clear();
         for (key, lease) in live {
-            let expires_at = restart + lease.ttl_ns;
-            self.set(
-                &key,
-                Lease {
-                    expires_at,
-                    ..lease
-                },
-            );
+            self.set(&key, lease);
+        }
+        for (key, grant) in granted {
+            self.set_grant(&key, grant);
         }
     }
 
@@ -160,6 +200,7 @@ impl Store {
         Undo {
             key: key.to_owned(),
             lease: self.leases.get(key).copied(),
+            grant: self.grants.get(key).copied(),
             fence: self.fences.get(key).copied(),
         }
     }
@@ -169,6 +210,10 @@ impl Store {
         match undo.lease {
             Some(lease) => self.set(&undo.key, lease),
             None => self.delete(&undo.key),
+        }
+        match undo.grant {
+            Some(grant) => self.set_grant(&undo.key, grant),
+            None => self.delete_grant(&undo.key),
         }
         match undo.fence {
             Some(fence) => self.fences.insert(undo.key, fence),
@@ -180,7 +225,9 @@ impl Store {
     fn apply(&mut self, op: &LockOp, now: Now, rule: FenceRule) -> (LockReply, Option<Undo>) {
         match op {
             LockOp::Acquire { key, token, ttl_ns } => {
-                if self.live(key, now.local).is_some() {
+                // Held, or its last grant may still be believed (the key
+                // lost before the grant's end): refused all the same.
+                if self.live(key, now.local).is_some() || self.granted(key, now.local).is_some() {
                     return (LockReply::Busy, None);
                 }
                 let undo = self.before(key);
@@ -194,40 +241,46 @@ impl Store {
                     FenceRule::PlainCounter => counter + 1,
                 };
                 self.fences.insert(key.clone(), fence);
-                self.set(
-                    key,
-                    Lease {
-                        token: *token,
-                        fence,
-                        expires_at: now.local + ttl_ns,
-                        ttl_ns: *ttl_ns,
-                    },
-                );
+                let lease = Lease {
+                    token: *token,
+                    fence,
+                    expires_at: now.local + ttl_ns,
+                    ttl_ns: *ttl_ns,
+                };
+                self.set(key, lease);
+                self.set_grant(key, lease);
                 (LockReply::Granted(fence), Some(undo))
             }
             LockOp::Renew { key, token, ttl_ns } => match self.live(key, now.local) {
                 Some(lease) if lease.token == *token => {
                     let undo = self.before(key);
-                    self.set(
-                        key,
-                        Lease {
-                            expires_at: now.local + ttl_ns,
-                            ttl_ns: *ttl_ns,
-                            ..lease
-                        },
-                    );
+                    let renewed = Lease {
+                        expires_at: now.local + ttl_ns,
+                        ttl_ns: *ttl_ns,
+                        ..lease
+                    };
+                    self.set(key, renewed);
+                    self.set_grant(key, renewed);
                     (LockReply::Done, Some(undo))
                 }
                 _ => (LockReply::NotHeld, None),
             },
-            LockOp::Release { key, token } => match self.live(key, now.local) {
-                Some(lease) if lease.token == *token => {
-                    let undo = self.before(key);
-                    self.delete(key);
-                    (LockReply::Done, Some(undo))
+            LockOp::Release { key, token } => {
+                let undo = self.before(key);
+                // The holder's record goes, whether its key is there or
+                // not: it believes nothing any more.
+                let forgot = self.grants.get(key).is_some_and(|g| g.token == *token);
+                if forgot {
+                    self.delete_grant(key);
                 }
-                _ => (LockReply::NotHeld, None),
-            },
+                match self.live(key, now.local) {
+                    Some(lease) if lease.token == *token => {
+                        self.delete(key);
+                        (LockReply::Done, Some(undo))
+                    }
+                    _ => (LockReply::NotHeld, forgot.then_some(undo)),
+                }
+            }
         }
     }
 }
@@ -371,6 +424,27 @@ impl LockService {
         }
         self.store = Store::default();
         self.in_transit.clear();
+    }
+
+    /// The primary loses `key`'s lease alone at `now` (an operator's `DEL`,
+    /// an eviction): its grant record and fence counter stay. Replicated
+    /// as any write. Whether there was a lease to lose.
+    pub fn lose_key(&mut self, key: &str, now: Nanos) -> bool {
+        if !self.is_up(now) {
+            return false;
+        }
+        self.replicate(now);
+        let node = self.node_now(now);
+        if self.store.live(key, node.local).is_none() {
+            return false;
+        }
+        let undo = self.store.before(key);
+        self.store.delete(key);
+        if !self.linearizable {
+            self.in_transit
+                .push_back((now + self.replication_lag_ns, undo));
+        }
+        true
     }
 
     /// The live lease of `key` by the primary's view.

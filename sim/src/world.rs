@@ -926,6 +926,13 @@ impl World {
                 let until = self.now + nanos(downtime);
                 self.timeline.fault(usize::MAX, "restart", self.now, until);
             }
+            Fault::LoseKey { .. } => {
+                if self.service.lose_key(ACTIVE_KEY, self.now) {
+                    self.report.keys_lost += 1;
+                    self.timeline
+                        .fault(usize::MAX, "key lost", self.now, self.now);
+                }
+            }
         }
     }
 

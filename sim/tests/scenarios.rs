@@ -61,6 +61,12 @@ fn a_linearizable_lock_service_fails_over_without_a_second_leader() {
 }
 
 #[test]
+fn a_lease_key_lost_alone_is_granted_to_nobody_before_the_lost_lease_ends() {
+    let r = expect(Scenario::KeyLoss, 6, 300);
+    assert!(r.keys_lost >= 40 && r.promotions > r.keys_lost / 2, "{r}");
+}
+
+#[test]
 fn without_fencing_the_stale_leader_after_a_failover_is_accepted() {
     let mut config = Scenario::Failover.config(4, 3, Duration::from_secs(120));
     config.fencing = false;
