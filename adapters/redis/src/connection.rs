@@ -371,6 +371,48 @@ impl RedisConnection {
         .await
     }
 
+    /// Runs `invocation` of `script`, then `WAIT replicas within_ms` on
+    /// the same connection (one pipeline, the script loaded first, so
+    /// `WAIT` waits for the script's writes; on a cluster, at the master of
+    /// the script's keys' slot), all within the timeout: the script's reply
+    /// and how many replicas acknowledged.
+    pub async fn invoke_acknowledged<T: FromRedisValue>(
+        &self,
+        script: &redis::Script,
+        invocation: &ScriptInvocation<'_>,
+        replicas: u32,
+        within_ms: u64,
+    ) -> Result<(T, u32), RedisGuardError> {
+        let mut pipe = redis::pipe();
+        pipe.load_script(script)
+            .ignore()
+            .invoke_script(invocation)
+            .cmd("WAIT")
+            .arg(replicas)
+            .arg(within_ms);
+        let (reply, acked): (T, i64) = bounded(self.inner.timeout, async {
+            match &self.inner.conn {
+                Conn::Standalone(pool) => match pool.lease().await {
+                    Some(mut direct) => Ok(pipe.query_async(direct.conn()).await?),
+                    None => Ok(pipe.query_async(&mut pool.pick()).await?),
+                },
+                Conn::Cluster(c) => Ok(pipe.query_async(&mut c.clone()).await?),
+                Conn::Sentinel(s) => {
+                    let mut conn = s.connection().await?;
+                    match pipe.query_async(&mut conn).await {
+                        Ok(v) => Ok(v),
+                        Err(e) => {
+                            s.forget_on(&e);
+                            Err(e.into())
+                        }
+                    }
+                }
+            }
+        })
+        .await?;
+        Ok((reply, u32::try_from(acked.max(0)).unwrap_or(u32::MAX)))
+    }
+
     /// Runs a command within the timeout.
     pub async fn query<T: FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, RedisGuardError> {
         bounded(self.inner.timeout, async {

@@ -47,6 +47,16 @@ pub enum RedisGuardError {
         /// for lock keys and locker prefixes).
         source: Option<Box<dyn Error + Send + Sync>>,
     },
+    /// A write (a lease's renewal) was applied by the primary but fewer
+    /// replicas than asked acknowledged it in time
+    /// ([`RedisLocker::with_replica_acks`](crate::RedisLocker::with_replica_acks)):
+    /// a failover could lose it, so it does not count.
+    NotAcknowledged {
+        /// Replicas asked for.
+        wanted: u32,
+        /// Replicas that acknowledged.
+        acked: u32,
+    },
 }
 
 /// A key or parameter of a Redis backend, as named in
@@ -101,6 +111,8 @@ pub enum Parameter {
     BreakerKey,
     /// A shared circuit breaker's configuration.
     BreakerConfig,
+    /// How many replicas must acknowledge a grant, and within how long.
+    ReplicaAcks,
 }
 
 impl Parameter {
@@ -148,6 +160,7 @@ impl fmt::Display for Parameter {
             Parameter::TlsClientKey => "TLS client key",
             Parameter::BreakerKey => "circuit breaker key",
             Parameter::BreakerConfig => "circuit breaker configuration",
+            Parameter::ReplicaAcks => "replica acknowledgements",
         })
     }
 }
@@ -189,6 +202,10 @@ impl fmt::Display for RedisGuardError {
             RedisGuardError::Redis(e) => write!(f, "redis: {e}"),
             RedisGuardError::Timeout(d) => write!(f, "redis: no reply within {d:?}"),
             RedisGuardError::UnexpectedReply(r) => write!(f, "redis: unexpected reply {r}"),
+            RedisGuardError::NotAcknowledged { wanted, acked } => write!(
+                f,
+                "redis: {acked} of the {wanted} replica(s) asked for acknowledged the write in time"
+            ),
             RedisGuardError::InvalidInput {
                 parameter,
                 value,

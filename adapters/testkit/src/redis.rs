@@ -221,6 +221,11 @@ impl RedisServer {
         self.dir.path()
     }
 
+    /// The process's PID, while it runs (to pause it with `SIGSTOP`).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Stops the process (by PID) and waits for it.
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -374,20 +379,25 @@ impl RedisSentinel {
     }
 
     fn start_inner(with_replica: bool, tls: Option<Tls>) -> Result<Self, HarnessError> {
-        let master = RedisServer::start_inner(&[], tls.clone())?;
+        // A replica's first sync through a file: a diskless one waits 5 s
+        // for more replicas to join, and once done streams nothing until
+        // the replica's first acknowledgement (up to a second after it
+        // shows online), so a write at once would not reach it.
+        let master = RedisServer::start_inner(&["--repl-diskless-sync", "no"], tls.clone())?;
         let replica = if with_replica {
             let replica = RedisServer::start_inner(
                 &["--replicaof", "127.0.0.1", &master.port().to_string()],
                 tls.clone(),
             )?;
-            // The sentinel learns about the replica from the master.
+            // The sentinel learns about the replica from the master; the
+            // replica has the master's data once its first sync is done.
             wait_until(
-                "the replica is linked to the master",
+                "the replica is linked to the master and synced",
                 Duration::from_secs(10),
                 || {
-                    master
-                        .command("INFO replication")
-                        .is_ok_and(|r| r.contains("connected_slaves:1"))
+                    master.command("INFO replication").is_ok_and(|r| {
+                        r.contains("connected_slaves:1") && r.contains("state=online")
+                    })
                 },
             )?;
             Some(replica)

@@ -9,8 +9,8 @@ use crate::config::{
 use guard_core::key::{Reserved, escaped};
 use guard_core::limit::{FullPolicy, SlidingWindow};
 use guard_redis::{
-    RedisConnection, RedisFixedWindow, RedisGuardError, RedisLeakyBucket, RedisLocker,
-    RedisSlidingWindow, RedisTokenBucket,
+    RedisConnection, RedisFixedWindow, RedisGuardError, RedisLeakyBucket, RedisSlidingWindow,
+    RedisTokenBucket,
 };
 use guard_std::ratelimit::{MemoryLimiter, NamedRateLimiter, RateLimiter, RateLimiterRegistry};
 use guard_std::{GuardConfig, LocalLocker, SharedLocker, TokenIds};
@@ -63,9 +63,7 @@ pub async fn build(config: &Config) -> Result<Built, GatewayError> {
     let locker = match (&config.locker, &redis) {
         (Locker::Local, _) => Some(SharedLocker::new(LocalLocker::new())),
         (Locker::Redis(l), Some(conn)) => Some(SharedLocker::new(
-            RedisLocker::new(conn.clone())
-                .with_prefix(&l.prefix)
-                .map_err(GatewayError::Locker)?,
+            l.locker(conn.clone()).map_err(GatewayError::Locker)?,
         )),
         #[cfg(feature = "postgres")]
         (Locker::Postgres(l), _) => Some(SharedLocker::new(crate::lockers::postgres(l).await?)),
@@ -96,8 +94,7 @@ pub async fn build(config: &Config) -> Result<Built, GatewayError> {
         && l.quarantine
     {
         guards = guards.with_lease_locker(SharedLocker::new(
-            RedisLocker::new(conn.clone())
-                .with_prefix(&l.prefix)
+            l.locker(conn.clone())
                 .map_err(GatewayError::Locker)?
                 .with_quarantine(true),
         ));

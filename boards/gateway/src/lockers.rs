@@ -65,11 +65,8 @@ impl Fences {
     pub(crate) async fn of(config: &Config) -> Result<Fences, GatewayError> {
         Ok(match &config.locker {
             Locker::Redis(l) => Fences::Redis(Box::new(
-                guard_redis::RedisLocker::new(
-                    l.connect().await.map_err(GatewayError::LockerUnreachable)?,
-                )
-                .with_prefix(&l.prefix)
-                .map_err(GatewayError::Locker)?,
+                l.locker(l.connect().await.map_err(GatewayError::LockerUnreachable)?)
+                    .map_err(GatewayError::Locker)?,
             )),
             #[cfg(feature = "postgres")]
             Locker::Postgres(l) => Fences::Postgres(Box::new(postgres(l).await?)),

@@ -259,6 +259,10 @@ fn a_postgres_locker_is_checked_with_its_own_rules() {
             "`locker.quarantine` = set: expected no such key unless kind = \"redis\"",
         ),
         (
+            "url = \"postgres://app@db/app\"\nreplica_acks = 1\n",
+            "`locker.replica_acks` = set: expected no such key unless kind = \"redis\"",
+        ),
+        (
             "url = \"postgres://app@db/app\"\nrequest_timeout_ms = 0\n",
             "`locker.request_timeout_ms` = 0",
         ),
@@ -288,6 +292,31 @@ fn a_postgres_locker_is_checked_with_its_own_rules() {
     ))
     .unwrap();
     assert!(c.redis_locker().is_some_and(|l| l.quarantine));
+    // Grants acknowledged by replicas: how many, within how long.
+    let redis =
+        "[locker]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:6379/\"\nrequest_timeout_ms = 500\n";
+    let c = Config::from_toml(&format!("{JOB}{redis}replica_acks = 1\n")).unwrap();
+    assert_eq!(
+        c.redis_locker().and_then(|l| l.replica_acks),
+        Some((1, Duration::from_millis(100)))
+    );
+    for (text, expected) in [
+        (
+            "replica_acks = 0\n",
+            "`locker.replica_acks` = 0: expected at least 1 replica",
+        ),
+        (
+            "replica_acks = 1\nreplica_ack_ms = 500\n",
+            "`locker.replica_ack_ms` = 500: expected at least 1 and less than locker.request_timeout_ms (500)",
+        ),
+        (
+            "replica_ack_ms = 50\n",
+            "`locker.replica_ack_ms` = set: expected replica_acks set too",
+        ),
+    ] {
+        let e = error_with_job(&format!("{redis}{text}"));
+        assert!(e.contains(expected), "{text:?}: {e}");
+    }
     let e = error_with_job(
         "[locker]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:6379/\"\ntable = \"t\"\n",
     );

@@ -5,6 +5,7 @@ mod claims;
 mod semaphore;
 
 use std::fmt;
+use std::time::Duration;
 
 use guard_core::lock::redis::{
     ACQUIRE_SCRIPT as ACQUIRE, InvalidRedisKey, RELEASE_SCRIPT as RELEASE, RENEW_SCRIPT as RENEW,
@@ -72,6 +73,9 @@ pub struct RedisLocker {
     /// Whether a domain without its fence counter waits one TTL before
     /// its first grant ([`with_quarantine`](Self::with_quarantine)).
     quarantine: bool,
+    /// Replicas that must acknowledge a grant or renewal, and within how
+    /// many milliseconds ([`with_replica_acks`](Self::with_replica_acks)).
+    replica_acks: Option<(u32, u64)>,
     ids: TokenIds,
     acquire: Script,
     release: Script,
@@ -86,6 +90,7 @@ impl fmt::Debug for RedisLocker {
             .field("conn", &self.conn)
             .field("prefix", &self.prefix)
             .field("quarantine", &self.quarantine)
+            .field("replica_acks", &self.replica_acks)
             .finish()
     }
 }
@@ -97,6 +102,7 @@ impl RedisLocker {
             conn,
             prefix: String::new(),
             quarantine: false,
+            replica_acks: None,
             ids: TokenIds::new(),
             acquire: Script::new(ACQUIRE),
             release: Script::new(RELEASE),
@@ -129,6 +135,38 @@ impl RedisLocker {
     pub fn with_quarantine(mut self, on: bool) -> Self {
         self.quarantine = on;
         self
+    }
+
+    /// A grant counts only once `replicas` replicas acknowledged it within
+    /// `within` (`WAIT`, after the script, on its connection): one that is
+    /// not acknowledged in time is released and answered as not granted,
+    /// and a renewal that is not is an error
+    /// ([`RedisGuardError::NotAcknowledged`]), so the holder keeps its
+    /// earlier deadline. A failover to a replica that acknowledged never
+    /// grants again what it granted. For Sentinel and Cluster deployments,
+    /// whose failovers otherwise lose the writes their replica had not
+    /// received. The cost: every grant and renewal waits for a replica
+    /// (at most `within`), and nothing is granted while fewer replicas
+    /// than asked answer. `within` must be at least 1 ms and shorter than
+    /// the connection's request timeout, which bounds the whole request.
+    pub fn with_replica_acks(
+        mut self,
+        replicas: u32,
+        within: Duration,
+    ) -> Result<Self, RedisGuardError> {
+        let ms = u64::try_from(within.as_millis()).unwrap_or(u64::MAX);
+        if replicas == 0 || ms == 0 || within >= self.conn.timeout() {
+            return Err(RedisGuardError::invalid(
+                Parameter::ReplicaAcks,
+                format!("{replicas} within {within:?}"),
+                format!(
+                    "at least 1 replica, within at least 1 ms and less than the request timeout ({:?})",
+                    self.conn.timeout()
+                ),
+            ));
+        }
+        self.replica_acks = Some((replicas, ms));
+        Ok(self)
     }
 
     /// The acquire script (KEYS: lock, fence, grant record, quarantine
@@ -169,14 +207,32 @@ impl SendLocker for RedisLocker {
         if self.quarantine {
             invocation.key(keys.quarantine().to_string()).arg("1");
         }
-        let fence: i64 = self.conn.invoke(&invocation).await?;
-        match fence {
-            // Held, or its last grant may still be believed (the lock key
-            // gone before the grant's end), or the domain waits out its
-            // quarantine: refused all the same.
-            ..=0 => Ok(None),
-            fence => Ok(Some(Token::new(id, fence.unsigned_abs()))),
+        let Some((replicas, within_ms)) = self.replica_acks else {
+            let fence: i64 = self.conn.invoke(&invocation).await?;
+            return Ok(granted(id, fence));
+        };
+        let (fence, acked): (i64, u32) = self
+            .conn
+            .invoke_acknowledged(&self.acquire, &invocation, replicas, within_ms)
+            .await?;
+        let Some(token) = granted(id, fence) else {
+            return Ok(None);
+        };
+        if acked >= replicas {
+            return Ok(Some(token));
         }
+        // A failover could lose this grant and give the key again: it
+        // does not count. Released, so the key is free at once; a release
+        // that fails leaves it to its TTL, held by nobody.
+        tracing::warn!(
+            "lock {key}: granted, but {acked} of {replicas} replica(s) acknowledged within {within_ms} ms: released, not granted"
+        );
+        if let Err(e) = SendLocker::unlock(self, key, &token).await {
+            tracing::warn!(
+                "lock {key}: the unacknowledged grant was not released ({e}); it ends with its TTL"
+            );
+        }
+        Ok(None)
     }
 
     async fn unlock(&self, key: &str, token: &Token) -> Result<(), UnlockError<RedisGuardError>> {
@@ -192,6 +248,13 @@ impl SendLocker for RedisLocker {
             Err(e) => Err(UnlockError::Backend(e)),
         }
     }
+}
+
+/// The token for `id` if the acquire script's `reply` is a fence; held,
+/// a grant that may still be believed (the lock key gone before the
+/// grant's end) and a quarantine are refused all the same.
+fn granted(id: TokenId, reply: i64) -> Option<Token> {
+    (reply > 0).then(|| Token::new(id, reply.unsigned_abs()))
 }
 
 /// The fence counter of `key`'s domain: every lock of the domain draws
@@ -228,7 +291,24 @@ impl SendLeaseRenewer for RedisLocker {
             .key(keys.grant().to_string())
             .arg(Self::hex(token.id()))
             .arg(ttl.as_millis_ceil());
-        let renewed: i64 = self.conn.invoke(&invocation).await?;
+        let renewed: i64 = match self.replica_acks {
+            None => self.conn.invoke(&invocation).await?,
+            Some((replicas, within_ms)) => {
+                let (renewed, acked): (i64, u32) = self
+                    .conn
+                    .invoke_acknowledged(&self.renew, &invocation, replicas, within_ms)
+                    .await?;
+                // An extension a failover could lose is no extension: the
+                // holder keeps its earlier deadline.
+                if renewed == 1 && acked < replicas {
+                    return Err(RedisGuardError::NotAcknowledged {
+                        wanted: replicas,
+                        acked,
+                    });
+                }
+                renewed
+            }
+        };
         Ok(if renewed == 1 {
             Renewal::Held
         } else {

@@ -27,6 +27,20 @@ pub(crate) async fn connect(
 }
 
 impl RedisLocker {
+    /// The locker on `conn` this configuration names: its prefix, and the
+    /// replicas each grant waits for. (The quarantine is the leases'
+    /// alone: the caller adds it to theirs.)
+    pub fn locker(
+        &self,
+        conn: RedisConnection,
+    ) -> Result<guard_redis::RedisLocker, RedisGuardError> {
+        let locker = guard_redis::RedisLocker::new(conn).with_prefix(&self.prefix)?;
+        match self.replica_acks {
+            Some((replicas, within)) => locker.with_replica_acks(replicas, within),
+            None => Ok(locker),
+        }
+    }
+
     /// Connects to the locker's deployment (over TLS for `rediss://`
     /// URLs, with the `tls_*` files), failing if it cannot be reached now.
     pub async fn connect(&self) -> Result<RedisConnection, RedisGuardError> {

@@ -322,6 +322,10 @@ pub struct RedisLocker {
     /// records (`quarantine = true`: guard-redis's
     /// `RedisLocker::with_quarantine`, for the elections only).
     pub quarantine: bool,
+    /// How many replicas must acknowledge a grant or renewal, and within
+    /// how long (`replica_acks`, `replica_ack_ms`: guard-redis's
+    /// `RedisLocker::with_replica_acks`).
+    pub replica_acks: Option<(u32, Duration)>,
 }
 
 impl fmt::Debug for RedisLocker {
@@ -345,6 +349,7 @@ impl fmt::Debug for RedisLocker {
             .field("request_timeout", &self.request_timeout)
             .field("tls", &self.tls)
             .field("quarantine", &self.quarantine)
+            .field("replica_acks", &self.replica_acks)
             .finish()
     }
 }

@@ -159,6 +159,8 @@ pub(super) struct Locker {
     pub tls_cert: Option<String>,
     pub tls_key: Option<String>,
     pub quarantine: bool,
+    pub replica_acks: Option<u32>,
+    pub replica_ack_ms: Option<u64>,
 }
 
 impl Default for Locker {
@@ -176,6 +178,8 @@ impl Default for Locker {
             tls_cert: None,
             tls_key: None,
             quarantine: false,
+            replica_acks: None,
+            replica_ack_ms: None,
         }
     }
 }

@@ -260,6 +260,13 @@ fn locker(l: &raw::Locker, env: Env<'_>) -> Result<Locker, ConfigError> {
     only(l.tls_key.is_some(), "tls_key", &[Redis], redis)?;
     only(l.table.is_some(), "table", &[Postgres], "\"postgres\"")?;
     only(l.quarantine, "quarantine", &[Redis], redis)?;
+    only(l.replica_acks.is_some(), "replica_acks", &[Redis], redis)?;
+    only(
+        l.replica_ack_ms.is_some(),
+        "replica_ack_ms",
+        &[Redis],
+        redis,
+    )?;
     match l.kind {
         raw::LockerKind::None => return Ok(Locker::None),
         raw::LockerKind::Local => return Ok(Locker::Local),
@@ -362,8 +369,41 @@ fn locker(l: &raw::Locker, env: Env<'_>) -> Result<Locker, ConfigError> {
         ),
         tls,
         quarantine: l.quarantine,
+        replica_acks: replica_acks(l)?,
     }))
 }
+
+/// `replica_acks` and `replica_ack_ms`: how many replicas must acknowledge
+/// a grant, within how long (default 100 ms), shorter than the request
+/// timeout that bounds the whole request.
+fn replica_acks(l: &raw::Locker) -> Result<Option<(u32, Duration)>, ConfigError> {
+    let Some(replicas) = l.replica_acks else {
+        if l.replica_ack_ms.is_some() {
+            return Err(invalid(
+                "locker.replica_ack_ms",
+                "set",
+                "replica_acks set too (how many replicas must acknowledge)",
+            ));
+        }
+        return Ok(None);
+    };
+    if replicas == 0 {
+        return Err(invalid("locker.replica_acks", 0, "at least 1 replica"));
+    }
+    let timeout = l.request_timeout_ms.unwrap_or(REDIS_LOCKER_TIMEOUT_MS);
+    let ms = l.replica_ack_ms.unwrap_or(DEFAULT_REPLICA_ACK_MS);
+    if ms == 0 || ms >= timeout {
+        return Err(invalid(
+            "locker.replica_ack_ms",
+            ms,
+            format!("at least 1 and less than locker.request_timeout_ms ({timeout})"),
+        ));
+    }
+    Ok(Some((replicas, Duration::from_millis(ms))))
+}
+
+/// How long a grant waits for its replicas unless configured.
+const DEFAULT_REPLICA_ACK_MS: u64 = 100;
 
 fn guards(g: &raw::Guards) -> Result<Guards, ConfigError> {
     bounded("guards.once_ttl_s", g.once_ttl_s, MAX_ONCE_TTL_S, "seconds")?;
