@@ -225,28 +225,10 @@ fn a_sentinel_failover_is_followed() {
             .unwrap()
             .is_some()
     );
-    let replica_port = sentinel.replica().unwrap().port();
     sentinel.stop_master();
-    // Wait for the sentinel to promote the replica.
-    let client = redis::Client::open(sentinel.sentinel_url()).unwrap();
-    let start = std::time::Instant::now();
-    loop {
-        let master: Option<(String, u16)> = client.get_connection().ok().and_then(|mut c| {
-            redis::cmd("SENTINEL")
-                .arg("get-master-addr-by-name")
-                .arg(SENTINEL_SERVICE)
-                .query(&mut c)
-                .ok()
-        });
-        if master.is_some_and(|(_, port)| port == replica_port) {
-            break;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "no failover within 30 s"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    sentinel
+        .wait_for_failover(Duration::from_secs(30))
+        .expect("the replica promoted");
     // The locker asks the sentinel again after a failed request and goes on
     // against the new master.
     let start = std::time::Instant::now();

@@ -50,29 +50,6 @@ fn try_after_failover(locker: &RedisLocker, key: &str) -> bool {
     }
 }
 
-/// Waits until the sentinel names the replica on `port` as the master.
-fn promoted(sentinel: &RedisSentinel, port: u16) {
-    let client = redis::Client::open(sentinel.sentinel_url()).unwrap();
-    let started = Instant::now();
-    loop {
-        let master: Option<(String, u16)> = client.get_connection().ok().and_then(|mut c| {
-            redis::cmd("SENTINEL")
-                .arg("get-master-addr-by-name")
-                .arg(SENTINEL_SERVICE)
-                .query(&mut c)
-                .ok()
-        });
-        if master.is_some_and(|(_, p)| p == port) {
-            return;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "no failover within 30 s"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
 /// The replica is cut off (paused, and its link closed by the master, so
 /// that nothing written after reaches it), a grant is asked for, the
 /// master dies while the replica is still cut off, and the replica is
@@ -90,7 +67,7 @@ fn grant_during_a_cut_then_fail_over(acked: bool) -> (bool, bool) {
             .unwrap();
     }
     let replica = sentinel.replica().unwrap();
-    let (replica_pid, replica_port) = (replica.pid().unwrap(), replica.port());
+    let replica_pid = replica.pid().unwrap();
     // Before the cut (given time to reach the replica without the
     // acknowledgements): kept by the failover below.
     assert!(
@@ -123,7 +100,9 @@ fn grant_during_a_cut_then_fail_over(acked: bool) -> (bool, bool) {
     }
     sentinel.stop_master();
     signal(replica_pid, "CONT");
-    promoted(&sentinel, replica_port);
+    sentinel
+        .wait_for_failover(Duration::from_secs(30))
+        .expect("the replica promoted");
     if acked {
         // The cost: the new master has no replica, so nothing is granted.
         assert!(

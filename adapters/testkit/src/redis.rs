@@ -445,6 +445,46 @@ impl RedisSentinel {
         self.master.stop();
     }
 
+    /// Waits until the sentinel names the replica as the master (after
+    /// [`stop_master`](Self::stop_master)), for at most `within`.
+    pub fn wait_for_failover(&self, within: Duration) -> Result<(), HarnessError> {
+        let Some(replica) = &self.replica else {
+            return Err(HarnessError::NotReady("no replica to fail over to".into()));
+        };
+        let port = replica.port().to_string();
+        let ask = format!("SENTINEL get-master-addr-by-name {SENTINEL_SERVICE}");
+        wait_until("the sentinel promotes the replica", within, || {
+            // The reply is an array: the host, then the port.
+            self.sentinel_reply(&ask)
+                .is_ok_and(|r| r.lines().any(|l| l == port))
+        })
+    }
+
+    /// A sentinel command's reply of bulk strings, one a line (a plain
+    /// connection: the TLS set-up has no replica to promote).
+    fn sentinel_reply(&self, cmd: &str) -> Result<String, HarnessError> {
+        let stream = TcpStream::connect(("127.0.0.1", self.sentinel.port()))?;
+        stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+        let mut writer = stream.try_clone()?;
+        writer.write_all(format!("{cmd}\r\n").as_bytes())?;
+        let mut reader = BufReader::new(stream);
+        let mut line = String::new();
+        reader.read_line(&mut line)?;
+        let count: usize = line
+            .trim()
+            .strip_prefix('*')
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        let mut lines = Vec::with_capacity(count);
+        for _ in 0..count {
+            let (mut head, mut body) = (String::new(), String::new());
+            reader.read_line(&mut head)?;
+            reader.read_line(&mut body)?;
+            lines.push(body.trim_end().to_owned());
+        }
+        Ok(lines.join("\n"))
+    }
+
     /// The replica, if started with one.
     pub fn replica(&self) -> Option<&RedisServer> {
         self.replica.as_ref()
