@@ -28,6 +28,9 @@ use crate::error::{Parameter, RedisGuardError};
 /// the prefix is at fault), with guard-core's [`InvalidRedisKey`] as its
 /// source.
 pub fn lock_keys(prefix: &str, key: &str) -> Result<(String, String), RedisGuardError> {
+    // A prefix is refused as it was given, before the `:` is appended.
+    check_prefix(prefix.trim())
+        .map_err(|e| RedisGuardError::refused_by(Parameter::LockerPrefix, prefix.trim(), e))?;
     let prefix = stored_prefix(prefix);
     let keys = redis_keys(&prefix, key)?;
     Ok((keys.lock().to_string(), keys.fence().to_string()))
