@@ -78,7 +78,7 @@ use core::fmt;
 /// module notes) and, if taken, writes the grant record and advances the
 /// fence to `max(counter + 1, TIME in µs)`; the keys share a hash slot,
 /// so this is one atomic script in a cluster too. KEYS: lock, fence,
-/// grant, and the quarantine record when ARGV[3] is `1`; ARGV: token hex,
+/// grant, and the quarantine record when `ARGV[3]` is `1`; ARGV: token hex,
 /// TTL in ms, and `1` for the quarantine (see the module notes). Returns
 /// the fence if granted; otherwise minus the ms left of the last grant
 /// while its record lives (the key held, or lost before the grant's end)
